@@ -1,0 +1,361 @@
+//! The secure channel: the paper's Fig. 3 records.
+//!
+//! ```text
+//! record = header ‖ AEAD(key_epoch, nonce(seq), aad = header ‖ receiver id, payload) ‖ tag
+//! header = version, kind, session id, seq, reply_to, len        (30 bytes, clear)
+//! ```
+//!
+//! The receiver's id is bound as associated data: a record made for another id fails
+//! authentication. Sequence numbers start at 1 and strictly increase per direction;
+//! a stream channel accepts exactly the next one (so a dropped, replayed or reordered
+//! record is detected), a datagram channel accepts each number once within a sliding
+//! window. `reply_to` binds a response to the request it answers. Every
+//! `records_per_key` records the direction's key ratchets forward (rekeying), long
+//! before a nonce could repeat.
+//!
+//! Sealing and opening work in place on the caller's buffer and allocate nothing.
+
+use alloc::vec::Vec;
+
+use ring::aead;
+
+use crate::handshake::{HandshakeConfig, Role};
+use crate::identity::{MeshName, PeerId};
+use crate::keys::{nonce, DirectionKey, SessionKeys};
+use crate::suite::Suite;
+use crate::wire::{
+    RecordHeader, WireError, MAX_RECORD_PAYLOAD, RECORD_HEADER_LEN, RECORD_OVERHEAD, TAG_LEN,
+};
+
+/// How records are ordered on the transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChannelMode {
+    /// A reliable, ordered transport (TCP): each record must be the next one.
+    Stream,
+    /// Datagrams (UDP) may be lost or reordered: each sequence number is accepted
+    /// once, within a window of [`REPLAY_WINDOW`] behind the highest seen.
+    Datagram,
+}
+
+/// How far behind the highest sequence number a datagram may arrive.
+pub const REPLAY_WINDOW: u64 = 128;
+
+/// Why a record was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChannelError {
+    /// The record does not decode.
+    #[error("bad record: {0}")]
+    Wire(#[from] WireError),
+    /// The buffer length disagrees with the header's payload length.
+    #[error("the record is {got} bytes but its header says {expected}")]
+    LengthMismatch {
+        /// From the header.
+        expected: usize,
+        /// Received.
+        got: usize,
+    },
+    /// The payload is larger than [`MAX_RECORD_PAYLOAD`].
+    #[error("a payload of {0} bytes is larger than the {MAX_RECORD_PAYLOAD} allowed")]
+    PayloadTooLarge(usize),
+    /// A sealing buffer smaller than the record overhead.
+    #[error("the buffer is smaller than the {RECORD_OVERHEAD}-byte record overhead")]
+    BufferTooSmall,
+    /// The record belongs to another session.
+    #[error("the record belongs to another session")]
+    WrongSession,
+    /// Tampered with, reflected back, made for another receiver, or forged.
+    #[error("the record failed authentication")]
+    Authentication,
+    /// A sequence number already seen (replay) or too old for the window.
+    #[error("record {0} was already received or is too old (replay)")]
+    Replay(u64),
+    /// A stream record that is not the next one (a record was dropped or reordered).
+    #[error("expected record {expected}, got {got} (dropped or reordered)")]
+    OutOfOrder {
+        /// The next sequence number.
+        expected: u64,
+        /// The one received.
+        got: u64,
+    },
+    /// A response that answers another request than the one expected.
+    #[error("the response answers request {got:?}, not {expected}")]
+    UnexpectedReply {
+        /// The request sent.
+        expected: u64,
+        /// What the response says it answers.
+        got: Option<u64>,
+    },
+    /// The direction has used every sequence number; handshake again.
+    #[error("the session has used every sequence number; a new handshake is needed")]
+    SequenceExhausted,
+}
+
+/// What both sides know about an established session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// The id records carry in clear.
+    pub session_id: u64,
+    /// The negotiated AEAD.
+    pub suite: Suite,
+    /// Which end of the handshake this side was.
+    pub role: Role,
+    /// Our id.
+    pub local_id: PeerId,
+    /// The authenticated peer's id.
+    pub peer_id: PeerId,
+    /// The peer's Ed25519 public key (it hashes to `peer_id`).
+    pub peer_public_key: [u8; 32],
+    /// The mesh both belong to.
+    pub mesh: MeshName,
+}
+
+/// An established, authenticated session: a [`Sealer`] for what we send and an
+/// [`Opener`] for what we receive.
+pub struct Session {
+    info: SessionInfo,
+    sealer: Sealer,
+    opener: Opener,
+}
+
+impl Session {
+    pub(crate) fn new(info: SessionInfo, keys: &SessionKeys, config: &HandshakeConfig) -> Self {
+        let (send, recv) = match info.role {
+            Role::Initiator => (&keys.initiator_to_responder, &keys.responder_to_initiator),
+            Role::Responder => (&keys.responder_to_initiator, &keys.initiator_to_responder),
+        };
+        let records_per_key = config.records_per_key.max(2);
+        Session {
+            sealer: Sealer {
+                session_id: info.session_id,
+                receiver: info.peer_id,
+                next_seq: 1,
+                key: DirectionKey::new(info.suite, send),
+                records_per_key,
+            },
+            opener: Opener {
+                session_id: info.session_id,
+                receiver: info.local_id,
+                window: ReplayWindow::new(config.mode),
+                key: DirectionKey::new(info.suite, recv),
+                previous: None,
+                records_per_key,
+            },
+            info,
+        }
+    }
+
+    /// Who the session is with, and how.
+    pub fn info(&self) -> &SessionInfo {
+        &self.info
+    }
+
+    /// Seals a record in place; see [`Sealer::seal_in_place`].
+    pub fn seal_in_place(&mut self, record: &mut [u8], reply_to: Option<u64>) -> Result<u64, ChannelError> {
+        self.sealer.seal_in_place(record, reply_to)
+    }
+
+    /// Seals `payload` into a new record; see [`Sealer::seal`].
+    pub fn seal(&mut self, payload: &[u8], reply_to: Option<u64>) -> Result<(u64, Vec<u8>), ChannelError> {
+        self.sealer.seal(payload, reply_to)
+    }
+
+    /// Opens a record in place; see [`Opener::open_in_place`].
+    pub fn open_in_place<'r>(&mut self, record: &'r mut [u8]) -> Result<Opened<'r>, ChannelError> {
+        self.opener.open_in_place(record)
+    }
+
+    /// Splits the session into its halves, e.g. for a reader and a writer task.
+    pub fn into_split(self) -> (SessionInfo, Sealer, Opener) {
+        (self.info, self.sealer, self.opener)
+    }
+}
+
+/// The sending half of a session.
+pub struct Sealer {
+    session_id: u64,
+    receiver: PeerId,
+    next_seq: u64,
+    key: DirectionKey,
+    records_per_key: u64,
+}
+
+impl Sealer {
+    /// Seals a record in place. `record` is the whole record buffer: the first
+    /// [`RECORD_HEADER_LEN`] bytes are overwritten by the header, the payload sits
+    /// after them, and the last [`TAG_LEN`] bytes are overwritten by the tag. Returns
+    /// the record's sequence number (to match the response's `reply_to`).
+    pub fn seal_in_place(&mut self, record: &mut [u8], reply_to: Option<u64>) -> Result<u64, ChannelError> {
+        let payload_len =
+            record.len().checked_sub(RECORD_OVERHEAD).ok_or(ChannelError::BufferTooSmall)?;
+        if payload_len > MAX_RECORD_PAYLOAD {
+            return Err(ChannelError::PayloadTooLarge(payload_len));
+        }
+        let seq = self.next_seq;
+        if seq == u64::MAX {
+            return Err(ChannelError::SequenceExhausted);
+        }
+        let epoch = seq / self.records_per_key;
+        while self.key.epoch < epoch {
+            self.key = self.key.next();
+        }
+        let header = RecordHeader::new(self.session_id, seq, reply_to.unwrap_or(0), payload_len);
+        let (head, rest) = record.split_at_mut(RECORD_HEADER_LEN);
+        head.copy_from_slice(&header.encode());
+        let (payload, tag_out) = rest.split_at_mut(payload_len);
+        let tag = self
+            .key
+            .key
+            .seal_in_place_separate_tag(nonce(seq), aad(head, &self.receiver), payload)
+            .map_err(|_| ChannelError::PayloadTooLarge(payload_len))?;
+        tag_out.copy_from_slice(tag.as_ref());
+        self.next_seq += 1;
+        Ok(seq)
+    }
+
+    /// Seals `payload` into a newly allocated record.
+    pub fn seal(&mut self, payload: &[u8], reply_to: Option<u64>) -> Result<(u64, Vec<u8>), ChannelError> {
+        let mut record = Vec::with_capacity(payload.len() + RECORD_OVERHEAD);
+        record.resize(RECORD_HEADER_LEN, 0);
+        record.extend_from_slice(payload);
+        record.resize(record.len() + TAG_LEN, 0);
+        let seq = self.seal_in_place(&mut record, reply_to)?;
+        Ok((seq, record))
+    }
+}
+
+/// A record that opened: its sequence number, what it answers, and the plaintext
+/// (decrypted in place inside the caller's buffer).
+#[derive(Debug)]
+pub struct Opened<'r> {
+    /// The sender's sequence number.
+    pub seq: u64,
+    /// The request this record answers, if it is a response.
+    pub reply_to: Option<u64>,
+    /// The plaintext.
+    pub payload: &'r mut [u8],
+}
+
+impl Opened<'_> {
+    /// Checks that this record is the response to request `request_seq`.
+    pub fn expect_reply_to(&self, request_seq: u64) -> Result<(), ChannelError> {
+        if self.reply_to == Some(request_seq) {
+            Ok(())
+        } else {
+            Err(ChannelError::UnexpectedReply { expected: request_seq, got: self.reply_to })
+        }
+    }
+}
+
+/// The receiving half of a session.
+pub struct Opener {
+    session_id: u64,
+    receiver: PeerId,
+    window: ReplayWindow,
+    key: DirectionKey,
+    /// The previous epoch's key, kept so that a datagram sealed just before a rekey
+    /// still opens when it arrives just after.
+    previous: Option<DirectionKey>,
+    records_per_key: u64,
+}
+
+impl Opener {
+    /// Opens a whole record in place and returns its plaintext, a sub-slice of
+    /// `record`. Nothing changes unless the record authenticates.
+    pub fn open_in_place<'r>(&mut self, record: &'r mut [u8]) -> Result<Opened<'r>, ChannelError> {
+        let header = RecordHeader::decode(record)?;
+        if record.len() != header.record_len() {
+            return Err(ChannelError::LengthMismatch { expected: header.record_len(), got: record.len() });
+        }
+        if header.session_id != self.session_id {
+            return Err(ChannelError::WrongSession);
+        }
+        // Cheap rejection of replays before any cryptography; re-checked on commit.
+        self.window.check(header.seq)?;
+        let epoch = header.seq / self.records_per_key;
+        // The key for the record's epoch: current, previous, or the next one (which
+        // is only adopted once a record under it authenticates).
+        let next;
+        let key = if epoch == self.key.epoch {
+            &self.key
+        } else if epoch + 1 == self.key.epoch && self.previous.is_some() {
+            self.previous.as_ref().expect("checked")
+        } else if epoch == self.key.epoch + 1 {
+            next = self.key.next();
+            &next
+        } else {
+            return Err(ChannelError::Authentication);
+        };
+        let (head, body) = record.split_at_mut(RECORD_HEADER_LEN);
+        let payload = key
+            .key
+            .open_in_place(nonce(header.seq), aad(head, &self.receiver), body)
+            .map_err(|_| ChannelError::Authentication)?;
+        if epoch > self.key.epoch {
+            let newer = self.key.next();
+            self.previous = Some(core::mem::replace(&mut self.key, newer));
+        }
+        self.window.accept(header.seq);
+        let reply_to = (header.reply_to != 0).then_some(header.reply_to);
+        Ok(Opened { seq: header.seq, reply_to, payload })
+    }
+}
+
+/// The associated data of a record: its header and the receiver's id.
+fn aad(header: &[u8], receiver: &PeerId) -> aead::Aad<[u8; RECORD_HEADER_LEN + 32]> {
+    let mut bytes = [0u8; RECORD_HEADER_LEN + 32];
+    bytes[..RECORD_HEADER_LEN].copy_from_slice(header);
+    bytes[RECORD_HEADER_LEN..].copy_from_slice(&receiver.0);
+    aead::Aad::from(bytes)
+}
+
+/// Which sequence numbers may still be accepted.
+#[derive(Clone, Debug)]
+enum ReplayWindow {
+    /// Exactly `next` is acceptable.
+    Stream { next: u64 },
+    /// Anything above `highest`, or within the window below it and not yet seen
+    /// (bit i of `seen` is `highest - i`).
+    Datagram { highest: u64, seen: u128 },
+}
+
+impl ReplayWindow {
+    fn new(mode: ChannelMode) -> Self {
+        match mode {
+            ChannelMode::Stream => ReplayWindow::Stream { next: 1 },
+            ChannelMode::Datagram => ReplayWindow::Datagram { highest: 0, seen: 1 },
+        }
+    }
+
+    fn check(&self, seq: u64) -> Result<(), ChannelError> {
+        match *self {
+            ReplayWindow::Stream { next } if seq == next => Ok(()),
+            ReplayWindow::Stream { next } if seq < next => Err(ChannelError::Replay(seq)),
+            ReplayWindow::Stream { next } => Err(ChannelError::OutOfOrder { expected: next, got: seq }),
+            ReplayWindow::Datagram { highest, .. } if seq > highest => Ok(()),
+            ReplayWindow::Datagram { highest, seen } => {
+                let age = highest - seq;
+                if age >= REPLAY_WINDOW || seen & (1 << age) != 0 {
+                    Err(ChannelError::Replay(seq))
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    fn accept(&mut self, seq: u64) {
+        match self {
+            ReplayWindow::Stream { next } => *next = seq + 1,
+            ReplayWindow::Datagram { highest, seen } => {
+                if seq > *highest {
+                    let shift = seq - *highest;
+                    *seen = if shift >= REPLAY_WINDOW { 0 } else { *seen << shift };
+                    *seen |= 1;
+                    *highest = seq;
+                } else {
+                    *seen |= 1 << (*highest - seq);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,403 @@
+//! The authenticated key agreement: the paper's three messages (Fig. 2).
+//!
+//! ```text
+//! initiator A                                          responder B
+//!   Hello      = v, suites, mesh, id_A, pk_A, id_B, g^x, n_A, sig_A  ──▶
+//!   ◀──  HelloReply = v, suite, id_A, pk_B, g^y, n_B, sig_B(H(Hello) ‖ body)
+//!   Confirm    = v, session id, HMAC(k_confirm, transcript hash)     ──▶
+//! ```
+//!
+//! Each side checks that the other's public key hashes to the id it claims (A: to
+//! the id it meant to reach), verifies the signature, and only then computes the
+//! shared secret. States are types: [`Initiator::start`] gives an
+//! [`AwaitingHelloReply`], whose only way on is [`AwaitingHelloReply::read_hello_reply`];
+//! [`respond`] gives an [`AwaitingConfirm`], which yields a [`Session`] only for a
+//! valid key confirmation. The peer's ephemeral share is reachable only through
+//! [`verified::Share`], which only signature verification constructs, so no code path
+//! derives keys from an unverified message.
+
+use alloc::vec::Vec;
+
+use ring::agreement::{self, EphemeralPrivateKey, UnparsedPublicKey};
+use ring::rand::SecureRandom;
+use ring::{digest, hmac};
+
+use crate::channel::{ChannelMode, Session, SessionInfo};
+use crate::identity::{Identity, MeshName, PeerId};
+use crate::keys::SessionKeys;
+use crate::suite::{Suite, SuiteSet};
+use crate::wire::{
+    self, Confirm, Hello, HelloBody, HelloReply, HelloReplyBody, Kind, Signature, WireError,
+    PROTOCOL_VERSION,
+};
+
+/// Which end of the handshake a session came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Sent message 1.
+    Initiator,
+    /// Answered it.
+    Responder,
+}
+
+/// Records per traffic key before the channel ratchets to a new one. 2^24 keeps
+/// AES-256-GCM well inside its usage limits (TLS 1.3 allows 2^24.5 full records).
+pub const DEFAULT_RECORDS_PER_KEY: u64 = 1 << 24;
+
+/// Settings both roles use.
+#[derive(Clone, Debug)]
+pub struct HandshakeConfig {
+    /// AEAD suites, most preferred first. The initiator offers them all; the
+    /// responder picks its first one that was offered.
+    pub suites: &'static [Suite],
+    /// How the resulting channel orders records.
+    pub mode: ChannelMode,
+    /// Records per traffic key before rekeying.
+    pub records_per_key: u64,
+}
+
+impl Default for HandshakeConfig {
+    fn default() -> Self {
+        HandshakeConfig {
+            suites: Suite::preferred(),
+            mode: ChannelMode::Stream,
+            records_per_key: DEFAULT_RECORDS_PER_KEY,
+        }
+    }
+}
+
+/// Why a handshake failed. Drivers log it and count it; the peer learns nothing but
+/// that the handshake was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandshakeError {
+    /// The bytes do not decode as the message expected.
+    #[error("bad handshake message: {0}")]
+    Wire(#[from] WireError),
+    /// Message 1 names another mesh.
+    #[error("the peer is in another mesh")]
+    WrongMesh,
+    /// The message is addressed to another id than ours.
+    #[error("the message is meant for another id")]
+    NotForMe,
+    /// A public key does not hash to the id claimed for it (or, for the responder's
+    /// key, to the id the initiator meant to reach).
+    #[error("the peer's public key does not match its id")]
+    KeyIdMismatch,
+    /// The signature does not verify under the sender's public key.
+    #[error("the handshake signature is invalid")]
+    BadSignature,
+    /// The initiator offered no suite the responder accepts.
+    #[error("no cipher suite in common")]
+    NoCommonSuite,
+    /// The responder chose a suite the initiator did not offer.
+    #[error("the responder chose a suite that was not offered")]
+    SuiteNotOffered,
+    /// The ephemeral share is invalid (e.g. a low-order point).
+    #[error("the peer's key share is invalid")]
+    BadKeyShare,
+    /// Message 3 does not prove knowledge of the session keys.
+    #[error("the key confirmation is invalid")]
+    BadKeyConfirmation,
+    /// The random number generator failed.
+    #[error("the random number generator failed")]
+    Random,
+    /// The configuration offers no suite.
+    #[error("the handshake configuration offers no cipher suite")]
+    NoSuitesConfigured,
+}
+
+/// Signature digests, domain-separated per message.
+mod digests {
+    use super::*;
+
+    pub(super) fn hello(body_bytes: &[u8]) -> [u8; 32] {
+        finish(&[b"themis/1 hello signature", body_bytes])
+    }
+
+    pub(super) fn hello_reply(hello_bytes: &[u8], body_bytes: &[u8]) -> [u8; 32] {
+        let hello_hash = finish(&[hello_bytes]);
+        finish(&[b"themis/1 hello-reply signature", &hello_hash, body_bytes])
+    }
+
+    pub(super) fn transcript(hello_bytes: &[u8], reply_bytes: &[u8]) -> [u8; 32] {
+        finish(&[b"themis/1 transcript", hello_bytes, reply_bytes])
+    }
+
+    pub(super) fn finish(parts: &[&[u8]]) -> [u8; 32] {
+        let mut ctx = digest::Context::new(&digest::SHA256);
+        parts.iter().for_each(|p| ctx.update(p));
+        let mut out = [0u8; 32];
+        out.copy_from_slice(ctx.finish().as_ref());
+        out
+    }
+}
+
+/// Verified values: constructible only here, and only after the checks pass.
+mod verified {
+    use super::*;
+
+    /// A peer's ephemeral X25519 share from a message whose signature verified under
+    /// a public key that hashes to the expected id.
+    pub struct Share {
+        bytes: [u8; 32],
+        pub peer_key: [u8; 32],
+        pub peer_id: PeerId,
+    }
+
+    /// Checks message 1 for `me`, and returns the verified share and offered suites.
+    pub(super) fn hello(
+        me: &Identity,
+        signed: &wire::Signed<'_, Hello<'_>>,
+    ) -> Result<(Share, SuiteSet), HandshakeError> {
+        let body = &signed.message.body;
+        if body.mesh != me.mesh().as_str() {
+            return Err(HandshakeError::WrongMesh);
+        }
+        if body.responder_id != me.id().0 {
+            return Err(HandshakeError::NotForMe);
+        }
+        let peer_id = PeerId::derive(&body.initiator_key, body.mesh);
+        if peer_id.0 != body.initiator_id {
+            return Err(HandshakeError::KeyIdMismatch);
+        }
+        let digest = digests::hello(signed.body_bytes);
+        if !crate::identity::verify_signature(
+            &body.initiator_key,
+            &digest,
+            &signed.message.signature.0,
+        ) {
+            return Err(HandshakeError::BadSignature);
+        }
+        Ok((
+            Share { bytes: body.ephemeral, peer_key: body.initiator_key, peer_id },
+            SuiteSet(body.suites),
+        ))
+    }
+
+    /// Checks message 2 against what the initiator sent and meant.
+    pub(super) fn hello_reply(
+        state: &AwaitingHelloReply,
+        signed: &wire::Signed<'_, HelloReply>,
+    ) -> Result<(Share, Suite), HandshakeError> {
+        let body = &signed.message.body;
+        let suite = Suite::ALL
+            .into_iter()
+            .find(|s| s.bit() == body.suite && state.offered.contains(*s))
+            .ok_or(HandshakeError::SuiteNotOffered)?;
+        if body.initiator_id != state.local_id.0 {
+            return Err(HandshakeError::NotForMe);
+        }
+        let peer_id = PeerId::derive(&body.responder_key, state.mesh.as_str());
+        if peer_id != state.peer_id {
+            return Err(HandshakeError::KeyIdMismatch);
+        }
+        let digest = digests::hello_reply(&state.hello, signed.body_bytes);
+        if !crate::identity::verify_signature(
+            &body.responder_key,
+            &digest,
+            &signed.message.signature.0,
+        ) {
+            return Err(HandshakeError::BadSignature);
+        }
+        Ok((Share { bytes: body.ephemeral, peer_key: body.responder_key, peer_id }, suite))
+    }
+
+    /// The X25519 secret with a verified share, fed straight into the key schedule.
+    pub(super) fn agree(
+        ephemeral: EphemeralPrivateKey,
+        share: &Share,
+        transcript_hash: &[u8; 32],
+    ) -> Result<SessionKeys, HandshakeError> {
+        agreement::agree_ephemeral(
+            ephemeral,
+            &UnparsedPublicKey::new(&agreement::X25519, &share.bytes),
+            |secret| SessionKeys::derive(secret, transcript_hash),
+        )
+        .map_err(|_| HandshakeError::BadKeyShare)
+    }
+}
+
+fn fresh_ephemeral(
+    rng: &dyn SecureRandom,
+) -> Result<(EphemeralPrivateKey, [u8; 32], [u8; 32]), HandshakeError> {
+    let ephemeral = EphemeralPrivateKey::generate(&agreement::X25519, rng)
+        .map_err(|_| HandshakeError::Random)?;
+    let mut share = [0u8; 32];
+    share.copy_from_slice(
+        ephemeral.compute_public_key().map_err(|_| HandshakeError::Random)?.as_ref(),
+    );
+    let mut nonce = [0u8; 32];
+    rng.fill(&mut nonce).map_err(|_| HandshakeError::Random)?;
+    Ok((ephemeral, share, nonce))
+}
+
+fn confirm_mac(confirm_key: &[u8; 32], transcript_hash: &[u8; 32]) -> hmac::Tag {
+    hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, confirm_key), transcript_hash)
+}
+
+/// The initiating side.
+pub struct Initiator;
+
+impl Initiator {
+    /// Starts a handshake from `me` to the peer with id `peer`. Draws 64 bytes from
+    /// `rng`: the ephemeral X25519 key, then the nonce. Returns the state to keep and
+    /// message 1 to send.
+    pub fn start(
+        me: &Identity,
+        peer: PeerId,
+        config: &HandshakeConfig,
+        rng: &dyn SecureRandom,
+    ) -> Result<(AwaitingHelloReply, Vec<u8>), HandshakeError> {
+        if config.suites.is_empty() {
+            return Err(HandshakeError::NoSuitesConfigured);
+        }
+        let (ephemeral, share, nonce) = fresh_ephemeral(rng)?;
+        let offered = SuiteSet::of(config.suites);
+        let body = HelloBody {
+            version: PROTOCOL_VERSION,
+            kind: Kind::Hello as u8,
+            suites: offered.0,
+            mesh: me.mesh().as_str(),
+            initiator_id: me.id().0,
+            initiator_key: *me.public_key(),
+            responder_id: peer.0,
+            ephemeral: share,
+            nonce,
+        };
+        let mut hello = wire::encode(&body);
+        let signature = Signature(me.sign(&digests::hello(&hello)));
+        hello.extend_from_slice(&wire::encode(&signature));
+        let state = AwaitingHelloReply {
+            ephemeral,
+            hello: hello.clone(),
+            offered,
+            local_id: me.id(),
+            mesh: me.mesh().clone(),
+            peer_id: peer,
+            config: config.clone(),
+        };
+        Ok((state, hello))
+    }
+}
+
+/// The initiator after sending message 1.
+pub struct AwaitingHelloReply {
+    ephemeral: EphemeralPrivateKey,
+    hello: Vec<u8>,
+    offered: SuiteSet,
+    local_id: PeerId,
+    mesh: MeshName,
+    peer_id: PeerId,
+    config: HandshakeConfig,
+}
+
+impl AwaitingHelloReply {
+    /// The id this handshake is meant to reach.
+    pub fn peer_id(&self) -> PeerId {
+        self.peer_id
+    }
+
+    /// Reads message 2. On success the session is ready to use and message 3 must be
+    /// sent before any record (it is what lets the responder use the session).
+    pub fn read_hello_reply(self, bytes: &[u8]) -> Result<(Session, Vec<u8>), HandshakeError> {
+        let signed = HelloReply::decode(bytes)?;
+        let (share, suite) = verified::hello_reply(&self, &signed)?;
+        let transcript_hash = digests::transcript(&self.hello, bytes);
+        let keys = verified::agree(self.ephemeral, &share, &transcript_hash)?;
+        let confirm = Confirm {
+            version: PROTOCOL_VERSION,
+            kind: Kind::Confirm as u8,
+            session_id: keys.session_id,
+            mac: confirm_mac(&keys.confirm_key, &transcript_hash)
+                .as_ref()
+                .try_into()
+                .expect("HMAC-SHA256 tags are 32 bytes"),
+        };
+        let info = SessionInfo {
+            session_id: keys.session_id,
+            suite,
+            role: Role::Initiator,
+            local_id: self.local_id,
+            peer_id: share.peer_id,
+            peer_public_key: share.peer_key,
+            mesh: self.mesh,
+        };
+        let session = Session::new(info, &keys, &self.config);
+        Ok((session, wire::encode(&confirm)))
+    }
+}
+
+/// Answers message 1 as `me`. Draws 64 bytes from `rng` (ephemeral key, then nonce).
+/// Returns the state to keep and message 2 to send. A replayed message 1 gets a fresh
+/// reply, but its sender cannot complete message 3 without the initiator's ephemeral
+/// secret, so it never yields a confirmed session.
+pub fn respond(
+    me: &Identity,
+    hello_bytes: &[u8],
+    config: &HandshakeConfig,
+    rng: &dyn SecureRandom,
+) -> Result<(AwaitingConfirm, Vec<u8>), HandshakeError> {
+    let signed = Hello::decode(hello_bytes)?;
+    let (share, offered) = verified::hello(me, &signed)?;
+    let suite = offered.pick(config.suites).ok_or(HandshakeError::NoCommonSuite)?;
+    let (ephemeral, my_share, nonce) = fresh_ephemeral(rng)?;
+    let body = HelloReplyBody {
+        version: PROTOCOL_VERSION,
+        kind: Kind::HelloReply as u8,
+        suite: suite.bit(),
+        initiator_id: share.peer_id.0,
+        responder_key: *me.public_key(),
+        ephemeral: my_share,
+        nonce,
+    };
+    let mut reply = wire::encode(&body);
+    let signature = Signature(me.sign(&digests::hello_reply(hello_bytes, &reply)));
+    reply.extend_from_slice(&wire::encode(&signature));
+    let transcript_hash = digests::transcript(hello_bytes, &reply);
+    let keys = verified::agree(ephemeral, &share, &transcript_hash)?;
+    let info = SessionInfo {
+        session_id: keys.session_id,
+        suite,
+        role: Role::Responder,
+        local_id: me.id(),
+        peer_id: share.peer_id,
+        peer_public_key: share.peer_key,
+        mesh: me.mesh().clone(),
+    };
+    let pending = Session::new(info, &keys, config);
+    Ok((AwaitingConfirm { pending, confirm_key: keys.confirm_key, transcript_hash }, reply))
+}
+
+/// The responder after sending message 2: keys exist but are unusable until the
+/// initiator proves it holds them.
+pub struct AwaitingConfirm {
+    pending: Session,
+    confirm_key: zeroize::Zeroizing<[u8; 32]>,
+    transcript_hash: [u8; 32],
+}
+
+impl AwaitingConfirm {
+    /// The session id message 3 will carry (for demultiplexing datagrams).
+    pub fn session_id(&self) -> u64 {
+        self.pending.info().session_id
+    }
+
+    /// The authenticated initiator (its signature verified already; the session is
+    /// still unconfirmed).
+    pub fn peer_id(&self) -> PeerId {
+        self.pending.info().peer_id
+    }
+
+    /// Reads message 3 and, if it confirms the keys, hands over the session.
+    pub fn read_confirm(self, bytes: &[u8]) -> Result<Session, HandshakeError> {
+        let confirm = Confirm::decode(bytes)?;
+        let key = hmac::Key::new(hmac::HMAC_SHA256, self.confirm_key.as_ref());
+        // Constant-time comparison of the MAC; the session id must agree too.
+        if confirm.session_id != self.session_id()
+            || hmac::verify(&key, &self.transcript_hash, &confirm.mac).is_err()
+        {
+            return Err(HandshakeError::BadKeyConfirmation);
+        }
+        Ok(self.pending)
+    }
+}

@@ -1,0 +1,298 @@
+//! Self-certifying identities.
+//!
+//! A workload's identity is an Ed25519 key pair; its id is
+//! `SHA-256(public_key || mesh_name)`. Anyone holding the public key can check the
+//! id without asking a certificate authority, and the mesh name keeps the ids of two
+//! meshes apart even when they share a key.
+
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use core::fmt;
+
+use bech32::{primitives::decode::CheckedHrpstring, Bech32m, Hrp};
+use ring::digest;
+use ring::rand::SecureRandom;
+use ring::signature::{self, Ed25519KeyPair, KeyPair};
+use serde::{Deserialize, Serialize};
+use zeroize::Zeroizing;
+
+/// Length of a public key, an id and a signature share, in bytes.
+pub const PUBLIC_KEY_LEN: usize = 32;
+/// The longest mesh name: it is the human-readable part of a printable id, which a
+/// Bech32m string bounds to 90 characters in all (59 of them are the id and checksum).
+pub const MAX_MESH_NAME_LEN: usize = 31;
+/// The PEM label of a private key file (standard PKCS#8, so `openssl` reads it too).
+pub const KEY_FILE_LABEL: &str = "PRIVATE KEY";
+
+/// The name of a mesh (the paper's *net id*): 1 to 31 characters of `a-z`, `0-9`, `-`
+/// and `.`, starting with a letter or digit.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MeshName(String);
+
+/// Why a mesh name was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MeshNameError {
+    /// Empty name.
+    #[error("the mesh name is empty")]
+    Empty,
+    /// Longer than [`MAX_MESH_NAME_LEN`].
+    #[error("the mesh name is {0} characters long; at most {MAX_MESH_NAME_LEN} are allowed")]
+    TooLong(usize),
+    /// A character outside `a-z 0-9 - .`.
+    #[error("the mesh name may hold only a-z, 0-9, '-' and '.', not {0:?}")]
+    BadCharacter(char),
+    /// Starts with `-` or `.`.
+    #[error("the mesh name must start with a letter or a digit")]
+    BadStart,
+}
+
+impl MeshName {
+    /// Checks and wraps a mesh name.
+    pub fn new(name: &str) -> Result<Self, MeshNameError> {
+        Self::check(name)?;
+        Ok(MeshName(name.to_string()))
+    }
+
+    /// Checks a mesh name without keeping it (used on names read off the wire).
+    pub fn check(name: &str) -> Result<(), MeshNameError> {
+        let first = name.chars().next().ok_or(MeshNameError::Empty)?;
+        if name.len() > MAX_MESH_NAME_LEN {
+            return Err(MeshNameError::TooLong(name.chars().count()));
+        }
+        if let Some(bad) = name
+            .chars()
+            .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-' || *c == '.'))
+        {
+            return Err(MeshNameError::BadCharacter(bad));
+        }
+        if first == '-' || first == '.' {
+            return Err(MeshNameError::BadStart);
+        }
+        Ok(())
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for MeshName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for MeshName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MeshName({:?})", self.0)
+    }
+}
+
+impl core::str::FromStr for MeshName {
+    type Err = MeshNameError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        MeshName::new(s)
+    }
+}
+
+/// A self-certifying id: `SHA-256(public_key || mesh_name)`, a point on the 256-bit
+/// ring of the DHT. Its `Display` is lowercase hex; [`PeerId::printable`] gives the
+/// form people copy around, with the mesh name and a checksum.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PeerId(pub [u8; 32]);
+
+/// Why a printable id did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerIdError {
+    /// Not a Bech32m string, or its checksum does not match (a typo).
+    #[error("not a valid Themis id (a typo? the checksum does not match): {0}")]
+    Encoding(String),
+    /// The mesh name part is not a valid mesh name.
+    #[error("the id's mesh name is invalid: {0}")]
+    MeshName(#[from] MeshNameError),
+    /// The id belongs to another mesh than the one expected.
+    #[error("the id belongs to mesh {found:?}, not {expected:?}")]
+    WrongMesh {
+        /// The mesh the caller expected.
+        expected: String,
+        /// The mesh named in the id.
+        found: String,
+    },
+    /// The data part does not hold exactly 32 bytes.
+    #[error("the id holds {0} bytes, not 32")]
+    WrongLength(usize),
+}
+
+impl PeerId {
+    /// The id of `public_key` in `mesh`.
+    pub fn derive(public_key: &[u8; PUBLIC_KEY_LEN], mesh: &str) -> PeerId {
+        let mut ctx = digest::Context::new(&digest::SHA256);
+        ctx.update(public_key);
+        ctx.update(mesh.as_bytes());
+        let mut id = [0u8; 32];
+        id.copy_from_slice(ctx.finish().as_ref());
+        PeerId(id)
+    }
+
+    /// The printable form: Bech32m with the mesh name as its human-readable part,
+    /// e.g. `demo1…`. The checksum covers the mesh name and the id.
+    pub fn printable(&self, mesh: &MeshName) -> String {
+        // A checked mesh name is always a valid Bech32 human-readable part, and the
+        // length bound on mesh names keeps the whole string within Bech32m's 90.
+        let hrp = Hrp::parse(mesh.as_str()).expect("a checked mesh name is a valid hrp");
+        bech32::encode::<Bech32m>(hrp, &self.0).expect("length bounded by MAX_MESH_NAME_LEN")
+    }
+
+    /// Parses a printable id into its mesh name and id.
+    pub fn parse(printable: &str) -> Result<(MeshName, PeerId), PeerIdError> {
+        let checked = CheckedHrpstring::new::<Bech32m>(printable)
+            .map_err(|e| PeerIdError::Encoding(e.to_string()))?;
+        let mesh = MeshName::new(&checked.hrp().to_lowercase())?;
+        let bytes: Vec<u8> = checked.byte_iter().collect();
+        let id: [u8; 32] =
+            bytes.as_slice().try_into().map_err(|_| PeerIdError::WrongLength(bytes.len()))?;
+        Ok((mesh, PeerId(id)))
+    }
+
+    /// Parses a printable id that must belong to `expected`.
+    pub fn parse_in(printable: &str, expected: &MeshName) -> Result<PeerId, PeerIdError> {
+        let (mesh, id) = Self::parse(printable)?;
+        if &mesh != expected {
+            return Err(PeerIdError::WrongMesh {
+                expected: expected.to_string(),
+                found: mesh.to_string(),
+            });
+        }
+        Ok(id)
+    }
+
+    /// The raw 32 bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Display for PeerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+impl fmt::Debug for PeerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Eight bytes tell ids apart in logs; the full value is one `{}` away.
+        write!(f, "PeerId(")?;
+        self.0[..8].iter().try_for_each(|b| write!(f, "{b:02x}"))?;
+        write!(f, "…)")
+    }
+}
+
+/// Why a private key file was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyFileError {
+    /// Not PEM text.
+    #[error("the key file is not PEM text: {0}")]
+    Pem(String),
+    /// PEM, but not a private key.
+    #[error("the key file holds a {0:?}, not a PRIVATE KEY")]
+    WrongLabel(String),
+    /// A private key, but not an Ed25519 PKCS#8 document whose public key matches.
+    #[error("the key file does not hold a valid Ed25519 PKCS#8 private key: {0}")]
+    InvalidKey(String),
+    /// The random number generator failed.
+    #[error("the random number generator failed")]
+    Random,
+}
+
+/// A workload's or node's identity: its key pair, its mesh and the id they give.
+pub struct Identity {
+    key_pair: Ed25519KeyPair,
+    pkcs8: Zeroizing<Vec<u8>>,
+    public_key: [u8; PUBLIC_KEY_LEN],
+    mesh: MeshName,
+    id: PeerId,
+}
+
+impl Identity {
+    /// Creates a new identity in `mesh` from 32 bytes of `rng`.
+    pub fn generate(mesh: MeshName, rng: &dyn SecureRandom) -> Result<Self, KeyFileError> {
+        let pkcs8 = Ed25519KeyPair::generate_pkcs8(rng).map_err(|_| KeyFileError::Random)?;
+        Self::from_pkcs8(mesh, pkcs8.as_ref())
+    }
+
+    /// Loads an identity from a PKCS#8 (v1 or v2) Ed25519 private key.
+    pub fn from_pkcs8(mesh: MeshName, pkcs8: &[u8]) -> Result<Self, KeyFileError> {
+        let key_pair = Ed25519KeyPair::from_pkcs8_maybe_unchecked(pkcs8)
+            .map_err(|e| KeyFileError::InvalidKey(e.to_string()))?;
+        let mut public_key = [0u8; PUBLIC_KEY_LEN];
+        public_key.copy_from_slice(key_pair.public_key().as_ref());
+        let id = PeerId::derive(&public_key, mesh.as_str());
+        Ok(Identity { key_pair, pkcs8: Zeroizing::new(pkcs8.to_vec()), public_key, mesh, id })
+    }
+
+    /// Loads an identity from the text of a key file (PEM `PRIVATE KEY`, PKCS#8).
+    pub fn from_key_file(mesh: MeshName, pem: &str) -> Result<Self, KeyFileError> {
+        let (label, der) = pem_rfc7468::decode_vec(pem.trim().as_bytes())
+            .map_err(|e| KeyFileError::Pem(e.to_string()))?;
+        if label != KEY_FILE_LABEL {
+            return Err(KeyFileError::WrongLabel(label.to_string()));
+        }
+        let der = Zeroizing::new(der);
+        Self::from_pkcs8(mesh, der.as_slice())
+    }
+
+    /// The key file text for this identity (PEM `PRIVATE KEY`, PKCS#8). Secret: write
+    /// it with mode 0600.
+    pub fn to_key_file(&self) -> Zeroizing<String> {
+        Zeroizing::new(
+            pem_rfc7468::encode_string(KEY_FILE_LABEL, pem_rfc7468::LineEnding::LF, self.pkcs8.as_slice())
+                .expect("PEM encoding of a small document cannot fail"),
+        )
+    }
+
+    /// This identity's id.
+    pub fn id(&self) -> PeerId {
+        self.id
+    }
+
+    /// This identity's mesh.
+    pub fn mesh(&self) -> &MeshName {
+        &self.mesh
+    }
+
+    /// The Ed25519 public key.
+    pub fn public_key(&self) -> &[u8; PUBLIC_KEY_LEN] {
+        &self.public_key
+    }
+
+    /// The printable id, e.g. `demo1…`.
+    pub fn printable_id(&self) -> String {
+        self.id.printable(&self.mesh)
+    }
+
+    /// Signs a 32-byte transcript digest.
+    pub(crate) fn sign(&self, digest: &[u8; 32]) -> [u8; 64] {
+        let mut sig = [0u8; 64];
+        sig.copy_from_slice(self.key_pair.sign(digest).as_ref());
+        sig
+    }
+}
+
+impl fmt::Debug for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the private key.
+        f.debug_struct("Identity").field("mesh", &self.mesh).field("id", &self.id).finish()
+    }
+}
+
+/// Checks an Ed25519 signature over a 32-byte transcript digest.
+pub(crate) fn verify_signature(
+    public_key: &[u8; PUBLIC_KEY_LEN],
+    digest: &[u8; 32],
+    sig: &[u8; 64],
+) -> bool {
+    signature::UnparsedPublicKey::new(&signature::ED25519, public_key)
+        .verify(digest, sig)
+        .is_ok()
+}

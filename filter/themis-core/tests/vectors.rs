@@ -1,0 +1,238 @@
+//! Known-answer tests: handshakes and records made with fixed keys and randomness,
+//! checked into `tests/vectors/v1.json`. The same test runs natively and, compiled to
+//! `wasm32-wasip2`, under wasmtime (`scripts/test.sh`), so every target must produce
+//! the same bytes.
+//!
+//! Regenerate (only when the protocol changes on purpose):
+//! `THEMIS_WRITE_VECTORS=1 cargo test -p themis-core --test vectors`
+
+mod common;
+
+use common::{with_rng, Transcript};
+use ring::digest;
+use serde::{Deserialize, Serialize};
+use themis_core::handshake::{self, Initiator};
+use themis_core::{ChannelMode, HandshakeConfig, Identity, MeshName, PeerId, Session, Suite};
+
+const VECTORS: &str = include_str!("vectors/v1.json");
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct Vectors {
+    comment: String,
+    mesh: String,
+    identities: Vec<IdentityVector>,
+    handshakes: Vec<HandshakeVector>,
+}
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct IdentityVector {
+    /// The 32 random bytes the key pair is generated from.
+    key_seed: String,
+    public_key: String,
+    id: String,
+    printable_id: String,
+    key_file: String,
+}
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct HandshakeVector {
+    /// Indexes into `identities`.
+    initiator: usize,
+    responder: usize,
+    initiator_suites: Vec<Suite>,
+    responder_suites: Vec<Suite>,
+    records_per_key: u64,
+    initiator_ephemeral: String,
+    initiator_nonce: String,
+    responder_ephemeral: String,
+    responder_nonce: String,
+    hello: String,
+    hello_reply: String,
+    confirm: String,
+    session_id: u64,
+    suite: Suite,
+    records: Vec<RecordVector>,
+}
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct RecordVector {
+    from_initiator: bool,
+    reply_to: Option<u64>,
+    payload: String,
+    record: String,
+}
+
+fn unhex<const N: usize>(s: &str) -> [u8; N] {
+    hex::decode(s).unwrap().try_into().unwrap()
+}
+
+fn suites(list: &[Suite]) -> &'static [Suite] {
+    match list {
+        [Suite::Aes256Gcm, Suite::ChaCha20Poly1305] => &[Suite::Aes256Gcm, Suite::ChaCha20Poly1305],
+        [Suite::ChaCha20Poly1305, Suite::Aes256Gcm] => &[Suite::ChaCha20Poly1305, Suite::Aes256Gcm],
+        [Suite::Aes256Gcm] => &[Suite::Aes256Gcm],
+        [Suite::ChaCha20Poly1305] => &[Suite::ChaCha20Poly1305],
+        other => panic!("no static list for {other:?}"),
+    }
+}
+
+fn make_identity(mesh: &MeshName, seed_hex: &str) -> (Identity, IdentityVector) {
+    let seed: [u8; 32] = unhex(seed_hex);
+    let identity = with_rng(&[&seed], |rng| Identity::generate(mesh.clone(), rng)).unwrap();
+    let vector = IdentityVector {
+        key_seed: seed_hex.to_string(),
+        public_key: hex::encode(identity.public_key()),
+        id: identity.id().to_string(),
+        printable_id: identity.printable_id(),
+        key_file: identity.to_key_file().to_string(),
+    };
+    (identity, vector)
+}
+
+/// The records each vector session exchanges: a request, its response, then a run
+/// long enough to cross a rekey when `records_per_key` is small.
+fn record_script() -> Vec<(bool, Option<u64>, Vec<u8>)> {
+    let mut script = vec![
+        (true, None, b"GET /check HTTP/1.1\r\nhost: check\r\n\r\n".to_vec()),
+        (false, Some(1), b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec()),
+        (true, None, Vec::new()),
+    ];
+    script.extend((0..6u8).map(|i| (i % 2 == 0, None, vec![i; 1 + 37 * i as usize])));
+    script
+}
+
+fn run_handshake(ids: &[Identity], spec: &HandshakeVector) -> HandshakeVector {
+    let (a, b) = (&ids[spec.initiator], &ids[spec.responder]);
+    let config_a = HandshakeConfig {
+        suites: suites(&spec.initiator_suites),
+        mode: ChannelMode::Stream,
+        records_per_key: spec.records_per_key,
+    };
+    let config_b = HandshakeConfig { suites: suites(&spec.responder_suites), ..config_a.clone() };
+    let (waiting, hello) = with_rng(
+        &[&unhex::<32>(&spec.initiator_ephemeral), &unhex::<32>(&spec.initiator_nonce)],
+        |rng| Initiator::start(a, b.id(), &config_a, rng),
+    )
+    .unwrap();
+    let (pending, reply) = with_rng(
+        &[&unhex::<32>(&spec.responder_ephemeral), &unhex::<32>(&spec.responder_nonce)],
+        |rng| handshake::respond(b, &hello, &config_b, rng),
+    )
+    .unwrap();
+    let (mut sa, confirm) = waiting.read_hello_reply(&reply).unwrap();
+    let mut sb = pending.read_confirm(&confirm).unwrap();
+    assert_eq!(sa.info().session_id, sb.info().session_id);
+    assert_eq!(sa.info().peer_id, b.id());
+    assert_eq!(sb.info().peer_id, a.id());
+    let transcript = Transcript { hello, reply, confirm };
+    let records = record_script()
+        .into_iter()
+        .map(|(from_initiator, reply_to, payload)| {
+            let (sender, receiver): (&mut Session, &mut Session) =
+                if from_initiator { (&mut sa, &mut sb) } else { (&mut sb, &mut sa) };
+            let (_, record) = sender.seal(&payload, reply_to).unwrap();
+            let mut buf = record.clone();
+            let opened = receiver.open_in_place(&mut buf).unwrap();
+            assert_eq!(opened.payload, &payload[..]);
+            assert_eq!(opened.reply_to, reply_to);
+            RecordVector {
+                from_initiator,
+                reply_to,
+                payload: hex::encode(&payload),
+                record: hex::encode(&record),
+            }
+        })
+        .collect();
+    HandshakeVector {
+        initiator_suites: spec.initiator_suites.clone(),
+        responder_suites: spec.responder_suites.clone(),
+        initiator_ephemeral: spec.initiator_ephemeral.clone(),
+        initiator_nonce: spec.initiator_nonce.clone(),
+        responder_ephemeral: spec.responder_ephemeral.clone(),
+        responder_nonce: spec.responder_nonce.clone(),
+        hello: hex::encode(&transcript.hello),
+        hello_reply: hex::encode(&transcript.reply),
+        confirm: hex::encode(&transcript.confirm),
+        session_id: sa.info().session_id,
+        suite: sa.info().suite,
+        records,
+        ..*spec
+    }
+}
+
+fn compute(spec: &Vectors) -> Vectors {
+    let mesh = MeshName::new(&spec.mesh).unwrap();
+    let (ids, identities): (Vec<_>, Vec<_>) =
+        spec.identities.iter().map(|v| make_identity(&mesh, &v.key_seed)).unzip();
+    Vectors {
+        comment: spec.comment.clone(),
+        mesh: spec.mesh.clone(),
+        identities,
+        handshakes: spec.handshakes.iter().map(|h| run_handshake(&ids, h)).collect(),
+    }
+}
+
+#[test]
+fn vectors_reproduce_exactly() {
+    let expected: Vectors = serde_json::from_str(VECTORS).unwrap();
+    let actual = compute(&expected);
+    if std::env::var_os("THEMIS_WRITE_VECTORS").is_some() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vectors/v1.json");
+        std::fs::write(path, serde_json::to_string_pretty(&actual).unwrap() + "\n").unwrap();
+        return;
+    }
+    assert_eq!(actual.identities, expected.identities);
+    for (a, e) in actual.handshakes.iter().zip(&expected.handshakes) {
+        assert_eq!(a.hello, e.hello, "message 1");
+        assert_eq!(a.hello_reply, e.hello_reply, "message 2");
+        assert_eq!(a.confirm, e.confirm, "message 3");
+        assert_eq!(a.records, e.records);
+        assert_eq!(a, e);
+    }
+    assert_eq!(actual, expected);
+}
+
+/// The vectors' recorded messages, replayed into fresh state machines, are accepted:
+/// this checks the receiving side against the file rather than against itself.
+#[test]
+fn recorded_messages_are_accepted() {
+    let v: Vectors = serde_json::from_str(VECTORS).unwrap();
+    let mesh = MeshName::new(&v.mesh).unwrap();
+    let ids: Vec<Identity> =
+        v.identities.iter().map(|i| Identity::from_key_file(mesh.clone(), &i.key_file).unwrap()).collect();
+    for h in &v.handshakes {
+        let config = HandshakeConfig {
+            suites: suites(&h.responder_suites),
+            mode: ChannelMode::Stream,
+            records_per_key: h.records_per_key,
+        };
+        let (pending, reply) = with_rng(
+            &[&unhex::<32>(&h.responder_ephemeral), &unhex::<32>(&h.responder_nonce)],
+            |rng| handshake::respond(&ids[h.responder], &hex::decode(&h.hello).unwrap(), &config, rng),
+        )
+        .unwrap();
+        assert_eq!(hex::encode(reply), h.hello_reply);
+        let mut responder = pending.read_confirm(&hex::decode(&h.confirm).unwrap()).unwrap();
+        assert_eq!(responder.info().session_id, h.session_id);
+        assert_eq!(responder.info().suite, h.suite);
+        for r in h.records.iter().filter(|r| r.from_initiator) {
+            let mut record = hex::decode(&r.record).unwrap();
+            let opened = responder.open_in_place(&mut record).unwrap();
+            assert_eq!(hex::encode(&opened.payload), r.payload);
+        }
+    }
+}
+
+/// The id is SHA-256(public key || mesh name), computed here independently of the core.
+#[test]
+fn ids_are_the_hash_of_key_and_mesh() {
+    let v: Vectors = serde_json::from_str(VECTORS).unwrap();
+    for i in &v.identities {
+        let mut input = hex::decode(&i.public_key).unwrap();
+        input.extend_from_slice(v.mesh.as_bytes());
+        assert_eq!(hex::encode(digest::digest(&digest::SHA256, &input)), i.id);
+        let (mesh, id) = PeerId::parse(&i.printable_id).unwrap();
+        assert_eq!(mesh.as_str(), v.mesh);
+        assert_eq!(id.to_string(), i.id);
+    }
+}
