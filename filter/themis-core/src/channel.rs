@@ -77,6 +77,9 @@ pub enum ChannelError {
         /// The one received.
         got: u64,
     },
+    /// `Some(0)` as `reply_to`: sequence numbers start at 1, and 0 means "none".
+    #[error("reply_to must name a sequence number (they start at 1)")]
+    InvalidReplyTo,
     /// A response that answers another request than the one expected.
     #[error("the response answers request {got:?}, not {expected}")]
     UnexpectedReply {
@@ -189,6 +192,9 @@ impl Sealer {
             record.len().checked_sub(RECORD_OVERHEAD).ok_or(ChannelError::BufferTooSmall)?;
         if payload_len > MAX_RECORD_PAYLOAD {
             return Err(ChannelError::PayloadTooLarge(payload_len));
+        }
+        if reply_to == Some(0) {
+            return Err(ChannelError::InvalidReplyTo);
         }
         let seq = self.next_seq;
         if seq == u64::MAX {
@@ -357,5 +363,55 @@ impl ReplayWindow {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::MeshName;
+
+    fn pair(config: &HandshakeConfig) -> (Session, Session) {
+        let keys = SessionKeys::derive(&[7; 32], &[9; 32]);
+        let info = |role, local: u8, peer: u8| SessionInfo {
+            session_id: keys.session_id,
+            suite: Suite::ChaCha20Poly1305,
+            role,
+            local_id: PeerId([local; 32]),
+            peer_id: PeerId([peer; 32]),
+            peer_public_key: [0; 32],
+            mesh: MeshName::new("unit").unwrap(),
+        };
+        (
+            Session::new(info(Role::Initiator, 1, 2), &keys, config),
+            Session::new(info(Role::Responder, 2, 1), &keys, config),
+        )
+    }
+
+    #[test]
+    fn the_last_sequence_number_is_never_used() {
+        // One key for the whole sequence space, so jumping ahead needs no ratchet steps.
+        let (mut a, mut b) = pair(&HandshakeConfig { records_per_key: u64::MAX, ..HandshakeConfig::default() });
+        a.sealer.next_seq = u64::MAX - 1;
+        b.opener.window = ReplayWindow::Stream { next: u64::MAX - 1 };
+        let (seq, mut record) = a.seal(b"last", None).unwrap();
+        assert_eq!(seq, u64::MAX - 1);
+        assert_eq!(b.open_in_place(&mut record).unwrap().payload, b"last");
+        assert_eq!(a.seal(b"one more", None), Err(ChannelError::SequenceExhausted));
+    }
+
+    #[test]
+    fn a_record_from_two_epochs_ahead_is_refused() {
+        let config = HandshakeConfig { records_per_key: 2, ..HandshakeConfig::default() };
+        let (mut a, mut b) = pair(&HandshakeConfig { mode: ChannelMode::Datagram, ..config.clone() });
+        let records: alloc::vec::Vec<_> = (0..6).map(|_| a.seal(b"x", None).unwrap().1).collect();
+        // seq 5 is in epoch 2 while the receiver is at epoch 0.
+        let mut far = records[4].clone();
+        assert_eq!(b.open_in_place(&mut far).err(), Some(ChannelError::Authentication));
+        // One epoch ahead is adopted, and the previous epoch still opens late datagrams.
+        let mut next = records[2].clone();
+        assert!(b.open_in_place(&mut next).is_ok());
+        let mut late = records[0].clone();
+        assert!(b.open_in_place(&mut late).is_ok());
     }
 }

@@ -12,6 +12,7 @@ use core::fmt;
 use bech32::{primitives::decode::CheckedHrpstring, Bech32m, Hrp};
 use ring::digest;
 use ring::rand::SecureRandom;
+use ed25519::pkcs8::{DecodePrivateKey, EncodePrivateKey, KeypairBytes};
 use ring::signature::{self, Ed25519KeyPair, KeyPair};
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
@@ -21,8 +22,6 @@ pub const PUBLIC_KEY_LEN: usize = 32;
 /// The longest mesh name: it is the human-readable part of a printable id, which a
 /// Bech32m string bounds to 90 characters in all (59 of them are the id and checksum).
 pub const MAX_MESH_NAME_LEN: usize = 31;
-/// The PEM label of a private key file (standard PKCS#8, so `openssl` reads it too).
-pub const KEY_FILE_LABEL: &str = "PRIVATE KEY";
 
 /// The name of a mesh (the paper's *net id*): 1 to 31 characters of `a-z`, `0-9`, `-`
 /// and `.`, starting with a letter or digit.
@@ -119,6 +118,10 @@ pub enum PeerIdError {
         /// The mesh named in the id.
         found: String,
     },
+    /// The id is spelled with non-zero padding bits: one of 16 aliases of a real id.
+    /// Only the canonical spelling is accepted, so ids compare equal as text.
+    #[error("the id is not in canonical form (its last character is wrong)")]
+    NonCanonical,
     /// The data part does not hold exactly 32 bytes.
     #[error("the id holds {0} bytes, not 32")]
     WrongLength(usize),
@@ -149,6 +152,9 @@ impl PeerId {
         let checked = CheckedHrpstring::new::<Bech32m>(printable)
             .map_err(|e| PeerIdError::Encoding(e.to_string()))?;
         let mesh = MeshName::new(&checked.hrp().to_lowercase())?;
+        // 52 characters carry 260 bits for 256: the last 4 must be zero. (The check
+        // is named for segwit but is the generic padding rule.)
+        checked.validate_segwit_padding().map_err(|_| PeerIdError::NonCanonical)?;
         let bytes: Vec<u8> = checked.byte_iter().collect();
         let id: [u8; 32] =
             bytes.as_slice().try_into().map_err(|_| PeerIdError::WrongLength(bytes.len()))?;
@@ -191,15 +197,12 @@ impl fmt::Debug for PeerId {
 /// Why a private key file was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyFileError {
-    /// Not PEM text.
-    #[error("the key file is not PEM text: {0}")]
-    Pem(String),
-    /// PEM, but not a private key.
-    #[error("the key file holds a {0:?}, not a PRIVATE KEY")]
-    WrongLabel(String),
-    /// A private key, but not an Ed25519 PKCS#8 document whose public key matches.
-    #[error("the key file does not hold a valid Ed25519 PKCS#8 private key: {0}")]
-    InvalidKey(String),
+    /// Not a PEM `PRIVATE KEY` holding an Ed25519 PKCS#8 document.
+    #[error("the key file is not an Ed25519 private key in PKCS#8 PEM form: {0}")]
+    Format(String),
+    /// The document carries a public key that does not belong to its private key.
+    #[error("the key file's public key does not match its private key")]
+    KeyMismatch,
     /// The random number generator failed.
     #[error("the random number generator failed")]
     Random,
@@ -208,47 +211,50 @@ pub enum KeyFileError {
 /// A workload's or node's identity: its key pair, its mesh and the id they give.
 pub struct Identity {
     key_pair: Ed25519KeyPair,
-    pkcs8: Zeroizing<Vec<u8>>,
+    seed: Zeroizing<[u8; 32]>,
     public_key: [u8; PUBLIC_KEY_LEN],
     mesh: MeshName,
     id: PeerId,
 }
 
 impl Identity {
-    /// Creates a new identity in `mesh` from 32 bytes of `rng`.
+    /// Creates a new identity in `mesh` from 32 bytes of `rng` (the Ed25519 seed).
     pub fn generate(mesh: MeshName, rng: &dyn SecureRandom) -> Result<Self, KeyFileError> {
-        let pkcs8 = Ed25519KeyPair::generate_pkcs8(rng).map_err(|_| KeyFileError::Random)?;
-        Self::from_pkcs8(mesh, pkcs8.as_ref())
+        let mut seed = Zeroizing::new([0u8; 32]);
+        rng.fill(seed.as_mut()).map_err(|_| KeyFileError::Random)?;
+        Ok(Self::from_seed(mesh, seed))
     }
 
-    /// Loads an identity from a PKCS#8 (v1 or v2) Ed25519 private key.
-    pub fn from_pkcs8(mesh: MeshName, pkcs8: &[u8]) -> Result<Self, KeyFileError> {
-        let key_pair = Ed25519KeyPair::from_pkcs8_maybe_unchecked(pkcs8)
-            .map_err(|e| KeyFileError::InvalidKey(e.to_string()))?;
+    fn from_seed(mesh: MeshName, seed: Zeroizing<[u8; 32]>) -> Self {
+        let key_pair =
+            Ed25519KeyPair::from_seed_unchecked(seed.as_ref()).expect("any 32 bytes are a seed");
         let mut public_key = [0u8; PUBLIC_KEY_LEN];
         public_key.copy_from_slice(key_pair.public_key().as_ref());
         let id = PeerId::derive(&public_key, mesh.as_str());
-        Ok(Identity { key_pair, pkcs8: Zeroizing::new(pkcs8.to_vec()), public_key, mesh, id })
+        Identity { key_pair, seed, public_key, mesh, id }
     }
 
-    /// Loads an identity from the text of a key file (PEM `PRIVATE KEY`, PKCS#8).
+    /// Loads an identity from the text of a key file: PEM `PRIVATE KEY`, PKCS#8 v1
+    /// or v2 (RFC 8410), as written by [`Identity::to_key_file`] or by
+    /// `openssl genpkey -algorithm ed25519`.
     pub fn from_key_file(mesh: MeshName, pem: &str) -> Result<Self, KeyFileError> {
-        let (label, der) = pem_rfc7468::decode_vec(pem.trim().as_bytes())
-            .map_err(|e| KeyFileError::Pem(e.to_string()))?;
-        if label != KEY_FILE_LABEL {
-            return Err(KeyFileError::WrongLabel(label.to_string()));
+        let pair = KeypairBytes::from_pkcs8_pem(pem.trim())
+            .map_err(|e| KeyFileError::Format(e.to_string()))?;
+        let identity = Self::from_seed(mesh, Zeroizing::new(pair.secret_key));
+        match pair.public_key {
+            Some(public) if public.to_bytes() != identity.public_key => Err(KeyFileError::KeyMismatch),
+            _ => Ok(identity),
         }
-        let der = Zeroizing::new(der);
-        Self::from_pkcs8(mesh, der.as_slice())
     }
 
-    /// The key file text for this identity (PEM `PRIVATE KEY`, PKCS#8). Secret: write
-    /// it with mode 0600.
+    /// The key file text for this identity (PEM `PRIVATE KEY`, PKCS#8 v1, readable by
+    /// `openssl pkey`). Secret: write it with mode 0600.
     pub fn to_key_file(&self) -> Zeroizing<String> {
-        Zeroizing::new(
-            pem_rfc7468::encode_string(KEY_FILE_LABEL, pem_rfc7468::LineEnding::LF, self.pkcs8.as_slice())
-                .expect("PEM encoding of a small document cannot fail"),
-        )
+        let pair = KeypairBytes { secret_key: *self.seed, public_key: None };
+        let pem = pair
+            .to_pkcs8_pem(ed25519::pkcs8::spki::der::pem::LineEnding::LF)
+            .expect("encoding a 32-byte seed cannot fail");
+        Zeroizing::new(pem.as_str().to_string())
     }
 
     /// This identity's id.

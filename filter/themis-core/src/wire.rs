@@ -150,6 +150,7 @@ pub fn frame_len(buf: &[u8]) -> Result<Option<usize>, WireError> {
         Kind::Confirm => take_len::<Confirm>(buf),
     };
     match decoded {
+        Ok(len) if len > kind.max_len() => Err(WireError::TooLarge { len, max: kind.max_len() }),
         Ok(len) => Ok(Some(len)),
         Err(WireError::Truncated) if buf.len() < kind.max_len() => Ok(None),
         Err(WireError::Truncated) => Err(WireError::TooLarge { len: buf.len(), max: kind.max_len() }),
