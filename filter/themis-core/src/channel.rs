@@ -126,7 +126,7 @@ impl Session {
             Role::Initiator => (&keys.initiator_to_responder, &keys.responder_to_initiator),
             Role::Responder => (&keys.responder_to_initiator, &keys.initiator_to_responder),
         };
-        let records_per_key = config.records_per_key.max(2);
+        let records_per_key = config.records_per_key;
         Session {
             sealer: Sealer {
                 session_id: info.session_id,
@@ -258,8 +258,8 @@ pub struct Opener {
     receiver: PeerId,
     window: ReplayWindow,
     key: DirectionKey,
-    /// The previous epoch's key, kept so that a datagram sealed just before a rekey
-    /// still opens when it arrives just after.
+    /// Datagram mode only: the previous epoch's key, kept so that a datagram sealed
+    /// just before a rekey still opens when it arrives just after.
     previous: Option<DirectionKey>,
     records_per_key: u64,
 }
@@ -278,27 +278,26 @@ impl Opener {
         // Cheap rejection of replays before any cryptography; re-checked on commit.
         self.window.check(header.seq)?;
         let epoch = header.seq / self.records_per_key;
-        // The key for the record's epoch: current, previous, or the next one (which
-        // is only adopted once a record under it authenticates).
-        let next;
-        let key = if epoch == self.key.epoch {
-            &self.key
-        } else if epoch + 1 == self.key.epoch && self.previous.is_some() {
-            self.previous.as_ref().expect("checked")
-        } else if epoch == self.key.epoch + 1 {
-            next = self.key.next();
-            &next
-        } else {
-            return Err(ChannelError::Authentication);
+        // The key for the record's epoch: the current one, the next one (adopted only
+        // once a record under it authenticates), or in datagram mode the previous one.
+        let adopted = (epoch == self.key.epoch + 1).then(|| self.key.next());
+        let key = match &adopted {
+            Some(next) => next,
+            None if epoch == self.key.epoch => &self.key,
+            None if epoch + 1 == self.key.epoch => {
+                self.previous.as_ref().ok_or(ChannelError::Authentication)?
+            }
+            None => return Err(ChannelError::Authentication),
         };
         let (head, body) = record.split_at_mut(RECORD_HEADER_LEN);
         let payload = key
             .key
             .open_in_place(nonce(header.seq), aad(head, &self.receiver), body)
             .map_err(|_| ChannelError::Authentication)?;
-        if epoch > self.key.epoch {
-            let newer = self.key.next();
-            self.previous = Some(core::mem::replace(&mut self.key, newer));
+        if let Some(next) = adopted {
+            let old = core::mem::replace(&mut self.key, next);
+            // Streams never look back, so the old key goes (forward secrecy).
+            self.previous = self.window.is_datagram().then_some(old);
         }
         self.window.accept(header.seq);
         let reply_to = (header.reply_to != 0).then_some(header.reply_to);
@@ -330,6 +329,10 @@ impl ReplayWindow {
             ChannelMode::Stream => ReplayWindow::Stream { next: 1 },
             ChannelMode::Datagram => ReplayWindow::Datagram { highest: 0, seen: 1 },
         }
+    }
+
+    fn is_datagram(&self) -> bool {
+        matches!(self, ReplayWindow::Datagram { .. })
     }
 
     fn check(&self, seq: u64) -> Result<(), ChannelError> {
@@ -398,6 +401,18 @@ mod tests {
         assert_eq!(seq, u64::MAX - 1);
         assert_eq!(b.open_in_place(&mut record).unwrap().payload, b"last");
         assert_eq!(a.seal(b"one more", None), Err(ChannelError::SequenceExhausted));
+    }
+
+    #[test]
+    fn streams_ratchet_and_forget_the_previous_key() {
+        let (mut a, mut b) = pair(&HandshakeConfig { records_per_key: 2, ..HandshakeConfig::default() });
+        for _ in 0..3 {
+            let (_, mut record) = a.seal(b"x", None).unwrap();
+            b.open_in_place(&mut record).unwrap();
+        }
+        // seq 1 is epoch 0; seqs 2 and 3 are epoch 1.
+        assert_eq!((a.sealer.key.epoch, b.opener.key.epoch), (1, 1));
+        assert!(b.opener.previous.is_none());
     }
 
     #[test]

@@ -52,9 +52,14 @@ pub struct HandshakeConfig {
     pub suites: &'static [Suite],
     /// How the resulting channel orders records.
     pub mode: ChannelMode,
-    /// Records per traffic key before rekeying.
+    /// Records per traffic key before rekeying (at least 2). Both sides use the
+    /// smaller of their two settings, agreed in the signed handshake.
     pub records_per_key: u64,
 }
+
+/// The smallest rekey interval accepted (0 would divide by zero; 1, a key per record,
+/// only costs). Settings below it are raised to it.
+const MIN_RECORDS_PER_KEY: u64 = 2;
 
 impl Default for HandshakeConfig {
     fn default() -> Self {
@@ -98,6 +103,10 @@ pub enum HandshakeError {
     /// Message 3 does not prove knowledge of the session keys.
     #[error("the key confirmation is invalid")]
     BadKeyConfirmation,
+    /// The responder's rekey interval is larger than the initiator's own, or too
+    /// small: it must be the smaller of both.
+    #[error("the peer's rekey interval is invalid")]
+    BadRekeyInterval,
     /// The random number generator failed.
     #[error("the random number generator failed")]
     Random,
@@ -148,7 +157,7 @@ mod verified {
     pub(super) fn hello(
         me: &Identity,
         signed: &wire::Signed<'_, Hello<'_>>,
-    ) -> Result<(Share, SuiteSet), HandshakeError> {
+    ) -> Result<(Share, SuiteSet, u64), HandshakeError> {
         let body = &signed.message.body;
         if body.mesh != me.mesh().as_str() {
             return Err(HandshakeError::WrongMesh);
@@ -168,9 +177,13 @@ mod verified {
         ) {
             return Err(HandshakeError::BadSignature);
         }
+        if body.records_per_key < MIN_RECORDS_PER_KEY {
+            return Err(HandshakeError::BadRekeyInterval);
+        }
         Ok((
             Share { bytes: body.ephemeral, peer_key: body.initiator_key, peer_id },
             SuiteSet(body.suites),
+            body.records_per_key,
         ))
     }
 
@@ -198,6 +211,9 @@ mod verified {
             &signed.message.signature.0,
         ) {
             return Err(HandshakeError::BadSignature);
+        }
+        if !(MIN_RECORDS_PER_KEY..=state.config.records_per_key).contains(&body.records_per_key) {
+            return Err(HandshakeError::BadRekeyInterval);
         }
         Ok((Share { bytes: body.ephemeral, peer_key: body.responder_key, peer_id }, suite))
     }
@@ -251,12 +267,17 @@ impl Initiator {
         if config.suites.is_empty() {
             return Err(HandshakeError::NoSuitesConfigured);
         }
+        let config = HandshakeConfig {
+            records_per_key: config.records_per_key.max(MIN_RECORDS_PER_KEY),
+            ..config.clone()
+        };
         let (ephemeral, share, nonce) = fresh_ephemeral(rng)?;
         let offered = SuiteSet::of(config.suites);
         let body = HelloBody {
             version: PROTOCOL_VERSION,
             kind: Kind::Hello as u8,
             suites: offered.0,
+            records_per_key: config.records_per_key,
             mesh: me.mesh().as_str(),
             initiator_id: me.id().0,
             initiator_key: *me.public_key(),
@@ -274,7 +295,7 @@ impl Initiator {
             local_id: me.id(),
             mesh: me.mesh().clone(),
             peer_id: peer,
-            config: config.clone(),
+            config,
         };
         Ok((state, hello))
     }
@@ -322,7 +343,8 @@ impl AwaitingHelloReply {
             peer_public_key: share.peer_key,
             mesh: self.mesh,
         };
-        let session = Session::new(info, &keys, &self.config);
+        let agreed = HandshakeConfig { records_per_key: signed.message.body.records_per_key, ..self.config };
+        let session = Session::new(info, &keys, &agreed);
         Ok((session, wire::encode(&confirm)))
     }
 }
@@ -338,13 +360,18 @@ pub fn respond(
     rng: &dyn SecureRandom,
 ) -> Result<(AwaitingConfirm, Vec<u8>), HandshakeError> {
     let signed = Hello::decode(hello_bytes)?;
-    let (share, offered) = verified::hello(me, &signed)?;
+    let (share, offered, initiator_records_per_key) = verified::hello(me, &signed)?;
     let suite = offered.pick(config.suites).ok_or(HandshakeError::NoCommonSuite)?;
+    let agreed = HandshakeConfig {
+        records_per_key: initiator_records_per_key.min(config.records_per_key.max(MIN_RECORDS_PER_KEY)),
+        ..config.clone()
+    };
     let (ephemeral, my_share, nonce) = fresh_ephemeral(rng)?;
     let body = HelloReplyBody {
         version: PROTOCOL_VERSION,
         kind: Kind::HelloReply as u8,
         suite: suite.bit(),
+        records_per_key: agreed.records_per_key,
         initiator_id: share.peer_id.0,
         responder_key: *me.public_key(),
         ephemeral: my_share,
@@ -364,7 +391,7 @@ pub fn respond(
         peer_public_key: share.peer_key,
         mesh: me.mesh().clone(),
     };
-    let pending = Session::new(info, &keys, config);
+    let pending = Session::new(info, &keys, &agreed);
     Ok((AwaitingConfirm { pending, confirm_key: keys.confirm_key, transcript_hash }, reply))
 }
 

@@ -188,6 +188,8 @@ pub struct HelloBody<'a> {
     pub kind: u8,
     /// The AEAD suites offered, as a bitmask.
     pub suites: u8,
+    /// The initiator's rekey interval: records per traffic key (at least 2).
+    pub records_per_key: u64,
     /// The mesh name (net id).
     #[serde(borrow)]
     pub mesh: &'a str,
@@ -223,6 +225,8 @@ pub struct HelloReplyBody {
     pub kind: u8,
     /// The chosen suite's bit.
     pub suite: u8,
+    /// The agreed rekey interval: the smaller of both sides' settings.
+    pub records_per_key: u64,
     /// The initiator's id, as the responder understood it.
     pub initiator_id: [u8; 32],
     /// The responder's Ed25519 public key.

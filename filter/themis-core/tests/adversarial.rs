@@ -448,20 +448,29 @@ fn low_order_key_shares_are_rejected() {
 // ---- Rekeying ----------------------------------------------------------------------
 
 #[test]
-fn keys_ratchet_and_old_records_stay_dead() {
-    let config = HandshakeConfig { records_per_key: 3, ..config() };
-    let (mut a, mut b, _) = handshake_with(&alice(), &bob(), &config, 9);
-    let (mut plain_a, _, _) = handshake_with(&alice(), &bob(), &HandshakeConfig::default(), 9);
-    let mut first_epoch_record = None;
+fn the_rekey_interval_is_agreed_and_old_records_stay_dead() {
+    let short = HandshakeConfig { records_per_key: 3, ..config() };
+    // Alice rekeys every 3 records, Bob by default: they agree on 3. Were Bob to keep
+    // his own setting, Alice's record 3 (the first of epoch 1) would fail to open.
+    let (waiting, hello) = alice_starts(bob().id(), &short, 9);
+    let (pending, reply) = respond_as(&bob(), &hello, &config(), 9).unwrap();
+    let (mut a, confirm) = waiting.read_hello_reply(&reply).unwrap();
+    let mut b = pending.read_confirm(&confirm).unwrap();
+    let mut first = None;
     for i in 0..20u8 {
-        let (seq, record) = a.seal(&[i; 16], None).unwrap();
-        let (_, unratcheted) = plain_a.seal(&[i; 16], None).unwrap();
-        // Same session keys at the start; after the first rekey the ciphertexts differ.
-        assert_eq!(record == unratcheted, seq < 3, "record {seq}");
+        let (_, record) = a.seal(&[i; 16], None).unwrap();
         assert_eq!(open(&mut b, &record).unwrap(), [i; 16]);
-        first_epoch_record.get_or_insert(record);
+        first.get_or_insert(record);
         let (_, back) = b.seal(&[i], None).unwrap();
         assert_eq!(open(&mut a, &back).unwrap(), [i]);
     }
-    assert_eq!(open(&mut b, &first_epoch_record.unwrap()), Err(ChannelError::Replay(1)));
+    assert_eq!(open(&mut b, &first.unwrap()), Err(ChannelError::Replay(1)));
+
+    // A responder may not stretch the initiator's interval, even with a valid signature.
+    let (waiting, hello) = alice_starts(bob().id(), &short, 9);
+    let stretched = HelloReplyBody { records_per_key: 4, ..reply_body(&reply) };
+    assert_eq!(
+        waiting.read_hello_reply(&craft_reply(&hello, &stretched, BOB)).err(),
+        Some(HandshakeError::BadRekeyInterval)
+    );
 }

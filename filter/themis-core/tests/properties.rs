@@ -556,12 +556,14 @@ fn printable_ids_are_canonical() {
     assert!(PeerId::parse(alias).is_err(), "{alias} parsed as {mesh}/{id}");
 }
 
-/// `frame_len` refuses a handshake message longer than `MAX_HANDSHAKE_LEN` while
-/// it is incomplete, but once all of it is buffered it returns its length.
+/// `frame_len` refuses a handshake message longer than `MAX_HANDSHAKE_LEN`, both
+/// while it is incomplete and once all of it is buffered (it used to return the
+/// length of a complete one).
 #[test]
 fn frame_len_bounds_complete_handshake_messages() {
-    // Version, kind, suites, a mesh name of 600 bytes, five 32-byte fields, signature.
-    let mut hello = vec![1, 1, 3, 0xd8, 0x04];
+    // Version, kind, suites, records per key (varint 16), a mesh name of 600 bytes,
+    // five 32-byte fields, signature.
+    let mut hello = vec![1, 1, 3, 16, 0xd8, 0x04];
     hello.extend([b'a'; 600]);
     hello.extend([0; 5 * 32 + 64]);
     assert!(matches!(wire::frame_len(&hello[..600]), Err(wire::WireError::TooLarge { .. })));
