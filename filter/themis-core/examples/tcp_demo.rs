@@ -23,7 +23,12 @@ type Error = Box<dyn std::error::Error>;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+    let result = match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
         ["keygen", mesh, key] => keygen(mesh, key),
         ["serve", mesh, key, addr] => serve(mesh, key, addr),
         ["call", mesh, key, addr, peer, messages @ ..] if !messages.is_empty() => {
@@ -82,7 +87,11 @@ fn read_message(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<Option<Vec<
 fn serve(mesh: &str, key: &str, addr: &str) -> Result<(), Error> {
     let me = load(mesh, key)?;
     let listener = TcpListener::bind(addr)?;
-    println!("[check] {} listening on {}", me.printable_id(), listener.local_addr()?);
+    println!(
+        "[check] {} listening on {}",
+        me.printable_id(),
+        listener.local_addr()?
+    );
     let rng = SystemRandom::new();
     for stream in listener.incoming() {
         let mut stream = stream?;
@@ -106,8 +115,18 @@ fn serve_one(me: &Identity, rng: &SystemRandom, stream: &mut TcpStream) -> Resul
     while let Some(mut record) = read_message(stream, &mut buf)? {
         let opened = session.open_in_place(&mut record)?;
         let request = String::from_utf8_lossy(opened.payload).into_owned();
-        let answer = format!("check says: {:?} is {} bytes, received from {}", request, request.len(), &peer[..16]);
-        println!("[check] request {} from {}…: {:?}", opened.seq, &peer[..16], request);
+        let answer = format!(
+            "check says: {:?} is {} bytes, received from {}",
+            request,
+            request.len(),
+            &peer[..16]
+        );
+        println!(
+            "[check] request {} from {}…: {:?}",
+            opened.seq,
+            &peer[..16],
+            request
+        );
         let (_, response) = session.seal(answer.as_bytes(), Some(opened.seq))?;
         stream.write_all(&response)?;
     }
@@ -119,7 +138,12 @@ fn call(mesh: &str, key: &str, addr: &str, peer: &str, messages: &[&str]) -> Res
     let peer_id = PeerId::parse_in(peer, me.mesh())?;
     let mut stream = TcpStream::connect(addr)?;
     let mut buf = Vec::new();
-    let (waiting, hello) = Initiator::start(&me, peer_id, &HandshakeConfig::default(), &SystemRandom::new())?;
+    let (waiting, hello) = Initiator::start(
+        &me,
+        peer_id,
+        &HandshakeConfig::default(),
+        &SystemRandom::new(),
+    )?;
     stream.write_all(&hello)?;
     let reply = read_message(&mut stream, &mut buf)?.ok_or_else(|| {
         format!("{addr} ended the handshake without answering: it is not {peer}, or it refused us")
@@ -145,10 +169,15 @@ fn call(mesh: &str, key: &str, addr: &str, peer: &str, messages: &[&str]) -> Res
             request.record.len(),
             hex(&request.record[RECORD_HEADER_LEN..][..12.min(message.len())])
         );
-        let mut response = read_message(&mut stream, &mut buf)?.ok_or("closed before the response")?;
+        let mut response =
+            read_message(&mut stream, &mut buf)?.ok_or("closed before the response")?;
         let opened = session.open_in_place(&mut response)?;
         opened.expect_reply_to(request.seq)?;
-        println!("[handler] response to {}: {}", request.seq, String::from_utf8_lossy(opened.payload));
+        println!(
+            "[handler] response to {}: {}",
+            request.seq,
+            String::from_utf8_lossy(opened.payload)
+        );
     }
     Ok(())
 }

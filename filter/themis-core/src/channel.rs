@@ -153,12 +153,20 @@ impl Session {
     }
 
     /// Seals a record in place; see [`Sealer::seal_in_place`].
-    pub fn seal_in_place(&mut self, record: &mut [u8], reply_to: Option<u64>) -> Result<u64, ChannelError> {
+    pub fn seal_in_place(
+        &mut self,
+        record: &mut [u8],
+        reply_to: Option<u64>,
+    ) -> Result<u64, ChannelError> {
         self.sealer.seal_in_place(record, reply_to)
     }
 
     /// Seals `payload` into a new record; see [`Sealer::seal`].
-    pub fn seal(&mut self, payload: &[u8], reply_to: Option<u64>) -> Result<(u64, Vec<u8>), ChannelError> {
+    pub fn seal(
+        &mut self,
+        payload: &[u8],
+        reply_to: Option<u64>,
+    ) -> Result<(u64, Vec<u8>), ChannelError> {
         self.sealer.seal(payload, reply_to)
     }
 
@@ -187,9 +195,15 @@ impl Sealer {
     /// [`RECORD_HEADER_LEN`] bytes are overwritten by the header, the payload sits
     /// after them, and the last [`TAG_LEN`] bytes are overwritten by the tag. Returns
     /// the record's sequence number (to match the response's `reply_to`).
-    pub fn seal_in_place(&mut self, record: &mut [u8], reply_to: Option<u64>) -> Result<u64, ChannelError> {
-        let payload_len =
-            record.len().checked_sub(RECORD_OVERHEAD).ok_or(ChannelError::BufferTooSmall)?;
+    pub fn seal_in_place(
+        &mut self,
+        record: &mut [u8],
+        reply_to: Option<u64>,
+    ) -> Result<u64, ChannelError> {
+        let payload_len = record
+            .len()
+            .checked_sub(RECORD_OVERHEAD)
+            .ok_or(ChannelError::BufferTooSmall)?;
         if payload_len > MAX_RECORD_PAYLOAD {
             return Err(ChannelError::PayloadTooLarge(payload_len));
         }
@@ -219,7 +233,11 @@ impl Sealer {
     }
 
     /// Seals `payload` into a newly allocated record.
-    pub fn seal(&mut self, payload: &[u8], reply_to: Option<u64>) -> Result<(u64, Vec<u8>), ChannelError> {
+    pub fn seal(
+        &mut self,
+        payload: &[u8],
+        reply_to: Option<u64>,
+    ) -> Result<(u64, Vec<u8>), ChannelError> {
         let mut record = Vec::with_capacity(payload.len() + RECORD_OVERHEAD);
         record.resize(RECORD_HEADER_LEN, 0);
         record.extend_from_slice(payload);
@@ -247,7 +265,10 @@ impl Opened<'_> {
         if self.reply_to == Some(request_seq) {
             Ok(())
         } else {
-            Err(ChannelError::UnexpectedReply { expected: request_seq, got: self.reply_to })
+            Err(ChannelError::UnexpectedReply {
+                expected: request_seq,
+                got: self.reply_to,
+            })
         }
     }
 }
@@ -270,7 +291,10 @@ impl Opener {
     pub fn open_in_place<'r>(&mut self, record: &'r mut [u8]) -> Result<Opened<'r>, ChannelError> {
         let header = RecordHeader::decode(record)?;
         if record.len() != header.record_len() {
-            return Err(ChannelError::LengthMismatch { expected: header.record_len(), got: record.len() });
+            return Err(ChannelError::LengthMismatch {
+                expected: header.record_len(),
+                got: record.len(),
+            });
         }
         if header.session_id != self.session_id {
             return Err(ChannelError::WrongSession);
@@ -301,7 +325,11 @@ impl Opener {
         }
         self.window.accept(header.seq);
         let reply_to = (header.reply_to != 0).then_some(header.reply_to);
-        Ok(Opened { seq: header.seq, reply_to, payload })
+        Ok(Opened {
+            seq: header.seq,
+            reply_to,
+            payload,
+        })
     }
 }
 
@@ -327,7 +355,10 @@ impl ReplayWindow {
     fn new(mode: ChannelMode) -> Self {
         match mode {
             ChannelMode::Stream => ReplayWindow::Stream { next: 1 },
-            ChannelMode::Datagram => ReplayWindow::Datagram { highest: 0, seen: 1 },
+            ChannelMode::Datagram => ReplayWindow::Datagram {
+                highest: 0,
+                seen: 1,
+            },
         }
     }
 
@@ -339,7 +370,10 @@ impl ReplayWindow {
         match *self {
             ReplayWindow::Stream { next } if seq == next => Ok(()),
             ReplayWindow::Stream { next } if seq < next => Err(ChannelError::Replay(seq)),
-            ReplayWindow::Stream { next } => Err(ChannelError::OutOfOrder { expected: next, got: seq }),
+            ReplayWindow::Stream { next } => Err(ChannelError::OutOfOrder {
+                expected: next,
+                got: seq,
+            }),
             ReplayWindow::Datagram { highest, .. } if seq > highest => Ok(()),
             ReplayWindow::Datagram { highest, seen } => {
                 let age = highest - seq;
@@ -358,7 +392,11 @@ impl ReplayWindow {
             ReplayWindow::Datagram { highest, seen } => {
                 if seq > *highest {
                     let shift = seq - *highest;
-                    *seen = if shift >= REPLAY_WINDOW { 0 } else { *seen << shift };
+                    *seen = if shift >= REPLAY_WINDOW {
+                        0
+                    } else {
+                        *seen << shift
+                    };
                     *seen |= 1;
                     *highest = seq;
                 } else {
@@ -394,18 +432,27 @@ mod tests {
     #[test]
     fn the_last_sequence_number_is_never_used() {
         // One key for the whole sequence space, so jumping ahead needs no ratchet steps.
-        let (mut a, mut b) = pair(&HandshakeConfig { records_per_key: u64::MAX, ..HandshakeConfig::default() });
+        let (mut a, mut b) = pair(&HandshakeConfig {
+            records_per_key: u64::MAX,
+            ..HandshakeConfig::default()
+        });
         a.sealer.next_seq = u64::MAX - 1;
         b.opener.window = ReplayWindow::Stream { next: u64::MAX - 1 };
         let (seq, mut record) = a.seal(b"last", None).unwrap();
         assert_eq!(seq, u64::MAX - 1);
         assert_eq!(b.open_in_place(&mut record).unwrap().payload, b"last");
-        assert_eq!(a.seal(b"one more", None), Err(ChannelError::SequenceExhausted));
+        assert_eq!(
+            a.seal(b"one more", None),
+            Err(ChannelError::SequenceExhausted)
+        );
     }
 
     #[test]
     fn streams_ratchet_and_forget_the_previous_key() {
-        let (mut a, mut b) = pair(&HandshakeConfig { records_per_key: 2, ..HandshakeConfig::default() });
+        let (mut a, mut b) = pair(&HandshakeConfig {
+            records_per_key: 2,
+            ..HandshakeConfig::default()
+        });
         for _ in 0..3 {
             let (_, mut record) = a.seal(b"x", None).unwrap();
             b.open_in_place(&mut record).unwrap();
@@ -417,12 +464,21 @@ mod tests {
 
     #[test]
     fn a_record_from_two_epochs_ahead_is_refused() {
-        let config = HandshakeConfig { records_per_key: 2, ..HandshakeConfig::default() };
-        let (mut a, mut b) = pair(&HandshakeConfig { mode: ChannelMode::Datagram, ..config.clone() });
+        let config = HandshakeConfig {
+            records_per_key: 2,
+            ..HandshakeConfig::default()
+        };
+        let (mut a, mut b) = pair(&HandshakeConfig {
+            mode: ChannelMode::Datagram,
+            ..config.clone()
+        });
         let records: alloc::vec::Vec<_> = (0..6).map(|_| a.seal(b"x", None).unwrap().1).collect();
         // seq 5 is in epoch 2 while the receiver is at epoch 0.
         let mut far = records[4].clone();
-        assert_eq!(b.open_in_place(&mut far).err(), Some(ChannelError::Authentication));
+        assert_eq!(
+            b.open_in_place(&mut far).err(),
+            Some(ChannelError::Authentication)
+        );
         // One epoch ahead is adopted, and the previous epoch still opens late datagrams.
         let mut next = records[2].clone();
         assert!(b.open_in_place(&mut next).is_ok());

@@ -181,7 +181,11 @@ mod verified {
             return Err(HandshakeError::BadRekeyInterval);
         }
         Ok((
-            Share { bytes: body.ephemeral, peer_key: body.initiator_key, peer_id },
+            Share {
+                bytes: body.ephemeral,
+                peer_key: body.initiator_key,
+                peer_id,
+            },
             SuiteSet(body.suites),
             body.records_per_key,
         ))
@@ -215,7 +219,14 @@ mod verified {
         if !(MIN_RECORDS_PER_KEY..=state.config.records_per_key).contains(&body.records_per_key) {
             return Err(HandshakeError::BadRekeyInterval);
         }
-        Ok((Share { bytes: body.ephemeral, peer_key: body.responder_key, peer_id }, suite))
+        Ok((
+            Share {
+                bytes: body.ephemeral,
+                peer_key: body.responder_key,
+                peer_id,
+            },
+            suite,
+        ))
     }
 
     /// The X25519 secret with a verified share, fed straight into the key schedule.
@@ -240,7 +251,10 @@ fn fresh_ephemeral(
         .map_err(|_| HandshakeError::Random)?;
     let mut share = [0u8; 32];
     share.copy_from_slice(
-        ephemeral.compute_public_key().map_err(|_| HandshakeError::Random)?.as_ref(),
+        ephemeral
+            .compute_public_key()
+            .map_err(|_| HandshakeError::Random)?
+            .as_ref(),
     );
     let mut nonce = [0u8; 32];
     rng.fill(&mut nonce).map_err(|_| HandshakeError::Random)?;
@@ -248,7 +262,10 @@ fn fresh_ephemeral(
 }
 
 fn confirm_mac(confirm_key: &[u8; 32], transcript_hash: &[u8; 32]) -> hmac::Tag {
-    hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, confirm_key), transcript_hash)
+    hmac::sign(
+        &hmac::Key::new(hmac::HMAC_SHA256, confirm_key),
+        transcript_hash,
+    )
 }
 
 /// The initiating side.
@@ -343,7 +360,10 @@ impl AwaitingHelloReply {
             peer_public_key: share.peer_key,
             mesh: self.mesh,
         };
-        let agreed = HandshakeConfig { records_per_key: signed.message.body.records_per_key, ..self.config };
+        let agreed = HandshakeConfig {
+            records_per_key: signed.message.body.records_per_key,
+            ..self.config
+        };
         let session = Session::new(info, &keys, &agreed);
         Ok((session, wire::encode(&confirm)))
     }
@@ -361,9 +381,12 @@ pub fn respond(
 ) -> Result<(AwaitingConfirm, Vec<u8>), HandshakeError> {
     let signed = Hello::decode(hello_bytes)?;
     let (share, offered, initiator_records_per_key) = verified::hello(me, &signed)?;
-    let suite = offered.pick(config.suites).ok_or(HandshakeError::NoCommonSuite)?;
+    let suite = offered
+        .pick(config.suites)
+        .ok_or(HandshakeError::NoCommonSuite)?;
     let agreed = HandshakeConfig {
-        records_per_key: initiator_records_per_key.min(config.records_per_key.max(MIN_RECORDS_PER_KEY)),
+        records_per_key: initiator_records_per_key
+            .min(config.records_per_key.max(MIN_RECORDS_PER_KEY)),
         ..config.clone()
     };
     let (ephemeral, my_share, nonce) = fresh_ephemeral(rng)?;
@@ -392,7 +415,14 @@ pub fn respond(
         mesh: me.mesh().clone(),
     };
     let pending = Session::new(info, &keys, &agreed);
-    Ok((AwaitingConfirm { pending, confirm_key: keys.confirm_key, transcript_hash }, reply))
+    Ok((
+        AwaitingConfirm {
+            pending,
+            confirm_key: keys.confirm_key,
+            transcript_hash,
+        },
+        reply,
+    ))
 }
 
 /// The responder after sending message 2: keys exist but are unusable until the

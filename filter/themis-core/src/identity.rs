@@ -10,9 +10,9 @@ use alloc::vec::Vec;
 use core::fmt;
 
 use bech32::{primitives::decode::CheckedHrpstring, Bech32m, Hrp};
+use ed25519::pkcs8::{DecodePrivateKey, EncodePrivateKey, KeypairBytes};
 use ring::digest;
 use ring::rand::SecureRandom;
-use ed25519::pkcs8::{DecodePrivateKey, EncodePrivateKey, KeypairBytes};
 use ring::signature::{self, Ed25519KeyPair, KeyPair};
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
@@ -154,10 +154,14 @@ impl PeerId {
         let mesh = MeshName::new(&checked.hrp().to_lowercase())?;
         // 52 characters carry 260 bits for 256: the last 4 must be zero. (The check
         // is named for segwit but is the generic padding rule.)
-        checked.validate_segwit_padding().map_err(|_| PeerIdError::NonCanonical)?;
+        checked
+            .validate_segwit_padding()
+            .map_err(|_| PeerIdError::NonCanonical)?;
         let bytes: Vec<u8> = checked.byte_iter().collect();
-        let id: [u8; 32] =
-            bytes.as_slice().try_into().map_err(|_| PeerIdError::WrongLength(bytes.len()))?;
+        let id: [u8; 32] = bytes
+            .as_slice()
+            .try_into()
+            .map_err(|_| PeerIdError::WrongLength(bytes.len()))?;
         Ok((mesh, PeerId(id)))
     }
 
@@ -231,7 +235,13 @@ impl Identity {
         let mut public_key = [0u8; PUBLIC_KEY_LEN];
         public_key.copy_from_slice(key_pair.public_key().as_ref());
         let id = PeerId::derive(&public_key, mesh.as_str());
-        Identity { key_pair, seed, public_key, mesh, id }
+        Identity {
+            key_pair,
+            seed,
+            public_key,
+            mesh,
+            id,
+        }
     }
 
     /// Loads an identity from the text of a key file: PEM `PRIVATE KEY`, PKCS#8 v1
@@ -242,7 +252,9 @@ impl Identity {
             .map_err(|e| KeyFileError::Format(e.to_string()))?;
         let identity = Self::from_seed(mesh, Zeroizing::new(pair.secret_key));
         match pair.public_key {
-            Some(public) if public.to_bytes() != identity.public_key => Err(KeyFileError::KeyMismatch),
+            Some(public) if public.to_bytes() != identity.public_key => {
+                Err(KeyFileError::KeyMismatch)
+            }
             _ => Ok(identity),
         }
     }
@@ -250,7 +262,10 @@ impl Identity {
     /// The key file text for this identity (PEM `PRIVATE KEY`, PKCS#8 v1, readable by
     /// `openssl pkey`). Secret: write it with mode 0600.
     pub fn to_key_file(&self) -> Zeroizing<String> {
-        let pair = KeypairBytes { secret_key: *self.seed, public_key: None };
+        let pair = KeypairBytes {
+            secret_key: *self.seed,
+            public_key: None,
+        };
         let pem = pair
             .to_pkcs8_pem(ed25519::pkcs8::spki::der::pem::LineEnding::LF)
             .expect("encoding a 32-byte seed cannot fail");
@@ -288,7 +303,10 @@ impl Identity {
 impl fmt::Debug for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Never print the private key.
-        f.debug_struct("Identity").field("mesh", &self.mesh).field("id", &self.id).finish()
+        f.debug_struct("Identity")
+            .field("mesh", &self.mesh)
+            .field("id", &self.id)
+            .finish()
     }
 }
 

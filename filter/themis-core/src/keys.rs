@@ -74,7 +74,12 @@ impl DirectionKey {
         let key_bytes: Zeroizing<[u8; 32]> = expand(&prk, label::KEY);
         let unbound = aead::UnboundKey::new(suite.algorithm(), key_bytes.as_ref())
             .expect("both suites take 32-byte keys");
-        DirectionKey { suite, secret, epoch, key: aead::LessSafeKey::new(unbound) }
+        DirectionKey {
+            suite,
+            secret,
+            epoch,
+            key: aead::LessSafeKey::new(unbound),
+        }
     }
 
     /// The key of the next epoch. The old secret is not derivable from the new one,

@@ -25,9 +25,7 @@ pub mod suite;
 pub mod wire;
 
 pub use channel::{ChannelError, ChannelMode, Opened, Opener, Sealer, Session, SessionInfo};
-pub use handshake::{
-    AwaitingConfirm, AwaitingHelloReply, HandshakeConfig, HandshakeError, Role,
-};
+pub use handshake::{AwaitingConfirm, AwaitingHelloReply, HandshakeConfig, HandshakeError, Role};
 pub use identity::{Identity, KeyFileError, MeshName, MeshNameError, PeerId, PeerIdError};
 pub use suite::Suite;
 pub use wire::{WireError, PROTOCOL_VERSION};

@@ -117,7 +117,10 @@ pub fn peek_kind(bytes: &[u8]) -> Result<Kind, WireError> {
     }
     let kind = Kind::from_byte(pre.kind).ok_or(WireError::UnknownKind(pre.kind))?;
     if bytes.len() > kind.max_len() {
-        return Err(WireError::TooLarge { len: bytes.len(), max: kind.max_len() });
+        return Err(WireError::TooLarge {
+            len: bytes.len(),
+            max: kind.max_len(),
+        });
     }
     Ok(kind)
 }
@@ -150,10 +153,16 @@ pub fn frame_len(buf: &[u8]) -> Result<Option<usize>, WireError> {
         Kind::Confirm => take_len::<Confirm>(buf),
     };
     match decoded {
-        Ok(len) if len > kind.max_len() => Err(WireError::TooLarge { len, max: kind.max_len() }),
+        Ok(len) if len > kind.max_len() => Err(WireError::TooLarge {
+            len,
+            max: kind.max_len(),
+        }),
         Ok(len) => Ok(Some(len)),
         Err(WireError::Truncated) if buf.len() < kind.max_len() => Ok(None),
-        Err(WireError::Truncated) => Err(WireError::TooLarge { len: buf.len(), max: kind.max_len() }),
+        Err(WireError::Truncated) => Err(WireError::TooLarge {
+            len: buf.len(),
+            max: kind.max_len(),
+        }),
         Err(e) => Err(e),
     }
 }
@@ -311,7 +320,9 @@ impl RecordHeader {
     /// Encodes the header into exactly [`RECORD_HEADER_LEN`] bytes.
     pub fn encode(&self) -> [u8; RECORD_HEADER_LEN] {
         let mut out = [0u8; RECORD_HEADER_LEN];
-        let used = postcard::to_slice(self, &mut out).expect("fixed-size header fits").len();
+        let used = postcard::to_slice(self, &mut out)
+            .expect("fixed-size header fits")
+            .len();
         debug_assert_eq!(used, RECORD_HEADER_LEN);
         out
     }
@@ -334,7 +345,10 @@ impl<'a> Hello<'a> {
     /// Decodes message 1.
     pub fn decode(bytes: &'a [u8]) -> Result<Signed<'a, Hello<'a>>, WireError> {
         let message: Hello<'a> = decode_exact(bytes, Kind::Hello)?;
-        Ok(Signed { message, body_bytes: &bytes[..bytes.len() - 64] })
+        Ok(Signed {
+            message,
+            body_bytes: &bytes[..bytes.len() - 64],
+        })
     }
 }
 
@@ -342,7 +356,10 @@ impl HelloReply {
     /// Decodes message 2.
     pub fn decode(bytes: &[u8]) -> Result<Signed<'_, HelloReply>, WireError> {
         let message: HelloReply = decode_exact(bytes, Kind::HelloReply)?;
-        Ok(Signed { message, body_bytes: &bytes[..bytes.len() - 64] })
+        Ok(Signed {
+            message,
+            body_bytes: &bytes[..bytes.len() - 64],
+        })
     }
 }
 

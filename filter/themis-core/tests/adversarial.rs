@@ -66,8 +66,10 @@ fn craft_reply(hello: &[u8], body: &HelloReplyBody, signer: u8) -> Vec<u8> {
 
 /// Alice's state after sending a hello to `to`, deterministic for a given salt.
 fn alice_starts(to: PeerId, config: &HandshakeConfig, salt: u8) -> (AwaitingHelloReply, Vec<u8>) {
-    with_rng(&[&[salt; 32], &[salt ^ 0x11; 32]], |rng| Initiator::start(&alice(), to, config, rng))
-        .unwrap()
+    with_rng(&[&[salt; 32], &[salt ^ 0x11; 32]], |rng| {
+        Initiator::start(&alice(), to, config, rng)
+    })
+    .unwrap()
 }
 
 fn respond_as(
@@ -76,7 +78,9 @@ fn respond_as(
     config: &HandshakeConfig,
     salt: u8,
 ) -> Result<(AwaitingConfirm, Vec<u8>), HandshakeError> {
-    with_lenient_rng(&[&[salt ^ 0x22; 32], &[salt ^ 0x33; 32]], |rng| handshake::respond(who, hello, config, rng))
+    with_lenient_rng(&[&[salt ^ 0x22; 32], &[salt ^ 0x33; 32]], |rng| {
+        handshake::respond(who, hello, config, rng)
+    })
 }
 
 fn hello_body(bytes: &[u8]) -> HelloBody<'_> {
@@ -96,12 +100,23 @@ fn a_replayed_hello_never_yields_a_confirmed_session() {
     let (pending, reply) = respond_as(&bob(), &t.hello, &config(), 0x99).unwrap();
     assert_ne!(reply, t.reply);
     // She cannot compute a key confirmation: neither Alice's old one ...
-    assert_eq!(pending.read_confirm(&t.confirm).err(), Some(HandshakeError::BadKeyConfirmation));
+    assert_eq!(
+        pending.read_confirm(&t.confirm).err(),
+        Some(HandshakeError::BadKeyConfirmation)
+    );
     // ... nor one with the right session id and a guessed MAC.
     let (pending, _) = respond_as(&bob(), &t.hello, &config(), 0x99).unwrap();
-    let guess = wire::Confirm { version: 1, kind: Kind::Confirm as u8, session_id: pending.session_id(), mac: [0; 32] };
+    let guess = wire::Confirm {
+        version: 1,
+        kind: Kind::Confirm as u8,
+        session_id: pending.session_id(),
+        mac: [0; 32],
+    };
     let guess = postcard::to_allocvec(&guess).unwrap();
-    assert_eq!(pending.read_confirm(&guess).err(), Some(HandshakeError::BadKeyConfirmation));
+    assert_eq!(
+        pending.read_confirm(&guess).err(),
+        Some(HandshakeError::BadKeyConfirmation)
+    );
 }
 
 #[test]
@@ -109,7 +124,10 @@ fn a_replayed_hello_reply_fails_a_new_handshake() {
     let (_, _, old) = handshake(&alice(), &bob());
     let (waiting, _) = alice_starts(bob().id(), &config(), 0x77);
     // The old reply is signed over the old hello's hash.
-    assert_eq!(waiting.read_hello_reply(&old.reply).err(), Some(HandshakeError::BadSignature));
+    assert_eq!(
+        waiting.read_hello_reply(&old.reply).err(),
+        Some(HandshakeError::BadSignature)
+    );
 }
 
 #[test]
@@ -117,7 +135,10 @@ fn a_replayed_confirm_fails_another_handshake() {
     let (_, _, old) = handshake(&alice(), &bob());
     let (_, hello) = alice_starts(bob().id(), &config(), 0x77);
     let (pending, _) = respond_as(&bob(), &hello, &config(), 0x77).unwrap();
-    assert_eq!(pending.read_confirm(&old.confirm).err(), Some(HandshakeError::BadKeyConfirmation));
+    assert_eq!(
+        pending.read_confirm(&old.confirm).err(),
+        Some(HandshakeError::BadKeyConfirmation)
+    );
 }
 
 #[test]
@@ -132,15 +153,30 @@ fn replayed_records_are_rejected() {
 fn reordered_and_dropped_stream_records_are_rejected() {
     let (mut a, mut b, _) = handshake(&alice(), &bob());
     let records: Vec<_> = (0..3).map(|i| a.seal(&[i], None).unwrap().1).collect();
-    assert_eq!(open(&mut b, &records[1]), Err(ChannelError::OutOfOrder { expected: 1, got: 2 }));
+    assert_eq!(
+        open(&mut b, &records[1]),
+        Err(ChannelError::OutOfOrder {
+            expected: 1,
+            got: 2
+        })
+    );
     assert_eq!(open(&mut b, &records[0]).unwrap(), [0]);
     // Record 2 was dropped by the attacker: record 3 shows the gap.
-    assert_eq!(open(&mut b, &records[2]), Err(ChannelError::OutOfOrder { expected: 2, got: 3 }));
+    assert_eq!(
+        open(&mut b, &records[2]),
+        Err(ChannelError::OutOfOrder {
+            expected: 2,
+            got: 3
+        })
+    );
 }
 
 #[test]
 fn datagrams_may_reorder_but_each_opens_once() {
-    let config = HandshakeConfig { mode: ChannelMode::Datagram, ..config() };
+    let config = HandshakeConfig {
+        mode: ChannelMode::Datagram,
+        ..config()
+    };
     let (mut a, mut b, _) = handshake_with(&alice(), &bob(), &config, 5);
     let records: Vec<_> = (0..200u8).map(|i| a.seal(&[i], None).unwrap().1).collect();
     for i in [3usize, 0, 2, 1, 9, 5] {
@@ -169,29 +205,44 @@ fn reflected_records_are_rejected() {
 fn reflected_handshake_messages_are_rejected() {
     let (waiting, hello) = alice_starts(bob().id(), &config(), 1);
     // Alice's hello reflected to Alice as a responder: it names Bob.
-    assert_eq!(respond_as(&alice(), &hello, &config(), 1).err(), Some(HandshakeError::NotForMe));
+    assert_eq!(
+        respond_as(&alice(), &hello, &config(), 1).err(),
+        Some(HandshakeError::NotForMe)
+    );
     // ... and as the reply she waits for.
     assert_eq!(
         waiting.read_hello_reply(&hello).err(),
-        Some(HandshakeError::Wire(WireError::UnexpectedKind { expected: Kind::HelloReply, got: Kind::Hello }))
+        Some(HandshakeError::Wire(WireError::UnexpectedKind {
+            expected: Kind::HelloReply,
+            got: Kind::Hello
+        }))
     );
     // Bob's reply reflected to Bob as a hello.
     let (_, reply) = respond_as(&bob(), &hello, &config(), 1).unwrap();
     assert_eq!(
         respond_as(&bob(), &reply, &config(), 1).err(),
-        Some(HandshakeError::Wire(WireError::UnexpectedKind { expected: Kind::Hello, got: Kind::HelloReply }))
+        Some(HandshakeError::Wire(WireError::UnexpectedKind {
+            expected: Kind::Hello,
+            got: Kind::HelloReply
+        }))
     );
 }
 
 // ---- Tampering ---------------------------------------------------------------------
 
 /// Every byte of `message`, XORed with each mask, must make `stage` fail.
-fn assert_every_flip_fails<E: std::fmt::Debug>(message: &[u8], mut stage: impl FnMut(&[u8]) -> Result<(), E>) {
+fn assert_every_flip_fails<E: std::fmt::Debug>(
+    message: &[u8],
+    mut stage: impl FnMut(&[u8]) -> Result<(), E>,
+) {
     for i in 0..message.len() {
         for mask in [0x01u8, 0x80, 0xff] {
             let mut tampered = message.to_vec();
             tampered[i] ^= mask;
-            assert!(stage(&tampered).is_err(), "flipping byte {i} with {mask:#04x} was accepted");
+            assert!(
+                stage(&tampered).is_err(),
+                "flipping byte {i} with {mask:#04x} was accepted"
+            );
         }
     }
 }
@@ -200,7 +251,9 @@ fn assert_every_flip_fails<E: std::fmt::Debug>(message: &[u8], mut stage: impl F
 fn every_byte_of_every_handshake_message_is_protected() {
     let salt = 0x42;
     let t: Transcript = handshake_with(&alice(), &bob(), &config(), salt).2;
-    assert_every_flip_fails(&t.hello, |m| respond_as(&bob(), m, &config(), salt).map(drop));
+    assert_every_flip_fails(&t.hello, |m| {
+        respond_as(&bob(), m, &config(), salt).map(drop)
+    });
     assert_every_flip_fails(&t.reply, |m| {
         let (waiting, _) = alice_starts(bob().id(), &config(), salt);
         waiting.read_hello_reply(m).map(drop)
@@ -228,11 +281,17 @@ fn tampering_with_the_version_and_kind_bytes_is_named() {
     );
     hello[0] = 1;
     hello[1] = 77;
-    assert_eq!(respond_as(&bob(), &hello, &config(), 0).err(), Some(HandshakeError::Wire(WireError::UnknownKind(77))));
+    assert_eq!(
+        respond_as(&bob(), &hello, &config(), 0).err(),
+        Some(HandshakeError::Wire(WireError::UnknownKind(77)))
+    );
     let mut confirm = t.confirm.clone();
     confirm[0] = 0;
     let (pending, _) = respond_as(&bob(), &t.hello, &config(), 0x42).unwrap();
-    assert_eq!(pending.read_confirm(&confirm).err(), Some(HandshakeError::Wire(WireError::UnsupportedVersion(0))));
+    assert_eq!(
+        pending.read_confirm(&confirm).err(),
+        Some(HandshakeError::Wire(WireError::UnsupportedVersion(0)))
+    );
 }
 
 #[test]
@@ -247,18 +306,39 @@ fn every_byte_of_a_record_is_protected_and_failures_change_nothing() {
         r[i] ^= 0x01;
         r
     };
-    assert_eq!(open(&mut b, &flip(0)), Err(ChannelError::Wire(WireError::UnsupportedVersion(0))));
-    assert_eq!(open(&mut b, &flip(1)), Err(ChannelError::Wire(WireError::UnknownKind(5))));
+    assert_eq!(
+        open(&mut b, &flip(0)),
+        Err(ChannelError::Wire(WireError::UnsupportedVersion(0)))
+    );
+    assert_eq!(
+        open(&mut b, &flip(1)),
+        Err(ChannelError::Wire(WireError::UnknownKind(5)))
+    );
     assert_eq!(open(&mut b, &flip(2)), Err(ChannelError::WrongSession));
     assert_eq!(open(&mut b, &flip(10)), Err(ChannelError::Replay(0)));
     assert_eq!(open(&mut b, &flip(18)), Err(ChannelError::Authentication));
-    assert_eq!(open(&mut b, &flip(26)), Err(ChannelError::LengthMismatch { expected: record.len() + 1, got: record.len() }));
-    assert_eq!(open(&mut b, &flip(RECORD_HEADER_LEN)), Err(ChannelError::Authentication));
-    assert_eq!(open(&mut b, &flip(record.len() - 1)), Err(ChannelError::Authentication));
+    assert_eq!(
+        open(&mut b, &flip(26)),
+        Err(ChannelError::LengthMismatch {
+            expected: record.len() + 1,
+            got: record.len()
+        })
+    );
+    assert_eq!(
+        open(&mut b, &flip(RECORD_HEADER_LEN)),
+        Err(ChannelError::Authentication)
+    );
+    assert_eq!(
+        open(&mut b, &flip(record.len() - 1)),
+        Err(ChannelError::Authentication)
+    );
     // None of that moved the receiver: the genuine record still opens, exactly once.
     let mut buf = record.clone();
     let opened = b.open_in_place(&mut buf).unwrap();
-    assert_eq!((opened.seq, opened.reply_to, &opened.payload[..]), (seq, Some(7), &b"GET /secret HTTP/1.1"[..]));
+    assert_eq!(
+        (opened.seq, opened.reply_to, &opened.payload[..]),
+        (seq, Some(7), &b"GET /secret HTTP/1.1"[..])
+    );
 }
 
 #[test]
@@ -278,16 +358,24 @@ fn a_response_must_answer_its_request() {
     let (mut a, mut b, _) = handshake(&alice(), &bob());
     let (request, r) = a.seal(b"request", None).unwrap();
     open(&mut b, &r).unwrap();
-    let (_, reply) = b.seal(b"response to something else", Some(request + 6)).unwrap();
+    let (_, reply) = b
+        .seal(b"response to something else", Some(request + 6))
+        .unwrap();
     let mut buf = reply.clone();
     let opened = a.open_in_place(&mut buf).unwrap();
     assert_eq!(
         opened.expect_reply_to(request),
-        Err(ChannelError::UnexpectedReply { expected: request, got: Some(request + 6) })
+        Err(ChannelError::UnexpectedReply {
+            expected: request,
+            got: Some(request + 6)
+        })
     );
     let (_, reply) = b.seal(b"response", Some(request)).unwrap();
     let mut buf = reply.clone();
-    assert_eq!(a.open_in_place(&mut buf).unwrap().expect_reply_to(request), Ok(()));
+    assert_eq!(
+        a.open_in_place(&mut buf).unwrap().expect_reply_to(request),
+        Ok(())
+    );
 }
 
 // ---- Truncation and oversize input --------------------------------------------------
@@ -297,16 +385,28 @@ fn truncated_messages_are_rejected() {
     let t = handshake(&alice(), &bob()).2;
     let truncated = Err(HandshakeError::Wire(WireError::Truncated));
     for len in 0..t.hello.len() {
-        assert_eq!(respond_as(&bob(), &t.hello[..len], &config(), 0).map(drop), truncated, "hello[..{len}]");
+        assert_eq!(
+            respond_as(&bob(), &t.hello[..len], &config(), 0).map(drop),
+            truncated,
+            "hello[..{len}]"
+        );
         assert_eq!(wire::frame_len(&t.hello[..len]), Ok(None));
     }
     for len in 0..t.reply.len() {
         let (waiting, _) = alice_starts(bob().id(), &config(), 0x42);
-        assert_eq!(waiting.read_hello_reply(&t.reply[..len]).map(drop), truncated, "reply[..{len}]");
+        assert_eq!(
+            waiting.read_hello_reply(&t.reply[..len]).map(drop),
+            truncated,
+            "reply[..{len}]"
+        );
     }
     for len in 0..t.confirm.len() {
         let (pending, _) = respond_as(&bob(), &t.hello, &config(), 0x42).unwrap();
-        assert_eq!(pending.read_confirm(&t.confirm[..len]).map(drop), truncated, "confirm[..{len}]");
+        assert_eq!(
+            pending.read_confirm(&t.confirm[..len]).map(drop),
+            truncated,
+            "confirm[..{len}]"
+        );
     }
     let (mut a, mut b, _) = handshake(&alice(), &bob());
     let (_, record) = a.seal(b"0123456789", None).unwrap();
@@ -314,9 +414,16 @@ fn truncated_messages_are_rejected() {
         let expected = if len < RECORD_HEADER_LEN {
             ChannelError::Wire(WireError::Truncated)
         } else {
-            ChannelError::LengthMismatch { expected: record.len(), got: len }
+            ChannelError::LengthMismatch {
+                expected: record.len(),
+                got: len,
+            }
         };
-        assert_eq!(open(&mut b, &record[..len]), Err(expected), "record[..{len}]");
+        assert_eq!(
+            open(&mut b, &record[..len]),
+            Err(expected),
+            "record[..{len}]"
+        );
     }
     assert_eq!(open(&mut b, &record).unwrap(), b"0123456789");
 }
@@ -326,31 +433,52 @@ fn oversize_input_is_rejected() {
     let t = handshake(&alice(), &bob()).2;
     let mut extra = t.hello.clone();
     extra.push(0);
-    assert_eq!(respond_as(&bob(), &extra, &config(), 0).err(), Some(HandshakeError::Wire(WireError::TrailingBytes(1))));
+    assert_eq!(
+        respond_as(&bob(), &extra, &config(), 0).err(),
+        Some(HandshakeError::Wire(WireError::TrailingBytes(1)))
+    );
     let mut huge = t.hello.clone();
     huge.resize(MAX_HANDSHAKE_LEN + 1, 0);
     assert_eq!(
         respond_as(&bob(), &huge, &config(), 0).err(),
-        Some(HandshakeError::Wire(WireError::TooLarge { len: MAX_HANDSHAKE_LEN + 1, max: MAX_HANDSHAKE_LEN }))
+        Some(HandshakeError::Wire(WireError::TooLarge {
+            len: MAX_HANDSHAKE_LEN + 1,
+            max: MAX_HANDSHAKE_LEN
+        }))
     );
 
     let (mut a, mut b, _) = handshake(&alice(), &bob());
     // A payload over the limit is refused before anything is sealed ...
     let mut big = vec![0u8; MAX_RECORD_PAYLOAD + 1 + RECORD_OVERHEAD];
-    assert_eq!(a.seal_in_place(&mut big, None), Err(ChannelError::PayloadTooLarge(MAX_RECORD_PAYLOAD + 1)));
-    assert_eq!(a.seal_in_place(&mut [0u8; RECORD_OVERHEAD - 1], None), Err(ChannelError::BufferTooSmall));
+    assert_eq!(
+        a.seal_in_place(&mut big, None),
+        Err(ChannelError::PayloadTooLarge(MAX_RECORD_PAYLOAD + 1))
+    );
+    assert_eq!(
+        a.seal_in_place(&mut [0u8; RECORD_OVERHEAD - 1], None),
+        Err(ChannelError::BufferTooSmall)
+    );
     // ... and a header claiming one is refused before anything is read.
     let (_, record) = a.seal(b"small", None).unwrap();
     let mut claims_more = record.clone();
     claims_more[26..30].copy_from_slice(&(MAX_RECORD_PAYLOAD as u32 + 1).to_le_bytes());
-    let too_large = WireError::TooLarge { len: MAX_RECORD_PAYLOAD + 1 + RECORD_OVERHEAD, max: wire::MAX_RECORD_LEN };
-    assert_eq!(open(&mut b, &claims_more), Err(ChannelError::Wire(too_large)));
+    let too_large = WireError::TooLarge {
+        len: MAX_RECORD_PAYLOAD + 1 + RECORD_OVERHEAD,
+        max: wire::MAX_RECORD_LEN,
+    };
+    assert_eq!(
+        open(&mut b, &claims_more),
+        Err(ChannelError::Wire(too_large))
+    );
     assert_eq!(wire::frame_len(&claims_more), Err(too_large));
     assert_eq!(open(&mut b, &record).unwrap(), b"small");
     // The largest payload allowed goes through.
     let mut max = vec![7u8; MAX_RECORD_PAYLOAD + RECORD_OVERHEAD];
     a.seal_in_place(&mut max, None).unwrap();
-    assert_eq!(b.open_in_place(&mut max).unwrap().payload.len(), MAX_RECORD_PAYLOAD);
+    assert_eq!(
+        b.open_in_place(&mut max).unwrap().payload.len(),
+        MAX_RECORD_PAYLOAD
+    );
 }
 
 // ---- Identity: wrong mesh, key/id mismatch, wrong recipient, forgery ---------------
@@ -358,8 +486,14 @@ fn oversize_input_is_rejected() {
 #[test]
 fn a_peer_of_another_mesh_is_rejected() {
     let stranger = identity("other-mesh", ALICE);
-    let (_, hello) = with_rng(&[&[1; 32], &[2; 32]], |rng| Initiator::start(&stranger, bob().id(), &config(), rng)).unwrap();
-    assert_eq!(respond_as(&bob(), &hello, &config(), 0).err(), Some(HandshakeError::WrongMesh));
+    let (_, hello) = with_rng(&[&[1; 32], &[2; 32]], |rng| {
+        Initiator::start(&stranger, bob().id(), &config(), rng)
+    })
+    .unwrap();
+    assert_eq!(
+        respond_as(&bob(), &hello, &config(), 0).err(),
+        Some(HandshakeError::WrongMesh)
+    );
     // The same key pair has another id in another mesh.
     assert_ne!(stranger.id(), alice().id());
 }
@@ -371,64 +505,122 @@ fn a_key_that_does_not_hash_to_the_claimed_id_is_rejected() {
     let mut body = hello_body(&hello);
     body.initiator_key = *mallory().public_key();
     let forged = craft_hello(&body, MALLORY);
-    assert_eq!(respond_as(&bob(), &forged, &config(), 0).err(), Some(HandshakeError::KeyIdMismatch));
+    assert_eq!(
+        respond_as(&bob(), &forged, &config(), 0).err(),
+        Some(HandshakeError::KeyIdMismatch)
+    );
 
     // Mallory intercepts Alice's hello to Bob and answers as herself, properly bound
     // to Alice and signed: Alice meant to reach Bob's id, and Mallory's key is not it.
     let (waiting, hello) = alice_starts(bob().id(), &config(), 1);
     let (_, bobs_reply) = respond_as(&bob(), &hello, &config(), 0).unwrap();
-    let body = HelloReplyBody { responder_key: *mallory().public_key(), ..reply_body(&bobs_reply) };
+    let body = HelloReplyBody {
+        responder_key: *mallory().public_key(),
+        ..reply_body(&bobs_reply)
+    };
     let spliced = craft_reply(&hello, &body, MALLORY);
-    assert_eq!(waiting.read_hello_reply(&spliced).err(), Some(HandshakeError::KeyIdMismatch));
+    assert_eq!(
+        waiting.read_hello_reply(&spliced).err(),
+        Some(HandshakeError::KeyIdMismatch)
+    );
 }
 
 #[test]
 fn a_message_meant_for_another_id_is_rejected() {
     let (_, hello) = alice_starts(bob().id(), &config(), 1);
-    assert_eq!(respond_as(&mallory(), &hello, &config(), 0).err(), Some(HandshakeError::NotForMe));
+    assert_eq!(
+        respond_as(&mallory(), &hello, &config(), 0).err(),
+        Some(HandshakeError::NotForMe)
+    );
 
     // Bob's genuine reply to Mallory, delivered to Alice who is waiting for Bob.
-    let (_, mallory_hello) = with_rng(&[&[1; 32], &[2; 32]], |rng| Initiator::start(&mallory(), bob().id(), &config(), rng)).unwrap();
+    let (_, mallory_hello) = with_rng(&[&[1; 32], &[2; 32]], |rng| {
+        Initiator::start(&mallory(), bob().id(), &config(), rng)
+    })
+    .unwrap();
     let (_, reply_to_mallory) = respond_as(&bob(), &mallory_hello, &config(), 0).unwrap();
     let (waiting, _) = alice_starts(bob().id(), &config(), 1);
-    assert_eq!(waiting.read_hello_reply(&reply_to_mallory).err(), Some(HandshakeError::NotForMe));
+    assert_eq!(
+        waiting.read_hello_reply(&reply_to_mallory).err(),
+        Some(HandshakeError::NotForMe)
+    );
 }
 
 #[test]
 fn forged_signatures_are_rejected() {
     let (waiting, hello) = alice_starts(bob().id(), &config(), 1);
     // Mallory signs Alice's hello with her own key.
-    assert_eq!(respond_as(&bob(), &craft_hello(&hello_body(&hello), MALLORY), &config(), 0).err(), Some(HandshakeError::BadSignature));
+    assert_eq!(
+        respond_as(
+            &bob(),
+            &craft_hello(&hello_body(&hello), MALLORY),
+            &config(),
+            0
+        )
+        .err(),
+        Some(HandshakeError::BadSignature)
+    );
     // Mallory signs Bob's reply with her own key.
     let (_, reply) = respond_as(&bob(), &hello, &config(), 0).unwrap();
     let forged = craft_reply(&hello, &reply_body(&reply), MALLORY);
-    assert_eq!(waiting.read_hello_reply(&forged).err(), Some(HandshakeError::BadSignature));
+    assert_eq!(
+        waiting.read_hello_reply(&forged).err(),
+        Some(HandshakeError::BadSignature)
+    );
 }
 
 // ---- Negotiation -------------------------------------------------------------------
 
 #[test]
 fn suite_downgrade_is_detected() {
-    let chacha_only = HandshakeConfig { suites: &[Suite::ChaCha20Poly1305], ..config() };
+    let chacha_only = HandshakeConfig {
+        suites: &[Suite::ChaCha20Poly1305],
+        ..config()
+    };
     let (waiting, hello) = alice_starts(bob().id(), &chacha_only, 1);
     // Adding AES to Alice's offer breaks her signature.
     let mut offer = hello.clone();
     offer[2] |= 0b10;
-    assert_eq!(respond_as(&bob(), &offer, &config(), 0).err(), Some(HandshakeError::BadSignature));
+    assert_eq!(
+        respond_as(&bob(), &offer, &config(), 0).err(),
+        Some(HandshakeError::BadSignature)
+    );
     // A reply (genuinely signed by Bob) choosing a suite Alice did not offer.
     let (_, reply) = respond_as(&bob(), &hello, &config(), 0).unwrap();
-    let body = HelloReplyBody { suite: 0b10, ..reply_body(&reply) };
-    assert_eq!(waiting.read_hello_reply(&craft_reply(&hello, &body, BOB)).err(), Some(HandshakeError::SuiteNotOffered));
+    let body = HelloReplyBody {
+        suite: 0b10,
+        ..reply_body(&reply)
+    };
+    assert_eq!(
+        waiting
+            .read_hello_reply(&craft_reply(&hello, &body, BOB))
+            .err(),
+        Some(HandshakeError::SuiteNotOffered)
+    );
 }
 
 #[test]
 fn no_common_suite_is_reported() {
-    let aes_only = HandshakeConfig { suites: &[Suite::Aes256Gcm], ..config() };
-    let chacha_only = HandshakeConfig { suites: &[Suite::ChaCha20Poly1305], ..config() };
+    let aes_only = HandshakeConfig {
+        suites: &[Suite::Aes256Gcm],
+        ..config()
+    };
+    let chacha_only = HandshakeConfig {
+        suites: &[Suite::ChaCha20Poly1305],
+        ..config()
+    };
     let (_, hello) = alice_starts(bob().id(), &aes_only, 1);
-    assert_eq!(respond_as(&bob(), &hello, &chacha_only, 0).err(), Some(HandshakeError::NoCommonSuite));
-    let none = HandshakeConfig { suites: &[], ..config() };
-    let started = with_rng(&[], |rng| Initiator::start(&alice(), bob().id(), &none, rng));
+    assert_eq!(
+        respond_as(&bob(), &hello, &chacha_only, 0).err(),
+        Some(HandshakeError::NoCommonSuite)
+    );
+    let none = HandshakeConfig {
+        suites: &[],
+        ..config()
+    };
+    let started = with_rng(&[], |rng| {
+        Initiator::start(&alice(), bob().id(), &none, rng)
+    });
     assert_eq!(started.err(), Some(HandshakeError::NoSuitesConfigured));
 }
 
@@ -440,8 +632,17 @@ fn low_order_key_shares_are_rejected() {
         one[0] = 1;
         one
     }] {
-        let forged = craft_hello(&HelloBody { ephemeral: share, ..hello_body(&hello) }, ALICE);
-        assert_eq!(respond_as(&bob(), &forged, &config(), 0).err(), Some(HandshakeError::BadKeyShare));
+        let forged = craft_hello(
+            &HelloBody {
+                ephemeral: share,
+                ..hello_body(&hello)
+            },
+            ALICE,
+        );
+        assert_eq!(
+            respond_as(&bob(), &forged, &config(), 0).err(),
+            Some(HandshakeError::BadKeyShare)
+        );
     }
 }
 
@@ -449,7 +650,10 @@ fn low_order_key_shares_are_rejected() {
 
 #[test]
 fn the_rekey_interval_is_agreed_and_old_records_stay_dead() {
-    let short = HandshakeConfig { records_per_key: 3, ..config() };
+    let short = HandshakeConfig {
+        records_per_key: 3,
+        ..config()
+    };
     // Alice rekeys every 3 records, Bob by default: they agree on 3. Were Bob to keep
     // his own setting, Alice's record 3 (the first of epoch 1) would fail to open.
     let (waiting, hello) = alice_starts(bob().id(), &short, 9);
@@ -468,9 +672,14 @@ fn the_rekey_interval_is_agreed_and_old_records_stay_dead() {
 
     // A responder may not stretch the initiator's interval, even with a valid signature.
     let (waiting, hello) = alice_starts(bob().id(), &short, 9);
-    let stretched = HelloReplyBody { records_per_key: 4, ..reply_body(&reply) };
+    let stretched = HelloReplyBody {
+        records_per_key: 4,
+        ..reply_body(&reply)
+    };
     assert_eq!(
-        waiting.read_hello_reply(&craft_reply(&hello, &stretched, BOB)).err(),
+        waiting
+            .read_hello_reply(&craft_reply(&hello, &stretched, BOB))
+            .err(),
         Some(HandshakeError::BadRekeyInterval)
     );
 }

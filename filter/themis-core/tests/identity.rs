@@ -21,9 +21,14 @@ fn openssl_key_files_load_with_the_same_public_key() {
 #[test]
 fn key_files_round_trip_and_garbage_is_named() {
     let original = identity("demo", 9);
-    let loaded = Identity::from_key_file(MeshName::new("demo").unwrap(), &original.to_key_file()).unwrap();
+    let loaded =
+        Identity::from_key_file(MeshName::new("demo").unwrap(), &original.to_key_file()).unwrap();
     assert_eq!(loaded.id(), original.id());
-    for junk in ["", "hello", "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"] {
+    for junk in [
+        "",
+        "hello",
+        "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+    ] {
         let err = Identity::from_key_file(MeshName::new("demo").unwrap(), junk).unwrap_err();
         assert!(matches!(err, KeyFileError::Format(_)), "{junk:?}: {err}");
     }
@@ -34,7 +39,10 @@ fn printable_ids_catch_typos_and_wrong_meshes() {
     let me = identity("demo", 9);
     let printable = me.printable_id();
     assert!(printable.starts_with("demo1"));
-    assert_eq!(PeerId::parse(&printable).unwrap(), (me.mesh().clone(), me.id()));
+    assert_eq!(
+        PeerId::parse(&printable).unwrap(),
+        (me.mesh().clone(), me.id())
+    );
     // Upper case is the same id (Bech32 allows it), mixed case is not.
     assert_eq!(PeerId::parse(&printable.to_uppercase()).unwrap().1, me.id());
     // One character changed.
@@ -42,11 +50,17 @@ fn printable_ids_catch_typos_and_wrong_meshes() {
     let i = typo.len() - 10;
     typo[i] = if typo[i] == b'q' { b'p' } else { b'q' };
     let typo = String::from_utf8(typo).unwrap();
-    assert!(matches!(PeerId::parse(&typo), Err(PeerIdError::Encoding(_))), "{typo}");
+    assert!(
+        matches!(PeerId::parse(&typo), Err(PeerIdError::Encoding(_))),
+        "{typo}"
+    );
     // The right id in the wrong mesh.
     assert_eq!(
         PeerId::parse_in(&printable, &MeshName::new("prod").unwrap()),
-        Err(PeerIdError::WrongMesh { expected: "prod".into(), found: "demo".into() })
+        Err(PeerIdError::WrongMesh {
+            expected: "prod".into(),
+            found: "demo".into()
+        })
     );
 }
 
@@ -56,7 +70,10 @@ fn mesh_names_are_checked() {
     assert_eq!(MeshName::new("Prod"), Err(MeshNameError::BadCharacter('P')));
     assert_eq!(MeshName::new("-prod"), Err(MeshNameError::BadStart));
     let long = "a".repeat(MAX_MESH_NAME_LEN + 1);
-    assert_eq!(MeshName::new(&long), Err(MeshNameError::TooLong(MAX_MESH_NAME_LEN + 1)));
+    assert_eq!(
+        MeshName::new(&long),
+        Err(MeshNameError::TooLong(MAX_MESH_NAME_LEN + 1))
+    );
     assert!(MeshName::new(&long[1..]).is_ok());
     assert!(MeshName::new("prod.eu-west-1").is_ok());
 }

@@ -52,7 +52,11 @@ fn only(suite: Suite) -> &'static [Suite] {
 }
 
 fn config(suite: Suite, mode: ChannelMode) -> HandshakeConfig {
-    HandshakeConfig { suites: only(suite), mode, records_per_key: DEFAULT_RECORDS_PER_KEY }
+    HandshakeConfig {
+        suites: only(suite),
+        mode,
+        records_per_key: DEFAULT_RECORDS_PER_KEY,
+    }
 }
 
 /// A fresh session pair (alice initiates), identical for identical arguments.
@@ -92,10 +96,20 @@ fn genuine() -> &'static Genuine {
     GENUINE.get_or_init(|| {
         let (waiting, hello) = start();
         let (pending, reply) = respond(&hello).expect("bob answers");
-        let (mut a, confirm) = waiting.read_hello_reply(&reply).expect("alice reads the reply");
-        pending.read_confirm(&confirm).expect("bob reads the confirmation");
+        let (mut a, confirm) = waiting
+            .read_hello_reply(&reply)
+            .expect("alice reads the reply");
+        pending
+            .read_confirm(&confirm)
+            .expect("bob reads the confirmation");
         let (_, record) = a.seal(GENUINE_PAYLOAD, None).expect("alice seals");
-        Genuine { hello, reply, confirm, session_id: a.info().session_id, record }
+        Genuine {
+            hello,
+            reply,
+            confirm,
+            session_id: a.info().session_id,
+            record,
+        }
     })
 }
 
@@ -170,7 +184,10 @@ fn forged_record() -> impl Strategy<Value = Vec<u8>> {
 
 /// Strings that look like printable ids: an hrp, the separator, data characters.
 fn id_like() -> impl Strategy<Value = String> {
-    prop_oneof![any::<String>(), "[a-zA-Z0-9.-]{1,40}1[qpzry9x8gf2tvdw0s3jn54khce6mua7l]{0,70}"]
+    prop_oneof![
+        any::<String>(),
+        "[a-zA-Z0-9.-]{1,40}1[qpzry9x8gf2tvdw0s3jn54khce6mua7l]{0,70}"
+    ]
 }
 
 fn mesh_name() -> impl Strategy<Value = String> {
@@ -202,10 +219,16 @@ fn base64(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for chunk in bytes.chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
         for i in 0..4 {
-            let c =
-                if i <= chunk.len() { ALPHABET[(n >> (18 - 6 * i) & 63) as usize] } else { b'=' };
+            let c = if i <= chunk.len() {
+                ALPHABET[(n >> (18 - 6 * i) & 63) as usize]
+            } else {
+                b'='
+            };
             out.push(c as char);
         }
     }
@@ -215,14 +238,22 @@ fn base64(bytes: &[u8]) -> String {
 /// A PEM `PRIVATE KEY` around `der`, with the 64-character lines RFC 7468 asks for.
 fn pem(der: &[u8]) -> String {
     let b64 = base64(der);
-    let lines: Vec<&str> =
-        b64.as_bytes().chunks(64).map(|l| std::str::from_utf8(l).unwrap()).collect();
-    format!("-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n", lines.join("\n"))
+    let lines: Vec<&str> = b64
+        .as_bytes()
+        .chunks(64)
+        .map(|l| std::str::from_utf8(l).unwrap())
+        .collect();
+    format!(
+        "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
+        lines.join("\n")
+    )
 }
 
 fn identity_from_seed(seed: &[u8; 32]) -> Identity {
-    with_lenient_rng(&[&seed[..]], |rng| Identity::generate(MeshName::new(MESH).unwrap(), rng))
-        .unwrap()
+    with_lenient_rng(&[&seed[..]], |rng| {
+        Identity::generate(MeshName::new(MESH).unwrap(), rng)
+    })
+    .unwrap()
 }
 
 fn key_file_text() -> impl Strategy<Value = String> {
@@ -313,7 +344,10 @@ proptest! {
 #[test]
 fn reply_to_zero_is_refused() {
     let (mut a, mut b, _) = sessions(&HandshakeConfig::default());
-    assert_eq!(a.seal(b"x", Some(0)).err(), Some(ChannelError::InvalidReplyTo));
+    assert_eq!(
+        a.seal(b"x", Some(0)).err(),
+        Some(ChannelError::InvalidReplyTo)
+    );
     // Nothing was used up: the next record is still number 1.
     let (seq, record) = a.seal(b"x", None).unwrap();
     assert_eq!((seq, open(&mut b, &record)), (1, Ok(b"x".to_vec())));
@@ -553,7 +587,10 @@ fn printable_ids_are_canonical() {
     let alias = "demo1qqqsyqcyq5rqwzqfpg9scrgwpugpzysnzs23v9ccrydpk8qarc0l4xptp5";
     let (mesh, id) = PeerId::parse(canonical).unwrap();
     assert_eq!(id.printable(&mesh), canonical);
-    assert!(PeerId::parse(alias).is_err(), "{alias} parsed as {mesh}/{id}");
+    assert!(
+        PeerId::parse(alias).is_err(),
+        "{alias} parsed as {mesh}/{id}"
+    );
 }
 
 /// `frame_len` refuses a handshake message longer than `MAX_HANDSHAKE_LEN`, both
@@ -566,8 +603,17 @@ fn frame_len_bounds_complete_handshake_messages() {
     let mut hello = vec![1, 1, 3, 16, 0xd8, 0x04];
     hello.extend([b'a'; 600]);
     hello.extend([0; 5 * 32 + 64]);
-    assert!(matches!(wire::frame_len(&hello[..600]), Err(wire::WireError::TooLarge { .. })));
-    assert!(matches!(Hello::decode(&hello), Err(wire::WireError::TooLarge { .. })));
+    assert!(matches!(
+        wire::frame_len(&hello[..600]),
+        Err(wire::WireError::TooLarge { .. })
+    ));
+    assert!(matches!(
+        Hello::decode(&hello),
+        Err(wire::WireError::TooLarge { .. })
+    ));
     let framed = wire::frame_len(&hello);
-    assert!(matches!(framed, Err(wire::WireError::TooLarge { .. })), "{framed:?}");
+    assert!(
+        matches!(framed, Err(wire::WireError::TooLarge { .. })),
+        "{framed:?}"
+    );
 }

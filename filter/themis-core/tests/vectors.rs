@@ -93,8 +93,16 @@ fn make_identity(mesh: &MeshName, seed_hex: &str) -> (Identity, IdentityVector) 
 /// long enough to cross a rekey when `records_per_key` is small.
 fn record_script() -> Vec<(bool, Option<u64>, Vec<u8>)> {
     let mut script = vec![
-        (true, None, b"GET /check HTTP/1.1\r\nhost: check\r\n\r\n".to_vec()),
-        (false, Some(1), b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec()),
+        (
+            true,
+            None,
+            b"GET /check HTTP/1.1\r\nhost: check\r\n\r\n".to_vec(),
+        ),
+        (
+            false,
+            Some(1),
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec(),
+        ),
         (true, None, Vec::new()),
     ];
     script.extend((0..6u8).map(|i| (i % 2 == 0, None, vec![i; 1 + 37 * i as usize])));
@@ -108,14 +116,23 @@ fn run_handshake(ids: &[Identity], spec: &HandshakeVector) -> HandshakeVector {
         mode: ChannelMode::Stream,
         records_per_key: spec.records_per_key,
     };
-    let config_b = HandshakeConfig { suites: suites(&spec.responder_suites), ..config_a.clone() };
+    let config_b = HandshakeConfig {
+        suites: suites(&spec.responder_suites),
+        ..config_a.clone()
+    };
     let (waiting, hello) = with_rng(
-        &[&unhex::<32>(&spec.initiator_ephemeral), &unhex::<32>(&spec.initiator_nonce)],
+        &[
+            &unhex::<32>(&spec.initiator_ephemeral),
+            &unhex::<32>(&spec.initiator_nonce),
+        ],
         |rng| Initiator::start(a, b.id(), &config_a, rng),
     )
     .unwrap();
     let (pending, reply) = with_rng(
-        &[&unhex::<32>(&spec.responder_ephemeral), &unhex::<32>(&spec.responder_nonce)],
+        &[
+            &unhex::<32>(&spec.responder_ephemeral),
+            &unhex::<32>(&spec.responder_nonce),
+        ],
         |rng| handshake::respond(b, &hello, &config_b, rng),
     )
     .unwrap();
@@ -124,12 +141,19 @@ fn run_handshake(ids: &[Identity], spec: &HandshakeVector) -> HandshakeVector {
     assert_eq!(sa.info().session_id, sb.info().session_id);
     assert_eq!(sa.info().peer_id, b.id());
     assert_eq!(sb.info().peer_id, a.id());
-    let transcript = Transcript { hello, reply, confirm };
+    let transcript = Transcript {
+        hello,
+        reply,
+        confirm,
+    };
     let records = record_script()
         .into_iter()
         .map(|(from_initiator, reply_to, payload)| {
-            let (sender, receiver): (&mut Session, &mut Session) =
-                if from_initiator { (&mut sa, &mut sb) } else { (&mut sb, &mut sa) };
+            let (sender, receiver): (&mut Session, &mut Session) = if from_initiator {
+                (&mut sa, &mut sb)
+            } else {
+                (&mut sb, &mut sa)
+            };
             let (_, record) = sender.seal(&payload, reply_to).unwrap();
             let mut buf = record.clone();
             let opened = receiver.open_in_place(&mut buf).unwrap();
@@ -162,13 +186,20 @@ fn run_handshake(ids: &[Identity], spec: &HandshakeVector) -> HandshakeVector {
 
 fn compute(spec: &Vectors) -> Vectors {
     let mesh = MeshName::new(&spec.mesh).unwrap();
-    let (ids, identities): (Vec<_>, Vec<_>) =
-        spec.identities.iter().map(|v| make_identity(&mesh, &v.key_seed)).unzip();
+    let (ids, identities): (Vec<_>, Vec<_>) = spec
+        .identities
+        .iter()
+        .map(|v| make_identity(&mesh, &v.key_seed))
+        .unzip();
     Vectors {
         comment: spec.comment.clone(),
         mesh: spec.mesh.clone(),
         identities,
-        handshakes: spec.handshakes.iter().map(|h| run_handshake(&ids, h)).collect(),
+        handshakes: spec
+            .handshakes
+            .iter()
+            .map(|h| run_handshake(&ids, h))
+            .collect(),
     }
 }
 
@@ -198,8 +229,11 @@ fn vectors_reproduce_exactly() {
 fn recorded_messages_are_accepted() {
     let v: Vectors = serde_json::from_str(VECTORS).unwrap();
     let mesh = MeshName::new(&v.mesh).unwrap();
-    let ids: Vec<Identity> =
-        v.identities.iter().map(|i| Identity::from_key_file(mesh.clone(), &i.key_file).unwrap()).collect();
+    let ids: Vec<Identity> = v
+        .identities
+        .iter()
+        .map(|i| Identity::from_key_file(mesh.clone(), &i.key_file).unwrap())
+        .collect();
     for h in &v.handshakes {
         let config = HandshakeConfig {
             suites: suites(&h.responder_suites),
@@ -207,12 +241,24 @@ fn recorded_messages_are_accepted() {
             records_per_key: h.records_per_key,
         };
         let (pending, reply) = with_rng(
-            &[&unhex::<32>(&h.responder_ephemeral), &unhex::<32>(&h.responder_nonce)],
-            |rng| handshake::respond(&ids[h.responder], &hex::decode(&h.hello).unwrap(), &config, rng),
+            &[
+                &unhex::<32>(&h.responder_ephemeral),
+                &unhex::<32>(&h.responder_nonce),
+            ],
+            |rng| {
+                handshake::respond(
+                    &ids[h.responder],
+                    &hex::decode(&h.hello).unwrap(),
+                    &config,
+                    rng,
+                )
+            },
         )
         .unwrap();
         assert_eq!(hex::encode(reply), h.hello_reply);
-        let mut responder = pending.read_confirm(&hex::decode(&h.confirm).unwrap()).unwrap();
+        let mut responder = pending
+            .read_confirm(&hex::decode(&h.confirm).unwrap())
+            .unwrap();
         assert_eq!(responder.info().session_id, h.session_id);
         assert_eq!(responder.info().suite, h.suite);
         for r in h.records.iter().filter(|r| r.from_initiator) {

@@ -37,7 +37,10 @@ pub fn mesh(name: &str) -> MeshName {
 
 /// An identity whose key seed is 32 copies of `seed`.
 pub fn identity(mesh_name: &str, seed: u8) -> Identity {
-    with_rng(&[&[seed; 32]], |rng| Identity::generate(mesh(mesh_name), rng)).unwrap()
+    with_rng(&[&[seed; 32]], |rng| {
+        Identity::generate(mesh(mesh_name), rng)
+    })
+    .unwrap()
 }
 
 /// The messages of one handshake, as sent.
@@ -64,7 +67,15 @@ pub fn handshake_with(
     .unwrap();
     let (sa, confirm) = waiting.read_hello_reply(&reply).unwrap();
     let sb = pending.read_confirm(&confirm).unwrap();
-    (sa, sb, Transcript { hello, reply, confirm })
+    (
+        sa,
+        sb,
+        Transcript {
+            hello,
+            reply,
+            confirm,
+        },
+    )
 }
 
 pub fn handshake(a: &Identity, b: &Identity) -> (Session, Session, Transcript) {
