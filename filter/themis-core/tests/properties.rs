@@ -17,8 +17,8 @@ use proptest::prelude::*;
 use proptest::sample::{select, subsequence, Index};
 use themis_core::handshake::{self, Initiator, DEFAULT_RECORDS_PER_KEY};
 use themis_core::wire::{
-    self, Confirm, Hello, HelloReply, Kind, RecordHeader, MAX_HANDSHAKE_LEN, RECORD_HEADER_LEN,
-    RECORD_OVERHEAD, TAG_LEN,
+    self, Confirm, Hello, HelloReply, Kind, RecordHeader, RECORD_HEADER_LEN, RECORD_OVERHEAD,
+    TAG_LEN,
 };
 use themis_core::{
     AwaitingConfirm, AwaitingHelloReply, ChannelError, ChannelMode, HandshakeConfig, Identity,
@@ -388,40 +388,16 @@ proptest! {
 // Totality: hostile bytes give errors, never panics
 
 proptest! {
-    /// The wire decoders and the text parsers return on any input, and agree with
-    /// each other when they succeed.
+    /// The wire decoders and the text parsers return on any input. (That they agree
+    /// with each other is the `wire_decoders` fuzz target's check.)
     #[test]
     fn decoders_are_total(bytes in junk()) {
         let _ = wire::peek_kind(&bytes);
-        let frame = wire::frame_len(&bytes);
-        if let Ok(signed) = Hello::decode(&bytes) {
-            prop_assert_eq!(signed.body_bytes, &bytes[..bytes.len() - 64]);
-            prop_assert_eq!(frame, Ok(Some(bytes.len())));
-        }
-        if let Ok(signed) = HelloReply::decode(&bytes) {
-            prop_assert_eq!(signed.body_bytes, &bytes[..bytes.len() - 64]);
-            prop_assert_eq!(frame, Ok(Some(bytes.len())));
-        }
-        if Confirm::decode(&bytes).is_ok() {
-            prop_assert_eq!(frame, Ok(Some(bytes.len())));
-        }
-        if let Ok(header) = RecordHeader::decode(&bytes) {
-            prop_assert_eq!(&header.encode()[..], &bytes[..RECORD_HEADER_LEN]);
-            prop_assert_eq!(frame, Ok(Some(header.record_len())));
-        }
-        if let Ok(Some(n)) = frame {
-            // A complete handshake message within its size limit decodes.
-            if n <= bytes.len() && n <= MAX_HANDSHAKE_LEN {
-                let message = &bytes[..n];
-                let decodes = match wire::peek_kind(message) {
-                    Ok(Kind::Hello) => Hello::decode(message).is_ok(),
-                    Ok(Kind::HelloReply) => HelloReply::decode(message).is_ok(),
-                    Ok(Kind::Confirm) => Confirm::decode(message).is_ok(),
-                    _ => true,
-                };
-                prop_assert!(decodes, "frame_len said {} bytes", n);
-            }
-        }
+        let _ = wire::frame_len(&bytes);
+        let _ = Hello::decode(&bytes);
+        let _ = HelloReply::decode(&bytes);
+        let _ = Confirm::decode(&bytes);
+        let _ = RecordHeader::decode(&bytes);
         let text = String::from_utf8_lossy(&bytes);
         if let Ok(mesh) = MeshName::new(&text) {
             prop_assert_eq!(mesh.as_str(), &*text);
