@@ -14,7 +14,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 FUZZ_SECONDS=${FUZZ_SECONDS:-15}
 
 started=$SECONDS
-section() { printf '\n\033[1m==> [%dm%02ds] %s\033[0m\n' $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)) "$*"; }
+section() { printf '\n\033[1m==> [%d:%02d] %s\033[0m\n' $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)) "$*"; }
 
 section "formatting and lints"
 cargo fmt --all --check

@@ -11,6 +11,29 @@
 //! passed in as a [`ring::rand::SecureRandom`], bytes come in and bytes go out. The same
 //! code runs natively, in Envoy's Wasm VM and as a WASI component. `docs/PROTOCOL.md`
 //! specifies the formats and the key schedule.
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use ring::rand::SystemRandom;
+//! use themis_core::{handshake::{self, Initiator}, HandshakeConfig, Identity, MeshName};
+//!
+//! let rng = SystemRandom::new();
+//! let mesh = MeshName::new("demo")?;
+//! let (alice, bob) = (Identity::generate(mesh.clone(), &rng)?, Identity::generate(mesh, &rng)?);
+//! let config = HandshakeConfig::default();
+//!
+//! let (waiting, hello) = Initiator::start(&alice, bob.id(), &config, &rng)?;   // → bob
+//! let (pending, reply) = handshake::respond(&bob, &hello, &config, &rng)?;     // → alice
+//! let (mut a, confirm) = waiting.read_hello_reply(&reply)?;                  // → bob
+//! let mut b = pending.read_confirm(&confirm)?;
+//!
+//! let (seq, mut record) = a.seal(b"GET /check", None)?;
+//! let request = b.open_in_place(&mut record)?;
+//! assert_eq!(request.payload, b"GET /check");
+//! # assert_eq!((seq, b.info().peer_id), (1, alice.id()));
+//! # Ok(())
+//! # }
+//! ```
 #![no_std]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
