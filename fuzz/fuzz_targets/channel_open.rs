@@ -97,7 +97,13 @@ impl World {
     fn step(&mut self, step: Step) {
         match step {
             Step::Seal { from, payload, reply_to } => {
-                let (seq, record) = self.sessions(from).0.seal(&payload, reply_to).expect("seal");
+                let sealed = self.sessions(from).0.seal(&payload, reply_to);
+                if reply_to == Some(0) {
+                    // 0 means "no reply" on the wire, so it is refused, and nothing is used up.
+                    assert_eq!(sealed.err(), Some(ChannelError::InvalidReplyTo));
+                    return;
+                }
+                let (seq, record) = sealed.expect("seal");
                 let direction = self.direction(from);
                 direction.sealed += 1;
                 assert_eq!(seq, direction.sealed, "sequence numbers count up from 1");
@@ -165,8 +171,7 @@ impl World {
         match result {
             Ok(opened) => {
                 // 0 on the wire means "no reply": `Some(0)` opens as `None`.
-                let reply_to = record.reply_to.filter(|&r| r != 0);
-                assert_eq!(opened, (record.seq, reply_to, record.payload), "opened contents");
+                assert_eq!(opened, (record.seq, record.reply_to, record.payload), "opened contents");
                 assert!(
                     next || mode == ChannelMode::Datagram,
                     "a stream record opened out of order"
