@@ -39,6 +39,10 @@ pub enum ChannelMode {
 
 /// How far behind the highest sequence number a datagram may arrive.
 pub const REPLAY_WINDOW: u64 = 128;
+/// How many epochs ahead of its current key a datagram receiver ratchets to open a
+/// record (after losing every record of the epochs between). Bounded so that a forged
+/// sequence number cannot make the receiver derive keys without end.
+pub const MAX_EPOCHS_AHEAD: u64 = 4;
 
 /// Why a record was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -66,6 +70,12 @@ pub enum ChannelError {
     /// Tampered with, reflected back, made for another receiver, or forged.
     #[error("the record failed authentication")]
     Authentication,
+    /// A record more than [`MAX_EPOCHS_AHEAD`] key epochs ahead: so many records were
+    /// lost that the session cannot catch up. Handshake again.
+    #[error(
+        "record {0} is too many key epochs ahead (records were lost); a new handshake is needed"
+    )]
+    TooFarAhead(u64),
     /// A sequence number already seen (replay) or too old for the window.
     #[error("record {0} was already received or is too old (replay)")]
     Replay(u64),
@@ -215,8 +225,8 @@ impl Sealer {
             return Err(ChannelError::SequenceExhausted);
         }
         let epoch = seq / self.records_per_key;
-        while self.key.epoch < epoch {
-            self.key = self.key.next();
+        if epoch > self.key.epoch {
+            self.key = self.key.ratchet_to(epoch).1;
         }
         let header = RecordHeader::new(self.session_id, seq, reply_to.unwrap_or(0), payload_len);
         let (head, rest) = record.split_at_mut(RECORD_HEADER_LEN);
@@ -299,29 +309,35 @@ impl Opener {
         if header.session_id != self.session_id {
             return Err(ChannelError::WrongSession);
         }
-        // Cheap rejection of replays before any cryptography; re-checked on commit.
+        // Cheap rejection of replays before any cryptography; `accept` below only
+        // records the number once the record has authenticated.
         self.window.check(header.seq)?;
         let epoch = header.seq / self.records_per_key;
-        // The key for the record's epoch: the current one, the next one (adopted only
+        // The key for the record's epoch: the current one, a later one (adopted only
         // once a record under it authenticates), or in datagram mode the previous one.
-        let adopted = (epoch == self.key.epoch + 1).then(|| self.key.next());
+        let adopted = match epoch.checked_sub(self.key.epoch) {
+            Some(0) => None,
+            Some(ahead) if ahead <= MAX_EPOCHS_AHEAD => Some(self.key.ratchet_to(epoch)),
+            Some(_) => return Err(ChannelError::TooFarAhead(header.seq)),
+            None => None,
+        };
         let key = match &adopted {
-            Some(next) => next,
+            Some((_, next)) => next,
             None if epoch == self.key.epoch => &self.key,
-            None if epoch + 1 == self.key.epoch => {
-                self.previous.as_ref().ok_or(ChannelError::Authentication)?
-            }
-            None => return Err(ChannelError::Authentication),
+            None => match &self.previous {
+                Some(previous) if previous.epoch == epoch => previous,
+                _ => return Err(ChannelError::Replay(header.seq)),
+            },
         };
         let (head, body) = record.split_at_mut(RECORD_HEADER_LEN);
         let payload = key
             .key
             .open_in_place(nonce(header.seq), aad(head, &self.receiver), body)
             .map_err(|_| ChannelError::Authentication)?;
-        if let Some(next) = adopted {
-            let old = core::mem::replace(&mut self.key, next);
+        if let Some((before, next)) = adopted {
+            let current = core::mem::replace(&mut self.key, next);
             // Streams never look back, so the old key goes (forward secrecy).
-            self.previous = self.window.is_datagram().then_some(old);
+            self.previous = self.window.is_datagram().then(|| before.unwrap_or(current));
         }
         self.window.accept(header.seq);
         let reply_to = (header.reply_to != 0).then_some(header.reply_to);
@@ -463,26 +479,45 @@ mod tests {
     }
 
     #[test]
-    fn a_record_from_two_epochs_ahead_is_refused() {
+    fn datagrams_catch_up_over_lost_epochs_within_a_bound() {
         let config = HandshakeConfig {
             records_per_key: 2,
+            mode: ChannelMode::Datagram,
             ..HandshakeConfig::default()
         };
-        let (mut a, mut b) = pair(&HandshakeConfig {
-            mode: ChannelMode::Datagram,
-            ..config.clone()
-        });
-        let records: alloc::vec::Vec<_> = (0..6).map(|_| a.seal(b"x", None).unwrap().1).collect();
-        // seq 5 is in epoch 2 while the receiver is at epoch 0.
-        let mut far = records[4].clone();
+        let (mut a, mut b) = pair(&config);
+        let records: alloc::vec::Vec<_> = (0..20).map(|_| a.seal(b"x", None).unwrap().1).collect();
+        // seq 11 is epoch 5: more than MAX_EPOCHS_AHEAD from epoch 0.
+        let mut far = records[10].clone();
         assert_eq!(
             b.open_in_place(&mut far).err(),
+            Some(ChannelError::TooFarAhead(11))
+        );
+        // seq 9 is epoch 4, within reach although epochs 1 to 3 were all lost ...
+        let mut ahead = records[8].clone();
+        assert!(b.open_in_place(&mut ahead).is_ok());
+        // ... and a late seq 7 (epoch 3) still opens with the kept previous key.
+        let mut late = records[6].clone();
+        assert!(b.open_in_place(&mut late).is_ok());
+        // Older epochs' keys are gone.
+        let mut older = records[4].clone();
+        assert_eq!(
+            b.open_in_place(&mut older).err(),
+            Some(ChannelError::Replay(5))
+        );
+    }
+
+    /// The receiver's id is bound as associated data: the same keys, but a record
+    /// made for another receiver, does not open.
+    #[test]
+    fn records_are_bound_to_their_receiver() {
+        let (mut a, _) = pair(&HandshakeConfig::default());
+        let (_, mut b_elsewhere) = pair(&HandshakeConfig::default());
+        b_elsewhere.opener.receiver = PeerId([9; 32]);
+        let (_, mut record) = a.seal(b"for 2", None).unwrap();
+        assert_eq!(
+            b_elsewhere.open_in_place(&mut record).err(),
             Some(ChannelError::Authentication)
         );
-        // One epoch ahead is adopted, and the previous epoch still opens late datagrams.
-        let mut next = records[2].clone();
-        assert!(b.open_in_place(&mut next).is_ok());
-        let mut late = records[0].clone();
-        assert!(b.open_in_place(&mut late).is_ok());
     }
 }

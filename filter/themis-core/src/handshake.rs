@@ -40,9 +40,10 @@ pub enum Role {
     Responder,
 }
 
-/// Records per traffic key before the channel ratchets to a new one. 2^24 keeps
-/// AES-256-GCM well inside its usage limits (TLS 1.3 allows 2^24.5 full records).
-pub const DEFAULT_RECORDS_PER_KEY: u64 = 1 << 24;
+/// Records per traffic key before the channel ratchets to a new one. Records carry
+/// up to 1 MiB, so 2^18 of them are at most 2^38 bytes (2^34 AES blocks) per key: the
+/// data volume TLS 1.3 allows one AES-GCM key (2^24.5 records of 16 KiB).
+pub const DEFAULT_RECORDS_PER_KEY: u64 = 1 << 18;
 
 /// Settings both roles use.
 #[derive(Clone, Debug)]

@@ -35,7 +35,7 @@ pub enum MeshNameError {
     #[error("the mesh name is empty")]
     Empty,
     /// Longer than [`MAX_MESH_NAME_LEN`].
-    #[error("the mesh name is {0} characters long; at most {MAX_MESH_NAME_LEN} are allowed")]
+    #[error("the mesh name is {0} bytes long; at most {MAX_MESH_NAME_LEN} are allowed")]
     TooLong(usize),
     /// A character outside `a-z 0-9 - .`.
     #[error("the mesh name may hold only a-z, 0-9, '-' and '.', not {0:?}")]
@@ -52,11 +52,11 @@ impl MeshName {
         Ok(MeshName(name.to_string()))
     }
 
-    /// Checks a mesh name without keeping it (used on names read off the wire).
+    /// Checks a mesh name without keeping it.
     pub fn check(name: &str) -> Result<(), MeshNameError> {
         let first = name.chars().next().ok_or(MeshNameError::Empty)?;
         if name.len() > MAX_MESH_NAME_LEN {
-            return Err(MeshNameError::TooLong(name.chars().count()));
+            return Err(MeshNameError::TooLong(name.len()));
         }
         if let Some(bad) = name
             .chars()
@@ -118,9 +118,10 @@ pub enum PeerIdError {
         /// The mesh named in the id.
         found: String,
     },
-    /// The id is spelled with non-zero padding bits: one of 16 aliases of a real id.
-    /// Only the canonical spelling is accepted, so ids compare equal as text.
-    #[error("the id is not in canonical form (its last character is wrong)")]
+    /// The id is not spelled the one way [`PeerId::printable`] spells it: upper case,
+    /// or non-zero padding bits (16 aliases of each id). Only the canonical spelling is
+    /// accepted, so ids compare equal as text (in allow lists, logs).
+    #[error("the id is not in canonical form (it must be lower case, as printed)")]
     NonCanonical,
     /// The data part does not hold exactly 32 bytes.
     #[error("the id holds {0} bytes, not 32")]
@@ -149,6 +150,9 @@ impl PeerId {
 
     /// Parses a printable id into its mesh name and id.
     pub fn parse(printable: &str) -> Result<(MeshName, PeerId), PeerIdError> {
+        if printable.bytes().any(|b| b.is_ascii_uppercase()) {
+            return Err(PeerIdError::NonCanonical);
+        }
         let checked = CheckedHrpstring::new::<Bech32m>(printable)
             .map_err(|e| PeerIdError::Encoding(e.to_string()))?;
         let mesh = MeshName::new(&checked.hrp().to_lowercase())?;

@@ -82,6 +82,19 @@ impl DirectionKey {
         }
     }
 
+    /// The key of `epoch` (> this one's), and the key of `epoch - 1` unless that is
+    /// this one (which the caller already holds; ring's keys do not clone).
+    pub fn ratchet_to(&self, epoch: u64) -> (Option<Self>, Self) {
+        let mut before = None;
+        let mut at = self.next();
+        while at.epoch < epoch {
+            let next = at.next();
+            before = Some(at);
+            at = next;
+        }
+        (before, at)
+    }
+
     /// The key of the next epoch. The old secret is not derivable from the new one,
     /// so dropping it gives forward secrecy within the session.
     pub fn next(&self) -> Self {

@@ -136,10 +136,10 @@ fn expect_kind(bytes: &[u8], expected: Kind) -> Result<(), WireError> {
 /// of it has arrived to tell (`Ok(None)`: read more). An error means the stream is
 /// not speaking this protocol and must be closed.
 pub fn frame_len(buf: &[u8]) -> Result<Option<usize>, WireError> {
-    let kind = match postcard::take_from_bytes::<Preamble>(buf) {
-        Err(postcard::Error::DeserializeUnexpectedEnd) => return Ok(None),
-        _ => peek_kind(&buf[..buf.len().min(2)])?,
-    };
+    if buf.len() < 2 {
+        return Ok(None);
+    }
+    let kind = peek_kind(&buf[..2])?;
     let decoded = match kind {
         Kind::Record => {
             if buf.len() < RECORD_HEADER_LEN {
@@ -172,8 +172,7 @@ fn take_len<'a, T: Deserialize<'a>>(buf: &'a [u8]) -> Result<usize, WireError> {
     Ok(buf.len() - rest.len())
 }
 
-/// Decodes exactly one `T` of `kind` from `bytes`, and returns it with the raw bytes
-/// of its signed part (everything before the trailing signature, when it has one).
+/// Decodes exactly one `T` of `kind` from `bytes`, with nothing left over.
 fn decode_exact<'a, T: Deserialize<'a>>(bytes: &'a [u8], kind: Kind) -> Result<T, WireError> {
     expect_kind(bytes, kind)?;
     let (value, rest) = postcard::take_from_bytes::<T>(bytes)?;
@@ -309,8 +308,9 @@ impl RecordHeader {
         expect_kind(bytes, Kind::Record)?;
         let (header, _) = postcard::take_from_bytes::<RecordHeader>(bytes)?;
         if header.len as usize > MAX_RECORD_PAYLOAD {
+            // Saturating: on 32-bit targets (Wasm) a hostile length must not overflow.
             return Err(WireError::TooLarge {
-                len: header.len as usize + RECORD_OVERHEAD,
+                len: (header.len as usize).saturating_add(RECORD_OVERHEAD),
                 max: MAX_RECORD_LEN,
             });
         }
@@ -327,9 +327,10 @@ impl RecordHeader {
         out
     }
 
-    /// The whole record's length on the wire.
+    /// The whole record's length on the wire (saturating, for headers not made by
+    /// [`RecordHeader::decode`], which bounds `len`).
     pub fn record_len(&self) -> usize {
-        RECORD_HEADER_LEN + self.len as usize + TAG_LEN
+        (self.len as usize).saturating_add(RECORD_OVERHEAD)
     }
 }
 

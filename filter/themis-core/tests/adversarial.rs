@@ -471,6 +471,13 @@ fn oversize_input_is_rejected() {
         Err(ChannelError::Wire(too_large))
     );
     assert_eq!(wire::frame_len(&claims_more), Err(too_large));
+    // The largest length a header can claim: no overflow on 32-bit targets (Wasm).
+    let mut claims_all = record.clone();
+    claims_all[26..30].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(
+        open(&mut b, &claims_all),
+        Err(ChannelError::Wire(WireError::TooLarge { .. }))
+    ));
     assert_eq!(open(&mut b, &record).unwrap(), b"small");
     // The largest payload allowed goes through.
     let mut max = vec![7u8; MAX_RECORD_PAYLOAD + RECORD_OVERHEAD];
