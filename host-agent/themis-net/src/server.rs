@@ -1,0 +1,135 @@
+//! Answering requests from authenticated peers.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::BytesMut;
+use themis_core::{Identity, SessionInfo};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tracing::{debug, warn};
+
+use crate::{accept, Config, NetError};
+
+/// Requests handled at once on one connection; more wait (back-pressure on the peer).
+const MAX_IN_FLIGHT_PER_CONNECTION: usize = 64;
+
+/// Answers one request from an authenticated peer with the response payload.
+pub trait Handler: Send + Sync + 'static {
+    /// The response to `request` from `peer`.
+    fn handle(
+        &self,
+        peer: Arc<SessionInfo>,
+        request: BytesMut,
+    ) -> impl Future<Output = Vec<u8>> + Send;
+}
+
+impl<F, Fut> Handler for F
+where
+    F: Fn(Arc<SessionInfo>, BytesMut) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Vec<u8>> + Send,
+{
+    fn handle(
+        &self,
+        peer: Arc<SessionInfo>,
+        request: BytesMut,
+    ) -> impl Future<Output = Vec<u8>> + Send {
+        self(peer, request)
+    }
+}
+
+/// What a server has seen, for metrics.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    handshakes: AtomicU64,
+    requests: AtomicU64,
+    failures: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl ServerStats {
+    /// Completed key agreements.
+    pub fn handshakes(&self) -> u64 {
+        self.handshakes.load(Ordering::Relaxed)
+    }
+
+    /// Requests received on authenticated connections.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Rejected handshakes and records, by [`NetError::reason`].
+    pub fn failures(&self) -> BTreeMap<&'static str, u64> {
+        self.failures
+            .lock()
+            .expect("never poisoned: no panics under the lock")
+            .clone()
+    }
+
+    fn failed(&self, error: &NetError) {
+        *self
+            .failures
+            .lock()
+            .expect("never poisoned")
+            .entry(error.reason())
+            .or_default() += 1;
+    }
+}
+
+/// Accepts connections on `listener` forever, authenticating each peer and answering
+/// its requests with `handler`. A peer that fails the handshake or sends a bad record
+/// is logged, counted in `stats` and disconnected; the server keeps serving. Stop it
+/// by dropping (aborting) its task.
+pub async fn serve<H: Handler>(
+    listener: TcpListener,
+    me: Arc<Identity>,
+    config: Config,
+    handler: Arc<H>,
+    stats: Arc<ServerStats>,
+) -> std::io::Result<()> {
+    loop {
+        let (tcp, from) = listener.accept().await?;
+        let (me, config, handler, stats) =
+            (me.clone(), config.clone(), handler.clone(), stats.clone());
+        tokio::spawn(async move {
+            let stream = match accept(&me, tcp, &config).await {
+                Ok(stream) => stream,
+                Err(error) => {
+                    warn!(%from, %error, "rejected a connection");
+                    stats.failed(&error);
+                    return;
+                }
+            };
+            stats.handshakes.fetch_add(1, Ordering::Relaxed);
+            let (info, mut reader, writer) = stream.into_split();
+            debug!(%from, peer = %info.peer_id, "authenticated");
+            let (info, writer) = (Arc::new(info), Arc::new(tokio::sync::Mutex::new(writer)));
+            let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION));
+            loop {
+                let request = match reader.recv().await {
+                    Ok(Some(request)) => request,
+                    Ok(None) => break,
+                    Err(error) => {
+                        warn!(%from, peer = %info.peer_id, %error, "dropped a connection");
+                        stats.failed(&error);
+                        break;
+                    }
+                };
+                stats.requests.fetch_add(1, Ordering::Relaxed);
+                let permit = in_flight
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("never closed");
+                let (info, writer, handler) = (info.clone(), writer.clone(), handler.clone());
+                tokio::spawn(async move {
+                    let response = handler.handle(info, request.payload).await;
+                    // A failed write means the connection is gone; its reader sees that.
+                    let _ = writer.lock().await.send(&response, Some(request.seq)).await;
+                    drop(permit);
+                });
+            }
+        });
+    }
+}

@@ -1,0 +1,205 @@
+//! An authenticated, encrypted TCP connection.
+
+use std::net::SocketAddr;
+
+use bytes::BytesMut;
+use futures_util::StreamExt;
+use ring::rand::SystemRandom;
+use themis_core::handshake::{self, Initiator};
+use themis_core::wire::{RECORD_HEADER_LEN, RECORD_OVERHEAD};
+use themis_core::{Identity, Opener, PeerId, Sealer, SessionInfo};
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio_util::codec::FramedRead;
+
+use crate::{codec::FrameCodec, Config, NetError};
+
+type Frames = FramedRead<OwnedReadHalf, FrameCodec>;
+
+/// A connection whose peer is authenticated and whose records are sealed.
+pub struct SecureStream {
+    info: SessionInfo,
+    reader: SecureReader,
+    writer: SecureWriter,
+}
+
+/// The receiving half of a [`SecureStream`].
+pub struct SecureReader {
+    frames: Frames,
+    opener: Opener,
+}
+
+/// The sending half of a [`SecureStream`].
+pub struct SecureWriter {
+    io: OwnedWriteHalf,
+    sealer: Sealer,
+    /// Reused for every record: sealing is in place, so sending allocates nothing
+    /// once the buffer has grown to the largest payload.
+    buf: Vec<u8>,
+}
+
+/// A record that was received and opened.
+#[derive(Debug)]
+pub struct Received {
+    /// The sender's sequence number (what a response's `reply_to` names).
+    pub seq: u64,
+    /// The request this record answers, if it is a response.
+    pub reply_to: Option<u64>,
+    /// The plaintext.
+    pub payload: BytesMut,
+}
+
+async fn next_frame(frames: &mut Frames) -> Result<BytesMut, NetError> {
+    frames.next().await.unwrap_or(Err(NetError::Closed))
+}
+
+/// Connects to `addr`, expecting the peer with id `peer`, and runs the key agreement
+/// as the initiator. Fails if the peer there is not `peer`.
+pub async fn connect(
+    me: &Identity,
+    addr: SocketAddr,
+    peer: PeerId,
+    config: &Config,
+) -> Result<SecureStream, NetError> {
+    let handshake = async {
+        let tcp = TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let (read, mut write) = tcp.into_split();
+        let mut frames = FramedRead::new(read, FrameCodec);
+        let (waiting, hello) = Initiator::start(me, peer, &config.handshake, &SystemRandom::new())?;
+        write.write_all(&hello).await?;
+        let reply = next_frame(&mut frames).await?;
+        let (session, confirm) = waiting.read_hello_reply(&reply)?;
+        write.write_all(&confirm).await?;
+        Ok(SecureStream::new(session, frames, write))
+    };
+    tokio::time::timeout(config.handshake_timeout, handshake)
+        .await
+        .map_err(|_| NetError::Timeout("in the handshake"))?
+}
+
+/// Runs the key agreement as the responder on an accepted connection.
+pub async fn accept(
+    me: &Identity,
+    tcp: TcpStream,
+    config: &Config,
+) -> Result<SecureStream, NetError> {
+    let handshake = async {
+        tcp.set_nodelay(true)?;
+        let (read, mut write) = tcp.into_split();
+        let mut frames = FramedRead::new(read, FrameCodec);
+        let hello = next_frame(&mut frames).await?;
+        let (pending, reply) =
+            handshake::respond(me, &hello, &config.handshake, &SystemRandom::new())?;
+        write.write_all(&reply).await?;
+        let confirm = next_frame(&mut frames).await?;
+        let session = pending.read_confirm(&confirm)?;
+        Ok(SecureStream::new(session, frames, write))
+    };
+    tokio::time::timeout(config.handshake_timeout, handshake)
+        .await
+        .map_err(|_| NetError::Timeout("in the handshake"))?
+}
+
+impl SecureStream {
+    fn new(session: themis_core::Session, frames: Frames, io: OwnedWriteHalf) -> Self {
+        let (info, sealer, opener) = session.into_split();
+        SecureStream {
+            info,
+            reader: SecureReader { frames, opener },
+            writer: SecureWriter {
+                io,
+                sealer,
+                buf: Vec::new(),
+            },
+        }
+    }
+
+    /// The authenticated peer and the session's parameters.
+    pub fn info(&self) -> &SessionInfo {
+        &self.info
+    }
+
+    /// Sends one record; see [`SecureWriter::send`].
+    pub async fn send(&mut self, payload: &[u8], reply_to: Option<u64>) -> Result<u64, NetError> {
+        self.writer.send(payload, reply_to).await
+    }
+
+    /// Receives one record; see [`SecureReader::recv`].
+    pub async fn recv(&mut self) -> Result<Option<Received>, NetError> {
+        self.reader.recv().await
+    }
+
+    /// Sends a request and waits for its response (nothing else may be in flight).
+    pub async fn request(&mut self, payload: &[u8]) -> Result<BytesMut, NetError> {
+        let seq = self.send(payload, None).await?;
+        let response = self.recv().await?.ok_or(NetError::Closed)?;
+        if response.reply_to != Some(seq) {
+            return Err(themis_core::ChannelError::UnexpectedReply {
+                expected: seq,
+                got: response.reply_to,
+            }
+            .into());
+        }
+        Ok(response.payload)
+    }
+
+    /// Splits the stream for a reader task and a writer.
+    pub fn into_split(self) -> (SessionInfo, SecureReader, SecureWriter) {
+        (self.info, self.reader, self.writer)
+    }
+}
+
+impl SecureReader {
+    /// The next record, opened; `None` when the peer closed the connection cleanly
+    /// between records. Any refused record is an error after which the connection is
+    /// unusable (on a stream, a missing or altered record cannot be skipped).
+    pub async fn recv(&mut self) -> Result<Option<Received>, NetError> {
+        let Some(frame) = self.frames.next().await else {
+            return Ok(None);
+        };
+        let mut frame = frame?;
+        let opened = self.opener.open_in_place(&mut frame).map_err(|e| match e {
+            themis_core::ChannelError::Wire(themis_core::WireError::UnexpectedKind { .. }) => {
+                NetError::UnexpectedHandshake
+            }
+            e => e.into(),
+        })?;
+        let (seq, reply_to, len) = (opened.seq, opened.reply_to, opened.payload.len());
+        // The plaintext sits after the header in the same buffer: hand it out uncopied.
+        let mut payload = frame.split_off(RECORD_HEADER_LEN);
+        payload.truncate(len);
+        Ok(Some(Received {
+            seq,
+            reply_to,
+            payload,
+        }))
+    }
+}
+
+impl SecureWriter {
+    /// Seals `payload` (answering record `reply_to`, if it is a response) and writes it.
+    /// Returns the record's sequence number.
+    pub async fn send(&mut self, payload: &[u8], reply_to: Option<u64>) -> Result<u64, NetError> {
+        self.send_then(payload, reply_to, |_| {}).await
+    }
+
+    /// Like [`SecureWriter::send`], calling `sealed` with the sequence number before the
+    /// record is written, so that a caller can expect the response before it can arrive.
+    pub async fn send_then(
+        &mut self,
+        payload: &[u8],
+        reply_to: Option<u64>,
+        sealed: impl FnOnce(u64),
+    ) -> Result<u64, NetError> {
+        self.buf.clear();
+        self.buf.resize(RECORD_HEADER_LEN, 0);
+        self.buf.extend_from_slice(payload);
+        self.buf.resize(payload.len() + RECORD_OVERHEAD, 0);
+        let seq = self.sealer.seal_in_place(&mut self.buf, reply_to)?;
+        sealed(seq);
+        self.io.write_all(&self.buf).await?;
+        Ok(seq)
+    }
+}
