@@ -1,0 +1,137 @@
+//! The Themis overlay: a Chord DHT over self-certifying ids, as a sans-IO state
+//! machine.
+//!
+//! # Driver contract
+//!
+//! In the style of `quinn-proto`, a [`Node`] owns no socket, clock, thread or random
+//! number generator. Its driver (the tokio agent, or the deterministic simulation in
+//! `tests/sim`) feeds it input and drains its output:
+//!
+//! * input: [`Node::handle`] for each message received (with the sender's contact,
+//!   whose id the driver has authenticated through the secure channel),
+//!   [`Node::handle_timeout`] when the time given by [`Node::poll_timeout`] has come,
+//!   and the user operations ([`Node::create`], [`Node::join`], [`Node::find`],
+//!   [`Node::store`], [`Node::resolve`], [`Node::leave`]);
+//! * output: [`Node::poll_transmit`] (a message and its destination) and
+//!   [`Node::poll_event`] (completions, reported with the [`OpId`] the operation
+//!   returned).
+//!
+//! Time is a `u64` millisecond count from any monotonic origin the driver likes. The
+//! node keeps nothing random; request ids are a counter, and a response is accepted
+//! only from the peer the request went to.
+//!
+//! # The paper's operations (Themis, ARES 2022, Table 1, §6.1)
+//!
+//! | paper | here | message flow |
+//! |---|---|---|
+//! | `find(id)` | [`Node::find`] | the initiator asks the closest preceding node it knows for a [`Request::FindStep`]; each answer is [`Response::Closer`] (ask that node next) or [`Response::Responsible`] (done). The initiator drives every step, so it can check each one. |
+//! | `store(name, k)` | [`Node::store`], [`Node::resolve`] | for `r` in `0..=k`, a lookup of `h(name ‖ r)` then [`Request::Store`] to the node found; the owner re-stores every `republish_every`, and values expire after their TTL. `resolve` looks up the replicas in order with [`Request::Get`]. |
+//! | `join` | [`Node::join`] | a lookup of our own id through a bootstrap node gives our successor; stabilisation does the rest. |
+//! | `update` | maintenance timers | stabilise: [`Request::GetNeighbours`] to the successor, adopt its predecessor if closer, take its successor list, [`Request::Notify`] it. A node that adopts a new predecessor sends it a [`Request::Handover`] of the objects it is now responsible for. One finger is fixed per tick, the predecessor is pinged, stored values expire. |
+//! | `leave` | [`Node::leave`] | [`Request::Handover`] of every object and [`Request::Leaving`] (our predecessor) to the successor; [`Request::Leaving`] (our successor list) to the predecessor. |
+//!
+//! # Eclipse defence
+//!
+//! A [`Response::Closer`] must name a node strictly closer (clockwise) to the key than
+//! the peer that answered, and a [`Response::Responsible`] a node at or past the key.
+//! A peer that breaks this, or times out, is dropped from the lookup and named in the
+//! `avoid` list of the lookup's later steps; the lookup goes on with the best candidate
+//! left, and the peer that referred us to the dropped one is asked again. Honest peers
+//! route around the peers in `avoid`, using their successor lists when a dropped peer
+//! is the key's predecessor. Timeouts also remove the peer from the routing state. A
+//! lookup never asks a dropped peer again and sends at most `max_hops` steps, so it
+//! terminates.
+//!
+//! The defence protects routing, not the last word: the node that is really
+//! responsible for a key can still answer `Get` with anything. Values are not
+//! authenticated here; the service registry above should sign what it stores.
+//!
+//! # Failure handling
+//!
+//! Failure detection is by request timeouts only. A successor list of `r` nodes keeps
+//! the ring connected through `r - 1` adjacent failures; each object is stored under
+//! `k + 1` independent ids, so it survives until its owner re-stores it as long as one
+//! replica holder lives. A node that loses every contact joins again through the
+//! bootstrap node it first joined through (and reports [`Event::Joined`] again).
+//!
+//! # Notes for drivers
+//!
+//! * The `from` contact given to [`Node::handle`] must carry the address the peer
+//!   *listens* on (learnt in the handshake), not an ephemeral source port: the node
+//!   stores it in its routing state and hands it to others.
+//! * Request ids are a per-node counter; a response is matched on id *and* sender id,
+//!   so the driver must not let one peer speak for another.
+//! * Every request gets exactly one response. The node never retransmits: over UDP,
+//!   a lost datagram is a timeout, which drops the peer from the routing state (it is
+//!   learnt again through stabilisation). Use `request_timeout` well above the RTT.
+//! * [`Node::leave`] queues its farewell messages; flush [`Node::poll_transmit`] before
+//!   closing sockets. A node that has left ignores all input.
+//! * Ops are reported once, by [`OpId`], through [`Node::poll_event`]; the driver
+//!   retries a [`Event::NotFound`] or a [`Event::JoinFailed`] as it sees fit.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod key;
+mod lookup;
+pub mod message;
+mod node;
+mod routing;
+mod store;
+
+pub use key::{distance, in_half_open, in_open, Key};
+pub use message::{Contact, Message, Object, Request, Response};
+pub use node::{Config, Event, Millis, Node, OpId, Stats};
+
+/// Why an input or an operation was refused. Each is counted in [`Stats::rejections`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, thiserror::Error)]
+pub enum Rejection {
+    /// A response whose request id we never issued (or that already completed).
+    #[error("response to an unknown request")]
+    UnknownRequest,
+    /// A response from a peer other than the one the request went to.
+    #[error("response from a peer we did not ask")]
+    UnexpectedSender,
+    /// A response of the wrong kind for its request.
+    #[error("response of the wrong kind")]
+    UnexpectedResponse,
+    /// A lookup step that did not get closer to the key (eclipse defence).
+    #[error("lookup answer makes no progress towards the key")]
+    NoProgress,
+    /// A `Responsible` answer naming a node before the key.
+    #[error("lookup answer names a node that cannot be responsible for the key")]
+    BadResponsible,
+    /// A message field above its bound (see [`message`]).
+    #[error("message exceeds a size limit")]
+    OverLimit,
+    /// A message claiming to come from ourselves.
+    #[error("message from our own id")]
+    FromSelf,
+    /// Input while not in a ring (before joining or after leaving).
+    #[error("the node is not running")]
+    NotRunning,
+    /// An operation that needs a ring before `create`/`join` completed.
+    #[error("the node has not joined a ring yet")]
+    NotJoined,
+    /// `create`/`join` on a node already in (or joining) a ring.
+    #[error("the node is already in a ring")]
+    AlreadyJoined,
+    /// A value longer than [`message::MAX_VALUE_LEN`].
+    #[error("value longer than {} bytes", message::MAX_VALUE_LEN)]
+    ValueTooLarge,
+    /// A replica count above [`message::MAX_REPLICAS`].
+    #[error("more than {} extra replicas", message::MAX_REPLICAS)]
+    TooManyReplicas,
+    /// A name longer than [`message::MAX_NAME_LEN`].
+    #[error("name longer than {} bytes", message::MAX_NAME_LEN)]
+    NameTooLong,
+    /// The store holds its configured capacity.
+    #[error("the store is full")]
+    StoreFull,
+    /// An object id already holds [`message::MAX_VALUES_PER_KEY`] values.
+    #[error("too many values under one object id")]
+    TooManyValues,
+    /// A peer refused our `Store`.
+    #[error("a peer refused to store")]
+    Refused,
+}
