@@ -20,7 +20,7 @@ section "formatting and lints"
 cargo fmt --all --check
 cargo clippy -q --workspace --all-targets -- -D warnings
 
-section "native tests (core: unit, vectors, adversarial, properties, identities; transport on loopback; benchmark drivers)"
+section "native tests (core: vectors, attacks, properties, identities; DHT simulation; transport on loopback; benchmark drivers)"
 cargo test --workspace
 
 section "protocol core for wasm32-wasip1 (Envoy's Wasm target)"
