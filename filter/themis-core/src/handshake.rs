@@ -62,6 +62,14 @@ pub struct HandshakeConfig {
 /// only costs). Settings below it are raised to it.
 const MIN_RECORDS_PER_KEY: u64 = 2;
 
+impl HandshakeConfig {
+    /// The rekey interval this side offers or accepts: its setting, raised to the
+    /// minimum.
+    fn offered_records_per_key(&self) -> u64 {
+        self.records_per_key.max(MIN_RECORDS_PER_KEY)
+    }
+}
+
 impl Default for HandshakeConfig {
     fn default() -> Self {
         HandshakeConfig {
@@ -217,7 +225,9 @@ mod verified {
         ) {
             return Err(HandshakeError::BadSignature);
         }
-        if !(MIN_RECORDS_PER_KEY..=state.config.records_per_key).contains(&body.records_per_key) {
+        if !(MIN_RECORDS_PER_KEY..=state.config.offered_records_per_key())
+            .contains(&body.records_per_key)
+        {
             return Err(HandshakeError::BadRekeyInterval);
         }
         Ok((
@@ -285,17 +295,13 @@ impl Initiator {
         if config.suites.is_empty() {
             return Err(HandshakeError::NoSuitesConfigured);
         }
-        let config = HandshakeConfig {
-            records_per_key: config.records_per_key.max(MIN_RECORDS_PER_KEY),
-            ..config.clone()
-        };
         let (ephemeral, share, nonce) = fresh_ephemeral(rng)?;
         let offered = SuiteSet::of(config.suites);
         let body = HelloBody {
             version: PROTOCOL_VERSION,
             kind: Kind::Hello as u8,
             suites: offered.0,
-            records_per_key: config.records_per_key,
+            records_per_key: config.offered_records_per_key(),
             mesh: me.mesh().as_str(),
             initiator_id: me.id().0,
             initiator_key: *me.public_key(),
@@ -313,7 +319,7 @@ impl Initiator {
             local_id: me.id(),
             mesh: me.mesh().clone(),
             peer_id: peer,
-            config,
+            config: config.clone(),
         };
         Ok((state, hello))
     }
@@ -386,8 +392,7 @@ pub fn respond(
         .pick(config.suites)
         .ok_or(HandshakeError::NoCommonSuite)?;
     let agreed = HandshakeConfig {
-        records_per_key: initiator_records_per_key
-            .min(config.records_per_key.max(MIN_RECORDS_PER_KEY)),
+        records_per_key: initiator_records_per_key.min(config.offered_records_per_key()),
         ..config.clone()
     };
     let (ephemeral, my_share, nonce) = fresh_ephemeral(rng)?;
