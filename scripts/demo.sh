@@ -13,7 +13,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 
 step "building the demo (release)"
-cargo build -q --release -p themis-core --example tcp_demo
+cargo build -q --release -p themis-net --example tcp_demo
 demo=target/release/examples/tcp_demo
 
 work=$(mktemp -d)
