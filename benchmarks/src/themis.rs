@@ -9,12 +9,8 @@ pub const MESH: &str = "bench";
 
 /// A handshake config that offers only `suite`.
 pub fn config_for(suite: Suite) -> HandshakeConfig {
-    let suites: &'static [Suite] = match suite {
-        Suite::Aes256Gcm => &[Suite::Aes256Gcm],
-        Suite::ChaCha20Poly1305 => &[Suite::ChaCha20Poly1305],
-    };
     HandshakeConfig {
-        suites,
+        suites: suite.only(),
         ..HandshakeConfig::default()
     }
 }

@@ -71,7 +71,7 @@ impl Settings {
     /// The handshake configuration both sides use.
     pub fn config(&self) -> HandshakeConfig {
         HandshakeConfig {
-            suites: if self.chacha { &[Suite::ChaCha20Poly1305] } else { &[Suite::Aes256Gcm] },
+            suites: if self.chacha { Suite::ChaCha20Poly1305 } else { Suite::Aes256Gcm }.only(),
             mode: if self.datagram { ChannelMode::Datagram } else { ChannelMode::Stream },
             records_per_key: self.records_per_key.map_or(DEFAULT_RECORDS_PER_KEY, u64::from),
         }

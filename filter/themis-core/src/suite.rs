@@ -27,6 +27,14 @@ impl Suite {
         }
     }
 
+    /// This suite alone, as a preference list for [`crate::HandshakeConfig::suites`].
+    pub const fn only(self) -> &'static [Suite] {
+        match self {
+            Suite::ChaCha20Poly1305 => &[Suite::ChaCha20Poly1305],
+            Suite::Aes256Gcm => &[Suite::Aes256Gcm],
+        }
+    }
+
     /// The suite's bit in a [`SuiteSet`] on the wire.
     pub(crate) const fn bit(self) -> u8 {
         match self {

@@ -44,16 +44,9 @@ fn bob() -> &'static Identity {
     ID.get_or_init(|| common::identity(MESH, 0xb0))
 }
 
-fn only(suite: Suite) -> &'static [Suite] {
-    match suite {
-        Suite::Aes256Gcm => &[Suite::Aes256Gcm],
-        Suite::ChaCha20Poly1305 => &[Suite::ChaCha20Poly1305],
-    }
-}
-
 fn config(suite: Suite, mode: ChannelMode) -> HandshakeConfig {
     HandshakeConfig {
-        suites: only(suite),
+        suites: suite.only(),
         mode,
         records_per_key: DEFAULT_RECORDS_PER_KEY,
     }
