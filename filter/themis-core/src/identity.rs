@@ -302,6 +302,43 @@ impl Identity {
         sig.copy_from_slice(self.key_pair.sign(digest).as_ref());
         sig
     }
+
+    /// Signs `message` as a statement of kind `label` (e.g. a service registry record).
+    /// Statements are domain-separated from handshake signatures and from each other
+    /// (see [`verify_statement`]).
+    pub fn sign_statement(&self, label: &str, message: &[u8]) -> [u8; 64] {
+        let mut sig = [0u8; 64];
+        sig.copy_from_slice(self.key_pair.sign(&statement(label, message)).as_ref());
+        sig
+    }
+}
+
+/// Prefix of every signed statement. It is longer than 32 bytes, so a statement can
+/// never be mistaken for the 32-byte transcript digest a handshake signs.
+const STATEMENT_PREFIX: &[u8] = b"themis/1 signed statement, never a handshake digest\0";
+
+/// The bytes a statement signature covers: prefix, label length, label, message.
+fn statement(label: &str, message: &[u8]) -> alloc::vec::Vec<u8> {
+    let label_len = u16::try_from(label.len()).unwrap_or(u16::MAX);
+    let mut bytes =
+        alloc::vec::Vec::with_capacity(STATEMENT_PREFIX.len() + 2 + label.len() + message.len());
+    bytes.extend_from_slice(STATEMENT_PREFIX);
+    bytes.extend_from_slice(&label_len.to_be_bytes());
+    bytes.extend_from_slice(&label.as_bytes()[..usize::from(label_len)]);
+    bytes.extend_from_slice(message);
+    bytes
+}
+
+/// Checks a signature made by [`Identity::sign_statement`] with the same `label`.
+pub fn verify_statement(
+    public_key: &[u8; PUBLIC_KEY_LEN],
+    label: &str,
+    message: &[u8],
+    sig: &[u8; 64],
+) -> bool {
+    signature::UnparsedPublicKey::new(&signature::ED25519, public_key)
+        .verify(&statement(label, message), sig)
+        .is_ok()
 }
 
 impl fmt::Debug for Identity {

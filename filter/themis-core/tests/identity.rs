@@ -81,3 +81,45 @@ fn mesh_names_are_checked() {
     assert!(MeshName::new(&long[1..]).is_ok());
     assert!(MeshName::new("prod.eu-west-1").is_ok());
 }
+
+/// Signed statements (the registry's instance records) verify only under the signer's
+/// key, the same label and the exact message.
+#[test]
+fn statements_bind_key_label_and_message() {
+    use themis_core::identity::verify_statement;
+    let (alice, bob) = (identity("demo", 1), identity("demo", 2));
+    let sig = alice.sign_statement("registry", b"check at 10.0.0.1:15006");
+    assert!(verify_statement(
+        alice.public_key(),
+        "registry",
+        b"check at 10.0.0.1:15006",
+        &sig
+    ));
+    assert!(!verify_statement(
+        bob.public_key(),
+        "registry",
+        b"check at 10.0.0.1:15006",
+        &sig
+    ));
+    assert!(!verify_statement(
+        alice.public_key(),
+        "other",
+        b"check at 10.0.0.1:15006",
+        &sig
+    ));
+    assert!(!verify_statement(
+        alice.public_key(),
+        "registry",
+        b"check at 10.0.0.2:15006",
+        &sig
+    ));
+    // The label length is part of what is signed: moving bytes between label and
+    // message does not keep a signature valid.
+    let sig = alice.sign_statement("ab", b"c");
+    assert!(!verify_statement(alice.public_key(), "a", b"bc", &sig));
+    for bit in 0..8 * 64 {
+        let mut bad = sig;
+        bad[bit / 8] ^= 1 << (bit % 8);
+        assert!(!verify_statement(alice.public_key(), "ab", b"c", &bad));
+    }
+}

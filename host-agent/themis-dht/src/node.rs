@@ -129,6 +129,8 @@ pub struct Stats {
     pub lookups_failed: u64,
     /// `FindStep`s sent by successful lookups (mean hops = this / `lookups_done`).
     pub lookup_hops: u64,
+    /// Owned objects re-stored by the periodic republish (each to its `k + 1` replicas).
+    pub republished: u64,
 }
 
 impl Stats {
@@ -1013,6 +1015,7 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
             .map(|((n, v), o)| (n.clone(), v.clone(), o.k, o.ttl))
             .collect();
         for (name, value, k, ttl) in owned {
+            self.stats.republished += 1;
             self.store_replicas(now, &name, &value, k, ttl, None);
         }
     }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use bytes::BytesMut;
 use ring::rand::SystemRandom;
 use themis_core::{Identity, MeshName, PeerId, SessionInfo};
-use themis_net::{connect, serve, Config, NetError, ServerStats};
+use themis_net::{connect, serve, Config, NetError, NetStats};
 use tokio::net::TcpListener;
 
 type Error = Box<dyn std::error::Error>;
@@ -87,7 +87,7 @@ async fn serve_check(mesh: &str, key: &str, addr: &str) -> Result<(), Error> {
         )
         .into_bytes()
     });
-    let stats = Arc::new(ServerStats::default());
+    let stats = Arc::new(NetStats::default());
     serve(listener, me, Config::default(), handler, stats).await?;
     Ok(())
 }

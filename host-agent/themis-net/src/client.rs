@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::debug;
 
-use crate::{connect, Config, NetError, SecureReader, SecureWriter};
+use crate::{connect, Config, NetError, NetStats, SecureReader, SecureWriter};
 
 /// Settings of a [`Client`].
 #[derive(Clone, Debug)]
@@ -45,6 +45,7 @@ pub struct Client {
     me: Arc<Identity>,
     config: ClientConfig,
     pool: tokio::sync::Mutex<HashMap<PeerId, Arc<Connection>>>,
+    stats: Arc<NetStats>,
 }
 
 type Pending = Mutex<HashMap<u64, oneshot::Sender<BytesMut>>>;
@@ -77,12 +78,32 @@ impl Client {
             me,
             config,
             pool: Default::default(),
+            stats: Default::default(),
         }
+    }
+
+    /// Handshakes made, requests sent and failures by reason, for metrics.
+    pub fn stats(&self) -> &NetStats {
+        &self.stats
     }
 
     /// Sends `payload` to the peer `peer` at `addr` and returns its response. Connects
     /// (and authenticates `peer`) if there is no live connection to it.
     pub async fn request(
+        &self,
+        peer: PeerId,
+        addr: SocketAddr,
+        payload: &[u8],
+    ) -> Result<BytesMut, NetError> {
+        let result = self.request_inner(peer, addr, payload).await;
+        match &result {
+            Ok(_) => self.stats.request_done(),
+            Err(error) => self.stats.failed(error),
+        }
+        result
+    }
+
+    async fn request_inner(
         &self,
         peer: PeerId,
         addr: SocketAddr,
@@ -143,6 +164,7 @@ impl Client {
             pool.remove(&oldest);
         }
         let stream = connect(&self.me, addr, peer, &self.config.connection).await?;
+        self.stats.handshake_done();
         debug!(%peer, %addr, "connected");
         let (_, reader, writer) = stream.into_split();
         let (pending, alive) = (

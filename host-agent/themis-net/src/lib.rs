@@ -21,7 +21,7 @@ mod stream;
 
 pub use client::{Client, ClientConfig};
 pub use codec::FrameCodec;
-pub use server::{serve, Handler, ServerStats};
+pub use server::{serve, Handler, NetStats};
 pub use stream::{accept, connect, Received, SecureReader, SecureStream, SecureWriter};
 
 use std::time::Duration;

@@ -40,23 +40,29 @@ where
     }
 }
 
-/// What a server has seen, for metrics.
+/// What a server or a [`Client`](crate::Client) has seen, for metrics.
 #[derive(Debug, Default)]
-pub struct ServerStats {
+pub struct NetStats {
     handshakes: AtomicU64,
     requests: AtomicU64,
+    open: AtomicU64,
     failures: Mutex<BTreeMap<&'static str, u64>>,
 }
 
-impl ServerStats {
-    /// Completed key agreements.
+impl NetStats {
+    /// Completed key agreements (accepted by a server, initiated by a client).
     pub fn handshakes(&self) -> u64 {
         self.handshakes.load(Ordering::Relaxed)
     }
 
-    /// Requests received on authenticated connections.
+    /// Requests received (server) or sent (client) on authenticated connections.
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Authenticated connections a server has open now.
+    pub fn open_connections(&self) -> u64 {
+        self.open.load(Ordering::Relaxed)
     }
 
     /// Rejected handshakes and records, by [`NetError::reason`].
@@ -67,7 +73,15 @@ impl ServerStats {
             .clone()
     }
 
-    fn failed(&self, error: &NetError) {
+    pub(crate) fn handshake_done(&self) {
+        self.handshakes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn request_done(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn failed(&self, error: &NetError) {
         *self
             .failures
             .lock()
@@ -86,7 +100,7 @@ pub async fn serve<H: Handler>(
     me: Arc<Identity>,
     config: Config,
     handler: Arc<H>,
-    stats: Arc<ServerStats>,
+    stats: Arc<NetStats>,
 ) -> std::io::Result<()> {
     loop {
         let (tcp, from) = listener.accept().await?;
@@ -101,7 +115,8 @@ pub async fn serve<H: Handler>(
                     return;
                 }
             };
-            stats.handshakes.fetch_add(1, Ordering::Relaxed);
+            stats.handshake_done();
+            stats.open.fetch_add(1, Ordering::Relaxed);
             let (info, mut reader, writer) = stream.into_split();
             debug!(%from, peer = %info.peer_id, "authenticated");
             let (info, writer) = (Arc::new(info), Arc::new(tokio::sync::Mutex::new(writer)));
@@ -116,7 +131,7 @@ pub async fn serve<H: Handler>(
                         break;
                     }
                 };
-                stats.requests.fetch_add(1, Ordering::Relaxed);
+                stats.request_done();
                 let permit = in_flight
                     .clone()
                     .acquire_owned()
@@ -130,6 +145,7 @@ pub async fn serve<H: Handler>(
                     drop(permit);
                 });
             }
+            stats.open.fetch_sub(1, Ordering::Relaxed);
         });
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use ring::rand::SystemRandom;
 use themis_core::{Identity, MeshName, PeerId, SessionInfo};
-use themis_net::{connect, serve, Client, ClientConfig, Config, NetError, ServerStats};
+use themis_net::{connect, serve, Client, ClientConfig, Config, NetError, NetStats};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -19,7 +19,7 @@ fn identity() -> Arc<Identity> {
 struct Server {
     identity: Arc<Identity>,
     addr: SocketAddr,
-    stats: Arc<ServerStats>,
+    stats: Arc<NetStats>,
     task: JoinHandle<std::io::Result<()>>,
 }
 
@@ -35,7 +35,7 @@ async fn start_server() -> Server {
     let identity = identity();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let stats = Arc::new(ServerStats::default());
+    let stats = Arc::new(NetStats::default());
     let handler = Arc::new(|peer: Arc<SessionInfo>, request: BytesMut| async move {
         let text = String::from_utf8_lossy(&request).into_owned();
         if let Some(ms) = text

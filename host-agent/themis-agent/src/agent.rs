@@ -1,0 +1,279 @@
+//! The daemon: wires the node identity, the secure-channel server and client, the
+//! overlay, the registry, the local API and the metrics endpoint, and leaves the
+//! ring gracefully on `SIGTERM` or `SIGINT`.
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::get;
+use themis_core::SessionInfo;
+use themis_dht::{Contact, Key};
+use themis_net::{Client, ClientConfig, NetStats};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::{info, warn};
+
+use crate::config::{ConfigError, Settings};
+use crate::keystore::{KeyError, KeyStore};
+use crate::metrics::{Metrics, Sources};
+use crate::overlay::{Overlay, Transport};
+use crate::registry::Registry;
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// Bad settings.
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    /// The node key could not be used.
+    #[error("{0}")]
+    Key(#[from] KeyError),
+    /// A socket could not be opened.
+    #[error("{what} {addr}: {source}")]
+    Bind {
+        /// Which socket.
+        what: &'static str,
+        /// Its address.
+        addr: String,
+        /// What the system said.
+        source: std::io::Error,
+    },
+}
+
+fn bind_error(
+    what: &'static str,
+    addr: impl ToString,
+) -> impl FnOnce(std::io::Error) -> AgentError {
+    let addr = addr.to_string();
+    move |source| AgentError::Bind { what, addr, source }
+}
+
+/// Runs the agent until `SIGTERM`/`SIGINT`, then leaves the ring and returns.
+pub async fn run(settings: Settings) -> Result<(), AgentError> {
+    let mesh = settings.mesh_name()?;
+    let bootstrap = settings.bootstrap()?;
+    let keys = KeyStore::open(&settings.state_dir, mesh.clone())?;
+    let (node, created) = keys.node()?;
+    if created {
+        info!(path = %settings.state_dir.join("node.key").display(), "created the node identity");
+    }
+    let node = Arc::new(node);
+
+    let listener = TcpListener::bind(settings.listen)
+        .await
+        .map_err(bind_error("agent listener", settings.listen))?;
+    let bound = listener
+        .local_addr()
+        .map_err(bind_error("agent listener", settings.listen))?;
+    let advertise = settings.advertise.unwrap_or(bound);
+    if advertise.ip().is_unspecified() {
+        return Err(ConfigError::Invalid(format!(
+            "listening on {bound}: set --advertise to the address other agents reach this one at"
+        ))
+        .into());
+    }
+
+    let metrics = Arc::new(Metrics::new());
+    let client = Arc::new(Client::new(
+        node.clone(),
+        ClientConfig {
+            max_connections: settings.max_sessions,
+            idle_timeout: Duration::from_secs(settings.session_idle_secs),
+            request_timeout: Duration::from_millis(settings.request_timeout_ms),
+            ..ClientConfig::default()
+        },
+    ));
+    let me = Contact {
+        id: Key(node.id().0),
+        addr: advertise,
+    };
+    let overlay = Overlay::start(
+        me,
+        mesh.clone(),
+        bootstrap,
+        Arc::new(client.clone()) as Arc<dyn Transport>,
+        settings.overlay(),
+        metrics.clone(),
+    );
+
+    let inbound = Arc::new(NetStats::default());
+    let handler = {
+        let overlay = overlay.clone();
+        move |peer: Arc<SessionInfo>, frame: bytes::BytesMut| {
+            let overlay = overlay.clone();
+            async move { overlay.handle_frame(peer.peer_id, &frame).await }
+        }
+    };
+    let server = tokio::spawn(themis_net::serve(
+        listener,
+        node.clone(),
+        themis_net::Config::default(),
+        Arc::new(handler),
+        inbound.clone(),
+    ));
+
+    let registry = Arc::new(Registry::new(
+        overlay.clone(),
+        keys,
+        settings.state_dir.clone(),
+        settings.registry(),
+        metrics.clone(),
+    ));
+    let socket = settings.api_socket();
+    let api = bind_unix(&socket)?;
+    let api_task = tokio::spawn(serve_api(api, crate::api::router(registry.clone())));
+
+    let metrics_task = match settings.metrics_addr()? {
+        Some(addr) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(bind_error("metrics listener", addr))?;
+            let (overlay, metrics, inbound, client) = (
+                overlay.clone(),
+                metrics.clone(),
+                inbound.clone(),
+                client.clone(),
+            );
+            let app = axum::Router::new().route(
+                "/metrics",
+                get(move || async move {
+                    let text = metrics.render(Sources {
+                        dht: &overlay.snapshot(),
+                        inbound: &inbound,
+                        outbound: client.stats(),
+                        outbound_sessions: client.connections().await,
+                    });
+                    (
+                        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+                        text,
+                    )
+                }),
+            );
+            Some(tokio::spawn(
+                async move { axum::serve(listener, app).await },
+            ))
+        }
+        None => None,
+    };
+
+    info!(
+        id = %node.printable_id(),
+        mesh = %mesh,
+        listen = %advertise,
+        api = %socket.display(),
+        metrics = %settings.metrics,
+        "agent started"
+    );
+
+    // Re-publish what this node registered before a restart, once in the ring.
+    let restore = {
+        let (registry, mut joined) = (registry.clone(), overlay.joined());
+        tokio::spawn(async move {
+            if joined.wait_for(|j| *j).await.is_ok() {
+                let n = registry.restore().await;
+                if n > 0 {
+                    info!(registrations = n, "restored registrations");
+                }
+            }
+        })
+    };
+
+    wait_for_shutdown().await;
+    info!("shutting down: leaving the ring");
+    restore.abort();
+    overlay.leave().await;
+    api_task.abort();
+    server.abort();
+    if let Some(task) = metrics_task {
+        task.abort();
+    }
+    let _ = std::fs::remove_file(&socket);
+    info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_shutdown() {
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// Binds the API socket, replacing a stale one left by a crashed agent (but never a
+/// socket another agent is serving, nor a file that is not a socket), with mode 0660.
+fn bind_unix(path: &Path) -> Result<UnixListener, AgentError> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        let in_use = std::os::unix::net::UnixStream::connect(path).is_ok();
+        if !meta.file_type().is_socket() || in_use {
+            return Err(AgentError::Bind {
+                what: "API socket",
+                addr: path.display().to_string(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    if in_use {
+                        "another agent is serving it"
+                    } else {
+                        "a file that is not a socket is in the way"
+                    },
+                ),
+            });
+        }
+        warn!(path = %path.display(), "removing a stale API socket");
+        let _ = std::fs::remove_file(path);
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(bind_error("API socket directory", dir.display()))?;
+    }
+    let listener = UnixListener::bind(path).map_err(bind_error("API socket", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .map_err(bind_error("API socket", path.display()))?;
+    Ok(listener)
+}
+
+async fn serve_api(listener: UnixListener, router: axum::Router) {
+    if let Err(error) = axum::serve(listener, router).await {
+        warn!(%error, "the local API stopped");
+    }
+}
+
+/// The daemon's entry point for the binaries: settings, logs, runtime, run.
+pub fn main(args: &crate::config::AgentArgs) -> std::process::ExitCode {
+    let settings = match Settings::load(args) {
+        Ok(settings) => settings,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    init_logs(settings.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("starting the tokio runtime");
+    match runtime.block_on(run(settings)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "the agent could not start");
+            eprintln!("error: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+fn init_logs(format: crate::config::LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match format {
+        crate::config::LogFormat::Text => builder.init(),
+        crate::config::LogFormat::Json => builder.json().init(),
+    }
+}

@@ -1,0 +1,305 @@
+//! The local API: HTTP + JSON on a Unix socket, for the node's proxies (Envoy reaches
+//! it as a cluster), the `themis` tool and people with `curl --unix-socket`.
+//!
+//! | method and path | does |
+//! |---|---|
+//! | `GET /v1/status` | this node: id, mesh, addresses, ring membership |
+//! | `GET /v1/ring` | successor list, predecessor, fingers, objects held |
+//! | `GET /v1/services/{service}` | resolve to live verified instances (`?fresh=true` skips the cache) |
+//! | `PUT /v1/services/{service}/instances/{workload}` | register `{"endpoint": "ip:port", "metadata": {..}}` |
+//! | `DELETE /v1/services/{service}/instances/{workload}` | deregister |
+//! | `GET /v1/workloads` | local registrations |
+//! | `PUT /v1/workloads/{workload}` | create the workload's identity if it has none |
+//! | `GET /v1/workloads/{workload}/key` | the workload's key material, for its proxy |
+//! | `GET /v1/debug/find/{key}` | raw `find` of a 64-hex-digit key |
+//! | `POST /v1/debug/store` | raw `store` `{"name", "value", "replicas", "ttl_ms"}` |
+//! | `GET /v1/debug/values/{name}` | raw `resolve` (`?replicas=k`) |
+//!
+//! Errors are JSON `{"error": "...", "reason": "..."}` with a fitting status.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use themis_dht::Key;
+
+use crate::names::{NameError, ServiceName, WorkloadName};
+use crate::overlay::OverlayError;
+use crate::record::Metadata;
+use crate::registry::{Registry, RegistryError};
+
+/// Largest request body accepted.
+const MAX_BODY: usize = 16 * 1024;
+
+/// An API error: status, message, stable reason.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    reason: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, reason: &'static str, message: impl ToString) -> Self {
+        ApiError {
+            status,
+            reason,
+            message: message.to_string(),
+        }
+    }
+
+    fn bad_request(message: impl ToString) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Json(json!({ "error": self.message, "reason": self.reason }));
+        (self.status, body).into_response()
+    }
+}
+
+impl From<NameError> for ApiError {
+    fn from(e: NameError) -> Self {
+        ApiError::bad_request(e)
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(e: JsonRejection) -> Self {
+        ApiError::new(e.status(), "bad_request", e.body_text())
+    }
+}
+
+impl From<OverlayError> for ApiError {
+    fn from(e: OverlayError) -> Self {
+        let status = match e {
+            OverlayError::Rejected(themis_dht::Rejection::NotJoined) | OverlayError::Stopped => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            OverlayError::Rejected(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            OverlayError::NotFound { .. } => StatusCode::BAD_GATEWAY,
+            OverlayError::Timeout => StatusCode::GATEWAY_TIMEOUT,
+        };
+        ApiError::new(status, e.reason(), e)
+    }
+}
+
+impl From<RegistryError> for ApiError {
+    fn from(e: RegistryError) -> Self {
+        match e {
+            RegistryError::Overlay(e) => e.into(),
+            RegistryError::Record(_) => ApiError::bad_request(e),
+            RegistryError::NotRegistered { .. } | RegistryError::UnknownWorkload(_) => {
+                ApiError::new(StatusCode::NOT_FOUND, "not_found", e)
+            }
+            RegistryError::NotStored { .. } => {
+                ApiError::new(StatusCode::BAD_GATEWAY, "not_stored", e)
+            }
+            RegistryError::Key(_) | RegistryError::Save { .. } => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "local_storage", e)
+            }
+        }
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+fn ok(value: impl Serialize) -> ApiResult {
+    Ok(Json(value).into_response())
+}
+
+/// The router of the local API.
+pub fn router(registry: Arc<Registry>) -> Router {
+    Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/ring", get(ring))
+        .route("/v1/services/{service}", get(resolve))
+        .route(
+            "/v1/services/{service}/instances/{workload}",
+            put(register).delete(deregister),
+        )
+        .route("/v1/workloads", get(workloads))
+        .route("/v1/workloads/{workload}", put(create_workload))
+        .route("/v1/workloads/{workload}/key", get(workload_key))
+        .route("/v1/debug/find/{key}", get(debug_find))
+        .route("/v1/debug/store", post(debug_store))
+        .route("/v1/debug/values/{name}", get(debug_values))
+        .fallback(|| async {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_endpoint",
+                "no such endpoint; see GET /v1/status",
+            )
+        })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(registry)
+}
+
+type Shared = State<Arc<Registry>>;
+
+async fn status(State(r): Shared) -> ApiResult {
+    let overlay = r.overlay();
+    let snapshot = overlay.snapshot();
+    ok(json!({
+        "id": overlay.view_of(overlay.me()).id,
+        "mesh": overlay.mesh().as_str(),
+        "listen": overlay.me().addr,
+        "joined": *overlay.joined().borrow(),
+        "objects": snapshot.objects,
+        "values": snapshot.values,
+        "version": env!("CARGO_PKG_VERSION"),
+    }))
+}
+
+async fn ring(State(r): Shared) -> ApiResult {
+    ok(r.overlay().view().await?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolveQuery {
+    #[serde(default)]
+    fresh: bool,
+}
+
+async fn resolve(
+    State(r): Shared,
+    Path(service): Path<String>,
+    query: Result<Query<ResolveQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult {
+    let service = ServiceName::new(&service)?;
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    ok(r.resolve(&service, query.fresh).await?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RegisterBody {
+    endpoint: SocketAddr,
+    #[serde(default)]
+    metadata: Metadata,
+}
+
+async fn register(
+    State(r): Shared,
+    Path((service, workload)): Path<(String, String)>,
+    body: Result<Json<RegisterBody>, JsonRejection>,
+) -> ApiResult {
+    let (service, workload) = (ServiceName::new(&service)?, WorkloadName::new(&workload)?);
+    let Json(body) = body?;
+    if body.endpoint.ip().is_unspecified() || body.endpoint.port() == 0 {
+        return Err(ApiError::bad_request(
+            "the endpoint must be an address and port other agents can reach, not 0.0.0.0 or port 0",
+        ));
+    }
+    let (registration, stored) = r
+        .register(service, workload, body.endpoint, body.metadata)
+        .await?;
+    ok(
+        json!({ "registration": registration, "stored": stored.stored, "replicas": stored.replicas }),
+    )
+}
+
+async fn deregister(
+    State(r): Shared,
+    Path((service, workload)): Path<(String, String)>,
+) -> ApiResult {
+    let (service, workload) = (ServiceName::new(&service)?, WorkloadName::new(&workload)?);
+    ok(json!({ "deregistered": r.deregister(service, workload).await? }))
+}
+
+async fn workloads(State(r): Shared) -> ApiResult {
+    ok(json!({ "registrations": r.registrations().await }))
+}
+
+async fn create_workload(State(r): Shared, Path(workload): Path<String>) -> ApiResult {
+    let workload = WorkloadName::new(&workload)?;
+    let (identity, created) = r.workload(&workload)?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let body = json!({
+        "workload": workload,
+        "id": identity.printable_id(),
+        "public_key": hex::encode(identity.public_key()),
+        "created": created,
+    });
+    Ok((status, Json(body)).into_response())
+}
+
+async fn workload_key(State(r): Shared, Path(workload): Path<String>) -> ApiResult {
+    let workload = WorkloadName::new(&workload)?;
+    ok(r.key_material(&workload)?)
+}
+
+async fn debug_find(State(r): Shared, Path(key): Path<String>) -> ApiResult {
+    let mut bytes = [0u8; 32];
+    hex::decode_to_slice(&key, &mut bytes)
+        .map_err(|_| ApiError::bad_request("the key must be 64 hexadecimal digits"))?;
+    ok(r.overlay().find(Key(bytes)).await?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoreBody {
+    name: String,
+    value: String,
+    #[serde(default)]
+    replicas: u8,
+    ttl_ms: Option<u64>,
+}
+
+async fn debug_store(State(r): Shared, body: Result<Json<StoreBody>, JsonRejection>) -> ApiResult {
+    let Json(body) = body?;
+    let ttl = Duration::from_millis(body.ttl_ms.unwrap_or(60_000));
+    let stored = r
+        .overlay()
+        .store(
+            body.name.as_bytes(),
+            body.value.into_bytes(),
+            body.replicas,
+            ttl,
+        )
+        .await?;
+    ok(stored)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ValuesQuery {
+    #[serde(default)]
+    replicas: u8,
+}
+
+async fn debug_values(
+    State(r): Shared,
+    Path(name): Path<String>,
+    query: Result<Query<ValuesQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let resolved = r.overlay().resolve(name.as_bytes(), query.replicas).await?;
+    let values: Vec<BTreeMap<&str, String>> = resolved
+        .values
+        .iter()
+        .map(|v| {
+            BTreeMap::from([
+                ("text", String::from_utf8_lossy(v).into_owned()),
+                ("hex", hex::encode(v)),
+            ])
+        })
+        .collect();
+    ok(json!({ "values": values, "replica": resolved.replica, "hops": resolved.hops }))
+}

@@ -1,0 +1,478 @@
+//! `themis`: the tool for people. Runs the agent, manages identities, and talks to a
+//! running agent over its local API.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use hyper::{Method, StatusCode};
+use ring::rand::SystemRandom;
+use serde_json::{json, Value};
+use themis_agent::client::ApiClient;
+use themis_agent::config::{AgentArgs, DEFAULT_STATE_DIR};
+use themis_agent::keystore;
+use themis_core::{Identity, MeshName, PeerId};
+
+/// Themis Mesh: CA-less service identities and decentralised discovery.
+///
+/// Run `themis agent` on every node; the other commands talk to the local agent over
+/// its Unix socket (`--socket`, default /var/lib/themis/agent.sock).
+#[derive(Parser)]
+#[command(version, propagate_version = true)]
+struct Cli {
+    /// The local agent's API socket.
+    #[arg(long, global = true, env = "THEMIS_SOCKET", default_value_t = default_socket())]
+    socket: String,
+    /// Print the agent's JSON answer instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+fn default_socket() -> String {
+    format!("{DEFAULT_STATE_DIR}/agent.sock")
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the host agent (until SIGTERM or Ctrl-C, which leave the ring gracefully).
+    Agent(AgentArgs),
+    /// This node: id, mesh, address, ring membership.
+    Status,
+    /// The ring as this node sees it: predecessor, successors, fingers, objects held.
+    Ring,
+    /// Identity key files.
+    #[command(subcommand)]
+    Id(IdCommand),
+    /// Create a local workload's identity on the agent (if it has none) and show it.
+    Workload {
+        /// Workload name (DNS label rules).
+        name: String,
+    },
+    /// Register a local workload as an instance of a service.
+    Register {
+        /// Service name, e.g. `check`.
+        service: String,
+        /// The local workload (its identity is created if needed).
+        #[arg(long)]
+        workload: String,
+        /// Where the workload's proxy accepts mesh traffic, ip:port.
+        #[arg(long)]
+        endpoint: String,
+        /// A label, key=value (repeatable), e.g. version=v2.
+        #[arg(long = "meta", value_name = "KEY=VALUE")]
+        metadata: Vec<String>,
+    },
+    /// Withdraw a registration.
+    Deregister {
+        /// Service name.
+        service: String,
+        /// The local workload.
+        #[arg(long)]
+        workload: String,
+    },
+    /// Resolve a service to its live, verified instances.
+    Resolve {
+        /// Service name.
+        service: String,
+        /// Skip the agent's resolution cache.
+        #[arg(long)]
+        fresh: bool,
+    },
+    /// Registrations of this node.
+    Workloads,
+    /// Raw DHT operations, for debugging.
+    #[command(subcommand)]
+    Debug(DebugCommand),
+}
+
+#[derive(Subcommand)]
+enum IdCommand {
+    /// Create a new identity key file (mode 0600; never overwrites).
+    New {
+        /// The mesh the identity belongs to.
+        #[arg(long)]
+        mesh: String,
+        /// Where to write the key file.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Show the id and public key of a key file.
+    Show {
+        /// The key file (PEM PKCS#8, as `openssl genpkey -algorithm ed25519` writes).
+        key: PathBuf,
+        /// The mesh.
+        #[arg(long)]
+        mesh: String,
+    },
+    /// Check that a key file is the key of a printable id (exit 1 if not).
+    Check {
+        /// The printable id (its mesh is part of it).
+        id: String,
+        /// The key file.
+        #[arg(long)]
+        key: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum DebugCommand {
+    /// Find the node responsible for a 64-hex-digit key.
+    Find {
+        /// The key.
+        key: String,
+    },
+    /// Store a raw value under a name.
+    Store {
+        /// Name.
+        name: String,
+        /// Value (text).
+        value: String,
+        /// Extra replicas.
+        #[arg(long, default_value_t = 0)]
+        replicas: u8,
+        /// Lifetime in milliseconds.
+        #[arg(long, default_value_t = 60_000)]
+        ttl_ms: u64,
+    },
+    /// The raw values stored under a name.
+    Values {
+        /// Name.
+        name: String,
+        /// Extra replicas to try.
+        #[arg(long, default_value_t = 0)]
+        replicas: u8,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let command = match cli.command {
+        Command::Agent(args) => return themis_agent::agent::main(&args),
+        Command::Id(id) => return identity(id, cli.json),
+        command => command,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("starting the tokio runtime");
+    let api = ApiClient::new(&cli.socket);
+    match runtime.block_on(call(&api, command)) {
+        Ok((status, answer, render)) if status.is_success() => {
+            if cli.json {
+                println!("{}", serde_json::to_string_pretty(&answer).expect("JSON"));
+            } else {
+                print!("{}", render(&answer));
+            }
+            ExitCode::SUCCESS
+        }
+        Ok((status, answer, _)) => {
+            if cli.json {
+                println!("{}", serde_json::to_string_pretty(&answer).expect("JSON"));
+            }
+            let error = answer["error"].as_str().unwrap_or("no details");
+            eprintln!("error: {error} ({status})");
+            ExitCode::FAILURE
+        }
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+type Render = fn(&Value) -> String;
+
+async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, Render), String> {
+    let seg = |s: &str| -> Result<String, String> {
+        // Names are checked by the agent; refuse here only what would break the URL.
+        if s.is_empty() || s.contains(['/', '?', '#', '%']) {
+            Err(format!("{s:?} is not a valid name"))
+        } else {
+            Ok(s.to_owned())
+        }
+    };
+    let (method, path, body, render): (Method, String, Option<Value>, Render) = match command {
+        Command::Status => (Method::GET, "/v1/status".into(), None, render_status),
+        Command::Ring => (Method::GET, "/v1/ring".into(), None, render_ring),
+        Command::Workload { name } => (
+            Method::PUT,
+            format!("/v1/workloads/{}", seg(&name)?),
+            None,
+            render_workload,
+        ),
+        Command::Register {
+            service,
+            workload,
+            endpoint,
+            metadata,
+        } => {
+            let mut meta = serde_json::Map::new();
+            for pair in metadata {
+                let (k, v) = pair
+                    .split_once('=')
+                    .ok_or_else(|| format!("--meta {pair:?}: expected KEY=VALUE"))?;
+                meta.insert(k.to_owned(), Value::String(v.to_owned()));
+            }
+            let path = format!(
+                "/v1/services/{}/instances/{}",
+                seg(&service)?,
+                seg(&workload)?
+            );
+            (
+                Method::PUT,
+                path,
+                Some(json!({ "endpoint": endpoint, "metadata": meta })),
+                render_registered,
+            )
+        }
+        Command::Deregister { service, workload } => {
+            let path = format!(
+                "/v1/services/{}/instances/{}",
+                seg(&service)?,
+                seg(&workload)?
+            );
+            (Method::DELETE, path, None, render_deregistered)
+        }
+        Command::Resolve { service, fresh } => (
+            Method::GET,
+            format!("/v1/services/{}?fresh={fresh}", seg(&service)?),
+            None,
+            render_resolved,
+        ),
+        Command::Workloads => (Method::GET, "/v1/workloads".into(), None, render_workloads),
+        Command::Debug(DebugCommand::Find { key }) => (
+            Method::GET,
+            format!("/v1/debug/find/{}", seg(&key)?),
+            None,
+            render_json,
+        ),
+        Command::Debug(DebugCommand::Store {
+            name,
+            value,
+            replicas,
+            ttl_ms,
+        }) => {
+            let body =
+                json!({ "name": name, "value": value, "replicas": replicas, "ttl_ms": ttl_ms });
+            (
+                Method::POST,
+                "/v1/debug/store".into(),
+                Some(body),
+                render_json,
+            )
+        }
+        Command::Debug(DebugCommand::Values { name, replicas }) => (
+            Method::GET,
+            format!("/v1/debug/values/{}?replicas={replicas}", seg(&name)?),
+            None,
+            render_json,
+        ),
+        Command::Agent(_) | Command::Id(_) => unreachable!("handled without the agent"),
+    };
+    let (status, answer) = api
+        .call(method, &path, body.as_ref())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((status, answer, render))
+}
+
+fn identity(command: IdCommand, json: bool) -> ExitCode {
+    let result = match command {
+        IdCommand::New { mesh, out } => MeshName::new(&mesh)
+            .map_err(|e| format!("mesh {mesh:?}: {e}"))
+            .and_then(|mesh| {
+                Identity::generate(mesh, &SystemRandom::new()).map_err(|e| e.to_string())
+            })
+            .and_then(|id| {
+                keystore::write(&out, &id)
+                    .map(|()| id)
+                    .map_err(|e| e.to_string())
+            })
+            .map(|id| describe(&id, Some(&out))),
+        IdCommand::Show { key, mesh } => MeshName::new(&mesh)
+            .map_err(|e| format!("mesh {mesh:?}: {e}"))
+            .and_then(|mesh| keystore::load(&key, &mesh).map_err(|e| e.to_string()))
+            .map(|id| describe(&id, Some(&key))),
+        IdCommand::Check { id, key } => {
+            PeerId::parse(&id)
+                .map_err(|e| e.to_string())
+                .and_then(|(mesh, expected)| {
+                    let identity = keystore::load(&key, &mesh).map_err(|e| e.to_string())?;
+                    if identity.id() == expected {
+                        Ok(json!({ "id": id, "key": key, "matches": true }))
+                    } else {
+                        Err(format!(
+                            "{} is the key of {}, not of {id}",
+                            key.display(),
+                            identity.printable_id()
+                        ))
+                    }
+                })
+        }
+    };
+    match result {
+        Ok(value) => {
+            if json {
+                println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
+            } else if value["matches"] == true {
+                println!(
+                    "ok: the key matches {}",
+                    value["id"].as_str().unwrap_or_default()
+                );
+            } else {
+                println!("id          {}", value["id"].as_str().unwrap_or_default());
+                println!("mesh        {}", value["mesh"].as_str().unwrap_or_default());
+                println!(
+                    "public key  {}",
+                    value["public_key"].as_str().unwrap_or_default()
+                );
+                println!(
+                    "key file    {}",
+                    value["key_file"].as_str().unwrap_or_default()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn describe(id: &Identity, key_file: Option<&PathBuf>) -> Value {
+    json!({
+        "id": id.printable_id(),
+        "mesh": id.mesh().as_str(),
+        "public_key": hex::encode(id.public_key()),
+        "key_file": key_file.map(|p| p.display().to_string()),
+    })
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+fn peer(v: &Value) -> String {
+    if v.is_null() {
+        "-".into()
+    } else {
+        format!("{} {}", s(&v["addr"]), s(&v["id"]))
+    }
+}
+
+fn render_status(v: &Value) -> String {
+    format!(
+        "id       {}\nmesh     {}\nlisten   {}\njoined   {}\nobjects  {} ({} values)\njoin as  {}@{}\n",
+        s(&v["id"]),
+        s(&v["mesh"]),
+        s(&v["listen"]),
+        s(&v["joined"]),
+        s(&v["objects"]),
+        s(&v["values"]),
+        s(&v["id"]),
+        s(&v["listen"]),
+    )
+}
+
+fn render_ring(v: &Value) -> String {
+    let mut out = format!(
+        "me           {}\npredecessor  {}\n",
+        peer(&v["me"]),
+        peer(&v["predecessor"])
+    );
+    for (i, p) in v["successors"].as_array().into_iter().flatten().enumerate() {
+        out += &format!("successor {i:<2} {}\n", peer(p));
+    }
+    for f in v["fingers"].as_array().into_iter().flatten() {
+        out += &format!("finger {:<5} {}\n", s(&f[0]), peer(&f[1]));
+    }
+    let objects = v["objects"].as_array().cloned().unwrap_or_default();
+    out += &format!("objects held {}\n", objects.len());
+    for o in objects {
+        out += &format!("  {} ({} values)\n", s(&o[0]), s(&o[1]));
+    }
+    out
+}
+
+fn render_workload(v: &Value) -> String {
+    let created = if v["created"] == true {
+        " (created)"
+    } else {
+        ""
+    };
+    format!("{} {}{created}\n", s(&v["workload"]), s(&v["id"]))
+}
+
+fn render_registered(v: &Value) -> String {
+    let r = &v["registration"];
+    format!(
+        "registered {} as {} at {} ({} of {} replicas stored)\n",
+        s(&r["workload"]),
+        s(&r["service"]),
+        s(&r["endpoint"]),
+        s(&v["stored"]),
+        s(&v["replicas"]),
+    )
+}
+
+fn render_deregistered(v: &Value) -> String {
+    let r = &v["deregistered"];
+    format!(
+        "deregistered {} from {}\n",
+        s(&r["workload"]),
+        s(&r["service"])
+    )
+}
+
+fn render_resolved(v: &Value) -> String {
+    let instances = v["instances"].as_array().cloned().unwrap_or_default();
+    let cached = if v["cached"] == true { ", cached" } else { "" };
+    let mut out = format!(
+        "{}: {} instance(s){cached}\n",
+        s(&v["service"]),
+        instances.len()
+    );
+    for i in instances {
+        let meta: Vec<String> = i["metadata"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{k}={}", s(v)))
+            .collect();
+        out += &format!(
+            "  {:<21} {} {}\n",
+            s(&i["endpoint"]),
+            s(&i["id"]),
+            meta.join(",")
+        );
+    }
+    out
+}
+
+fn render_workloads(v: &Value) -> String {
+    let mut out = String::new();
+    for r in v["registrations"].as_array().into_iter().flatten() {
+        out += &format!(
+            "{:<20} {:<20} {:<21} {}\n",
+            s(&r["service"]),
+            s(&r["workload"]),
+            s(&r["endpoint"]),
+            s(&r["id"])
+        );
+    }
+    if out.is_empty() {
+        out = "no registrations\n".into();
+    }
+    out
+}
+
+fn render_json(v: &Value) -> String {
+    format!("{}\n", serde_json::to_string_pretty(v).expect("JSON"))
+}

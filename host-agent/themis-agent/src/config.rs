@@ -1,0 +1,395 @@
+//! The agent's settings: defaults that work on one machine, a TOML file for a
+//! deployment, and command-line flags over both.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use themis_core::{MeshName, PeerId};
+use themis_dht::{Contact, Key};
+
+use crate::overlay::{OverlayConfig, Peer};
+use crate::registry::RegistryConfig;
+
+/// Default state directory (key files, registrations, the API socket).
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/themis";
+
+/// Everything the agent can be told. In a file, every field is optional.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// The mesh name; every agent and workload of a mesh uses the same.
+    pub mesh: String,
+    /// Key files, saved registrations and (by default) the API socket live here.
+    pub state_dir: PathBuf,
+    /// Where to accept connections from other agents.
+    pub listen: SocketAddr,
+    /// The address other agents reach this one at, when `listen` is a wildcard.
+    pub advertise: Option<SocketAddr>,
+    /// Bootstrap agents, as `<id>@<ip:port>`; none: start a new ring.
+    pub join: Vec<String>,
+    /// The local API's Unix socket; default `<state_dir>/agent.sock`.
+    pub api_socket: Option<PathBuf>,
+    /// Where to serve Prometheus metrics, or `off`.
+    pub metrics: String,
+    /// Extra replicas of each service's records (stored `replicas + 1` times).
+    pub replicas: u8,
+    /// Lifetime of a stored record, in seconds.
+    pub record_ttl_secs: u64,
+    /// How often owners re-store their records, in seconds.
+    pub republish_secs: u64,
+    /// How long resolutions are cached, in milliseconds.
+    pub resolve_cache_ms: u64,
+    /// Most services in the resolution cache.
+    pub resolve_cache_entries: usize,
+    /// Most secure sessions kept open to other agents.
+    pub max_sessions: usize,
+    /// A session unused this long is closed, in seconds.
+    pub session_idle_secs: u64,
+    /// A DHT request unanswered this long fails its peer, in milliseconds.
+    pub request_timeout_ms: u64,
+    /// Stabilisation period, in milliseconds.
+    pub stabilise_ms: u64,
+    /// How long an API operation may take, in milliseconds.
+    pub op_timeout_ms: u64,
+    /// Log format: `text` or `json`.
+    pub log_format: LogFormat,
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            mesh: "themis".into(),
+            state_dir: DEFAULT_STATE_DIR.into(),
+            listen: "127.0.0.1:7400".parse().expect("valid"),
+            advertise: None,
+            join: Vec::new(),
+            api_socket: None,
+            metrics: "127.0.0.1:9464".into(),
+            replicas: 2,
+            record_ttl_secs: 60,
+            republish_secs: 20,
+            resolve_cache_ms: 5_000,
+            resolve_cache_entries: 1024,
+            max_sessions: 256,
+            session_idle_secs: 60,
+            request_timeout_ms: 1_000,
+            stabilise_ms: 1_000,
+            op_timeout_ms: 10_000,
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
+/// Why the settings cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for these settings.
+    #[error("{path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, with the line.
+        source: Box<toml::de::Error>,
+    },
+    /// A value is out of range or malformed.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The `themis agent` flags; each overrides the file.
+#[derive(Debug, Clone, Default, Args)]
+pub struct AgentArgs {
+    /// A TOML file with any of the settings below (flag names with `_` for `-`).
+    #[arg(long, short = 'c', env = "THEMIS_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Mesh name [default: themis].
+    #[arg(long)]
+    pub mesh: Option<String>,
+    /// State directory: key files, registrations, API socket [default: /var/lib/themis].
+    #[arg(long, env = "THEMIS_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Address for other agents [default: 127.0.0.1:7400]. Port 0 picks a free port.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Address other agents reach this one at, if `--listen` is a wildcard.
+    #[arg(long)]
+    pub advertise: Option<SocketAddr>,
+    /// Join the ring through this agent, `<id>@<ip:port>` (repeat for fallbacks).
+    /// Without it the agent starts a new ring.
+    #[arg(long, value_name = "ID@ADDR")]
+    pub join: Vec<String>,
+    /// Unix socket of the local API [default: <state-dir>/agent.sock].
+    #[arg(long, env = "THEMIS_SOCKET")]
+    pub api_socket: Option<PathBuf>,
+    /// Prometheus metrics address, or `off` [default: 127.0.0.1:9464].
+    #[arg(long)]
+    pub metrics: Option<String>,
+    /// Extra replicas of service records [default: 2].
+    #[arg(long)]
+    pub replicas: Option<u8>,
+    /// Lifetime of stored records, seconds [default: 60].
+    #[arg(long)]
+    pub record_ttl_secs: Option<u64>,
+    /// Re-store period of owned records, seconds [default: 20].
+    #[arg(long)]
+    pub republish_secs: Option<u64>,
+    /// Resolution cache lifetime, milliseconds [default: 5000].
+    #[arg(long)]
+    pub resolve_cache_ms: Option<u64>,
+    /// DHT request timeout, milliseconds [default: 1000].
+    #[arg(long)]
+    pub request_timeout_ms: Option<u64>,
+    /// Stabilisation period, milliseconds [default: 1000].
+    #[arg(long)]
+    pub stabilise_ms: Option<u64>,
+    /// Log format [default: text].
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+impl Settings {
+    /// Defaults, then the file named by `--config` (if any), then the flags.
+    pub fn load(args: &AgentArgs) -> Result<Settings, ConfigError> {
+        let mut s = match &args.config {
+            Some(path) => Settings::from_file(path)?,
+            None => Settings::default(),
+        };
+        macro_rules! over {
+            ($($field:ident),*) => { $( if let Some(v) = &args.$field { s.$field = v.clone(); } )* };
+        }
+        over!(
+            mesh,
+            state_dir,
+            listen,
+            metrics,
+            replicas,
+            record_ttl_secs,
+            republish_secs,
+            resolve_cache_ms,
+            request_timeout_ms,
+            stabilise_ms,
+            log_format
+        );
+        if args.advertise.is_some() {
+            s.advertise = args.advertise;
+        }
+        if args.api_socket.is_some() {
+            s.api_socket = args.api_socket.clone();
+        }
+        if !args.join.is_empty() {
+            s.join = args.join.clone();
+        }
+        s.check()?;
+        Ok(s)
+    }
+
+    /// Reads a TOML settings file.
+    pub fn from_file(path: &Path) -> Result<Settings, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        self.mesh_name()?;
+        self.bootstrap()?;
+        self.metrics_addr()?;
+        if self.replicas > themis_dht::message::MAX_REPLICAS {
+            return invalid(format!(
+                "replicas must be at most {}",
+                themis_dht::message::MAX_REPLICAS
+            ));
+        }
+        if self.republish_secs == 0 || self.republish_secs * 2 > self.record_ttl_secs {
+            return invalid(format!(
+                "republish_secs ({}) must be non-zero and at most half of record_ttl_secs ({}), \
+                 so records are refreshed before they expire",
+                self.republish_secs, self.record_ttl_secs
+            ));
+        }
+        if self.request_timeout_ms == 0 || self.stabilise_ms == 0 || self.op_timeout_ms == 0 {
+            return invalid("timeouts and periods must be non-zero".into());
+        }
+        Ok(())
+    }
+
+    /// The mesh name, checked.
+    pub fn mesh_name(&self) -> Result<MeshName, ConfigError> {
+        MeshName::new(&self.mesh)
+            .map_err(|e| ConfigError::Invalid(format!("mesh {:?}: {e}", self.mesh)))
+    }
+
+    /// The bootstrap peers, parsed from `<id>@<ip:port>`.
+    pub fn bootstrap(&self) -> Result<Vec<Peer>, ConfigError> {
+        let mesh = self.mesh_name()?;
+        self.join
+            .iter()
+            .map(|spec| parse_peer(spec, &mesh))
+            .collect()
+    }
+
+    /// The metrics address, `None` when `off`.
+    pub fn metrics_addr(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        if self.metrics == "off" {
+            return Ok(None);
+        }
+        self.metrics.parse().map(Some).map_err(|_| {
+            ConfigError::Invalid(format!(
+                "metrics: {:?} is neither ip:port nor off",
+                self.metrics
+            ))
+        })
+    }
+
+    /// The API socket path.
+    pub fn api_socket(&self) -> PathBuf {
+        self.api_socket
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("agent.sock"))
+    }
+
+    /// The overlay's settings.
+    pub fn overlay(&self) -> OverlayConfig {
+        let request_timeout = self.request_timeout_ms;
+        OverlayConfig {
+            dht: themis_dht::Config {
+                request_timeout,
+                stabilise_every: self.stabilise_ms,
+                fix_finger_every: (self.stabilise_ms / 2).max(1),
+                check_predecessor_every: self.stabilise_ms * 2,
+                republish_every: self.republish_secs * 1000,
+                max_ttl: (self.record_ttl_secs * 1000).max(3_600_000),
+                ..themis_dht::Config::default()
+            },
+            op_timeout: Duration::from_millis(self.op_timeout_ms),
+            join_retry: Duration::from_secs(1),
+        }
+    }
+
+    /// The registry's settings.
+    pub fn registry(&self) -> RegistryConfig {
+        RegistryConfig {
+            replicas: self.replicas,
+            record_ttl: Duration::from_secs(self.record_ttl_secs),
+            cache_ttl: Duration::from_millis(self.resolve_cache_ms),
+            cache_capacity: self.resolve_cache_entries.max(1),
+        }
+    }
+}
+
+/// Parses `<printable id>@<ip:port>`.
+pub fn parse_peer(spec: &str, mesh: &MeshName) -> Result<Peer, ConfigError> {
+    let invalid = |why: String| ConfigError::Invalid(format!("join {spec:?}: {why}"));
+    let (id, addr) = spec.rsplit_once('@').ok_or_else(|| {
+        invalid(
+            "expected <id>@<ip:port>, e.g. the `id` and `listen` that `themis status` prints"
+                .into(),
+        )
+    })?;
+    let id = PeerId::parse_in(id, mesh).map_err(|e| invalid(e.to_string()))?;
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|_| invalid(format!("{addr:?} is not an ip:port")))?;
+    Ok(Contact {
+        id: Key(id.0),
+        addr,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_the_file_and_bad_values_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("agent.toml");
+        std::fs::write(
+            &file,
+            "mesh = \"prod\"\nreplicas = 3\nlisten = \"127.0.0.1:7000\"\n",
+        )
+        .unwrap();
+        let args = AgentArgs {
+            config: Some(file.clone()),
+            replicas: Some(1),
+            ..AgentArgs::default()
+        };
+        let s = Settings::load(&args).unwrap();
+        assert_eq!(
+            (s.mesh.as_str(), s.replicas, s.listen.port()),
+            ("prod", 1, 7000)
+        );
+
+        std::fs::write(&file, "mesh = \"prod\"\nreplica = 3\n").unwrap();
+        let error = Settings::load(&args).unwrap_err().to_string();
+        assert!(error.contains("unknown field `replica`"), "{error}");
+
+        for (args, expect) in [
+            (
+                AgentArgs {
+                    replicas: Some(9),
+                    ..Default::default()
+                },
+                "replicas",
+            ),
+            (
+                AgentArgs {
+                    mesh: Some("Bad Mesh".into()),
+                    ..Default::default()
+                },
+                "mesh",
+            ),
+            (
+                AgentArgs {
+                    join: vec!["127.0.0.1:7400".into()],
+                    ..Default::default()
+                },
+                "expected <id>@<ip:port>",
+            ),
+            (
+                AgentArgs {
+                    metrics: Some("nowhere".into()),
+                    ..Default::default()
+                },
+                "metrics",
+            ),
+            (
+                AgentArgs {
+                    republish_secs: Some(50),
+                    ..Default::default()
+                },
+                "republish_secs",
+            ),
+        ] {
+            let error = Settings::load(&args).unwrap_err().to_string();
+            assert!(error.contains(expect), "{error}");
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! The Themis host agent: one per node. It keeps the node's place in the Themis DHT
+//! (a Chord ring over self-certifying ids, every message over the secure channel),
+//! the registry of the node's workloads and their keys, and a cache of resolutions,
+//! and serves them on a local HTTP + JSON API over a Unix socket.
+//!
+//! * [`overlay`]: the tokio driver of the sans-IO `themis_dht::Node`.
+//! * [`registry`]: register, deregister and resolve services; signed [`record`]s.
+//! * [`api`]: the local API; [`client`] calls it.
+//! * [`keystore`]: key files (0600, refused when others can read them).
+//! * [`metrics`]: Prometheus metrics.
+//! * [`agent`]: the daemon that wires them; [`config`]: its settings.
+//!
+//! `docs/AGENT.md` explains the design; the `themis` binary is the tool for people.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod agent;
+pub mod api;
+pub mod client;
+pub mod config;
+pub mod keystore;
+pub mod metrics;
+pub mod names;
+pub mod overlay;
+pub mod record;
+pub mod registry;

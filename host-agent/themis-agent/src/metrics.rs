@@ -1,0 +1,264 @@
+//! Prometheus metrics, served as text on a local port (`/metrics`).
+//!
+//! Operations are recorded as they complete. Counters that other layers keep (the
+//! DHT node, the secure channel's server and client) are brought up to date just
+//! before each scrape, so those layers stay free of any metrics library.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use themis_net::NetStats;
+
+use crate::overlay::{OverlayError, Snapshot};
+
+type Labels = Vec<(&'static str, String)>;
+
+fn labels(pairs: &[(&'static str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| (*k, (*v).to_owned())).collect()
+}
+
+/// Every metric the agent exports.
+pub struct Metrics {
+    registry: Registry,
+    operations: Family<Labels, Counter>,
+    hops: Family<Labels, Histogram>,
+    latency: Family<Labels, Histogram>,
+    handshakes: Family<Labels, Counter>,
+    requests: Family<Labels, Counter>,
+    channel_failures: Family<Labels, Counter>,
+    sessions: Family<Labels, Gauge>,
+    joined: Gauge,
+    objects: Gauge,
+    values: Gauge,
+    store_refreshes: Counter,
+    dht_rejections: Family<Labels, Counter>,
+    dht_timeouts: Counter,
+    frames_refused: Family<Labels, Counter>,
+    records_refused: Family<Labels, Counter>,
+    resolve_cache: Family<Labels, Counter>,
+    /// Serialises scrapes, so two never add the same delta.
+    sync: Mutex<()>,
+}
+
+/// Counters kept elsewhere, read at scrape time.
+pub struct Sources<'a> {
+    /// The DHT node's counters.
+    pub dht: &'a Snapshot,
+    /// The agent-to-agent server.
+    pub inbound: &'a NetStats,
+    /// The agent-to-agent client.
+    pub outbound: &'a NetStats,
+    /// Pooled outbound sessions.
+    pub outbound_sessions: usize,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("themis");
+        let hops = Family::<Labels, Histogram>::new_with_constructor(
+            (|| Histogram::new([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 16.0, 32.0]))
+                as fn() -> Histogram,
+        );
+        let latency = Family::<Labels, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.000_05, 2.0, 18))) as fn() -> Histogram,
+        );
+        let m = Metrics {
+            operations: Family::default(),
+            hops: hops.clone(),
+            latency: latency.clone(),
+            handshakes: Family::default(),
+            requests: Family::default(),
+            channel_failures: Family::default(),
+            sessions: Family::default(),
+            joined: Gauge::default(),
+            objects: Gauge::default(),
+            values: Gauge::default(),
+            store_refreshes: Counter::default(),
+            dht_rejections: Family::default(),
+            dht_timeouts: Counter::default(),
+            frames_refused: Family::default(),
+            records_refused: Family::default(),
+            resolve_cache: Family::default(),
+            sync: Mutex::new(()),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "dht_operations",
+            "DHT operations (find, store, resolve) by result",
+            m.operations.clone(),
+        );
+        r.register(
+            "dht_lookup_hops",
+            "Remote lookup steps per successful find or resolve",
+            hops,
+        );
+        r.register(
+            "dht_operation_duration_seconds",
+            "Time to complete a DHT operation",
+            latency,
+        );
+        r.register(
+            "handshakes",
+            "Completed key agreements with other agents, by direction",
+            m.handshakes.clone(),
+        );
+        r.register(
+            "channel_requests",
+            "Requests over the secure channel, by direction",
+            m.requests.clone(),
+        );
+        r.register(
+            "channel_failures",
+            "Refused handshakes, records and failed requests, by direction and reason",
+            m.channel_failures.clone(),
+        );
+        r.register(
+            "sessions",
+            "Open secure sessions with other agents, by direction",
+            m.sessions.clone(),
+        );
+        r.register(
+            "ring_joined",
+            "1 when this node is in a ring",
+            m.joined.clone(),
+        );
+        r.register(
+            "dht_objects",
+            "Object ids this node holds for the ring",
+            m.objects.clone(),
+        );
+        r.register(
+            "dht_values",
+            "Values this node holds for the ring",
+            m.values.clone(),
+        );
+        r.register(
+            "dht_store_refreshes",
+            "Owned objects re-stored by the periodic republish",
+            m.store_refreshes.clone(),
+        );
+        r.register(
+            "dht_rejections",
+            "DHT inputs the node refused, by reason",
+            m.dht_rejections.clone(),
+        );
+        r.register(
+            "dht_request_timeouts",
+            "DHT requests that timed out (the peer is dropped from routing)",
+            m.dht_timeouts.clone(),
+        );
+        r.register(
+            "frames_refused",
+            "Agent frames refused before reaching the DHT, by reason",
+            m.frames_refused.clone(),
+        );
+        r.register(
+            "registry_records_refused",
+            "Stored instance records that failed verification, by reason",
+            m.records_refused.clone(),
+        );
+        r.register(
+            "resolve_cache",
+            "Service resolutions answered from the cache (hit) or the DHT (miss)",
+            m.resolve_cache.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// Records a completed DHT operation.
+    pub fn operation(
+        &self,
+        op: &'static str,
+        error: Option<&OverlayError>,
+        hops: Option<u32>,
+        took: Duration,
+    ) {
+        let result = error.map_or("ok", OverlayError::reason);
+        self.operations
+            .get_or_create(&labels(&[("op", op), ("result", result)]))
+            .inc();
+        let op = labels(&[("op", op)]);
+        if let Some(hops) = hops {
+            self.hops.get_or_create(&op).observe(f64::from(hops));
+        }
+        self.latency.get_or_create(&op).observe(took.as_secs_f64());
+    }
+
+    /// Counts an agent frame refused before reaching the DHT.
+    pub fn frame_refused(&self, reason: &'static str) {
+        self.frames_refused
+            .get_or_create(&labels(&[("reason", reason)]))
+            .inc();
+    }
+
+    /// Counts a stored record that failed verification.
+    pub fn record_refused(&self, reason: &'static str) {
+        self.records_refused
+            .get_or_create(&labels(&[("reason", reason)]))
+            .inc();
+    }
+
+    /// Counts a resolution served from the cache or not.
+    pub fn resolve_cache(&self, hit: bool) {
+        let result = if hit { "hit" } else { "miss" };
+        self.resolve_cache
+            .get_or_create(&labels(&[("result", result)]))
+            .inc();
+    }
+
+    /// The text exposition, after bringing the counters kept elsewhere up to date.
+    pub fn render(&self, sources: Sources<'_>) -> String {
+        let _one_at_a_time = self.sync.lock().expect("never poisoned");
+        let stats = &sources.dht.stats;
+        catch_up(&self.store_refreshes, stats.republished);
+        catch_up(&self.dht_timeouts, stats.timeouts);
+        for (rejection, &n) in &stats.rejections {
+            let reason = format!("{rejection:?}");
+            catch_up(
+                &self.dht_rejections.get_or_create(&vec![("reason", reason)]),
+                n,
+            );
+        }
+        self.joined.set(i64::from(sources.dht.joined));
+        self.objects.set(gauge(sources.dht.objects as u64));
+        self.values.set(gauge(sources.dht.values as u64));
+        for (direction, net) in [("inbound", sources.inbound), ("outbound", sources.outbound)] {
+            let d = labels(&[("direction", direction)]);
+            catch_up(&self.handshakes.get_or_create(&d), net.handshakes());
+            catch_up(&self.requests.get_or_create(&d), net.requests());
+            for (reason, n) in net.failures() {
+                let l = labels(&[("direction", direction), ("reason", reason)]);
+                catch_up(&self.channel_failures.get_or_create(&l), n);
+            }
+        }
+        let sessions = |d| self.sessions.get_or_create(&labels(&[("direction", d)]));
+        sessions("inbound").set(gauge(sources.inbound.open_connections()));
+        sessions("outbound").set(gauge(sources.outbound_sessions as u64));
+        let mut text = String::new();
+        encode(&mut text, &self.registry).expect("writing to a String cannot fail");
+        text
+    }
+}
+
+/// Raises a counter to a total counted elsewhere.
+fn catch_up(counter: &Counter, total: u64) {
+    counter.inc_by(total.saturating_sub(counter.get()));
+}
+
+fn gauge(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
