@@ -6,7 +6,7 @@ use themis_agent::config::AgentArgs;
 /// The Themis host agent: keeps this node in the ring, registers its workloads and
 /// resolves services. Stops gracefully (leaving the ring) on SIGTERM or SIGINT.
 #[derive(Parser)]
-#[command(version)]
+#[command(version, args_override_self = true)]
 struct Cli {
     #[command(flatten)]
     agent: AgentArgs,

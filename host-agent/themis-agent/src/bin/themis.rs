@@ -18,7 +18,7 @@ use themis_core::{Identity, MeshName, PeerId};
 /// Run `themis agent` on every node; the other commands talk to the local agent over
 /// its Unix socket (`--socket`, default /var/lib/themis/agent.sock).
 #[derive(Parser)]
-#[command(version, propagate_version = true)]
+#[command(version, propagate_version = true, args_override_self = true)]
 struct Cli {
     /// The local agent's API socket.
     #[arg(long, global = true, env = "THEMIS_SOCKET", default_value_t = default_socket())]

@@ -1,0 +1,310 @@
+//! Runs real `themis agent` processes on loopback (or in network namespaces) and
+//! talks to them through their Unix-socket API, as people and proxies do.
+//!
+//! Every process started here is stopped by its pid when its [`Agent`] drops.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use themis_agent::client::ApiClient;
+
+/// The mesh every test agent is in.
+pub const MESH: &str = "test";
+
+/// Fast timers, so rings converge in seconds: stabilise every 200 ms, records live
+/// 10 s and are re-stored every 2 s, resolutions are not cached.
+pub const FAST: &[&str] = &[
+    "--stabilise-ms",
+    "200",
+    "--request-timeout-ms",
+    "500",
+    "--record-ttl-secs",
+    "10",
+    "--republish-secs",
+    "2",
+    "--resolve-cache-ms",
+    "0",
+    "--metrics",
+    "off",
+];
+
+/// One agent process.
+pub struct Agent {
+    pub name: String,
+    pub dir: PathBuf,
+    child: Option<Child>,
+    pub api: ApiClient,
+    /// `<id>@<ip:port>`, what others join through.
+    pub contact: String,
+    pub id: String,
+}
+
+/// Options of one agent.
+pub struct Spawn<'a> {
+    pub listen: &'a str,
+    pub join: Option<&'a str>,
+    pub extra: &'a [&'a str],
+    /// Run inside this network namespace (`ip netns exec`).
+    pub netns: Option<&'a str>,
+}
+
+impl Default for Spawn<'_> {
+    fn default() -> Self {
+        Spawn {
+            listen: "127.0.0.1:0",
+            join: None,
+            extra: FAST,
+            netns: None,
+        }
+    }
+}
+
+pub fn themis_binary() -> &'static str {
+    env!("CARGO_BIN_EXE_themis")
+}
+
+impl Agent {
+    /// Starts an agent with its state under `root/name` and waits until its API
+    /// answers (not until it has joined: see [`Agent::wait_joined`]).
+    pub fn spawn(root: &Path, name: &str, options: Spawn<'_>) -> Agent {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = std::fs::File::create(root.join(format!("{name}.log"))).unwrap();
+        let mut command = match options.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, themis_binary()]);
+                c
+            }
+            None => Command::new(themis_binary()),
+        };
+        command
+            .args(["agent", "--mesh", MESH, "--listen", options.listen])
+            .arg("--state-dir")
+            .arg(&dir)
+            .args(options.extra)
+            .env("RUST_LOG", "info,themis_agent=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        if let Some(join) = options.join {
+            command.args(["--join", join]);
+        }
+        let child = command.spawn().expect("starting themis agent");
+        let api = ApiClient::new(dir.join("agent.sock"));
+        let mut agent = Agent {
+            name: name.to_owned(),
+            dir,
+            child: Some(child),
+            api,
+            contact: String::new(),
+            id: String::new(),
+        };
+        let status = agent.wait_for("its API", Duration::from_secs(20), |a| {
+            a.get("/v1/status").filter(|(code, _)| *code == 200)
+        });
+        let status = status.1;
+        agent.id = status["id"].as_str().unwrap().to_owned();
+        agent.contact = format!("{}@{}", agent.id, status["listen"].as_str().unwrap());
+        agent
+    }
+
+    /// `GET path` on the agent's API: `None` if the agent is not answering.
+    pub fn get(&self, path: &str) -> Option<(u16, Value)> {
+        self.call(hyper::Method::GET, path, None)
+    }
+
+    /// Any call on the agent's API: `None` if the agent is not answering.
+    pub fn call(&self, method: hyper::Method, path: &str, body: Option<&Value>) -> Option<(u16, Value)> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime
+            .block_on(self.api.call(method, path, body))
+            .ok()
+            .map(|(status, value)| (status.as_u16(), value))
+    }
+
+    /// Runs the `themis` tool against this agent; returns (exit code, stdout, stderr).
+    pub fn cli(&self, args: &[&str]) -> (i32, String, String) {
+        let out = Command::new(themis_binary())
+            .arg("--socket")
+            .arg(self.dir.join("agent.sock"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Polls `check` every 100 ms until it gives a value, or panics after `limit`
+    /// naming `what` and the agent's log.
+    pub fn wait_for<T>(&self, what: &str, limit: Duration, mut check: impl FnMut(&Agent) -> Option<T>) -> T {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(v) = check(self) {
+                return v;
+            }
+            if Instant::now() > deadline {
+                panic!("{}: no {what} after {limit:?}; log:\n{}", self.name, self.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until the agent reports it is in a ring.
+    pub fn wait_joined(&self) {
+        self.wait_for("join", Duration::from_secs(30), |a| {
+            a.get("/v1/status").filter(|(_, s)| s["joined"] == true)
+        });
+    }
+
+    /// The last lines of the agent's log.
+    pub fn log_tail(&self) -> String {
+        let log = self.dir.with_file_name(format!("{}.log", self.name));
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// The agent's log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.with_file_name(format!("{}.log", self.name))).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGTERM (graceful leave), then waits for the process to exit; returns its
+    /// exit status code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        signal(child.id(), "TERM");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{} did not stop within 15 s of SIGTERM", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL: the node vanishes without a word.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Registers `workload` as an instance of `service`.
+    pub fn register(&self, service: &str, workload: &str, endpoint: &str) -> Value {
+        let body = serde_json::json!({ "endpoint": endpoint });
+        let path = format!("/v1/services/{service}/instances/{workload}");
+        let (status, answer) = self.call(hyper::Method::PUT, &path, Some(&body)).unwrap();
+        assert_eq!(status, 200, "{}: register {service}: {answer}", self.name);
+        answer
+    }
+
+    /// Resolves `service` (skipping the cache); `None` if the call failed.
+    pub fn resolve(&self, service: &str) -> Option<Value> {
+        match self.get(&format!("/v1/services/{service}?fresh=true")) {
+            Some((200, answer)) => Some(answer),
+            _ => None,
+        }
+    }
+
+    /// Endpoints of the instances of `service` this agent resolves.
+    pub fn endpoints(&self, service: &str) -> Option<Vec<String>> {
+        let answer = self.resolve(service)?;
+        Some(
+            answer["instances"]
+                .as_array()?
+                .iter()
+                .map(|i| i["endpoint"].as_str().unwrap().to_owned())
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let status = Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().unwrap();
+    assert!(status.success(), "kill -{sig} {pid}");
+}
+
+/// A temporary directory for one test's agents.
+pub fn workdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("themis-agent-test-").tempdir().unwrap()
+}
+
+/// Starts `n` agents: the first creates the ring, the others join through it, one
+/// after another. Waits until all have joined.
+pub fn ring(root: &Path, n: usize, extra: &[&str]) -> Vec<Agent> {
+    let first = Agent::spawn(root, "agent-0", Spawn { extra, ..Spawn::default() });
+    let contact = first.contact.clone();
+    let mut agents = vec![first];
+    for i in 1..n {
+        agents.push(Agent::spawn(
+            root,
+            &format!("agent-{i}"),
+            Spawn {
+                join: Some(&contact),
+                extra,
+                ..Spawn::default()
+            },
+        ));
+    }
+    for a in &agents {
+        a.wait_joined();
+    }
+    agents
+}
+
+/// Waits until every agent's successor list is consistent with a ring of exactly
+/// these agents (each one's first successor is the next id clockwise).
+pub fn wait_stable(agents: &[&Agent], limit: Duration) {
+    let mut ids: Vec<(String, &Agent)> = agents
+        .iter()
+        .map(|a| (hex_of(&a.id), *a))
+        .collect();
+    ids.sort_by(|x, y| x.0.cmp(&y.0));
+    let deadline = Instant::now() + limit;
+    loop {
+        let stable = ids.iter().enumerate().all(|(i, (_, a))| {
+            let next = &ids[(i + 1) % ids.len()].1.id;
+            a.get("/v1/ring")
+                .is_some_and(|(_, ring)| ring["successors"][0]["id"].as_str() == Some(next.as_str()))
+        });
+        if stable {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the ring did not stabilise within {limit:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The ring position of a printable id, as hex (ids sort on the ring by this).
+pub fn hex_of(printable: &str) -> String {
+    let (_, id) = themis_core::PeerId::parse(printable).unwrap();
+    hex::encode(id.0)
+}
