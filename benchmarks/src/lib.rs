@@ -13,6 +13,7 @@
 //! no run can be faster than real use because of a fixed key or nonce.
 
 pub mod noise;
+pub mod plaintext;
 pub mod primitives;
 pub mod themis;
 pub mod tls;

@@ -16,8 +16,14 @@ fn three_agents_register_on_one_and_resolve_on_every_other() {
     wait_stable(&agents.iter().collect::<Vec<_>>(), Duration::from_secs(30));
 
     let registered = agents[1].register("check", "check-1", "127.0.0.1:15006");
-    assert_eq!(registered["stored"], 3, "k = 2: three replicas: {registered}");
-    let check_id = registered["registration"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        registered["stored"], 3,
+        "k = 2: three replicas: {registered}"
+    );
+    let check_id = registered["registration"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     for agent in &agents {
         let answer = agent.resolve("check").expect("resolve answers");
         let instances = answer["instances"].as_array().unwrap();
@@ -29,13 +35,28 @@ fn three_agents_register_on_one_and_resolve_on_every_other() {
     // The tool, as people use it.
     let (code, out, err) = agents[2].cli(&["resolve", "check"]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("127.0.0.1:15006") && out.contains(&check_id), "{out}");
+    assert!(
+        out.contains("127.0.0.1:15006") && out.contains(&check_id),
+        "{out}"
+    );
     let (code, out, _) = agents[0].cli(&["ring"]);
     assert_eq!(code, 0);
-    assert!(out.contains("predecessor") && out.contains("successor 0"), "{out}");
+    assert!(
+        out.contains("predecessor") && out.contains("successor 0"),
+        "{out}"
+    );
 
     // A second instance with metadata; the proxy of check-1 can fetch its key.
-    agents[2].cli(&["register", "check", "--workload", "check-2", "--endpoint", "127.0.0.1:15007", "--meta", "version=v2"]);
+    agents[2].cli(&[
+        "register",
+        "check",
+        "--workload",
+        "check-2",
+        "--endpoint",
+        "127.0.0.1:15007",
+        "--meta",
+        "version=v2",
+    ]);
     let answer = agents[0].resolve("check").unwrap();
     assert_eq!(answer["instances"].as_array().unwrap().len(), 2, "{answer}");
     let v2 = answer["instances"]
@@ -48,9 +69,14 @@ fn three_agents_register_on_one_and_resolve_on_every_other() {
     let (status, key) = agents[1].get("/v1/workloads/check-1/key").unwrap();
     assert_eq!(status, 200);
     assert_eq!(key["id"], check_id.as_str());
-    assert!(key["private_key_pem"].as_str().unwrap().starts_with("-----BEGIN PRIVATE KEY-----"));
+    assert!(key["private_key_pem"]
+        .as_str()
+        .unwrap()
+        .starts_with("-----BEGIN PRIVATE KEY-----"));
     let key_file = agents[1].dir.join("workloads/check-1.key");
-    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(key_file).unwrap().permissions());
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(key_file).unwrap().permissions(),
+    );
     assert_eq!(mode & 0o777, 0o600);
 
     // Deregistration withdraws the instance everywhere at once (a signed tombstone),
@@ -58,7 +84,12 @@ fn three_agents_register_on_one_and_resolve_on_every_other() {
     let (code, _, err) = agents[1].cli(&["deregister", "check", "--workload", "check-1"]);
     assert_eq!(code, 0, "{err}");
     for agent in &agents {
-        assert_eq!(agent.endpoints("check").unwrap(), vec!["127.0.0.1:15007"], "{}", agent.name);
+        assert_eq!(
+            agent.endpoints("check").unwrap(),
+            vec!["127.0.0.1:15007"],
+            "{}",
+            agent.name
+        );
     }
 }
 
@@ -67,7 +98,14 @@ fn graceful_leave_hands_objects_over() {
     // One copy only (k = 0) and no re-storing during the test: if the leaving holder
     // did not hand its objects over, they would be gone.
     // (A flag given twice: the last wins.)
-    let overrides = ["--replicas", "0", "--republish-secs", "300", "--record-ttl-secs", "600"];
+    let overrides = [
+        "--replicas",
+        "0",
+        "--republish-secs",
+        "300",
+        "--record-ttl-secs",
+        "600",
+    ];
     let extra: Vec<&str> = FAST.iter().copied().chain(overrides).collect();
     let root = common::workdir();
     let mut agents = ring(root.path(), 4, &extra);
@@ -79,20 +117,31 @@ fn graceful_leave_hands_objects_over() {
             let service = format!("svc-{i}");
             let key = hex::encode(Key::object(service.as_bytes(), 0).0);
             let (_, found) = agents[0].get(&format!("/v1/debug/find/{key}")).unwrap();
-            let holder = agents.iter().position(|a| a.id == found["node"]["id"].as_str().unwrap())?;
+            let holder = agents
+                .iter()
+                .position(|a| a.id == found["node"]["id"].as_str().unwrap())?;
             (holder != 0).then_some((service, holder))
         })
         .expect("some name is held by another node");
     agents[0].register(&service, "w", "127.0.0.1:8080");
     let (_, ring_view) = agents[holder].get("/v1/ring").unwrap();
-    assert_eq!(ring_view["objects"].as_array().unwrap().len(), 1, "{ring_view}");
+    assert_eq!(
+        ring_view["objects"].as_array().unwrap().len(),
+        1,
+        "{ring_view}"
+    );
 
-    assert_eq!(agents[holder].terminate(), Some(0), "a clean exit after SIGTERM");
+    assert_eq!(
+        agents[holder].terminate(),
+        Some(0),
+        "a clean exit after SIGTERM"
+    );
     assert!(agents[holder].log().contains("left the ring"));
     for (i, agent) in agents.iter().enumerate().filter(|(i, _)| *i != holder) {
-        let endpoints = agent.wait_for("resolution after the leave", Duration::from_secs(20), |a| {
-            a.endpoints(&service).filter(|e| !e.is_empty())
-        });
+        let endpoints =
+            agent.wait_for("resolution after the leave", Duration::from_secs(20), |a| {
+                a.endpoints(&service).filter(|e| !e.is_empty())
+            });
         assert_eq!(endpoints, vec!["127.0.0.1:8080"], "agent-{i}");
     }
 }
@@ -113,7 +162,12 @@ fn thirty_two_agents_survive_a_third_killed() {
         .collect();
     for agent in &agents {
         for (service, endpoint) in &services {
-            assert_eq!(agent.endpoints(service), Some(vec![endpoint.clone()]), "{} resolving {service}", agent.name);
+            assert_eq!(
+                agent.endpoints(service),
+                Some(vec![endpoint.clone()]),
+                "{} resolving {service}",
+                agent.name
+            );
         }
     }
 
@@ -126,10 +180,16 @@ fn thirty_two_agents_survive_a_third_killed() {
     wait_stable(&survivors, Duration::from_secs(90));
     for agent in &survivors {
         for (service, endpoint) in &services {
-            let endpoints = agent.wait_for("resolution after the kill", Duration::from_secs(30), |a| {
-                a.endpoints(service).filter(|e| !e.is_empty())
-            });
-            assert_eq!(&endpoints, &[endpoint.clone()], "{} resolving {service}", agent.name);
+            let endpoints =
+                agent.wait_for("resolution after the kill", Duration::from_secs(30), |a| {
+                    a.endpoints(service).filter(|e| !e.is_empty())
+                });
+            assert_eq!(
+                &endpoints,
+                &[endpoint.clone()],
+                "{} resolving {service}",
+                agent.name
+            );
         }
     }
 }

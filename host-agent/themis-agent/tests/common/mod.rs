@@ -119,7 +119,12 @@ impl Agent {
     }
 
     /// Any call on the agent's API: `None` if the agent is not answering.
-    pub fn call(&self, method: hyper::Method, path: &str, body: Option<&Value>) -> Option<(u16, Value)> {
+    pub fn call(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Option<(u16, Value)> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -147,14 +152,23 @@ impl Agent {
 
     /// Polls `check` every 100 ms until it gives a value, or panics after `limit`
     /// naming `what` and the agent's log.
-    pub fn wait_for<T>(&self, what: &str, limit: Duration, mut check: impl FnMut(&Agent) -> Option<T>) -> T {
+    pub fn wait_for<T>(
+        &self,
+        what: &str,
+        limit: Duration,
+        mut check: impl FnMut(&Agent) -> Option<T>,
+    ) -> T {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(v) = check(self) {
                 return v;
             }
             if Instant::now() > deadline {
-                panic!("{}: no {what} after {limit:?}; log:\n{}", self.name, self.log_tail());
+                panic!(
+                    "{}: no {what} after {limit:?}; log:\n{}",
+                    self.name,
+                    self.log_tail()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -177,7 +191,8 @@ impl Agent {
 
     /// The agent's log.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.with_file_name(format!("{}.log", self.name))).unwrap_or_default()
+        std::fs::read_to_string(self.dir.with_file_name(format!("{}.log", self.name)))
+            .unwrap_or_default()
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -248,19 +263,32 @@ impl Drop for Agent {
 }
 
 fn signal(pid: u32, sig: &str) {
-    let status = Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().unwrap();
+    let status = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .unwrap();
     assert!(status.success(), "kill -{sig} {pid}");
 }
 
 /// A temporary directory for one test's agents.
 pub fn workdir() -> tempfile::TempDir {
-    tempfile::Builder::new().prefix("themis-agent-test-").tempdir().unwrap()
+    tempfile::Builder::new()
+        .prefix("themis-agent-test-")
+        .tempdir()
+        .unwrap()
 }
 
 /// Starts `n` agents: the first creates the ring, the others join through it, one
 /// after another. Waits until all have joined.
 pub fn ring(root: &Path, n: usize, extra: &[&str]) -> Vec<Agent> {
-    let first = Agent::spawn(root, "agent-0", Spawn { extra, ..Spawn::default() });
+    let first = Agent::spawn(
+        root,
+        "agent-0",
+        Spawn {
+            extra,
+            ..Spawn::default()
+        },
+    );
     let contact = first.contact.clone();
     let mut agents = vec![first];
     for i in 1..n {
@@ -283,22 +311,23 @@ pub fn ring(root: &Path, n: usize, extra: &[&str]) -> Vec<Agent> {
 /// Waits until every agent's successor list is consistent with a ring of exactly
 /// these agents (each one's first successor is the next id clockwise).
 pub fn wait_stable(agents: &[&Agent], limit: Duration) {
-    let mut ids: Vec<(String, &Agent)> = agents
-        .iter()
-        .map(|a| (hex_of(&a.id), *a))
-        .collect();
+    let mut ids: Vec<(String, &Agent)> = agents.iter().map(|a| (hex_of(&a.id), *a)).collect();
     ids.sort_by(|x, y| x.0.cmp(&y.0));
     let deadline = Instant::now() + limit;
     loop {
         let stable = ids.iter().enumerate().all(|(i, (_, a))| {
             let next = &ids[(i + 1) % ids.len()].1.id;
-            a.get("/v1/ring")
-                .is_some_and(|(_, ring)| ring["successors"][0]["id"].as_str() == Some(next.as_str()))
+            a.get("/v1/ring").is_some_and(|(_, ring)| {
+                ring["successors"][0]["id"].as_str() == Some(next.as_str())
+            })
         });
         if stable {
             return;
         }
-        assert!(Instant::now() < deadline, "the ring did not stabilise within {limit:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the ring did not stabilise within {limit:?}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
