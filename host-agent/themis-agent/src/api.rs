@@ -135,6 +135,14 @@ pub fn router(registry: Arc<Registry>) -> Router {
         .route("/v1/debug/find/{key}", get(debug_find))
         .route("/v1/debug/store", post(debug_store))
         .route("/v1/debug/values/{name}", get(debug_values))
+        // After every route: it applies to the routes added so far.
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this endpoint does not take that method; see the Allow header",
+            )
+        })
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,

@@ -143,6 +143,9 @@ pub struct KeyMaterial {
     pub private_key_pem: Zeroizing<String>,
 }
 
+/// Local registrations, each with the record bytes being re-stored for it.
+type Local = BTreeMap<(ServiceName, WorkloadName), (Registration, Vec<u8>)>;
+
 fn secret_text<S: serde::Serializer>(text: &Zeroizing<String>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(text)
 }
@@ -154,8 +157,7 @@ pub struct Registry {
     metrics: Arc<Metrics>,
     config: RegistryConfig,
     saved: PathBuf,
-    /// Local registrations with the record bytes being re-stored for each.
-    local: tokio::sync::Mutex<BTreeMap<(ServiceName, WorkloadName), (Registration, Vec<u8>)>>,
+    local: tokio::sync::Mutex<Local>,
     cache: Mutex<HashMap<ServiceName, (Instant, Resolution)>>,
 }
 
@@ -428,10 +430,7 @@ impl Registry {
         self.cache.lock().expect("never poisoned").remove(service);
     }
 
-    fn save(
-        &self,
-        local: &BTreeMap<(ServiceName, WorkloadName), (Registration, Vec<u8>)>,
-    ) -> Result<(), RegistryError> {
+    fn save(&self, local: &Local) -> Result<(), RegistryError> {
         let all: Vec<&Registration> = local.values().map(|(r, _)| r).collect();
         let json = serde_json::to_vec_pretty(&all).expect("registrations always encode");
         // Write then rename: a crash leaves the old file or the new one, never half.

@@ -128,8 +128,7 @@ impl Metered {
         loop {
             match scrape(self.metrics) {
                 Ok(text) => return text,
-                Err(e) if Instant::now() < deadline => {
-                    let _ = e;
+                Err(_) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 Err(e) => panic!("{}: no metrics at {}: {e}", self.agent.name, self.metrics),
@@ -792,13 +791,15 @@ fn a_peer_that_answers_lookups_without_progress_is_dropped() {
         .wait_for("the fake as predecessor", Duration::from_secs(30), |_| {
             ring_of(b).filter(|(_, r)| r["predecessor"]["id"] == fake_id.as_str())
         });
-    a.agent
-        .wait_for("the fake as successor", Duration::from_secs(30), |_| {
-            ring_of(a).filter(|(_, r)| {
-                r["successors"][0]["id"] == fake_id.as_str()
-                    && r["predecessor"]["id"] == b.agent.id.as_str()
-            })
-        });
+    let fake_is_successor_of_a = || {
+        a.agent
+            .wait_for("the fake as successor", Duration::from_secs(30), |_| {
+                ring_of(a).filter(|(_, r)| {
+                    r["successors"][0]["id"] == fake_id.as_str()
+                        && r["predecessor"]["id"] == b.agent.id.as_str()
+                })
+            });
+    };
 
     // Keys in (f, b]: a must ask f, the only node it knows in (a, key).
     let kb = key_of(&b.agent);
@@ -809,28 +810,40 @@ fn a_peer_that_answers_lookups_without_progress_is_dropped() {
     ];
     let no_progress = [("reason", "NoProgress")];
     for key in keys {
-        let before = a.value(DHT_REJECTIONS, &no_progress);
-        let (status, answer) = a
-            .agent
-            .get(&format!("/v1/debug/find/{}", hex::encode(key.0)))
-            .expect("the API answers");
+        // Should a time out the fake under load, it forgets it and answers locally;
+        // the fake is learnt again through stabilisation, and the find is repeated.
+        let mut attempts = 0;
+        let (status, answer, before) = loop {
+            attempts += 1;
+            fake_is_successor_of_a();
+            let before = a.value(DHT_REJECTIONS, &no_progress);
+            let (status, answer) = a
+                .agent
+                .get(&format!("/v1/debug/find/{}", hex::encode(key.0)))
+                .expect("the API answers");
+            if asked.lock().unwrap().contains(&key) {
+                break (status, answer, before);
+            }
+            assert!(
+                attempts < 5,
+                "find {key} never went through the fake: {status} {answer}"
+            );
+        };
         match status {
             // Routed around the fake to the node really responsible.
             200 => assert_eq!(answer["node"]["id"], b.agent.id.as_str(), "{answer}"),
-            // Or gave up cleanly: a knows no other node before the key to ask.
+            // Or gave up cleanly: a knows no other node before the key to ask. (What
+            // the lookup does today: it does not fall back on its own successor list,
+            // which names b right after the dropped fake.)
             502 => {
                 assert_eq!(answer["reason"], "not_found", "{answer}");
                 assert!(answer["error"].is_string(), "{answer}");
             }
             _ => panic!("find {key}: {status} {answer}"),
         }
-        assert!(
-            asked.lock().unwrap().contains(&key),
-            "find {key} did not go through the fake"
-        );
         a.wait_at_least(DHT_REJECTIONS, &no_progress, before + 1);
     }
-    assert!(a.value(DHT_REJECTIONS, &[("reason", "BadResponsible")]) == 0);
+    assert_eq!(a.value(DHT_REJECTIONS, &[("reason", "BadResponsible")]), 0);
 
     // a still serves: its status, its ring, and finds it can answer itself.
     assert_eq!(a.agent.get("/v1/status").unwrap().0, 200);

@@ -185,8 +185,8 @@ fn thirty_two_agents_survive_a_third_killed() {
                     a.endpoints(service).filter(|e| !e.is_empty())
                 });
             assert_eq!(
-                &endpoints,
-                &[endpoint.clone()],
+                endpoints,
+                vec![endpoint.clone()],
                 "{} resolving {service}",
                 agent.name
             );
