@@ -854,7 +854,9 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
                 return self.complete(now, lid, None);
             }
             let Some(c) = l.next_candidate() else {
-                return self.complete(now, lid, None);
+                let (key, avoid) = (l.key, l.avoid().to_vec());
+                let found = self.responsible_past(&key, &avoid);
+                return self.complete(now, lid, found);
             };
             let (key, avoid) = (l.key, l.avoid().to_vec());
             if c.id != self.me.id {
@@ -868,6 +870,18 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
                 return self.complete(now, lid, Some(node));
             }
         }
+    }
+
+    /// When every candidate preceding `key` was dropped, our own successor list may
+    /// still route around them: if the first successor not in `avoid` is at or past
+    /// the key, and every successor before it was dropped, it is responsible.
+    fn responsible_past(&self, key: &Key, avoid: &[Key]) -> Option<Contact<A>> {
+        let live = self
+            .table
+            .successors()
+            .iter()
+            .find(|s| s.id != self.me.id && !avoid.contains(&s.id))?;
+        in_half_open(key, &self.me.id, &live.id).then(|| live.clone())
     }
 
     fn complete(&mut self, now: Millis, lid: u64, found: Option<Contact<A>>) {
