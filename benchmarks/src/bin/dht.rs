@@ -200,6 +200,15 @@ where
     )
 }
 
+/// Stores one instance-record-sized value under `name` (k = 0); true if stored.
+async fn store_one(overlay: &Overlay, name: &str) -> bool {
+    let value = b"10.0.0.1:15006".to_vec();
+    let stored = overlay
+        .store(name.as_bytes(), value, 0, Duration::from_secs(600))
+        .await;
+    stored.is_ok_and(|s| s.stored == 1)
+}
+
 /// Find and store where the initiator's one remote request goes to the node that
 /// resolves it (the paper's "resolved on the receiving node").
 async fn one_hop(security: Security, secs: f64) -> ((f64, u64), (f64, u64)) {
@@ -234,16 +243,7 @@ async fn one_hop(security: Security, secs: f64) -> ((f64, u64), (f64, u64)) {
     let o = initiator.clone();
     let store = throughput(secs, move |i| {
         let (o, name) = (o.clone(), names[i as usize % 256].clone());
-        async move {
-            o.store(
-                name.as_bytes(),
-                b"10.0.0.1:15006".to_vec(),
-                0,
-                Duration::from_secs(600),
-            )
-            .await
-            .is_ok_and(|s| s.stored == 1)
-        }
+        async move { store_one(&o, &name).await }
     })
     .await;
     (find, store)
@@ -276,15 +276,7 @@ async fn random_ids(security: Security, n: usize, secs: f64) -> ((f64, u64), (f6
         let o = o.clone();
         async move {
             let node = &o[(i as usize).wrapping_mul(7919) % o.len()];
-            let name = hex::encode(random_key().0);
-            node.store(
-                name.as_bytes(),
-                b"10.0.0.1:15006".to_vec(),
-                0,
-                Duration::from_secs(600),
-            )
-            .await
-            .is_ok_and(|s| s.stored == 1)
+            store_one(node, &hex::encode(random_key().0)).await
         }
     })
     .await;
