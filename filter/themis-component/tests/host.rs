@@ -78,6 +78,17 @@ fn instantiate() -> (Store<Host>, Themis, Engine, Component) {
     (store, themis, engine, component)
 }
 
+/// A new identity made by the component in mesh "demo": its handle and its id.
+fn component_identity(store: &mut Store<Host>, themis: &Themis) -> (ResourceAny, [u8; 32]) {
+    let identity = themis.themis_mesh_identities().identity();
+    let handle = identity
+        .call_generate(&mut *store, "demo")
+        .unwrap()
+        .unwrap();
+    let id = identity.call_id(&mut *store, handle).unwrap();
+    (handle, id.try_into().unwrap())
+}
+
 fn native(mesh: &str) -> Identity {
     Identity::generate(MeshName::new(mesh).unwrap(), &SystemRandom::new()).unwrap()
 }
@@ -106,13 +117,9 @@ fn the_component_exports_exactly_the_wit_package() {
 fn identities_agree_with_the_native_core() {
     let (mut store, themis, _, _) = instantiate();
     let ids = themis.themis_mesh_identities();
-    let made = ids
-        .identity()
-        .call_generate(&mut store, "demo")
-        .unwrap()
-        .unwrap();
+    let (made, id) = component_identity(&mut store, &themis);
+    let id = id.to_vec();
     let public_key = ids.identity().call_public_key(&mut store, made).unwrap();
-    let id = ids.identity().call_id(&mut store, made).unwrap();
     let key: [u8; 32] = public_key.try_into().unwrap();
     assert_eq!(PeerId::derive(&key, "demo").0.to_vec(), id);
 
@@ -158,18 +165,12 @@ fn identities_agree_with_the_native_core() {
 #[test]
 fn component_initiator_with_native_responder() {
     let (mut store, themis, _, _) = instantiate();
-    let (ids, ka, ch) = (
-        themis.themis_mesh_identities(),
+    let (ka, ch) = (
         themis.themis_mesh_key_agreement(),
         themis.themis_mesh_channel(),
     );
     let bob = native("demo");
-    let alice = ids
-        .identity()
-        .call_generate(&mut store, "demo")
-        .unwrap()
-        .unwrap();
-    let alice_id = ids.identity().call_id(&mut store, alice).unwrap();
+    let (alice, alice_id) = component_identity(&mut store, &themis);
 
     let (waiting, hello) = ka
         .initiator()
@@ -189,7 +190,7 @@ fn component_initiator_with_native_responder() {
         .unwrap()
         .unwrap();
     let mut bob_session = pending.read_confirm(&confirm).unwrap();
-    assert_eq!(bob_session.info().peer_id.0.to_vec(), alice_id);
+    assert_eq!(bob_session.info().peer_id.0, alice_id);
     assert_eq!(
         ch.session().call_peer_id(&mut store, session).unwrap(),
         bob.id().0.to_vec()
@@ -236,23 +237,12 @@ fn component_initiator_with_native_responder() {
 #[test]
 fn native_initiator_with_component_responder() {
     let (mut store, themis, _, _) = instantiate();
-    let (ids, ka, ch) = (
-        themis.themis_mesh_identities(),
+    let (ka, ch) = (
         themis.themis_mesh_key_agreement(),
         themis.themis_mesh_channel(),
     );
     let alice = native("demo");
-    let bob: ResourceAny = ids
-        .identity()
-        .call_generate(&mut store, "demo")
-        .unwrap()
-        .unwrap();
-    let bob_id: [u8; 32] = ids
-        .identity()
-        .call_id(&mut store, bob)
-        .unwrap()
-        .try_into()
-        .unwrap();
+    let (bob, bob_id) = component_identity(&mut store, &themis);
 
     let (waiting, hello) = Initiator::start(
         &alice,
