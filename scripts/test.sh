@@ -35,7 +35,7 @@ CARGO_TARGET_WASM32_WASIP2_RUNNER="wasmtime run" \
 section "allocations per record on the in-place path (must be zero)"
 cargo run -q --release -p themis-benchmarks --bin alloc_count
 
-section "end-to-end demo: two processes over loopback TCP"
+section "the demo: three agents on loopback, resolution by name, a sealed call"
 scripts/demo.sh
 
 section "fuzz targets, ${FUZZ_SECONDS}s each"
