@@ -10,7 +10,7 @@ use themis_core::{
     wire, HandshakeConfig, Identity as CoreIdentity, MeshName, PeerId, Session as CoreSession,
 };
 
-wit_bindgen::generate!({ path: "../../wit", world: "themis" });
+wit_bindgen::generate!({ path: "../../wit", world: "themis-tool", generate_all });
 
 use exports::themis::mesh::channel::{self, GuestSession, Opened, Session as SessionHandle};
 use exports::themis::mesh::identities::{self, GuestIdentity, Identity as IdentityHandle};
@@ -222,4 +222,10 @@ impl GuestResponder for Responder {
 impl key_agreement::Guest for Component {
     type Initiator = Initiator;
     type Responder = Responder;
+}
+
+impl exports::wasi::cli::run::Guest for Component {
+    fn run() -> Result<(), ()> {
+        crate::tool::main()
+    }
 }

@@ -10,3 +10,5 @@
 
 #[cfg(target_family = "wasm")]
 mod component;
+#[cfg(target_family = "wasm")]
+mod tool;

@@ -5,10 +5,9 @@
 //! from the same file; instantiation type-checks the built component against the WIT, so
 //! neither side can drift from the contract without this test failing.
 
-use std::path::PathBuf;
-use std::process::Command;
-use std::sync::OnceLock;
+mod common;
 
+use common::component_path;
 use ring::rand::SystemRandom;
 use themis_core::handshake::{self, Initiator};
 use themis_core::{HandshakeConfig, Identity, MeshName, PeerId};
@@ -32,36 +31,6 @@ impl WasiView for Host {
             table: &mut self.table,
         }
     }
-}
-
-/// Builds the component once (release, wasm32-wasip2) and returns its path.
-fn component_path() -> &'static PathBuf {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root.join("target"));
-        let status = Command::new(env!("CARGO"))
-            .current_dir(&root)
-            .args([
-                "build",
-                "-q",
-                "-p",
-                "themis-component",
-                "--release",
-                "--target",
-                "wasm32-wasip2",
-            ])
-            .env("CARGO_TARGET_DIR", &target)
-            .status()
-            .expect("running cargo build for the component");
-        assert!(
-            status.success(),
-            "building the component for wasm32-wasip2 failed"
-        );
-        target.join("wasm32-wasip2/release/themis_component.wasm")
-    })
 }
 
 fn instantiate() -> (Store<Host>, Themis, Engine, Component) {
@@ -109,6 +78,7 @@ fn the_component_exports_exactly_the_wit_package() {
             "themis:mesh/identities@0.1.0",
             "themis:mesh/key-agreement@0.1.0",
             "themis:mesh/types@0.1.0",
+            "wasi:cli/run@0.2.12",
         ]
     );
 }
