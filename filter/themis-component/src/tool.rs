@@ -1,11 +1,17 @@
 //! The component as a tool for people, run by `wasmtime run` through `wasi:cli/run`:
-//! create and show identities, and check that a key is the key of an id.
+//! create and show identities, check that a key is the key of an id, and act as a mesh
+//! client outside Envoy: resolve a service through an agent and call it over the
+//! Themis channel.
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use ring::rand::SecureRandom;
 use ring::rand::SystemRandom;
-use themis_core::{Identity, MeshName, PeerId};
+use themis_core::handshake::Initiator;
+use themis_core::{wire, HandshakeConfig, Identity, MeshName, PeerId, Session};
 
 /// Themis identities, from the portable component (`wasmtime run themis_component.wasm …`).
 ///
@@ -22,6 +28,24 @@ enum Command {
     /// Identity key files.
     #[command(subcommand)]
     Id(IdCommand),
+    /// Resolve a service through an agent and send it each message over the Themis
+    /// channel, printing each answer. Needs `wasmtime run -S inherit-network`.
+    Call {
+        /// The service name.
+        service: String,
+        /// The agent's read-only resolution address (`themis agent --resolve-listen`).
+        #[arg(long, default_value = "127.0.0.1:7480")]
+        agent: SocketAddr,
+        /// This client's key file.
+        #[arg(long)]
+        key: PathBuf,
+        /// The mesh.
+        #[arg(long)]
+        mesh: String,
+        /// The messages, one sealed request each.
+        #[arg(required = true)]
+        messages: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -74,7 +98,16 @@ fn load(key: &PathBuf, mesh: MeshName) -> Result<Identity, String> {
 }
 
 fn run(command: Command) -> Result<(), String> {
-    let Command::Id(command) = command;
+    let command = match command {
+        Command::Id(command) => command,
+        Command::Call {
+            service,
+            agent,
+            key,
+            mesh: name,
+            messages,
+        } => return call(&service, agent, &load(&key, mesh(&name)?)?, &messages),
+    };
     match command {
         IdCommand::New { mesh: name } => {
             let identity = Identity::generate(mesh(&name)?, &SystemRandom::new())
@@ -106,4 +139,161 @@ fn run(command: Command) -> Result<(), String> {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// An instance of a service, as the agent resolves it.
+struct Instance {
+    endpoint: SocketAddr,
+    id: PeerId,
+}
+
+/// Resolves `service` through the agent's read-only HTTP endpoint.
+fn resolve(agent: SocketAddr, service: &str, mesh: &MeshName) -> Result<Vec<Instance>, String> {
+    if service.is_empty()
+        || !service
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'.')
+    {
+        return Err(format!("{service:?} is not a service name"));
+    }
+    let unreachable = |e: std::io::Error| {
+        format!(
+            "cannot reach the agent at {agent}: {e} (is it running with --resolve-listen {agent}?)"
+        )
+    };
+    let mut stream = TcpStream::connect(agent).map_err(unreachable)?;
+    write!(
+        stream,
+        "GET /v1/services/{service} HTTP/1.1\r\nHost: themis-agent\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(unreachable)?;
+    let mut raw = Vec::new();
+    stream
+        .take(1 << 20)
+        .read_to_end(&mut raw)
+        .map_err(unreachable)?;
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut response = httparse::Response::new(&mut headers);
+    let Ok(httparse::Status::Complete(body_at)) = response.parse(&raw) else {
+        return Err(format!("the agent at {agent} did not answer with HTTP"));
+    };
+    let body: serde_json::Value = serde_json::from_slice(&raw[body_at..])
+        .map_err(|e| format!("the agent's answer is not JSON: {e}"))?;
+    if response.code != Some(200) {
+        return Err(format!(
+            "the agent refused: {}",
+            body["error"].as_str().unwrap_or("no details")
+        ));
+    }
+    let instances = body["instances"].as_array().cloned().unwrap_or_default();
+    instances
+        .iter()
+        .map(|i| {
+            let endpoint = i["endpoint"]
+                .as_str()
+                .and_then(|e| e.parse().ok())
+                .ok_or("an instance without a valid endpoint")?;
+            let id = i["id"].as_str().ok_or("an instance without an id")?;
+            let id = PeerId::parse_in(id, mesh).map_err(|e| e.to_string())?;
+            Ok(Instance { endpoint, id })
+        })
+        .collect()
+}
+
+/// Reads one complete Themis message from `stream`, keeping what follows in `buf`.
+fn read_message(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<Vec<u8>, String> {
+    loop {
+        if let Some(len) = wire::frame_len(buf).map_err(|e| e.to_string())? {
+            if buf.len() >= len {
+                let rest = buf.split_off(len);
+                return Ok(std::mem::replace(buf, rest));
+            }
+        }
+        let mut chunk = [0u8; 16 * 1024];
+        match stream.read(&mut chunk).map_err(|e| e.to_string())? {
+            0 => {
+                return Err(
+                    "the peer closed the connection (it is not the id resolved, or it refused us)"
+                        .into(),
+                )
+            }
+            n => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// The key agreement with `instance`, as the initiator.
+fn connect(me: &Identity, instance: &Instance) -> Result<(TcpStream, Vec<u8>, Session), String> {
+    let mut stream = TcpStream::connect(instance.endpoint).map_err(|e| e.to_string())?;
+    let rng = ring::rand::SystemRandom::new();
+    let (waiting, hello) = Initiator::start(me, instance.id, &HandshakeConfig::default(), &rng)
+        .map_err(|e| e.to_string())?;
+    stream.write_all(&hello).map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    let reply = read_message(&mut stream, &mut buf)?;
+    let (session, confirm) = waiting
+        .read_hello_reply(&reply)
+        .map_err(|e| e.to_string())?;
+    stream.write_all(&confirm).map_err(|e| e.to_string())?;
+    Ok((stream, buf, session))
+}
+
+/// Resolves `service`, then tries its instances in random order (load balancing, and
+/// the next one if one fails) until one completes the key agreement; sends each message
+/// sealed and prints each sealed answer.
+fn call(
+    service: &str,
+    agent: SocketAddr,
+    me: &Identity,
+    messages: &[String],
+) -> Result<(), String> {
+    let mut instances = resolve(agent, service, me.mesh())?;
+    if instances.is_empty() {
+        return Err(format!("{service} has no instances"));
+    }
+    let rng = ring::rand::SystemRandom::new();
+    for i in (1..instances.len()).rev() {
+        let mut r = [0u8; 4];
+        rng.fill(&mut r).map_err(|_| "no randomness")?;
+        instances.swap(i, u32::from_le_bytes(r) as usize % (i + 1));
+    }
+    let mut failures = Vec::new();
+    for instance in &instances {
+        let (mut stream, mut buf, mut session) = match connect(me, instance) {
+            Ok(connected) => connected,
+            Err(e) => {
+                eprintln!(
+                    "{} at {}: {e}; trying the next instance",
+                    instance.id.printable(me.mesh()),
+                    instance.endpoint
+                );
+                failures.push(e);
+                continue;
+            }
+        };
+        eprintln!(
+            "authenticated {} at {}",
+            instance.id.printable(me.mesh()),
+            instance.endpoint
+        );
+        for message in messages {
+            let (seq, record) = session
+                .seal(message.as_bytes(), None)
+                .map_err(|e| e.to_string())?;
+            stream.write_all(&record).map_err(|e| e.to_string())?;
+            let mut answer = read_message(&mut stream, &mut buf)?;
+            let opened = session
+                .open_in_place(&mut answer)
+                .map_err(|e| e.to_string())?;
+            if opened.reply_to != Some(seq) {
+                return Err("the answer does not answer our request".into());
+            }
+            println!("{}", String::from_utf8_lossy(opened.payload));
+        }
+        return Ok(());
+    }
+    Err(format!(
+        "no instance of {service} could be reached: {}",
+        failures.join("; ")
+    ))
 }

@@ -6,11 +6,16 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::component_path;
+use common::{component_path, themis_path};
 use themis_core::{Identity, MeshName};
 
-/// `wasmtime run --dir <dir>::/ <component> <args>`, run in `dir`.
+/// `wasmtime run --dir . <component> <args>`, run in `dir`.
 fn wasmtime(dir: &Path, args: &[&str]) -> Output {
+    wasmtime_with(dir, &[], args)
+}
+
+/// The same with extra `wasmtime run` options.
+fn wasmtime_with(dir: &Path, options: &[&str], args: &[&str]) -> Output {
     let wasmtime = std::env::var_os("HOME")
         .map(|home| Path::new(&home).join(".cargo/bin/wasmtime"))
         .filter(|p| p.exists())
@@ -18,6 +23,7 @@ fn wasmtime(dir: &Path, args: &[&str]) -> Output {
     Command::new(&wasmtime)
         .current_dir(dir)
         .args(["run", "--dir", "."])
+        .args(options)
         .arg(component_path())
         .args(args)
         .output()
@@ -84,4 +90,191 @@ fn identities_from_the_wasmtime_cli_work_with_the_native_core() {
         assert!(stderr.contains("error"), "{args:?}: {stderr}");
         assert!(!stderr.contains("wasm trap"), "{args:?}: {stderr}");
     }
+}
+
+/// A `themis agent` process, stopped by its pid when dropped.
+struct AgentProcess(std::process::Child);
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn themis(socket: &Path, args: &[&str]) -> Output {
+    Command::new(themis_path())
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Serves the Themis channel as `identity` on 127.0.0.1, answering each request with
+/// `<name> got <request>`; returns its address.
+fn serve(
+    runtime: &tokio::runtime::Runtime,
+    identity: Identity,
+    name: &'static str,
+) -> std::net::SocketAddr {
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let handler = move |_peer: std::sync::Arc<themis_core::SessionInfo>,
+                            request: bytes::BytesMut| async move {
+            format!("{name} got {}", String::from_utf8_lossy(&request)).into_bytes()
+        };
+        let stats = std::sync::Arc::new(themis_net::NetStats::default());
+        let config = themis_net::Config::default();
+        tokio::spawn(themis_net::serve(
+            listener,
+            std::sync::Arc::new(identity),
+            config,
+            std::sync::Arc::new(handler),
+            stats,
+        ));
+        addr
+    })
+}
+
+/// The mesh client outside Envoy: the component under `wasmtime run` resolves a
+/// service through a real agent and calls it over the Themis channel.
+#[test]
+fn the_wasmtime_tool_resolves_through_an_agent_and_calls_over_themis() {
+    let dir = tempfile::tempdir().unwrap();
+    let resolve = format!("127.0.0.1:{}", free_port());
+    let state = dir.path().join("agent");
+    let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
+    let _agent = AgentProcess(
+        Command::new(themis_path())
+            .args([
+                "agent",
+                "--mesh",
+                "test",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics",
+                "off",
+                "--resolve-listen",
+                &resolve,
+            ])
+            .arg("--state-dir")
+            .arg(&state)
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let socket = state.join("agent.sock");
+    let started = std::time::Instant::now();
+    while !themis(&socket, &["status"]).status.success() {
+        assert!(started.elapsed().as_secs() < 20, "the agent did not start");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+
+    // `check` serves with the identity its agent created; it registers there.
+    assert!(themis(&socket, &["workload", "check"]).status.success());
+    let mesh = MeshName::new("test").unwrap();
+    let pem = std::fs::read_to_string(state.join("workloads/check.key")).unwrap();
+    let check = Identity::from_key_file(mesh.clone(), &pem).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let at = serve(&runtime, check, "check");
+    let out = themis(
+        &socket,
+        &[
+            "register",
+            "check",
+            "--workload",
+            "check",
+            "--endpoint",
+            &at.to_string(),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // `fake` is registered by workload fake-1, but another key answers at its endpoint.
+    assert!(themis(&socket, &["workload", "fake-1"]).status.success());
+    let impostor = Identity::generate(mesh.clone(), &ring::rand::SystemRandom::new()).unwrap();
+    let at = serve(&runtime, impostor, "impostor");
+    assert!(themis(
+        &socket,
+        &[
+            "register",
+            "fake",
+            "--workload",
+            "fake-1",
+            "--endpoint",
+            &at.to_string()
+        ]
+    )
+    .status
+    .success());
+
+    let handler = Identity::generate(mesh, &ring::rand::SystemRandom::new()).unwrap();
+    std::fs::write(
+        dir.path().join("handler.key"),
+        handler.to_key_file().as_str(),
+    )
+    .unwrap();
+    let net = ["-S", "inherit-network"];
+    let call = |service: &str, agent: &str| {
+        wasmtime_with(
+            dir.path(),
+            &net,
+            &[
+                "call",
+                service,
+                "--agent",
+                agent,
+                "--key",
+                "handler.key",
+                "--mesh",
+                "test",
+                "is 7 prime?",
+                "and 9?",
+            ],
+        )
+    };
+
+    let out = call("check", &resolve);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "check got is 7 prime?\ncheck got and 9?\n"
+    );
+
+    let out = call("fake", &resolve);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).is_empty(),
+        "nothing reached the impostor's answers"
+    );
+    assert!(
+        text(&out.stderr).contains("no instance of fake could be reached"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = call("nothing-here", &resolve);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("has no instances"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = call("check", &format!("127.0.0.1:{}", free_port()));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("cannot reach the agent"),
+        "{}",
+        text(&out.stderr)
+    );
 }

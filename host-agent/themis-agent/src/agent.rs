@@ -124,6 +124,18 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
     let socket = settings.api_socket();
     let api = bind_unix(&socket)?;
     let api_task = tokio::spawn(serve_api(api, crate::api::router(registry.clone())));
+    let resolve_task = match settings.resolve_listen {
+        Some(addr) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(bind_error("resolve listener", addr))?;
+            let app = crate::api::resolve_router(registry.clone());
+            Some(tokio::spawn(
+                async move { axum::serve(listener, app).await },
+            ))
+        }
+        None => None,
+    };
 
     let metrics_task = match settings.metrics_addr()? {
         Some(addr) => {
@@ -187,6 +199,9 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
     api_task.abort();
     server.abort();
     if let Some(task) = metrics_task {
+        task.abort();
+    }
+    if let Some(task) = resolve_task {
         task.abort();
     }
     let _ = std::fs::remove_file(&socket);

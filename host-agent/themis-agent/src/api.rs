@@ -16,6 +16,10 @@
 //! | `GET /v1/debug/values/{name}` | raw `resolve` (`?replicas=k`) |
 //!
 //! Errors are JSON `{"error": "...", "reason": "..."}` with a fitting status.
+//!
+//! With `--resolve-listen`, the agent also serves `GET /v1/status` and
+//! `GET /v1/services/{service}` (nothing else) over TCP, for clients that cannot use a
+//! Unix socket, such as the component under `wasmtime run`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -121,7 +125,7 @@ fn ok(value: impl Serialize) -> ApiResult {
 
 /// The router of the local API.
 pub fn router(registry: Arc<Registry>) -> Router {
-    Router::new()
+    let full = Router::new()
         .route("/v1/status", get(status))
         .route("/v1/ring", get(ring))
         .route("/v1/services/{service}", get(resolve))
@@ -134,7 +138,22 @@ pub fn router(registry: Arc<Registry>) -> Router {
         .route("/v1/workloads/{workload}/key", get(workload_key))
         .route("/v1/debug/find/{key}", get(debug_find))
         .route("/v1/debug/store", post(debug_store))
-        .route("/v1/debug/values/{name}", get(debug_values))
+        .route("/v1/debug/values/{name}", get(debug_values));
+    finish(full, registry)
+}
+
+/// The read-only subset for clients that cannot reach the Unix socket (a WASI tool):
+/// status and resolution, nothing that changes state or reveals a key.
+pub fn resolve_router(registry: Arc<Registry>) -> Router {
+    let read_only = Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/services/{service}", get(resolve));
+    finish(read_only, registry)
+}
+
+/// JSON errors for unknown endpoints and methods, the body limit, the state.
+fn finish(routes: Router<Arc<Registry>>, registry: Arc<Registry>) -> Router {
+    routes
         // After every route: it applies to the routes added so far.
         .method_not_allowed_fallback(|| async {
             ApiError::new(

@@ -34,6 +34,9 @@ pub struct Settings {
     pub api_socket: Option<PathBuf>,
     /// Where to serve Prometheus metrics, or `off`.
     pub metrics: String,
+    /// Where to serve the read-only resolution API over TCP (status and resolve only),
+    /// for clients without Unix sockets; off by default.
+    pub resolve_listen: Option<SocketAddr>,
     /// Extra replicas of each service's records (stored `replicas + 1` times).
     pub replicas: u8,
     /// Lifetime of a stored record, in seconds.
@@ -78,6 +81,7 @@ impl Default for Settings {
             join: Vec::new(),
             api_socket: None,
             metrics: "127.0.0.1:9464".into(),
+            resolve_listen: None,
             replicas: 2,
             record_ttl_secs: 60,
             republish_secs: 20,
@@ -145,6 +149,10 @@ pub struct AgentArgs {
     /// Prometheus metrics address, or `off` [default: 127.0.0.1:9464].
     #[arg(long)]
     pub metrics: Option<String>,
+    /// Also serve status and resolution (read-only) over TCP here, for clients that
+    /// cannot reach the Unix socket (e.g. the component under `wasmtime run`).
+    #[arg(long, value_name = "ADDR")]
+    pub resolve_listen: Option<SocketAddr>,
     /// Extra replicas of service records [default: 2].
     #[arg(long)]
     pub replicas: Option<u8>,
@@ -193,6 +201,9 @@ impl Settings {
         );
         if args.advertise.is_some() {
             s.advertise = args.advertise;
+        }
+        if args.resolve_listen.is_some() {
+            s.resolve_listen = args.resolve_listen;
         }
         if args.api_socket.is_some() {
             s.api_socket = args.api_socket.clone();

@@ -34,6 +34,8 @@ fn default_socket() -> String {
     format!("{DEFAULT_STATE_DIR}/agent.sock")
 }
 
+// Parsed once per run: the size of the agent's flags does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the host agent (until SIGTERM or Ctrl-C, which leave the ring gracefully).
