@@ -119,7 +119,7 @@ fn run(command: Command) -> Result<(), String> {
             let identity = load(&key, mesh(&name)?)?;
             println!("id          {}", identity.printable_id());
             println!("mesh        {}", identity.mesh());
-            println!("public key  {}", hex(identity.public_key()));
+            println!("public key  {}", hex::encode(identity.public_key()));
         }
         IdCommand::Check { id, key } => {
             let (mesh, expected) = PeerId::parse(&id).map_err(|e| e.to_string())?;
@@ -135,10 +135,6 @@ fn run(command: Command) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// An instance of a service, as the agent resolves it.

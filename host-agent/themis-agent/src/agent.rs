@@ -151,11 +151,13 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
             let app = axum::Router::new().route(
                 "/metrics",
                 get(move || async move {
+                    let outbound_sessions = client.connections().await;
                     let text = metrics.render(Sources {
                         dht: &overlay.snapshot(),
+                        joined: *overlay.joined().borrow(),
                         inbound: &inbound,
                         outbound: client.stats(),
-                        outbound_sessions: client.connections().await,
+                        outbound_sessions,
                     });
                     (
                         [("content-type", "text/plain; version=0.0.4; charset=utf-8")],

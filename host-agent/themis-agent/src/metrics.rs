@@ -50,6 +50,8 @@ pub struct Metrics {
 pub struct Sources<'a> {
     /// The DHT node's counters.
     pub dht: &'a Snapshot,
+    /// Whether the node is in a ring.
+    pub joined: bool,
     /// The agent-to-agent server.
     pub inbound: &'a NetStats,
     /// The agent-to-agent client.
@@ -233,7 +235,7 @@ impl Metrics {
                 n,
             );
         }
-        self.joined.set(i64::from(sources.dht.joined));
+        self.joined.set(i64::from(sources.joined));
         self.objects.set(gauge(sources.dht.objects as u64));
         self.values.set(gauge(sources.dht.values as u64));
         for (direction, net) in [("inbound", sources.inbound), ("outbound", sources.outbound)] {

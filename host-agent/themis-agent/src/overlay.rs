@@ -15,13 +15,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use futures_util::future::BoxFuture;
+use futures_util::future::{join_all, BoxFuture};
 use serde::{Deserialize, Serialize};
 use themis_core::{MeshName, PeerId};
 use themis_dht::{Contact, Event, Key, Message, Node, OpId, Rejection};
 use themis_net::{Client, NetError};
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
@@ -202,8 +201,6 @@ pub struct Snapshot {
     pub objects: usize,
     /// Values held over all objects.
     pub values: usize,
-    /// Whether the node is in a ring.
-    pub joined: bool,
 }
 
 type Reply<T> = oneshot::Sender<T>;
@@ -520,7 +517,6 @@ impl Driver {
                 .create(now)
                 .expect("a fresh node can create a ring");
             info!(id = %view_of(&self.mesh, self.node.contact()).id, "created a ring");
-            let _ = self.joined.send(true);
             return;
         }
         let via = self.bootstrap[self.attempts % self.bootstrap.len()].clone();
@@ -656,6 +652,18 @@ impl Driver {
         while let Some(event) = self.node.poll_event() {
             self.event(event);
         }
+        self.publish_membership();
+    }
+
+    /// Mirrors the node's membership into the `joined` watch: the node is the one
+    /// source of truth (it also falls out of the ring when it loses every contact).
+    fn publish_membership(&self) {
+        let joined = self.node.is_joined();
+        self.joined.send_if_modified(|published| {
+            let changed = *published != joined;
+            *published = joined;
+            changed
+        });
     }
 
     /// Carries one request on its own task; the response comes back through
@@ -693,7 +701,6 @@ impl Driver {
         let op = match &event {
             Event::Joined { successor } => {
                 info!(successor = %successor.addr, "joined the ring");
-                let _ = self.joined.send(true);
                 return;
             }
             Event::JoinFailed => {
@@ -744,7 +751,6 @@ impl Driver {
             stats: self.node.stats().clone(),
             objects: objects.len(),
             values: objects.iter().map(|(_, n)| n).sum(),
-            joined: self.node.is_joined(),
         };
         *self.snapshot.lock().expect("never poisoned") = snapshot;
     }
@@ -756,19 +762,16 @@ impl Driver {
         }
         let now = self.now();
         self.node.leave(now);
-        let mut farewells = JoinSet::new();
+        let mut farewells = Vec::new();
         while let Some((to, message)) = self.node.poll_transmit() {
             if let Message::Request { .. } = message {
-                let handle = self.send(to, message);
-                farewells.spawn(async move {
-                    let _ = handle.await;
-                });
+                farewells.push(self.send(to, message));
             }
         }
         let sent = farewells.len();
-        let flushed = tokio::time::timeout(LEAVE_FLUSH_TIMEOUT, farewells.join_all()).await;
+        let flushed = tokio::time::timeout(LEAVE_FLUSH_TIMEOUT, join_all(farewells)).await;
         info!(messages = sent, complete = flushed.is_ok(), "left the ring");
-        let _ = self.joined.send(false);
+        self.publish_membership();
         self.refresh_snapshot();
     }
 }
