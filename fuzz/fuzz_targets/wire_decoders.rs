@@ -6,7 +6,8 @@ use libfuzzer_sys::fuzz_target;
 use themis_core::wire::{
     self, Confirm, Hello, HelloReply, Kind, RecordHeader, MAX_HANDSHAKE_LEN, RECORD_HEADER_LEN,
 };
-use themis_core::{MeshName, PeerId};
+use themis_core::shared::Ticket;
+use themis_core::{MeshName, PeerId, ReplayWindow};
 
 fuzz_target!(|bytes: &[u8]| {
     let kind = wire::peek_kind(bytes);
@@ -41,6 +42,14 @@ fuzz_target!(|bytes: &[u8]| {
             };
             assert!(decodes, "frame_len said {n} bytes, but they do not decode");
         }
+    }
+
+    // Host-store decoders: a ticket that decodes encodes back to the same bytes.
+    if let Ok(ticket) = Ticket::decode(bytes) {
+        assert_eq!(ticket.encode().as_slice(), bytes);
+    }
+    if let Ok(window) = ReplayWindow::from_bytes(bytes) {
+        assert_eq!(window.to_bytes(), bytes);
     }
 
     let text = String::from_utf8_lossy(bytes);

@@ -148,9 +148,11 @@ impl Session {
             opener: Opener {
                 session_id: info.session_id,
                 receiver: info.local_id,
-                window: ReplayWindow::new(config.mode),
-                key: DirectionKey::new(info.suite, recv),
-                previous: None,
+                window: Ordering::new(config.mode),
+                keys: EpochKeys::new(
+                    DirectionKey::new(info.suite, recv),
+                    config.mode == ChannelMode::Datagram,
+                ),
                 records_per_key,
             },
             info,
@@ -287,11 +289,8 @@ impl Opened<'_> {
 pub struct Opener {
     session_id: u64,
     receiver: PeerId,
-    window: ReplayWindow,
-    key: DirectionKey,
-    /// Datagram mode only: the previous epoch's key, kept so that a datagram sealed
-    /// just before a rekey still opens when it arrives just after.
-    previous: Option<DirectionKey>,
+    window: Ordering,
+    keys: EpochKeys,
     records_per_key: u64,
 }
 
@@ -300,126 +299,233 @@ impl Opener {
     /// `record`. Nothing changes unless the record authenticates.
     pub fn open_in_place<'r>(&mut self, record: &'r mut [u8]) -> Result<Opened<'r>, ChannelError> {
         let header = RecordHeader::decode(record)?;
-        if record.len() != header.record_len() {
-            return Err(ChannelError::LengthMismatch {
-                expected: header.record_len(),
-                got: record.len(),
-            });
-        }
-        if header.session_id != self.session_id {
-            return Err(ChannelError::WrongSession);
-        }
+        check_header(&header, record, self.session_id)?;
         // Cheap rejection of replays before any cryptography; `accept` below only
         // records the number once the record has authenticated.
         self.window.check(header.seq)?;
-        let epoch = header.seq / self.records_per_key;
-        // The key for the record's epoch: the current one, a later one (adopted only
-        // once a record under it authenticates), or in datagram mode the previous one.
-        let adopted = match epoch.checked_sub(self.key.epoch) {
-            Some(0) => None,
-            Some(ahead) if ahead <= MAX_EPOCHS_AHEAD => Some(self.key.ratchet_to(epoch)),
-            Some(_) => return Err(ChannelError::TooFarAhead(header.seq)),
-            None => None,
-        };
-        let key = match &adopted {
-            Some((_, next)) => next,
-            None if epoch == self.key.epoch => &self.key,
-            None => match &self.previous {
-                Some(previous) if previous.epoch == epoch => previous,
-                _ => return Err(ChannelError::Replay(header.seq)),
-            },
-        };
-        let (head, body) = record.split_at_mut(RECORD_HEADER_LEN);
-        let payload = key
-            .key
-            .open_in_place(nonce(header.seq), aad(head, &self.receiver), body)
-            .map_err(|_| ChannelError::Authentication)?;
-        if let Some((before, next)) = adopted {
-            let current = core::mem::replace(&mut self.key, next);
-            // Streams never look back, so the old key goes (forward secrecy).
-            self.previous = self.window.is_datagram().then(|| before.unwrap_or(current));
-        }
+        let found = self.keys.find(header.seq, self.records_per_key)?;
+        let payload = open_with(self.keys.get(&found), &header, self.receiver, record)?;
+        self.keys.adopt(found);
         self.window.accept(header.seq);
-        let reply_to = (header.reply_to != 0).then_some(header.reply_to);
         Ok(Opened {
             seq: header.seq,
-            reply_to,
+            reply_to: (header.reply_to != 0).then_some(header.reply_to),
             payload,
         })
     }
 }
 
+/// Checks a record's length and session against its decoded header.
+pub(crate) fn check_header(
+    header: &RecordHeader,
+    record: &[u8],
+    session_id: u64,
+) -> Result<(), ChannelError> {
+    if record.len() != header.record_len() {
+        return Err(ChannelError::LengthMismatch {
+            expected: header.record_len(),
+            got: record.len(),
+        });
+    }
+    if header.session_id != session_id {
+        return Err(ChannelError::WrongSession);
+    }
+    Ok(())
+}
+
+/// Decrypts and authenticates `record` in place under `key`.
+pub(crate) fn open_with<'r>(
+    key: &DirectionKey,
+    header: &RecordHeader,
+    receiver: PeerId,
+    record: &'r mut [u8],
+) -> Result<&'r mut [u8], ChannelError> {
+    let (head, body) = record.split_at_mut(RECORD_HEADER_LEN);
+    key.key
+        .open_in_place(nonce(header.seq), aad(head, &receiver), body)
+        .map_err(|_| ChannelError::Authentication)
+}
+
+/// The keys of one direction a receiver may still need: the current epoch's and, for
+/// datagrams (which may arrive late), the one before.
+pub(crate) struct EpochKeys {
+    current: DirectionKey,
+    previous: Option<DirectionKey>,
+    keep_previous: bool,
+}
+
+/// Where the key of a record's epoch is: found by [`EpochKeys::find`], used by
+/// [`EpochKeys::get`], and made current by [`EpochKeys::adopt`] once the record
+/// authenticated (so a forged sequence number moves nothing).
+pub(crate) enum Found {
+    Current,
+    Previous,
+    Ahead {
+        before: Option<DirectionKey>,
+        at: DirectionKey,
+    },
+}
+
+impl EpochKeys {
+    pub(crate) fn new(key: DirectionKey, keep_previous: bool) -> Self {
+        EpochKeys {
+            current: key,
+            previous: None,
+            keep_previous,
+        }
+    }
+
+    pub(crate) fn find(&self, seq: u64, records_per_key: u64) -> Result<Found, ChannelError> {
+        let epoch = seq / records_per_key;
+        match epoch.checked_sub(self.current.epoch) {
+            Some(0) => Ok(Found::Current),
+            Some(ahead) if ahead <= MAX_EPOCHS_AHEAD => {
+                let (before, at) = self.current.ratchet_to(epoch);
+                Ok(Found::Ahead { before, at })
+            }
+            Some(_) => Err(ChannelError::TooFarAhead(seq)),
+            None => match &self.previous {
+                Some(previous) if previous.epoch == epoch => Ok(Found::Previous),
+                _ => Err(ChannelError::Replay(seq)),
+            },
+        }
+    }
+
+    pub(crate) fn get<'k>(&'k self, found: &'k Found) -> &'k DirectionKey {
+        match found {
+            Found::Current => &self.current,
+            Found::Previous => self.previous.as_ref().expect("found only if kept"),
+            Found::Ahead { at, .. } => at,
+        }
+    }
+
+    pub(crate) fn adopt(&mut self, found: Found) {
+        if let Found::Ahead { before, at } = found {
+            let current = core::mem::replace(&mut self.current, at);
+            // Streams never look back, so the old key goes (forward secrecy).
+            self.previous = self.keep_previous.then(|| before.unwrap_or(current));
+        }
+    }
+}
+
 /// The associated data of a record: its header and the receiver's id.
-fn aad(header: &[u8], receiver: &PeerId) -> aead::Aad<[u8; RECORD_HEADER_LEN + 32]> {
+pub(crate) fn aad(header: &[u8], receiver: &PeerId) -> aead::Aad<[u8; RECORD_HEADER_LEN + 32]> {
     let mut bytes = [0u8; RECORD_HEADER_LEN + 32];
     bytes[..RECORD_HEADER_LEN].copy_from_slice(header);
     bytes[RECORD_HEADER_LEN..].copy_from_slice(&receiver.0);
     aead::Aad::from(bytes)
 }
 
-/// Which sequence numbers may still be accepted.
+/// Which sequence numbers a receiver may still accept.
 #[derive(Clone, Debug)]
-enum ReplayWindow {
+enum Ordering {
     /// Exactly `next` is acceptable.
     Stream { next: u64 },
-    /// Anything above `highest`, or within the window below it and not yet seen
-    /// (bit i of `seen` is `highest - i`).
-    Datagram { highest: u64, seen: u128 },
+    /// Each number once, within a window.
+    Datagram(ReplayWindow),
 }
 
-impl ReplayWindow {
+impl Ordering {
     fn new(mode: ChannelMode) -> Self {
         match mode {
-            ChannelMode::Stream => ReplayWindow::Stream { next: 1 },
-            ChannelMode::Datagram => ReplayWindow::Datagram {
-                highest: 0,
-                seen: 1,
-            },
+            ChannelMode::Stream => Ordering::Stream { next: 1 },
+            ChannelMode::Datagram => Ordering::Datagram(ReplayWindow::new()),
         }
-    }
-
-    fn is_datagram(&self) -> bool {
-        matches!(self, ReplayWindow::Datagram { .. })
     }
 
     fn check(&self, seq: u64) -> Result<(), ChannelError> {
         match *self {
-            ReplayWindow::Stream { next } if seq == next => Ok(()),
-            ReplayWindow::Stream { next } if seq < next => Err(ChannelError::Replay(seq)),
-            ReplayWindow::Stream { next } => Err(ChannelError::OutOfOrder {
+            Ordering::Stream { next } if seq == next => Ok(()),
+            Ordering::Stream { next } if seq < next => Err(ChannelError::Replay(seq)),
+            Ordering::Stream { next } => Err(ChannelError::OutOfOrder {
                 expected: next,
                 got: seq,
             }),
-            ReplayWindow::Datagram { highest, .. } if seq > highest => Ok(()),
-            ReplayWindow::Datagram { highest, seen } => {
-                let age = highest - seq;
-                if age >= REPLAY_WINDOW || seen & (1 << age) != 0 {
-                    Err(ChannelError::Replay(seq))
-                } else {
-                    Ok(())
-                }
-            }
+            Ordering::Datagram(ref window) => window.check(seq),
         }
     }
 
     fn accept(&mut self, seq: u64) {
         match self {
-            ReplayWindow::Stream { next } => *next = seq + 1,
-            ReplayWindow::Datagram { highest, seen } => {
-                if seq > *highest {
-                    let shift = seq - *highest;
-                    *seen = if shift >= REPLAY_WINDOW {
-                        0
-                    } else {
-                        *seen << shift
-                    };
-                    *seen |= 1;
-                    *highest = seq;
-                } else {
-                    *seen |= 1 << (*highest - seq);
-                }
-            }
+            Ordering::Stream { next } => *next = seq + 1,
+            Ordering::Datagram(window) => window.accept(seq),
         }
+    }
+}
+
+/// The sliding anti-replay window of a datagram receiver: any number above the
+/// highest seen, or one within [`REPLAY_WINDOW`] below it that was not seen yet.
+/// Public so that a host can keep it in a shared store (see [`crate::shared`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplayWindow {
+    highest: u64,
+    /// Bit i is `highest - i`. Bit 0 starts set: sequence number 0 is never valid.
+    seen: u128,
+}
+
+impl Default for ReplayWindow {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ReplayWindow {
+    /// The bytes of [`ReplayWindow::to_bytes`].
+    pub const LEN: usize = 24;
+
+    /// A window that has seen nothing yet.
+    pub const fn new() -> Self {
+        ReplayWindow {
+            highest: 0,
+            seen: 1,
+        }
+    }
+
+    /// Refuses a number already seen or too old.
+    pub fn check(&self, seq: u64) -> Result<(), ChannelError> {
+        if seq > self.highest {
+            return Ok(());
+        }
+        let age = self.highest - seq;
+        if age >= REPLAY_WINDOW || self.seen & (1 << age) != 0 {
+            Err(ChannelError::Replay(seq))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Records `seq` as seen (after its record authenticated).
+    pub fn accept(&mut self, seq: u64) {
+        if seq > self.highest {
+            let shift = seq - self.highest;
+            self.seen = if shift >= REPLAY_WINDOW {
+                0
+            } else {
+                self.seen << shift
+            };
+            self.seen |= 1;
+            self.highest = seq;
+        } else {
+            self.seen |= 1 << (self.highest - seq);
+        }
+    }
+
+    /// A fixed-size encoding, for a host's shared store.
+    pub fn to_bytes(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        out[..8].copy_from_slice(&self.highest.to_le_bytes());
+        out[8..].copy_from_slice(&self.seen.to_le_bytes());
+        out
+    }
+
+    /// Reads [`ReplayWindow::to_bytes`]; any 24 bytes are a valid window.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, WireError> {
+        let bytes: &[u8; Self::LEN] = bytes.try_into().map_err(|_| WireError::Malformed)?;
+        let (highest, seen) = bytes.split_at(8);
+        Ok(ReplayWindow {
+            highest: u64::from_le_bytes(highest.try_into().expect("8 bytes")),
+            seen: u128::from_le_bytes(seen.try_into().expect("16 bytes")),
+        })
     }
 }
 
@@ -453,7 +559,7 @@ mod tests {
             ..HandshakeConfig::default()
         });
         a.sealer.next_seq = u64::MAX - 1;
-        b.opener.window = ReplayWindow::Stream { next: u64::MAX - 1 };
+        b.opener.window = Ordering::Stream { next: u64::MAX - 1 };
         let (seq, mut record) = a.seal(b"last", None).unwrap();
         assert_eq!(seq, u64::MAX - 1);
         assert_eq!(b.open_in_place(&mut record).unwrap().payload, b"last");
@@ -474,8 +580,8 @@ mod tests {
             b.open_in_place(&mut record).unwrap();
         }
         // seq 1 is epoch 0; seqs 2 and 3 are epoch 1.
-        assert_eq!((a.sealer.key.epoch, b.opener.key.epoch), (1, 1));
-        assert!(b.opener.previous.is_none());
+        assert_eq!((a.sealer.key.epoch, b.opener.keys.current.epoch), (1, 1));
+        assert!(b.opener.keys.previous.is_none());
     }
 
     #[test]

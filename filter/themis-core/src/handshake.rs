@@ -420,11 +420,11 @@ pub fn respond(
         peer_public_key: share.peer_key,
         mesh: me.mesh().clone(),
     };
-    let pending = Session::new(info, &keys, &agreed);
     Ok((
         AwaitingConfirm {
-            pending,
-            confirm_key: keys.confirm_key,
+            info,
+            keys,
+            config: agreed,
             transcript_hash,
         },
         reply,
@@ -434,33 +434,50 @@ pub fn respond(
 /// The responder after sending message 2: keys exist but are unusable until the
 /// initiator proves it holds them.
 pub struct AwaitingConfirm {
-    pending: Session,
-    confirm_key: zeroize::Zeroizing<[u8; 32]>,
-    transcript_hash: [u8; 32],
+    pub(crate) info: SessionInfo,
+    pub(crate) keys: SessionKeys,
+    pub(crate) config: HandshakeConfig,
+    pub(crate) transcript_hash: [u8; 32],
 }
 
 impl AwaitingConfirm {
     /// The session id message 3 will carry (for demultiplexing datagrams).
     pub fn session_id(&self) -> u64 {
-        self.pending.info().session_id
+        self.info.session_id
     }
 
     /// The authenticated initiator (its signature verified already; the session is
     /// still unconfirmed).
     pub fn peer_id(&self) -> PeerId {
-        self.pending.info().peer_id
+        self.info.peer_id
     }
 
     /// Reads message 3 and, if it confirms the keys, hands over the session.
     pub fn read_confirm(self, bytes: &[u8]) -> Result<Session, HandshakeError> {
-        let confirm = Confirm::decode(bytes)?;
-        let key = hmac::Key::new(hmac::HMAC_SHA256, self.confirm_key.as_ref());
-        // Constant-time comparison of the MAC; the session id must agree too.
-        if confirm.session_id != self.session_id()
-            || hmac::verify(&key, &self.transcript_hash, &confirm.mac).is_err()
-        {
-            return Err(HandshakeError::BadKeyConfirmation);
-        }
-        Ok(self.pending)
+        check_confirm(
+            bytes,
+            self.info.session_id,
+            &self.keys.confirm_key,
+            &self.transcript_hash,
+        )?;
+        Ok(Session::new(self.info, &self.keys, &self.config))
     }
+}
+
+/// Checks message 3: the session id, and in constant time the MAC that proves the
+/// initiator derived the same keys.
+pub(crate) fn check_confirm(
+    bytes: &[u8],
+    session_id: u64,
+    confirm_key: &[u8; 32],
+    transcript_hash: &[u8; 32],
+) -> Result<(), HandshakeError> {
+    let confirm = Confirm::decode(bytes)?;
+    let key = hmac::Key::new(hmac::HMAC_SHA256, confirm_key);
+    if confirm.session_id != session_id
+        || hmac::verify(&key, transcript_hash, &confirm.mac).is_err()
+    {
+        return Err(HandshakeError::BadKeyConfirmation);
+    }
+    Ok(())
 }

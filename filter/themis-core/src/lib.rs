@@ -5,6 +5,8 @@
 //!   their printable form and the private key file.
 //! * [`handshake`]: the three-message authenticated key agreement (paper Fig. 2).
 //! * [`channel`]: the secure channel records (paper Fig. 3).
+//! * [`shared`]: a responder session served by threads that share no memory (Envoy's
+//!   workers).
 //! * [`wire`]: the versioned, size-bounded binary codec every message goes through.
 //!
 //! Nothing here owns a socket, a clock or a random number generator: randomness is
@@ -44,10 +46,13 @@ pub mod channel;
 pub mod handshake;
 pub mod identity;
 mod keys;
+pub mod shared;
 pub mod suite;
 pub mod wire;
 
-pub use channel::{ChannelError, ChannelMode, Opened, Opener, Sealer, Session, SessionInfo};
+pub use channel::{
+    ChannelError, ChannelMode, Opened, Opener, ReplayWindow, Sealer, Session, SessionInfo,
+};
 pub use handshake::{AwaitingConfirm, AwaitingHelloReply, HandshakeConfig, HandshakeError, Role};
 pub use identity::{Identity, KeyFileError, MeshName, MeshNameError, PeerId, PeerIdError};
 pub use suite::Suite;
