@@ -17,6 +17,8 @@ step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 step "building the agent and the demo apps (release)"
 cargo build -q --release -p themis-agent --bins
 cargo build -q --release -p themis-net --example tcp_demo
+cargo build -q --release -p themis-envoy --target wasm32-wasip1
+wasm=target/wasm32-wasip1/release/themis_envoy.wasm
 themis=target/release/themis
 demo=target/release/examples/tcp_demo
 
@@ -45,6 +47,7 @@ start_agent() { # n [join]
 
 step "starting three host agents on 127.0.0.1 (mesh 'demo')"
 metrics=(off "127.0.0.1:$(free_port)" off off)
+admin_port=()
 start_agent 1
 bootstrap=$(on 1 --json status | json 'v["id"]+"@"+v["listen"]')
 start_agent 2 "$bootstrap"
@@ -89,6 +92,36 @@ if "$demo" call demo "$work/node1/workloads/handler.key" "127.0.0.1:$impostor_po
 fi
 echo "handler refused: $(cat "$work/refused.txt")"
 
+step "sidecar Envoys with the Themis filter: handler (node 1) calls http://check/ by name"
+echo "check moves behind its sidecar: its app on 127.0.0.43:8080, its Envoy's inbound listener registered"
+python3 scripts/demo-app.py 127.0.0.43 8080 > "$work/check-app.log" 2>&1 &
+pids+=($!)
+on 3 register check --workload check --endpoint 127.0.0.43:15006
+sidecar() { # node workload address [policy]
+    local admin
+    admin=$(free_port)
+    scripts/render-sidecar --mesh demo --workload "$2" --service "$2" \
+        --agent-socket "$work/node$1/agent.sock" --app "$3:8080" --outbound "$3:15001" \
+        --inbound "$3:15006" --admin-port "$admin" --wasm "$wasm" ${4:+--policy "$4"} > "$work/envoy$1.yaml"
+    .venv/bin/envoy -c "$work/envoy$1.yaml" --concurrency 2 --disable-hot-restart \
+        --base-id $((900 + $1)) -l warn > "$work/envoy$1.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 100); do curl -sf "127.0.0.1:$admin/ready" > /dev/null && break; sleep 0.1; done
+    curl -sf "127.0.0.1:$admin/ready" > /dev/null || { echo "Envoy $1 did not start:"; cat "$work/envoy$1.log"; exit 1; }
+    admin_port[$1]=$admin
+}
+sidecar 1 handler 127.0.0.41
+sidecar 3 check 127.0.0.43 '{"allow":[{"service":"handler"}]}'
+echo "check's policy: allow callers verified as service 'handler'"
+echo "--- curl -H 'Host: check' http://127.0.0.41:15001/check?n=7 (handler's outbound listener)"
+curl -s -i --retry 5 --retry-delay 1 --retry-all-errors -X POST http://127.0.0.41:15001/check?n=7 \
+    -H 'Host: check' -d 'is 7 prime?' | sed 's/^/  /'
+echo
+echo "--- a plaintext request straight to check's inbound listener:"
+curl -s -i http://127.0.0.43:15006/check -H 'Host: check' | sed -n '1p;/x-themis-reject/p' | sed 's/^/  /'
+echo "--- check's sidecar metrics (non-zero):"
+curl -s "127.0.0.1:${admin_port[3]}/stats" | grep '^wasmcustom.themis' | grep -v ': 0$' | sed 's/^/  /'
+
 step "node 2 leaves gracefully (SIGTERM): what it held moves to its successor"
 kill -TERM "${pids[2]}"; wait "${pids[2]}" 2>/dev/null || true
 grep -h "left the ring" "$work/node2.log" | sed 's/^/  /'
@@ -97,4 +130,4 @@ on 1 resolve check --fresh
 step "node 1's Prometheus metrics (excerpt)"
 curl -s "http://${metrics[1]}/metrics" | grep -E '^themis_(handshakes|dht_operations|sessions|ring_joined|resolve_cache)' | sed 's/^/  /'
 
-step "done: a ring of agents, signed registration, resolution by name, and an authenticated, sealed call"
+step "done: a ring of agents, signed registration, resolution by name, authenticated and sealed calls (Themis channel, and Envoy sidecars with the filter)"

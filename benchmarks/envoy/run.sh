@@ -1,0 +1,552 @@
+#!/usr/bin/env bash
+# Side-by-side latency/throughput of Envoy pairs, measured with Fortio, on loopback only.
+# See `benchmarks/envoy/run.sh --help` and benchmarks/envoy/README.md.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+CMDLINE=$0
+for arg in "$@"; do
+    if [[ "$arg" =~ ^[A-Za-z0-9_./=:,@%+-]+$ ]]; then CMDLINE+=" $arg"; else CMDLINE+=" $(printf '%q' "$arg")"; fi
+done
+
+usage() {
+    cat <<'EOF'
+Usage: benchmarks/envoy/run.sh [options]
+
+Runs, back to back in one invocation, Fortio against:
+  direct     fortio client -> app (fortio server, 127.0.0.12:8080)
+  plaintext  client -> Envoy A 127.0.0.11:15001 -> HTTP/1.1 -> Envoy B 127.0.0.12:15006 -> app
+  mtls       same, but A -> B is mutual TLS 1.3 (throwaway CA, ECDSA P-256 certs, SAN checked)
+  themis     a Themis pair started by benchmarks/envoy/themis-pair.sh (skipped if absent)
+
+For each scenario and each connection count (16 and 64): a latency run at 1000 requests/s
+(p50/p90/p99) and a max-throughput run (-qps 0), each preceded by a discarded 2 s warm-up.
+Requests are POSTs of 1 KB random payload to /echo. Everything listens on 127.0.0.0/8 only.
+
+Progress goes to stderr; a Markdown table goes to stdout at the end.
+
+Options:
+  --duration D       length of each measured run, Go duration syntax (default 10s)
+  --quick            smoke test: --duration 3s
+  --rounds N         repeat the whole set of scenarios N times, reporting each round and,
+                     for N > 1, the median over rounds (default 1)
+  --warmup D         length of the discarded warm-up before every measured run (default 2s)
+  --scenarios LIST   comma-separated subset, in the order to run
+                     (default direct,plaintext,mtls,themis)
+  --connections LIST comma-separated connection counts (default 16,64)
+  --fortio-arg ARG   extra argument for every `fortio load` (repeatable), e.g.
+                     --fortio-arg -uniform
+  --keep             keep the temporary directory (configs, certs, logs, Fortio JSON)
+  -h, --help         this help
+
+Environment: ENVOY (default .venv/bin/envoy), FORTIO (default: $(go env GOPATH)/bin/fortio,
+then PATH). Install both with scripts/setup.sh.
+
+The machine is shared and noisy: compare scenarios within one run, not across runs.
+EOF
+}
+
+DURATION=10s
+WARMUP=2s
+ROUNDS=1
+SCENARIOS=direct,plaintext,mtls,themis
+CONNECTIONS=16,64
+FORTIO_EXTRA=()
+KEEP=0
+QPS=1000
+PAYLOAD_SIZE=1024
+APP_ADDR=127.0.0.12:8080
+PAIR_ADDR=127.0.0.11:15001
+
+while (($#)); do
+    case "$1" in
+        --duration) DURATION=${2:?--duration needs a value}; shift 2 ;;
+        --duration=*) DURATION=${1#*=}; shift ;;
+        --quick) DURATION=3s; shift ;;
+        --rounds) ROUNDS=${2:?--rounds needs a value}; shift 2 ;;
+        --rounds=*) ROUNDS=${1#*=}; shift ;;
+        --warmup) WARMUP=${2:?--warmup needs a value}; shift 2 ;;
+        --warmup=*) WARMUP=${1#*=}; shift ;;
+        --scenarios) SCENARIOS=${2:?--scenarios needs a value}; shift 2 ;;
+        --scenarios=*) SCENARIOS=${1#*=}; shift ;;
+        --connections) CONNECTIONS=${2:?--connections needs a value}; shift 2 ;;
+        --connections=*) CONNECTIONS=${1#*=}; shift ;;
+        --fortio-arg) FORTIO_EXTRA+=("${2:?--fortio-arg needs a value}"); shift 2 ;;
+        --fortio-arg=*) FORTIO_EXTRA+=("${1#*=}"); shift ;;
+        --keep) KEEP=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "run.sh: unknown option: $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --rounds must be a positive integer" >&2; exit 2; }
+IFS=, read -r -a SCENARIO_LIST <<<"$SCENARIOS"
+IFS=, read -r -a CONN_LIST <<<"$CONNECTIONS"
+for s in "${SCENARIO_LIST[@]}"; do
+    case "$s" in direct|plaintext|mtls|themis) ;; *) echo "run.sh: unknown scenario: $s" >&2; exit 2 ;; esac
+done
+for c in "${CONN_LIST[@]}"; do
+    [[ "$c" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: bad connection count: $c" >&2; exit 2; }
+done
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { printf 'run.sh: error: %s\n' "$*" >&2; exit 1; }
+
+# ---------------------------------------------------------------------------- binaries
+ENVOY=${ENVOY:-$ROOT/.venv/bin/envoy}
+[[ -x "$ENVOY" ]] || die "no Envoy at $ENVOY: run scripts/setup.sh"
+if [[ -z "${FORTIO:-}" ]]; then
+    go_bin=$(command -v go || true)
+    [[ -z "$go_bin" && -x /usr/local/go/bin/go ]] && go_bin=/usr/local/go/bin/go
+    if [[ -n "$go_bin" ]]; then
+        gobin=$("$go_bin" env GOBIN 2>/dev/null || true)
+        [[ -n "$gobin" ]] || gobin="$("$go_bin" env GOPATH 2>/dev/null | cut -d: -f1)/bin"
+        [[ -x "$gobin/fortio" ]] && FORTIO=$gobin/fortio
+    fi
+    [[ -n "${FORTIO:-}" ]] || FORTIO=$(command -v fortio || true)
+fi
+[[ -n "${FORTIO:-}" && -x "$FORTIO" ]] || die "fortio not found (looked in \$(go env GOPATH)/bin and PATH): run scripts/setup.sh"
+command -v python3 >/dev/null || die "python3 is needed to read Fortio's JSON"
+command -v openssl >/dev/null || die "openssl is needed for the mtls certificates: run scripts/setup.sh"
+command -v curl >/dev/null || die "curl is needed for the readiness checks"
+
+# The Themis pair's binaries are built before anything is timed or started (a cold
+# build takes minutes, more than the start hook's time limit).
+if [[ -f "$HERE/themis-pair.sh" && ",$SCENARIOS," == *",themis,"* ]]; then
+    log "building the Themis pair (themis-pair.sh build)"
+    REPO_ROOT=$ROOT bash "$HERE/themis-pair.sh" build >&2 || die "themis-pair.sh build failed"
+fi
+
+# ---------------------------------------------------------------------------- processes
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/themis-envoy-bench.XXXXXX")
+mkdir -p "$TMP/results" "$TMP/logs"
+PIDS=()              # every process this script started and has not stopped yet
+declare -A PID_NAME=()
+THEMIS_STARTED=0
+THEMIS_SCRIPT=$HERE/themis-pair.sh
+
+forget_pid() {
+    local keep=() p
+    for p in "${PIDS[@]}"; do [[ "$p" == "$1" ]] || keep+=("$p"); done
+    PIDS=("${keep[@]}")
+}
+
+# stop_pid PID: SIGTERM, up to 5 s to exit, then SIGKILL; always reaped.
+stop_pid() {
+    local pid=$1 i
+    if kill -0 "$pid" 2>/dev/null; then
+        kill "$pid" 2>/dev/null || true
+        for ((i = 0; i < 50; i++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        if kill -0 "$pid" 2>/dev/null; then
+            log "  ${PID_NAME[$pid]:-pid $pid} ignored SIGTERM; SIGKILL"
+            kill -9 "$pid" 2>/dev/null || true
+        fi
+    fi
+    wait "$pid" 2>/dev/null || true
+    forget_pid "$pid"
+}
+
+# themis_pair start|stop (stdout/stderr as redirected by the caller), with the environment
+# the hook may use. Run in the background and waited for, so that INT/TERM reach our trap
+# at once; bounded by `timeout`.
+themis_pair() {
+    local pid rc=0
+    THEMIS_BENCH_DIR=$TMP/themis APP_ADDR=$APP_ADDR ENVOY=$ENVOY FORTIO=$FORTIO \
+        ENVOY_CONCURRENCY=2 REPO_ROOT=$ROOT \
+        timeout 180 bash "$THEMIS_SCRIPT" "$1" &
+    pid=$!
+    PIDS+=("$pid"); PID_NAME[$pid]="themis-pair.sh $1"
+    wait "$pid" || rc=$?
+    forget_pid "$pid"
+    return "$rc"
+}
+
+cleanup() {
+    local rc=$? pid
+    trap - EXIT INT TERM
+    for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
+    if ((THEMIS_STARTED)); then
+        log "stopping the themis pair (themis-pair.sh stop)"
+        THEMIS_STARTED=0
+        themis_pair stop >>"$TMP/logs/themis-pair.out" 2>&1 || log "  themis-pair.sh stop failed"
+    fi
+    if ((KEEP)); then
+        log "kept $TMP"
+    elif ((rc != 0 && rc != 130 && rc != 143)); then
+        log "failed: kept $TMP (logs/, results/) for a look; remove it afterwards"
+    else
+        rm -rf "$TMP"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+LAST_PID=
+start_bg() {   # start_bg NAME LOGFILE CMD...: runs CMD in the background, sets LAST_PID
+    local name=$1 logf=$2; shift 2
+    "$@" >"$logf" 2>&1 &
+    LAST_PID=$!
+    PIDS+=("$LAST_PID")
+    PID_NAME[$LAST_PID]=$name
+}
+
+dump_log() {   # dump_log NAME FILE
+    printf -- '----- %s (%s), last 40 lines -----\n' "$1" "$2" >&2
+    tail -n 40 "$2" >&2 2>/dev/null || true
+    printf -- '----- end of %s -----\n' "$1" >&2
+}
+
+# ---------------------------------------------------------------------------- readiness
+head -c "$PAYLOAD_SIZE" /dev/urandom >"$TMP/payload.bin"
+
+# probe URL [HOST]: one POST of the payload, 2xx required.
+probe() {
+    local args=(-fsS -m 2 -o /dev/null -X POST --data-binary "@$TMP/payload.bin")
+    [[ -n "${2:-}" ]] && args+=(-H "Host: $2")
+    curl "${args[@]}" "$1" 2>"$TMP/logs/probe.err"
+}
+
+# wait_request URL HOST WHAT LOGS...: 100 x 0.1 s for one successful request.
+wait_request() {
+    local url=$1 host=$2 what=$3 i; shift 3
+    for ((i = 0; i < 100; i++)); do
+        probe "$url" "$host" && return 0
+        sleep 0.1
+    done
+    log "$what: no successful request to $url${host:+ (Host: $host)} within 10 s: $(cat "$TMP/logs/probe.err")"
+    local f; for f in "$@"; do dump_log "$(basename "$f")" "$f"; done
+    return 1
+}
+
+# start_envoy NAME CONFIG BASE_ID: starts it and waits for admin /ready (100 x 0.1 s).
+start_envoy() {
+    local name=$1 cfg=$2 base_id=$3 pid i addr
+    local logf=$TMP/logs/envoy-$name.log adminf=$TMP/envoy-$name.admin
+    rm -f "$adminf"
+    start_bg "envoy $name" "$logf" "$ENVOY" -c "$cfg" --concurrency 2 --disable-hot-restart \
+        --base-id "$base_id" -l warn --admin-address-path "$adminf"
+    pid=$LAST_PID
+    for ((i = 0; i < 100; i++)); do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            dump_log "envoy $name" "$logf"
+            die "envoy $name exited during start-up (config $cfg)"
+        fi
+        if [[ -s "$adminf" ]]; then
+            addr=$(<"$adminf")
+            if [[ "$(curl -s -m 1 "http://$addr/ready" 2>/dev/null)" == LIVE* ]]; then
+                log "  envoy $name ready (pid $pid, admin $addr)"
+                return 0
+            fi
+        fi
+        sleep 0.1
+    done
+    dump_log "envoy $name" "$logf"
+    die "envoy $name not ready after 10 s (admin /ready)"
+}
+
+# ---------------------------------------------------------------------------- pairs
+render() {   # render TEMPLATE OUT
+    sed "s#@CERTS@#$TMP/certs#g" "$HERE/$1" >"$2"
+}
+
+gen_certs() {   # a throwaway CA and two Istio-style ECDSA P-256 workload certs (a, b)
+    local d=$TMP/certs n
+    [[ -f "$d/b.crt" ]] && return 0
+    mkdir -p "$d"
+    (
+        cd "$d"
+        openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out ca.key
+        openssl req -x509 -new -key ca.key -sha256 -days 1 \
+            -subj "/O=themis-bench/CN=themis-bench throwaway CA" \
+            -addext "basicConstraints=critical,CA:TRUE" \
+            -addext "keyUsage=critical,keyCertSign,cRLSign" -out ca.crt
+        for n in a b; do
+            openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$n.key"
+            openssl req -new -key "$n.key" -subj "/O=themis-bench" -out "$n.csr"
+            printf '%s\n' "basicConstraints=critical,CA:FALSE" \
+                "keyUsage=critical,digitalSignature,keyEncipherment" \
+                "extendedKeyUsage=serverAuth,clientAuth" \
+                "subjectAltName=critical,URI:spiffe://cluster.local/ns/bench/sa/$n" >"$n.ext"
+            openssl x509 -req -in "$n.csr" -CA ca.crt -CAkey ca.key -set_serial "0x$(openssl rand -hex 8)" \
+                -days 1 -sha256 -extfile "$n.ext" -out "$n.crt"
+        done
+    ) >"$TMP/logs/openssl.log" 2>&1 || { dump_log openssl "$TMP/logs/openssl.log"; die "certificate generation failed"; }
+    chmod 600 "$d"/*.key
+}
+
+ENVOY_A_PID= ENVOY_B_PID=
+start_pair() {   # start_pair plaintext|mtls
+    local kind=$1 base=2101
+    if [[ "$kind" == mtls ]]; then gen_certs; base=2103; fi
+    render "$kind-a.yaml" "$TMP/$kind-a.yaml"
+    render "$kind-b.yaml" "$TMP/$kind-b.yaml"
+    # B first, so that A's first upstream connection finds it.
+    start_envoy "$kind-b" "$TMP/$kind-b.yaml" $((base + 1)); ENVOY_B_PID=$LAST_PID
+    start_envoy "$kind-a" "$TMP/$kind-a.yaml" "$base"; ENVOY_A_PID=$LAST_PID
+    wait_request "http://$PAIR_ADDR/echo" "" "$kind" \
+        "$TMP/logs/envoy-$kind-a.log" "$TMP/logs/envoy-$kind-b.log" || die "$kind pair does not pass requests"
+}
+
+# pair_stats KIND: Envoy A's view of the A->B hop (pooling; TLS version for mtls), on stderr.
+pair_stats() {
+    local addr stats
+    addr=$(<"$TMP/envoy-$1-a.admin")
+    stats=$(curl -s -m 2 "http://$addr/stats?filter=^cluster\\.peer\\.(upstream_cx_total|upstream_rq_total|ssl\\.handshake|ssl\\.versions\\..*|ssl\\.connection_error)\$" \
+        | sed 's/^cluster\.peer\.//' | tr '\n' ' ' || true)
+    log "  envoy $1-a, cluster peer: ${stats:-no stats}"
+}
+
+# pair_errors: the non-zero error counters of the running pair's Envoys, on stderr.
+pair_errors() {
+    local f
+    for f in "$TMP"/envoy-*.admin; do
+        [[ -s "$f" ]] || continue
+        printf -- '----- %s: non-zero error counters -----\n' "$(basename "$f" .admin)" >&2
+        curl -s -m 2 "http://$(<"$f")/stats" 2>/dev/null \
+            | grep -E '(rq_[45]xx|rq_[45][0-9][0-9]|protocol_error|reset|fail|error|timeout|destroy_remote_with_active_rq):' \
+            | grep -vE ': 0$|_time:' >&2 || true
+    done
+}
+
+stop_pair() {
+    stop_pid "$ENVOY_A_PID"
+    stop_pid "$ENVOY_B_PID"
+    ENVOY_A_PID= ENVOY_B_PID=
+    rm -f "$TMP"/envoy-*.admin
+}
+
+# --- themis hook ---------------------------------------------------------------------
+# NOT implemented here: benchmarks/envoy/themis-pair.sh (owned by the filter's author)
+# starts the agents + Envoys with the Themis filter. Contract (see README.md):
+#   themis-pair.sh start  starts everything in the background, returns once started,
+#                         prints on stdout the outbound listener address (127.x.y.z:port)
+#                         and the Host header, either as lines `address=...` / `host=...`
+#                         or as one line `ADDRESS [HOST]` (host defaults to `check`);
+#   themis-pair.sh stop   stops everything it started.
+# The runner then waits for one successful request through the pair and measures with
+# -H "Host: <host>". A missing script skips the scenario; a failing one marks it failed.
+THEMIS_ADDR= THEMIS_HOST=
+start_themis() {
+    mkdir -p "$TMP/themis"
+    THEMIS_STARTED=1
+    # stdout to a file, not $(...): background children keeping the pipe open would hang.
+    if ! themis_pair start >"$TMP/logs/themis-pair.out" 2>"$TMP/logs/themis-pair.err"; then
+        dump_log "themis-pair.sh start (stderr)" "$TMP/logs/themis-pair.err"
+        log "themis: failed (themis-pair.sh start exited non-zero)"
+        return 1
+    fi
+    THEMIS_ADDR=$(sed -n 's/^address=//p' "$TMP/logs/themis-pair.out" | tail -n1)
+    THEMIS_HOST=$(sed -n 's/^host=//p' "$TMP/logs/themis-pair.out" | tail -n1)
+    if [[ -z "$THEMIS_ADDR" ]]; then
+        local line
+        line=$(grep -E '^[[:space:]]*127\.[0-9.]+:[0-9]+' "$TMP/logs/themis-pair.out" | tail -n1 || true)
+        read -r THEMIS_ADDR THEMIS_HOST _ <<<"$line" || true
+    fi
+    THEMIS_HOST=${THEMIS_HOST:-check}
+    if ! [[ "$THEMIS_ADDR" =~ ^127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}:[0-9]{1,5}$ ]]; then
+        dump_log "themis-pair.sh start (stdout)" "$TMP/logs/themis-pair.out"
+        log "themis: failed (no loopback address 127.x.y.z:port in themis-pair.sh's output)"
+        return 1
+    fi
+    log "  themis pair at $THEMIS_ADDR, Host: $THEMIS_HOST"
+    wait_request "http://$THEMIS_ADDR/echo" "$THEMIS_HOST" themis \
+        "$TMP/logs/themis-pair.err" "$TMP"/themis/*.log || { log "themis: failed (no successful request)"; return 1; }
+}
+
+stop_themis() {
+    if ((THEMIS_STARTED)); then
+        themis_pair stop >>"$TMP/logs/themis-pair.out" 2>>"$TMP/logs/themis-pair.err" \
+            || log "  themis-pair.sh stop exited non-zero"
+        THEMIS_STARTED=0
+    fi
+}
+
+# ---------------------------------------------------------------------------- fortio
+# fortio_load OUT_JSON QPS CONNS DURATION URL [HOST]  (OUT_JSON empty = warm-up, discarded)
+fortio_load() {
+    local json=$1 qps=$2 c=$3 dur=$4 url=$5 host=${6:-} rc=0 pid
+    local args=(load -quiet -qps "$qps" -c "$c" -t "$dur" -payload-size "$PAYLOAD_SIZE"
+        -p 50,90,99,99.9 "${FORTIO_EXTRA[@]}")
+    [[ -n "$host" ]] && args+=(-H "Host: $host")
+    [[ -n "$json" ]] && args+=(-json "$json")
+    : >"$TMP/logs/fortio-load.log"
+    start_bg "fortio load" "$TMP/logs/fortio-load.log" "$FORTIO" "${args[@]}" "$url"
+    pid=$LAST_PID
+    wait "$pid" || rc=$?
+    forget_pid "$pid"
+    if ((rc != 0)); then
+        dump_log "fortio load" "$TMP/logs/fortio-load.log"
+        pair_errors
+        die "fortio load exited with $rc: $FORTIO ${args[*]} $url"
+    fi
+}
+
+# measure ROUND SCENARIO URL [HOST]
+measure() {
+    local round=$1 scen=$2 url=$3 host=${4:-} c base
+    for c in "${CONN_LIST[@]}"; do
+        base=$TMP/results/r$round-$scen-c$c
+        log "  $scen c=$c: warm-up $WARMUP, then latency at $QPS qps for $DURATION"
+        fortio_load "" "$QPS" "$c" "$WARMUP" "$url" "$host"
+        fortio_load "$base-lat.json" "$QPS" "$c" "$DURATION" "$url" "$host"
+        log "  $scen c=$c: $(summary_line "$base-lat.json")"
+        log "  $scen c=$c: warm-up $WARMUP, then max throughput (-qps 0) for $DURATION"
+        fortio_load "" 0 "$c" "$WARMUP" "$url" "$host"
+        fortio_load "$base-max.json" 0 "$c" "$DURATION" "$url" "$host"
+        log "  $scen c=$c: $(summary_line "$base-max.json")"
+    done
+}
+
+summary_line() {
+    python3 - "$1" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+p = {x["Percentile"]: x["Value"] * 1e3 for x in d["DurationHistogram"]["Percentiles"]}
+codes = d.get("RetCodes") or {}
+bad = sum(v for k, v in codes.items() if not str(k).startswith("2"))
+print("%.1f qps, p50 %.3f ms, p90 %.3f ms, p99 %.3f ms, %d non-2xx/errors, %d sockets for %d connections"
+      % (d["ActualQPS"], p.get(50, 0), p.get(90, 0), p.get(99, 0), bad, d.get("SocketCount", 0), d["NumThreads"]))
+EOF
+}
+
+# ---------------------------------------------------------------------------- run
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+STARTED_AT=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
+log "envoy: $("$ENVOY" --version 2>/dev/null | sed -n 's/.*version: *//p' | head -n1)"
+log "fortio: $FORTIO $("$FORTIO" version 2>/dev/null)"
+log "temporary directory: $TMP"
+log "scenarios ${SCENARIO_LIST[*]}, connections ${CONN_LIST[*]}, $ROUNDS round(s), runs of $DURATION after $WARMUP warm-ups"
+
+log "starting the app: fortio server on $APP_ADDR"
+start_bg "fortio server (app)" "$TMP/logs/app.log" "$FORTIO" server -http-port "$APP_ADDR" \
+    -grpc-port disabled -redirect-port disabled -tcp-port disabled -udp-port disabled \
+    -ui-path '' -loglevel warning
+APP_PID=$LAST_PID
+wait_request "http://$APP_ADDR/echo" "" app "$TMP/logs/app.log" || die "the app (fortio server) is not answering on $APP_ADDR"
+kill -0 "$APP_PID" 2>/dev/null || { dump_log app "$TMP/logs/app.log"; die "fortio server exited (is $APP_ADDR taken?)"; }
+
+: >"$TMP/results/status"
+for ((round = 1; round <= ROUNDS; round++)); do
+    for scen in "${SCENARIO_LIST[@]}"; do
+        log "round $round/$ROUNDS: $scen"
+        case "$scen" in
+            direct)
+                measure "$round" direct "http://$APP_ADDR/echo"
+                ;;
+            plaintext|mtls)
+                start_pair "$scen"
+                measure "$round" "$scen" "http://$PAIR_ADDR/echo"
+                pair_stats "$scen"
+                stop_pair
+                ;;
+            themis)
+                if [[ ! -f "$THEMIS_SCRIPT" ]]; then
+                    log "themis: skipped (benchmarks/envoy/themis-pair.sh not present)"
+                    echo "$round themis skipped (benchmarks/envoy/themis-pair.sh not present)" >>"$TMP/results/status"
+                elif start_themis; then
+                    measure "$round" themis "http://$THEMIS_ADDR/echo" "$THEMIS_HOST"
+                    stop_themis
+                else
+                    stop_themis
+                    echo "$round themis failed (see the messages above)" >>"$TMP/results/status"
+                fi
+                ;;
+        esac
+    done
+done
+LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# ---------------------------------------------------------------------------- report
+python3 - "$TMP/results" "$ROUNDS" "${SCENARIOS}" "${CONNECTIONS}" <<EOF
+import json, os, statistics, sys
+
+results, rounds = sys.argv[1], int(sys.argv[2])
+scenarios, conns = sys.argv[3].split(","), [int(c) for c in sys.argv[4].split(",")]
+status = {}
+for line in open(os.path.join(results, "status")):
+    r, scen, msg = line.rstrip("\n").split(" ", 2)
+    status[(int(r), scen)] = msg
+
+def load(r, scen, c, kind):
+    path = os.path.join(results, "r%d-%s-c%d-%s.json" % (r, scen, c, kind))
+    if not os.path.exists(path):
+        return None
+    d = json.load(open(path))
+    codes = d.get("RetCodes") or {}
+    return {
+        "p": {x["Percentile"]: x["Value"] * 1e3 for x in d["DurationHistogram"]["Percentiles"]},
+        "qps": d["ActualQPS"],
+        "bad": sum(v for k, v in codes.items() if not str(k).startswith("2")),
+    }
+
+def row(lat, mx, direct_p90):
+    cells = []
+    if lat:
+        cells += ["%.3f" % lat["p"][50], "%.3f" % lat["p"][90], "%.3f" % lat["p"][99], "%.1f" % lat["qps"]]
+    else:
+        cells += ["–"] * 4
+    cells.append("%.0f" % mx["qps"] if mx else "–")
+    if lat and direct_p90 is not None:
+        d = lat["p"][90] - direct_p90
+        cells.append("%+.3f ms (%+.0f %%)" % (d, 100 * d / direct_p90) if direct_p90 > 0 else "%+.3f ms" % d)
+    else:
+        cells.append("–")
+    cells.append(str((lat["bad"] if lat else 0) + (mx["bad"] if mx else 0)))
+    return cells
+
+HEAD = ("| scenario | conns | p50 ms | p90 ms | p99 ms | qps @ $QPS | max qps | p90 vs direct | errors |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+def table(get):
+    print(HEAD)
+    for scen in scenarios:
+        for c in conns:
+            lat, mx = get(scen, c, "lat"), get(scen, c, "max")
+            if lat is None and mx is None:
+                continue
+            direct = get("direct", c, "lat")
+            dp90 = direct["p"][90] if direct and scen != "direct" else None
+            print("| " + " | ".join([scen, str(c)] + row(lat, mx, dp90)) + " |")
+
+for r in range(1, rounds + 1):
+    print("### Round %d of %d" % (r, rounds) if rounds > 1 else "### Results")
+    print()
+    table(lambda s, c, k, r=r: load(r, s, c, k))
+    notes = [f"- {scen}: {msg}" for (rr, scen), msg in sorted(status.items()) if rr == r]
+    if notes:
+        print()
+        print("\n".join(notes))
+    print()
+
+if rounds > 1:
+    def median(scen, c, kind):
+        xs = [x for x in (load(r, scen, c, kind) for r in range(1, rounds + 1)) if x]
+        if not xs:
+            return None
+        return {"p": {k: statistics.median(x["p"][k] for x in xs) for k in (50, 90, 99)},
+                "qps": statistics.median(x["qps"] for x in xs), "bad": sum(x["bad"] for x in xs)}
+    print("### Median over %d rounds (errors: sum)" % rounds)
+    print()
+    table(median)
+    print()
+EOF
+
+cat <<EOF
+- p50/p90/p99: Fortio's latency percentiles at a fixed $QPS requests/s (\`-qps $QPS\`); "qps @ $QPS": what
+  was achieved there; "max qps": \`-qps 0\`; "errors": non-2xx responses and socket errors of both runs.
+- every run: POST of $PAYLOAD_SIZE random bytes to /echo of a fortio server, $DURATION after a discarded
+  $WARMUP warm-up. Fortio's default pacing (unless -uniform is passed): its c connections send in
+  lockstep, so a burst of c requests arrives every c/$QPS s.
+- Envoys: \`--concurrency 2\`, HTTP/1.1 with keep-alive pools, log level warn, no access logs;
+  mtls = TLS 1.3, ECDSA P-256 certificates, client certificate required, SANs checked both ways.
+- command: \`$CMDLINE\`
+- fortio: \`$FORTIO load -quiet -qps {$QPS|0} -c {$(IFS=,; echo "${CONN_LIST[*]}")} -t $DURATION -payload-size $PAYLOAD_SIZE -p 50,90,99,99.9${FORTIO_EXTRA[*]:+ ${FORTIO_EXTRA[*]}} -json … URL\`
+- versions: Envoy $("$ENVOY" --version 2>/dev/null | sed -n 's/.*version: *//p' | head -n1 | cut -d/ -f2,4,5), Fortio $("$FORTIO" version 2>/dev/null)
+- started $STARTED_AT on $(nproc) cores; load average $LOAD_BEFORE before, $LOAD_AFTER after
+EOF

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The Themis scenario of run.sh: two nodes on loopback, each with a host agent and a
+# sidecar Envoy running the Themis filter (deploy/envoy/sidecar.yaml), handler on A
+# calling check on B, whose app is run.sh's fortio server ($APP_ADDR).
+#
+#   themis-pair.sh build   build the agent and the filter (release)
+#   themis-pair.sh start   start both nodes in the background; print address= and host=
+#   themis-pair.sh stop    stop what start started, by PID
+#
+# Environment (set by run.sh): THEMIS_BENCH_DIR, APP_ADDR, ENVOY, ENVOY_CONCURRENCY,
+# REPO_ROOT.
+set -euo pipefail
+ROOT=${REPO_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+cd "$ROOT"
+export PATH="$HOME/.cargo/bin:$PATH"
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+THEMIS=$TARGET/release/themis
+WASM=$TARGET/wasm32-wasip1/release/themis_envoy.wasm
+DIR=${THEMIS_BENCH_DIR:-/tmp/themis-pair}
+A=127.0.0.11 B=127.0.0.12
+
+case "${1:-}" in
+build)
+    cargo build -q --release -p themis-agent --bin themis
+    cargo build -q --release -p themis-envoy --target wasm32-wasip1
+    ;;
+start)
+    [[ -x $THEMIS && -f $WASM ]] || { echo "run: $0 build" >&2; exit 1; }
+    mkdir -p "$DIR"
+    on() { local n=$1; shift; "$THEMIS" --socket "$DIR/$n/agent.sock" "$@"; }
+    agent() { # name address [join]
+        "$THEMIS" agent --mesh bench --state-dir "$DIR/$1" --listen "$2:7101" --metrics off \
+            --stabilise-ms 250 ${3:+--join "$3"} > "$DIR/agent-$1.log" 2>&1 &
+        echo $! >> "$DIR/pids"
+        for _ in $(seq 100); do on "$1" status > /dev/null 2>&1 && return; sleep 0.1; done
+        echo "agent $1 did not start" >&2; exit 1
+    }
+    agent a $A
+    agent b $B "$(on a --json status | python3 -c 'import json,sys; v=json.load(sys.stdin); print(v["id"]+"@"+v["listen"])')"
+    for _ in $(seq 100); do
+        [[ $(on b --json status | python3 -c 'import json,sys; print(json.load(sys.stdin)["joined"])') == True ]] && break
+        sleep 0.1
+    done
+    on a workload handler > /dev/null
+    on b workload check > /dev/null
+    on a register handler --workload handler --endpoint $A:15006 > /dev/null
+    on b register check --workload check --endpoint $B:15006 > /dev/null
+    sidecar() { # node workload address admin-port
+        scripts/render-sidecar --mesh bench --workload "$2" --service "$2" \
+            --agent-socket "$DIR/$1/agent.sock" --app "${APP_ADDR:-127.0.0.12:8080}" \
+            --outbound "$3:15001" --inbound "$3:15006" --admin-port "$4" --wasm "$WASM" \
+            > "$DIR/envoy-$1.yaml"
+        "${ENVOY:-.venv/bin/envoy}" -c "$DIR/envoy-$1.yaml" --concurrency "${ENVOY_CONCURRENCY:-2}" \
+            --disable-hot-restart --base-id $((4000 + $4 % 1000)) -l warn \
+            > "$DIR/envoy-$1.log" 2>&1 &
+        echo $! >> "$DIR/pids"
+        for _ in $(seq 100); do curl -sf "127.0.0.1:$4/ready" > /dev/null && return; sleep 0.1; done
+        echo "envoy $1 did not become ready" >&2; exit 1
+    }
+    sidecar a handler $A 15301
+    sidecar b check $B 15302
+    echo "address=$A:15001"
+    echo "host=check"
+    ;;
+stop)
+    [[ -f $DIR/pids ]] || exit 0
+    tac "$DIR/pids" | while read -r pid; do
+        kill "$pid" 2> /dev/null || continue
+        for _ in $(seq 50); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
+        kill -9 "$pid" 2> /dev/null || true
+    done
+    rm -f "$DIR/pids"
+    ;;
+*)
+    sed -n '2,12p' "$0" >&2
+    exit 2
+    ;;
+esac
