@@ -97,6 +97,9 @@ echo "check moves behind its sidecar: its app on 127.0.0.43:8080, its Envoy's in
 python3 scripts/demo-app.py 127.0.0.43 8080 > "$work/check-app.log" 2>&1 &
 pids+=($!)
 on 3 register check --workload check --endpoint 127.0.0.43:15006
+on 1 resolve check --fresh > /dev/null   # node 1 cached the old endpoint a moment ago
+echo "handler registers too (its sidecar's inbound listener), so check can verify its service"
+on 1 register handler --workload handler --endpoint 127.0.0.41:15006
 sidecar() { # node workload address [policy]
     local admin
     admin=$(free_port)
@@ -114,7 +117,7 @@ sidecar 1 handler 127.0.0.41
 sidecar 3 check 127.0.0.43 '{"allow":[{"service":"handler"}]}'
 echo "check's policy: allow callers verified as service 'handler'"
 echo "--- curl -H 'Host: check' http://127.0.0.41:15001/check?n=7 (handler's outbound listener)"
-curl -s -i --retry 5 --retry-delay 1 --retry-all-errors -X POST http://127.0.0.41:15001/check?n=7 \
+curl -s -i --retry 10 --retry-delay 1 --retry-all-errors -X POST http://127.0.0.41:15001/check?n=7 \
     -H 'Host: check' -d 'is 7 prime?' | sed 's/^/  /'
 echo
 echo "--- a plaintext request straight to check's inbound listener:"

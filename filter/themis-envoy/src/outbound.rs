@@ -89,6 +89,12 @@ impl Peers {
         }
     }
 
+    /// Forgets a resolution none of whose instances answered: the next request asks
+    /// the agent again (the service may have moved).
+    pub fn forget_resolution(&mut self, service: &str) {
+        self.resolved.remove(service);
+    }
+
     /// Forgets expired sessions and resolutions; returns the sessions dropped.
     pub fn expire(&mut self, now_ms: u64) -> usize {
         let before = self.sessions.len();

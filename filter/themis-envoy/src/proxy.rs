@@ -427,6 +427,10 @@ impl Outbound {
     fn try_instance(&mut self) {
         let Some(instance) = self.order.get(self.attempt).cloned() else {
             let tried = self.order.len();
+            self.worker
+                .borrow_mut()
+                .peers
+                .forget_resolution(&self.service);
             return self.fail(
                 503,
                 "rejected.peer_unreachable",
