@@ -1,0 +1,118 @@
+//! The app behind Envoy B: an HTTP/1.1 server that answers every request with JSON
+//! echoing its method, path, every header (in order, duplicates kept) and body, plus
+//! a marker of its own, and counts the requests it received.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+
+pub struct App {
+    pub addr: SocketAddr,
+    count: Arc<AtomicUsize>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl App {
+    /// Listens on `ip` (a free port); `marker` goes into every response body.
+    pub fn start(ip: &str, marker: &str) -> App {
+        let listener = std::net::TcpListener::bind((ip, 0)).expect("binding the app");
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let count = Arc::new(AtomicUsize::new(0));
+        let marker: Arc<str> = marker.into();
+        let counter = count.clone();
+        runtime.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            while let Ok((stream, _)) = listener.accept().await {
+                let (count, marker) = (counter.clone(), marker.clone());
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |request| {
+                        echo(request, count.clone(), marker.clone())
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        App {
+            addr,
+            count,
+            runtime: Some(runtime),
+        }
+    }
+
+    /// How many requests arrived so far.
+    pub fn count(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+async fn echo(
+    request: Request<Incoming>,
+    count: Arc<AtomicUsize>,
+    marker: Arc<str>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    count.fetch_add(1, Ordering::SeqCst);
+    let (parts, body) = request.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let headers: Vec<(String, String)> = parts
+        .headers
+        .iter()
+        .map(|(n, v)| {
+            (
+                n.as_str().to_owned(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let answer = json!({
+        "method": parts.method.as_str(),
+        "path": parts.uri.path_and_query().map_or("", |p| p.as_str()),
+        "headers": headers,
+        "body": String::from_utf8_lossy(&body),
+        "body_len": body.len(),
+        "marker": &*marker,
+    });
+    Ok(Response::builder()
+        .header("content-type", "application/json")
+        .header("x-app", "echo")
+        .body(Full::new(Bytes::from(answer.to_string())))
+        .unwrap())
+}
+
+/// The values the app saw for header `name`.
+pub fn seen_header<'a>(echo: &'a serde_json::Value, name: &str) -> Vec<&'a str> {
+    echo["headers"]
+        .as_array()
+        .expect("the echo has headers")
+        .iter()
+        .filter(|pair| pair[0].as_str() == Some(name))
+        .filter_map(|pair| pair[1].as_str())
+        .collect()
+}

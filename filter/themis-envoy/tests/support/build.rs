@@ -1,0 +1,83 @@
+//! Builds what the tests run, once per test process, into `CARGO_TARGET_DIR`: the
+//! filter (release, wasm32-wasip1) and the `themis` agent and tool.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+pub fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target"))
+}
+
+/// `cargo build -q <args>` in the workspace.
+///
+/// Cargo runs the test with this package's variables set (`CARGO_MANIFEST_DIR`,
+/// `CARGO_PKG_NAME`, ...). Build scripts that watch them (`ring`'s does) would see
+/// them change between this build and the one of the tests, and both would rebuild
+/// `ring` and everything above it on every run: the nested build does not get them.
+fn cargo_build(args: &[&str]) {
+    let mut command = Command::new(env!("CARGO"));
+    command
+        .current_dir(workspace())
+        .arg("build")
+        .arg("-q")
+        .args(args)
+        .env("CARGO_TARGET_DIR", target_dir());
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        let per_package = name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_MANIFEST_")
+            || name.starts_with("CARGO_BIN_")
+            || matches!(
+                &*name,
+                "CARGO_CRATE_NAME" | "CARGO_PRIMARY_PACKAGE" | "CARGO_TARGET_TMPDIR" | "OUT_DIR"
+            );
+        if per_package {
+            command.env_remove(&*name);
+        }
+    }
+    let status = command.status().expect("running cargo build");
+    assert!(status.success(), "cargo build {args:?} failed");
+}
+
+/// The filter module, built once.
+pub fn filter_wasm() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        cargo_build(&[
+            "-p",
+            "themis-envoy",
+            "--release",
+            "--target",
+            "wasm32-wasip1",
+        ]);
+        let path = target_dir().join("wasm32-wasip1/release/themis_envoy.wasm");
+        assert!(
+            path.is_file(),
+            "{} is missing after the build",
+            path.display()
+        );
+        path
+    })
+}
+
+/// The `themis` binary (agent and tool), built once.
+pub fn themis_binary() -> &'static str {
+    static PATH: OnceLock<String> = OnceLock::new();
+    PATH.get_or_init(|| {
+        cargo_build(&["-p", "themis-agent", "--bin", "themis"]);
+        let path = target_dir().join("debug/themis");
+        assert!(
+            path.is_file(),
+            "{} is missing after the build",
+            path.display()
+        );
+        path.to_str().expect("a UTF-8 target directory").to_owned()
+    })
+}

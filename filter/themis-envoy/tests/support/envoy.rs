@@ -1,0 +1,261 @@
+//! A real Envoy running the Themis filter, configured by rendering
+//! `deploy/envoy/sidecar.yaml` itself. Every port is chosen by the kernel (port 0);
+//! the admin address comes from `--admin-address-path`, the listeners' from the
+//! admin API.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use super::build::{filter_wasm, workspace};
+use super::http;
+use super::process::{wait_until, Process};
+
+/// How long Envoy gets to become ready (the filter is compiled by V8 per worker).
+const READY_LIMIT: Duration = Duration::from_secs(60);
+
+/// The Envoy installed by `scripts/setup.sh`.
+pub fn envoy_binary() -> PathBuf {
+    let path = workspace().join(".venv/bin/envoy");
+    assert!(
+        path.is_file(),
+        "Envoy is not installed at {}: run scripts/setup.sh",
+        path.display()
+    );
+    path
+}
+
+/// The plugin configuration of the outbound role.
+pub fn outbound_config(mesh: &str, workload: &str, service: &str) -> String {
+    format!(
+        r#"{{"role":"outbound","mesh":"{mesh}","workload":"{workload}","service":"{service}"}}"#
+    )
+}
+
+/// The plugin configuration of the inbound role, with an optional policy (JSON).
+pub fn inbound_config(mesh: &str, workload: &str, service: &str, policy: Option<&str>) -> String {
+    let policy = policy.map_or(String::new(), |p| format!(r#","policy":{p}"#));
+    format!(
+        r#"{{"role":"inbound","mesh":"{mesh}","workload":"{workload}","service":"{service}","app_cluster":"app"{policy}}}"#
+    )
+}
+
+/// What one sidecar is made of.
+pub struct Sidecar<'a> {
+    /// The address both listeners bind (a free port each).
+    pub ip: &'a str,
+    pub agent_socket: &'a Path,
+    pub app: SocketAddr,
+    pub outbound_config: &'a str,
+    pub inbound_config: &'a str,
+}
+
+/// `deploy/envoy/sidecar.yaml` with every placeholder filled in.
+pub fn render(sidecar: &Sidecar<'_>) -> String {
+    let template_path = workspace().join("deploy/envoy/sidecar.yaml");
+    let template = std::fs::read_to_string(&template_path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", template_path.display()));
+    let values = [
+        ("ADMIN_PORT", "0".to_owned()),
+        ("OUTBOUND_ADDRESS", sidecar.ip.to_owned()),
+        ("OUTBOUND_PORT", "0".to_owned()),
+        ("INBOUND_ADDRESS", sidecar.ip.to_owned()),
+        ("INBOUND_PORT", "0".to_owned()),
+        ("FILTER_WASM", filter_wasm().display().to_string()),
+        ("AGENT_SOCKET", sidecar.agent_socket.display().to_string()),
+        ("APP_ADDRESS", sidecar.app.ip().to_string()),
+        ("APP_PORT", sidecar.app.port().to_string()),
+        ("OUTBOUND_CONFIG", sidecar.outbound_config.to_owned()),
+        ("INBOUND_CONFIG", sidecar.inbound_config.to_owned()),
+    ];
+    let mut yaml = template;
+    for (name, value) in values {
+        let placeholder = format!("${{{name}}}");
+        assert!(
+            yaml.contains(&placeholder),
+            "{} has no {placeholder}",
+            template_path.display()
+        );
+        yaml = yaml.replace(&placeholder, &value);
+    }
+    if let Some(left) = placeholder_in(&yaml) {
+        panic!(
+            "{} has a placeholder the tests do not fill in: ${{{left}}}",
+            template_path.display()
+        );
+    }
+    yaml
+}
+
+/// The first `${NAME}` (upper case, digits, `_`) left in `text`.
+fn placeholder_in(text: &str) -> Option<&str> {
+    text.match_indices("${").find_map(|(at, _)| {
+        let rest = &text[at + 2..];
+        let end = rest.find('}')?;
+        let name = &rest[..end];
+        (!name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_'))
+        .then_some(name)
+    })
+}
+
+/// A base id no other Envoy on this machine uses: from this process's pid.
+fn base_id() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::SeqCst);
+    std::process::id() * 64 + n % 64
+}
+
+/// One Envoy process.
+pub struct Envoy {
+    pub admin: SocketAddr,
+    /// The listener the local app calls.
+    pub outbound: SocketAddr,
+    /// The listener peers call.
+    pub inbound: SocketAddr,
+    process: Process,
+}
+
+/// Starts Envoy on a rendered configuration, without waiting for anything.
+fn spawn(dir: &Path, name: &str, sidecar: &Sidecar<'_>) -> (Process, PathBuf) {
+    let envoy = envoy_binary();
+    let config = dir.join(format!("{name}.yaml"));
+    std::fs::write(&config, render(sidecar)).unwrap();
+    let admin_file = dir.join(format!("{name}.admin"));
+    let mut command = Command::new(envoy);
+    command
+        .arg("-c")
+        .arg(&config)
+        .args(["--concurrency", "2", "--disable-hot-restart"])
+        .args(["--base-id", &base_id().to_string()])
+        .arg("--admin-address-path")
+        .arg(&admin_file)
+        .args(["-l", "warn", "--component-log-level", "wasm:info"]);
+    let process = Process::spawn(name, command, &dir.join(format!("{name}.log")));
+    (process, admin_file)
+}
+
+impl Envoy {
+    /// Starts Envoy and waits until it is ready.
+    pub fn start(dir: &Path, name: &str, sidecar: &Sidecar<'_>) -> Envoy {
+        let (mut process, admin_file) = spawn(dir, name, sidecar);
+        let admin: SocketAddr = wait_until(&format!("{name}'s admin address"), READY_LIMIT, || {
+            if let Some(status) = process.exited() {
+                panic!(
+                    "{name} exited ({status}) while starting:\n{}",
+                    process.log_tail(40)
+                );
+            }
+            std::fs::read_to_string(&admin_file)
+                .ok()
+                .and_then(|text| text.trim().parse().ok())
+        });
+        wait_until(&format!("{name} to be ready"), READY_LIMIT, || {
+            if let Some(status) = process.exited() {
+                panic!(
+                    "{name} exited ({status}) while starting:\n{}",
+                    process.log_tail(40)
+                );
+            }
+            let ready = http::exchange(
+                admin,
+                b"GET /ready HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n",
+            );
+            ready.ok().filter(|r| r.status == 200)
+        });
+        let listeners = admin_get(admin, "/listeners?format=json").json();
+        let port_of = |listener: &str| -> SocketAddr {
+            let entry = listeners["listener_statuses"]
+                .as_array()
+                .and_then(|all| all.iter().find(|l| l["name"] == listener))
+                .unwrap_or_else(|| panic!("{name} has no listener {listener}: {listeners}"));
+            let socket = &entry["local_address"]["socket_address"];
+            format!(
+                "{}:{}",
+                socket["address"].as_str().unwrap(),
+                socket["port_value"].as_u64().unwrap()
+            )
+            .parse()
+            .unwrap()
+        };
+        let (outbound, inbound) = (port_of("themis_outbound"), port_of("themis_inbound"));
+        assert_ne!(outbound.port(), 0, "{name}: {listeners}");
+        assert_ne!(inbound.port(), 0, "{name}: {listeners}");
+        Envoy {
+            admin,
+            outbound,
+            inbound,
+            process,
+        }
+    }
+
+    /// Starts Envoy on a configuration it must refuse: waits (bounded) for it to
+    /// exit and returns how it exited and its log. `None` if it still runs.
+    pub fn start_refused(
+        dir: &Path,
+        name: &str,
+        sidecar: &Sidecar<'_>,
+        limit: Duration,
+    ) -> (Option<ExitStatus>, String) {
+        let (mut process, _) = spawn(dir, name, sidecar);
+        let status = process.wait_exit(limit);
+        let status = status.or_else(|| {
+            process.stop();
+            None
+        });
+        (status, process.log())
+    }
+
+    /// Every counter and gauge in the admin `/stats`, by name.
+    pub fn stats(&self) -> BTreeMap<String, u64> {
+        admin_get(self.admin, "/stats")
+            .text()
+            .lines()
+            .filter_map(|line| {
+                let (name, value) = line.split_once(": ")?;
+                Some((name.to_owned(), value.trim().parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// One stat; panics (listing the Themis stats) if Envoy has no such stat.
+    pub fn stat(&self, name: &str) -> u64 {
+        let stats = self.stats();
+        match stats.get(name) {
+            Some(&value) => value,
+            None => {
+                let themis: Vec<String> = stats
+                    .iter()
+                    .filter(|(n, _)| n.contains("themis"))
+                    .map(|(n, v)| format!("{n}: {v}"))
+                    .collect();
+                panic!(
+                    "{} has no stat {name}; its Themis stats:\n{}",
+                    self.process.name(),
+                    themis.join("\n")
+                )
+            }
+        }
+    }
+
+    /// SIGTERM, a bounded wait, then SIGKILL (also done when it drops).
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        self.process.stop()
+    }
+
+    /// The last lines of its log.
+    pub fn log_tail(&self, n: usize) -> String {
+        self.process.log_tail(n)
+    }
+}
+
+fn admin_get(admin: SocketAddr, path: &str) -> http::Response {
+    let r = http::request(admin, "GET", path, &[("host", "admin")], b"");
+    assert_eq!(r.status, 200, "admin {path}: {r}");
+    r
+}

@@ -1,0 +1,241 @@
+//! The topology of the tests: node A runs `handler` (agent A, Envoy A), node B runs
+//! `check` (agent B, Envoy B, the echo app). Each test builds its own, on loopback
+//! addresses no other suite uses, with kernel-chosen ports; everything stops when it
+//! drops (Envoys first, then the app, then the agents, then the directory goes).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::agent_harness::{Agent, Spawn, MESH};
+use super::app::App;
+use super::envoy::{inbound_config, outbound_config, Envoy, Sidecar};
+use super::http::{self, Response};
+
+/// Node A's address.
+pub const IP_A: &str = "127.0.0.31";
+/// Node B's address.
+pub const IP_B: &str = "127.0.0.32";
+/// The man in the middle's address.
+pub const IP_MITM: &str = "127.0.0.33";
+/// Where instances that do not answer are registered.
+pub const IP_DEAD: &str = "127.0.0.34";
+
+/// How long the DHT gets to make a registration resolvable.
+const RESOLVE_LIMIT: Duration = Duration::from_secs(30);
+
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("themis-envoy-e2e-")
+        .tempdir()
+        .unwrap()
+}
+
+/// A port on `ip` nothing listens on (bound, then released).
+pub fn closed_port(ip: &str) -> SocketAddr {
+    std::net::TcpListener::bind((ip, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Random hex, for markers nobody else could produce.
+pub fn random_hex(bytes: usize) -> String {
+    use ring::rand::SecureRandom;
+    let mut buf = vec![0u8; bytes];
+    ring::rand::SystemRandom::new().fill(&mut buf).unwrap();
+    hex::encode(buf)
+}
+
+pub struct Mesh {
+    // Dropped in this order.
+    pub envoy_a: Envoy,
+    pub envoy_b: Envoy,
+    pub app: App,
+    pub a: Agent,
+    pub b: Agent,
+    /// The printable ids of the two workloads.
+    pub handler_id: String,
+    pub check_id: String,
+    /// The marker the app puts in every response.
+    pub app_marker: String,
+    pub dir: tempfile::TempDir,
+}
+
+/// Creates `workload` on `agent` with the `themis` tool; returns its printable id.
+fn create_workload(agent: &Agent, workload: &str) -> String {
+    let (code, out, err) = agent.cli(&["--json", "workload", workload]);
+    assert_eq!(code, 0, "themis workload {workload}: {out}{err}");
+    let answer: Value = serde_json::from_str(&out).expect("themis --json workload is JSON");
+    assert_eq!(answer["workload"], workload, "{answer}");
+    answer["id"].as_str().expect("an id").to_owned()
+}
+
+impl Mesh {
+    /// Both nodes, with `handler` registered at Envoy A's inbound listener; `check`
+    /// is not registered yet (see [`Mesh::register`]). `policy` is Envoy B's inbound
+    /// policy (JSON).
+    pub fn start(policy: Option<&str>) -> Mesh {
+        let dir = tempdir();
+        let root = dir.path();
+        let a = Agent::spawn(
+            root,
+            "agent-a",
+            Spawn {
+                listen: &format!("{IP_A}:0"),
+                ..Spawn::default()
+            },
+        );
+        let b = Agent::spawn(
+            root,
+            "agent-b",
+            Spawn {
+                listen: &format!("{IP_B}:0"),
+                join: Some(&a.contact),
+                ..Spawn::default()
+            },
+        );
+        a.wait_joined();
+        b.wait_joined();
+        let handler_id = create_workload(&a, "handler");
+        let check_id = create_workload(&b, "check");
+        let app_marker = format!("RESPMARK-{}", random_hex(12));
+        let app = App::start(IP_B, &app_marker);
+        // Node A has no app: its inbound role forwards to a port nobody listens on.
+        let envoy_a = Envoy::start(
+            root,
+            "envoy-a",
+            &Sidecar {
+                ip: IP_A,
+                agent_socket: &a.dir.join("agent.sock"),
+                app: closed_port(IP_A),
+                outbound_config: &outbound_config(MESH, "handler", "handler"),
+                inbound_config: &inbound_config(MESH, "handler", "handler", None),
+            },
+        );
+        let envoy_b = start_envoy_b(root, &b, "envoy-b", app.addr, policy);
+        a.register("handler", "handler", &envoy_a.inbound.to_string());
+        let mesh = Mesh {
+            envoy_a,
+            envoy_b,
+            app,
+            a,
+            b,
+            handler_id,
+            check_id,
+            app_marker,
+            dir,
+        };
+        // Node B verifies callers' services through the DHT.
+        let handler_at = mesh.envoy_a.inbound.to_string();
+        mesh.wait_resolves(&mesh.b, "handler", &[&handler_at]);
+        mesh
+    }
+
+    /// [`Mesh::start`] with `check` registered at Envoy B's inbound listener.
+    pub fn standard() -> Mesh {
+        let mesh = Mesh::start(None);
+        mesh.register("check", "check", mesh.envoy_b.inbound);
+        mesh
+    }
+
+    /// Registers workload `workload` of node B as an instance of `service` at
+    /// `endpoint`, and waits until node A resolves it there.
+    pub fn register(&self, service: &str, workload: &str, endpoint: SocketAddr) {
+        let endpoint = endpoint.to_string();
+        self.b.register(service, workload, &endpoint);
+        self.wait_resolves(&self.a, service, &[&endpoint]);
+    }
+
+    /// Waits until `agent` resolves `service` to (at least) these endpoints.
+    pub fn wait_resolves(&self, agent: &Agent, service: &str, endpoints: &[&str]) {
+        let deadline = Instant::now() + RESOLVE_LIMIT;
+        loop {
+            let answer = agent.resolve(service);
+            let found: Vec<&str> = answer
+                .as_ref()
+                .and_then(|a| a["instances"].as_array())
+                .map(|all| all.iter().filter_map(|i| i["endpoint"].as_str()).collect())
+                .unwrap_or_default();
+            if endpoints.iter().all(|e| found.contains(e)) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not resolve {service} to {endpoints:?} within {RESOLVE_LIMIT:?}; \
+                 last answer: {answer:?}\n--- {} log:\n{}\n--- {} log:\n{}",
+                agent.name,
+                self.a.name,
+                self.a.log_tail(),
+                self.b.name,
+                self.b.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Another Envoy on node B (workload `check`), with its own inbound policy.
+    pub fn start_envoy_b(&self, name: &str, policy: Option<&str>) -> Envoy {
+        start_envoy_b(self.dir.path(), &self.b, name, self.app.addr, policy)
+    }
+
+    /// What `handler`'s app does: calls `http://<host><path>` through Envoy A.
+    pub fn call(
+        &self,
+        method: &str,
+        host: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Response {
+        let mut all = vec![("host", host)];
+        all.extend_from_slice(headers);
+        http::request(self.envoy_a.outbound, method, path, &all, body)
+    }
+
+    /// The logs of both Envoys, for failure messages.
+    pub fn logs(&self) -> String {
+        format!(
+            "--- envoy-a:\n{}\n--- envoy-b:\n{}",
+            self.envoy_a.log_tail(30),
+            self.envoy_b.log_tail(30)
+        )
+    }
+}
+
+impl Drop for Mesh {
+    fn drop(&mut self) {
+        // The Envoys first (SIGTERM, then SIGKILL after a bounded wait), then the
+        // agents: SIGTERM and a bounded wait (`Agent::terminate`, which panics if
+        // one does not stop), unless the test already failed: then the harness's
+        // own drop kills them.
+        self.envoy_a.stop();
+        self.envoy_b.stop();
+        if !std::thread::panicking() {
+            self.b.terminate();
+            self.a.terminate();
+        }
+    }
+}
+
+fn start_envoy_b(
+    root: &Path,
+    b: &Agent,
+    name: &str,
+    app: SocketAddr,
+    policy: Option<&str>,
+) -> Envoy {
+    Envoy::start(
+        root,
+        name,
+        &Sidecar {
+            ip: IP_B,
+            agent_socket: &b.dir.join("agent.sock"),
+            app,
+            outbound_config: &outbound_config(MESH, "check", "check"),
+            inbound_config: &inbound_config(MESH, "check", "check", policy),
+        },
+    )
+}

@@ -1,0 +1,131 @@
+//! Child processes the tests start (Envoy, tcpdump): output to a log file, stopped by
+//! their own pid when dropped (SIGTERM, a bounded wait, then SIGKILL).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a process gets to exit after SIGTERM before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Polls `check` every 50 ms until it gives a value; panics after `limit` naming `what`.
+pub fn wait_until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Finds an executable on `PATH`.
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|candidate| candidate.is_file())
+    })
+}
+
+/// One running child process.
+pub struct Process {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Process {
+    /// Starts `command` with stdout and stderr going to `log`.
+    pub fn spawn(name: &str, mut command: Command, log: &Path) -> Process {
+        let out = File::create(log).unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
+        let err = out.try_clone().unwrap();
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name} ({command:?}): {e}"));
+        Process {
+            name: name.to_owned(),
+            child: Some(child),
+            log: log.to_owned(),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// The exit status if the process has exited (it stays reaped-able until then,
+    /// so its pid cannot be reused under us).
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut()?.try_wait().unwrap()
+    }
+
+    /// Waits up to `limit` for the process to exit on its own.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.exited() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM, a bounded wait, then SIGKILL; returns how it exited.
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        // SAFETY: kill(2) on the pid of our own child, which is not reaped yet.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + STOP_GRACE;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                eprintln!(
+                    "{} did not stop within {STOP_GRACE:?} of SIGTERM: SIGKILL",
+                    self.name
+                );
+                let _ = child.kill();
+                return child.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Everything the process wrote.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The last `n` lines it wrote.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = self.log();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
