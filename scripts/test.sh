@@ -37,7 +37,7 @@ CARGO_TARGET_WASM32_WASIP2_RUNNER="wasmtime run" \
 section "allocations per record on the in-place path (must be zero)"
 cargo run -q --release -p themis-benchmarks --bin alloc_count
 
-section "the demo: three agents on loopback, resolution by name, a sealed call"
+section "the demo: three agents on loopback, resolution by name, a sealed call, two sidecar Envoys with the filter"
 scripts/demo.sh
 
 section "fuzz targets, ${FUZZ_SECONDS}s each"
