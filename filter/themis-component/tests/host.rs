@@ -1,66 +1,19 @@
 //! The component, built for `wasm32-wasip2`, embedded with the `wasmtime` crate through
-//! its WIT interface: it interoperates with the native core in both directions.
+//! its WIT interface (`tests/embed`): it interoperates with the native core in both
+//! directions.
 //!
 //! The host bindings are generated from `wit/themis.wit` at compile time and the guest's
 //! from the same file; instantiation type-checks the built component against the WIT, so
 //! neither side can drift from the contract without this test failing.
 
 mod common;
+mod embed;
 
-use common::component_path;
+use embed::exports::themis::mesh::types::Error;
+use embed::{component_identity, instantiate, native};
 use ring::rand::SystemRandom;
 use themis_core::handshake::{self, Initiator};
 use themis_core::{HandshakeConfig, Identity, MeshName, PeerId};
-use wasmtime::component::{Component, Linker, ResourceAny, ResourceTable};
-use wasmtime::{Engine, Store};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
-
-wasmtime::component::bindgen!({ path: "../../wit", world: "themis" });
-
-use exports::themis::mesh::types::Error;
-
-struct Host {
-    ctx: WasiCtx,
-    table: ResourceTable,
-}
-
-impl WasiView for Host {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.ctx,
-            table: &mut self.table,
-        }
-    }
-}
-
-fn instantiate() -> (Store<Host>, Themis, Engine, Component) {
-    let engine = Engine::default();
-    let component = Component::from_file(&engine, component_path()).unwrap();
-    let mut linker = Linker::new(&engine);
-    wasmtime_wasi::p2::add_to_linker_sync(&mut linker).unwrap();
-    let host = Host {
-        ctx: WasiCtx::builder().build(),
-        table: ResourceTable::new(),
-    };
-    let mut store = Store::new(&engine, host);
-    let themis = Themis::instantiate(&mut store, &component, &linker).unwrap();
-    (store, themis, engine, component)
-}
-
-/// A new identity made by the component in mesh "demo": its handle and its id.
-fn component_identity(store: &mut Store<Host>, themis: &Themis) -> (ResourceAny, [u8; 32]) {
-    let identity = themis.themis_mesh_identities().identity();
-    let handle = identity
-        .call_generate(&mut *store, "demo")
-        .unwrap()
-        .unwrap();
-    let id = identity.call_id(&mut *store, handle).unwrap();
-    (handle, id.try_into().unwrap())
-}
-
-fn native(mesh: &str) -> Identity {
-    Identity::generate(MeshName::new(mesh).unwrap(), &SystemRandom::new()).unwrap()
-}
 
 #[test]
 fn the_component_exports_exactly_the_wit_package() {
