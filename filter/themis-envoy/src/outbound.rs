@@ -63,16 +63,6 @@ impl Peers {
         self.sessions.remove(peer).is_some()
     }
 
-    /// Sessions held.
-    pub fn len(&self) -> usize {
-        self.sessions.len()
-    }
-
-    /// Whether no session is held.
-    pub fn is_empty(&self) -> bool {
-        self.sessions.is_empty()
-    }
-
     /// A cached resolution of `service`.
     pub fn resolved(&self, service: &str, now_ms: u64) -> Option<&[Instance]> {
         self.resolved

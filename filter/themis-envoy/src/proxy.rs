@@ -216,11 +216,11 @@ impl RootContext for Root {
     }
 }
 
-fn dispatch_key_request(ctx: &dyn Context, config: &Config) -> Option<u32> {
-    let path = format!("/v1/workloads/{}/key", config.workload);
+/// A GET to the local agent's API; `None` (logged) if Envoy refuses the call.
+fn call_agent(ctx: &dyn Context, config: &Config, path: &str) -> Option<u32> {
     let headers = vec![
         (":method", "GET"),
-        (":path", path.as_str()),
+        (":path", path),
         (":authority", "themis-agent"),
     ];
     match ctx.dispatch_http_call(&config.agent_cluster, headers, None, vec![], config.timeout) {
@@ -233,6 +233,14 @@ fn dispatch_key_request(ctx: &dyn Context, config: &Config) -> Option<u32> {
             None
         }
     }
+}
+
+fn dispatch_key_request(ctx: &dyn Context, config: &Config) -> Option<u32> {
+    call_agent(
+        ctx,
+        config,
+        &format!("/v1/workloads/{}/key", config.workload),
+    )
 }
 
 fn install_key(worker: &Shared, status: Option<u16>, body: &[u8]) -> bool {
@@ -404,19 +412,11 @@ impl Outbound {
     }
 
     fn resolve(&mut self) {
-        let (cluster, timeout) = {
-            let w = self.worker.borrow();
-            (w.config.agent_cluster.clone(), w.config.timeout)
-        };
         let path = format!("/v1/services/{}", self.service);
-        let headers = vec![
-            (":method", "GET"),
-            (":path", path.as_str()),
-            (":authority", "themis-agent"),
-        ];
-        match self.dispatch_http_call(&cluster, headers, None, vec![], timeout) {
-            Ok(token) => self.wait(token, OutboundStep::Resolve),
-            Err(_) => self.fail(
+        let token = call_agent(self, &self.worker.borrow().config, &path);
+        match token {
+            Some(token) => self.wait(token, OutboundStep::Resolve),
+            None => self.fail(
                 503,
                 "rejected.resolve_failed",
                 "the local agent is unreachable",
@@ -762,7 +762,8 @@ enum Exchange {
 enum InboundStep {
     Collecting,
     Key,
-    Caller(Opened),
+    /// Waiting for the agent to list the claimed service's instances.
+    Caller(Opened, String),
     App(Opened),
     Done,
 }
@@ -911,31 +912,29 @@ impl Inbound {
     }
 
     /// Asks the agent whether the peer is an instance of the service it claims.
-    fn verify_caller(&mut self, opened: Opened, service: String) {
-        if !is_name(&service) {
+    fn verify_caller(&mut self, opened: Opened, claim: String) {
+        if !is_name(&claim) {
             return self.authorize(opened, None);
         }
-        let (cluster, timeout) = {
-            let w = self.worker.borrow();
-            (w.config.agent_cluster.clone(), w.config.timeout)
-        };
-        let path = format!("/v1/services/{service}");
-        let headers = vec![
-            (":method", "GET"),
-            (":path", path.as_str()),
-            (":authority", "themis-agent"),
-        ];
-        match self.dispatch_http_call(&cluster, headers, None, vec![], timeout) {
-            Ok(token) => {
+        let path = format!("/v1/services/{claim}");
+        let token = call_agent(self, &self.worker.borrow().config, &path);
+        match token {
+            Some(token) => {
                 self.call = Some(token);
-                self.step = InboundStep::Caller(opened);
+                self.step = InboundStep::Caller(opened, claim);
             }
-            Err(_) => self.authorize(opened, None),
+            None => self.authorize(opened, None),
         }
     }
 
-    fn on_caller_verified(&mut self, opened: Opened, status: Option<u16>, body: &[u8]) {
-        let service = {
+    fn on_caller_verified(
+        &mut self,
+        opened: Opened,
+        claim: String,
+        status: Option<u16>,
+        body: &[u8],
+    ) {
+        let member = {
             let mut w = self.worker.borrow_mut();
             let instances = match status {
                 Some(200) => agent::parse_instances(body, &w.config.mesh).unwrap_or_default(),
@@ -943,17 +942,11 @@ impl Inbound {
             };
             let ids: Vec<PeerId> = instances.iter().map(|i| i.id).collect();
             let member = ids.contains(&opened.peer);
-            // The claim is read from the envelope again: it is authenticated.
-            let claim = envelope::Request::decode(&opened.payload)
-                .ok()
-                .and_then(|r| r.caller_service.map(str::to_string));
-            if let Some(service) = &claim {
-                let expires = now_ms() + w.config.resolve_ttl.as_millis() as u64;
-                w.callers.insert(service.clone(), (ids, expires));
-            }
-            claim.filter(|_| member)
+            let expires = now_ms() + w.config.resolve_ttl.as_millis() as u64;
+            w.callers.insert(claim.clone(), (ids, expires));
+            member
         };
-        self.authorize(opened, service);
+        self.authorize(opened, member.then_some(claim));
     }
 
     fn authorize(&mut self, opened: Opened, service: Option<String>) {
@@ -1076,7 +1069,9 @@ impl Context for Inbound {
                     );
                 }
             }
-            InboundStep::Caller(opened) => self.on_caller_verified(opened, status, &body),
+            InboundStep::Caller(opened, claim) => {
+                self.on_caller_verified(opened, claim, status, &body)
+            }
             InboundStep::App(opened) => self.on_app_response(opened, status, &body),
             InboundStep::Collecting | InboundStep::Done => {}
         }

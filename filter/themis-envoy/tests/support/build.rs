@@ -9,10 +9,14 @@ pub fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target"))
+/// Cargo's target directory; a relative `CARGO_TARGET_DIR` is taken from the
+/// workspace root (where `cargo test` runs), not from this package's directory.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from) {
+        Some(dir) if dir.is_absolute() => dir,
+        Some(dir) => workspace().join(dir),
+        None => workspace().join("target"),
+    }
 }
 
 /// `cargo build -q <args>` in the workspace.
@@ -21,7 +25,7 @@ fn target_dir() -> PathBuf {
 /// `CARGO_PKG_NAME`, ...). Build scripts that watch them (`ring`'s does) would see
 /// them change between this build and the one of the tests, and both would rebuild
 /// `ring` and everything above it on every run: the nested build does not get them.
-fn cargo_build(args: &[&str]) {
+pub fn cargo_build(args: &[&str]) {
     let mut command = Command::new(env!("CARGO"));
     command
         .current_dir(workspace())
