@@ -1,0 +1,166 @@
+//! The map types shared by the eBPF programs (`ebpf/themis-ebpf`, built for bpfel) and
+//! the host agent's loader (`host-agent/themis-capture`). Everything is `#[repr(C)]`,
+//! plain data, with explicit padding, so both sides agree byte for byte.
+//!
+//! Byte order: IP addresses are kept as the kernel gives them (network order, in
+//! `u32` words), ports in host order.
+#![no_std]
+
+/// Most ports in one workload's inbound or exclusion list.
+pub const MAX_PORTS: usize = 8;
+/// Most CIDRs in one workload's exclusion list.
+pub const MAX_CIDRS: usize = 8;
+/// Deepest cgroup level the programs look at when finding a workload.
+pub const MAX_CGROUP_DEPTH: u32 = 16;
+/// `getsockopt(SOL_IP, SO_ORIGINAL_DST)` (and `IP6T_SO_ORIGINAL_DST` at `SOL_IPV6`).
+pub const SO_ORIGINAL_DST: i32 = 80;
+/// No proxy uid configured.
+pub const NO_UID: u32 = u32::MAX;
+
+pub const AF_INET: u16 = 2;
+pub const AF_INET6: u16 = 10;
+
+/// An IPv4 or IPv6 CIDR; `family == 0` marks an unused slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cidr {
+    /// Network order words; IPv4 in `addr[0]`.
+    pub addr: [u32; 4],
+    /// Network order words; applied with `&` before comparing.
+    pub mask: [u32; 4],
+    pub family: u16,
+    pub _pad: [u8; 6],
+}
+
+/// What capture does for one workload, keyed in [`maps::WORKLOADS`] by the cgroup
+/// v2 id (the inode number) of the workload's cgroup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkloadConfig {
+    /// The local proxy's outbound listener, IPv4 (network order) and port (host order).
+    pub outbound_ip4: u32,
+    pub outbound_port: u16,
+    /// Capture IPv6 connects too (to `outbound_ip6`); otherwise they are left alone.
+    pub capture_ipv6: u8,
+    pub _pad0: u8,
+    pub outbound_ip6: [u32; 4],
+    /// Connects by this uid are never captured (Istio's 1337 style); `NO_UID` = none.
+    pub proxy_uid: u32,
+    pub _pad1: u32,
+    /// The proxy's cgroup id (also in `EXEMPT_CGROUPS`), kept for the loader's clean-up.
+    pub proxy_cgroup: u64,
+    /// App ports that accept TCP only from loopback, i.e. via the local proxy; 0 = unused.
+    pub inbound_ports: [u16; MAX_PORTS],
+    /// Destination ports never captured; 0 = unused.
+    pub exclude_ports: [u16; MAX_PORTS],
+    /// Destinations never captured.
+    pub exclude_cidrs: [Cidr; MAX_CIDRS],
+}
+
+/// Where an app meant to connect, recorded at connect time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OriginalDst {
+    /// Network order words; IPv4 in `addr[0]`.
+    pub addr: [u32; 4],
+    /// Host order.
+    pub port: u16,
+    pub family: u16,
+    pub _pad: u32,
+}
+
+/// One end of a TCP connection, as a map key: the app socket's local address
+/// (written when it is established) is the proxy's peer address (read by getsockopt).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SocketAddrKey {
+    /// Network order words; IPv4 (also IPv4-mapped IPv6) in `addr[0]`.
+    pub addr: [u32; 4],
+    /// Host order.
+    pub port: u16,
+    pub family: u16,
+    pub _pad: u32,
+}
+
+/// Both ends of a TCP connection: the fast path's sockhash key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ConnectionKey {
+    pub local: SocketAddrKey,
+    pub remote: SocketAddrKey,
+}
+
+/// Indices into [`maps::SETTINGS`].
+pub mod settings {
+    /// Non-zero: sockops puts local connections in the sockhash and `sk_msg` moves
+    /// their data socket to socket.
+    pub const FAST_PATH: u32 = 0;
+    pub const COUNT: u32 = 4;
+}
+
+/// Indices into [`maps::STATS`] (per-CPU counters).
+pub mod stats {
+    /// Connects rewritten to the proxy.
+    pub const CAPTURED: u32 = 0;
+    /// Connects of a workload left alone: excluded port or CIDR, or to the proxy itself.
+    pub const EXCLUDED: u32 = 1;
+    /// Connects of the proxy (exempt cgroup or uid), left alone.
+    pub const PROXY_EXEMPT: u32 = 2;
+    /// `SO_ORIGINAL_DST` answered.
+    pub const ORIGINAL_DST_ANSWERED: u32 = 3;
+    /// `SO_ORIGINAL_DST` asked for a connection without a record.
+    pub const ORIGINAL_DST_MISSED: u32 = 4;
+    /// Packets to an inbound port from outside the node, dropped.
+    pub const INBOUND_DROPPED: u32 = 5;
+    /// Sockets added to the fast path's sockhash.
+    pub const FAST_PATH_SOCKETS: u32 = 6;
+    pub const COUNT: u32 = 8;
+    pub const NAMES: [&str; COUNT as usize] = [
+        "captured",
+        "excluded",
+        "proxy_exempt",
+        "original_dst_answered",
+        "original_dst_missed",
+        "inbound_dropped",
+        "fast_path_sockets",
+        "reserved",
+    ];
+}
+
+/// The maps' names in the object (and in the pin directory).
+pub mod maps {
+    pub const WORKLOADS: &str = "WORKLOADS";
+    pub const EXEMPT_CGROUPS: &str = "EXEMPT_CGROUPS";
+    pub const ORIGINAL_BY_COOKIE: &str = "ORIGINAL_BY_COOKIE";
+    pub const ORIGINAL_BY_ADDR: &str = "ORIGINAL_BY_ADDR";
+    pub const FAST_PATH_SOCKETS: &str = "FAST_PATH_SOCKETS";
+    pub const SETTINGS: &str = "SETTINGS";
+    pub const STATS: &str = "STATS";
+}
+
+/// The programs' names in the object.
+pub mod programs {
+    pub const CONNECT4: &str = "connect4";
+    pub const CONNECT6: &str = "connect6";
+    pub const GETSOCKOPT: &str = "original_dst";
+    pub const SOCK_OPS: &str = "sock_ops";
+    pub const INBOUND: &str = "inbound";
+    pub const FAST_PATH_MSG: &str = "fast_path_msg";
+}
+
+// Both sides compile these: a layout change that breaks agreement fails the build.
+const _: () = assert!(core::mem::size_of::<Cidr>() == 40);
+const _: () = assert!(core::mem::size_of::<WorkloadConfig>() == 392);
+const _: () = assert!(core::mem::size_of::<OriginalDst>() == 24);
+const _: () = assert!(core::mem::size_of::<SocketAddrKey>() == 24);
+const _: () = assert!(core::mem::size_of::<ConnectionKey>() == 48);
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: plain `#[repr(C)]` data with explicit padding; every bit pattern is valid.
+    unsafe impl aya::Pod for WorkloadConfig {}
+    unsafe impl aya::Pod for OriginalDst {}
+    unsafe impl aya::Pod for SocketAddrKey {}
+    unsafe impl aya::Pod for ConnectionKey {}
+}

@@ -1,0 +1,472 @@
+//! Themis Mesh's eBPF programs, attached by the host agent to each workload's cgroup:
+//!
+//! - `connect4` / `connect6` (cgroup/connect*): a workload's TCP connects go to its
+//!   proxy's outbound listener; where the app meant to go is kept by socket cookie;
+//! - `sock_ops`: when such a connection is established, the record moves to the app
+//!   socket's address (the proxy's view of its peer); with the fast path on, local
+//!   connections join the sockhash;
+//! - `original_dst` (cgroup/getsockopt): answers `SO_ORIGINAL_DST` from that record,
+//!   so Envoy's stock `original_dst` listener filter works unchanged;
+//! - `inbound` (cgroup_skb/ingress): the app's ports take TCP only from loopback, i.e.
+//!   through the local proxy;
+//! - `fast_path_msg` (sk_msg): data between two local sockets in the sockhash goes
+//!   socket to socket, without the TCP/IP stack.
+//!
+//! The map types are in `themis-ebpf-common`, shared with the agent.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    bindings::{
+        bpf_sock_addr, BPF_F_INGRESS, BPF_NOEXIST, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
+    },
+    helpers::{
+        bpf_get_current_ancestor_cgroup_id, bpf_get_current_uid_gid, bpf_get_socket_cookie,
+        bpf_skb_ancestor_cgroup_id,
+    },
+    macros::{cgroup_skb, cgroup_sock_addr, cgroup_sockopt, map, sk_msg, sock_ops},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, SockHash},
+    programs::{SkBuffContext, SkMsgContext, SockAddrContext, SockOpsContext, SockoptContext},
+    EbpfContext,
+};
+use themis_ebpf_common::{
+    settings, stats, Cidr, ConnectionKey, OriginalDst, SocketAddrKey, WorkloadConfig, AF_INET,
+    AF_INET6, MAX_CGROUP_DEPTH, NO_UID, SO_ORIGINAL_DST,
+};
+
+const IPPROTO_TCP: u32 = 6;
+const SOL_IP: i32 = 0;
+const SOL_IPV6: i32 = 41;
+/// cgroup programs: 1 lets the operation go on.
+const ALLOW: i32 = 1;
+
+// Pinned by name under the agent's pin directory, so a restarted agent finds them.
+#[map]
+static WORKLOADS: HashMap<u64, WorkloadConfig> = HashMap::pinned(1024, 0);
+#[map]
+static EXEMPT_CGROUPS: HashMap<u64, u8> = HashMap::pinned(1024, 0);
+#[map]
+static ORIGINAL_BY_COOKIE: LruHashMap<u64, OriginalDst> = LruHashMap::pinned(65536, 0);
+#[map]
+static ORIGINAL_BY_ADDR: LruHashMap<SocketAddrKey, OriginalDst> = LruHashMap::pinned(65536, 0);
+#[map]
+static FAST_PATH_SOCKETS: SockHash<ConnectionKey> = SockHash::pinned(65536, 0);
+#[map]
+static SETTINGS: Array<u32> = Array::pinned(settings::COUNT, 0);
+#[map]
+static STATS: PerCpuArray<u64> = PerCpuArray::pinned(stats::COUNT, 0);
+
+#[inline(always)]
+fn count(index: u32) {
+    if let Some(counter) = STATS.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, no concurrent writer.
+        unsafe { *counter += 1 };
+    }
+}
+
+#[inline(always)]
+fn setting(index: u32) -> u32 {
+    SETTINGS.get(index).copied().unwrap_or(0)
+}
+
+/// Whose connect this is: the deepest registered workload among the current task's
+/// cgroup and its ancestors, unless one of them is exempt (a proxy, the agent).
+enum Owner {
+    /// Points into the map: the value is too big for the 512-byte stack.
+    Workload(&'static WorkloadConfig),
+    Exempt,
+    Unknown,
+}
+
+#[inline(always)]
+fn current_owner() -> Owner {
+    let mut found = None;
+    let mut level = 1;
+    while level <= MAX_CGROUP_DEPTH {
+        // SAFETY: a helper without pointers.
+        let id = unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
+        if id == 0 {
+            break; // above the task's own level
+        }
+        // SAFETY: plain data in the map; copied out at once.
+        if unsafe { EXEMPT_CGROUPS.get(&id) }.is_some() {
+            return Owner::Exempt;
+        }
+        if let Some(config) = unsafe { WORKLOADS.get(&id) } {
+            found = Some(config);
+        }
+        level += 1;
+    }
+    match found {
+        Some(config) => {
+            // SAFETY: a helper without pointers.
+            let uid = bpf_get_current_uid_gid() as u32;
+            if config.proxy_uid != NO_UID && uid == config.proxy_uid {
+                Owner::Exempt
+            } else {
+                Owner::Workload(config)
+            }
+        }
+        None => Owner::Unknown,
+    }
+}
+
+#[inline(always)]
+fn port_listed(ports: &[u16], port: u16) -> bool {
+    let mut i = 0;
+    while i < ports.len() {
+        if ports[i] != 0 && ports[i] == port {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+#[inline(always)]
+fn cidr_listed(cidrs: &[Cidr], family: u16, addr: &[u32; 4]) -> bool {
+    let mut i = 0;
+    while i < cidrs.len() {
+        let c = &cidrs[i];
+        if c.family == family
+            && addr[0] & c.mask[0] == c.addr[0]
+            && addr[1] & c.mask[1] == c.addr[1]
+            && addr[2] & c.mask[2] == c.addr[2]
+            && addr[3] & c.mask[3] == c.addr[3]
+        {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// Leaves the connect alone, or points it at the proxy and records the original.
+#[inline(always)]
+fn capture(ctx: &SockAddrContext, family: u16) -> i32 {
+    let sa: *mut bpf_sock_addr = ctx.sock_addr;
+    // SAFETY: the context pointer the kernel passed; fields by the verifier's rules.
+    unsafe {
+        if (*sa).protocol != IPPROTO_TCP {
+            return ALLOW;
+        }
+        let config = match current_owner() {
+            Owner::Workload(config) => config,
+            Owner::Exempt => {
+                count(stats::PROXY_EXEMPT);
+                return ALLOW;
+            }
+            Owner::Unknown => return ALLOW,
+        };
+        let port = u16::from_be((*sa).user_port as u16);
+        let mut addr = [0u32; 4];
+        let mut record_family = family;
+        if family == AF_INET {
+            addr[0] = (*sa).user_ip4;
+        } else {
+            addr = read_ip6(sa);
+            if addr[0] == 0 && addr[1] == 0 && addr[2] == u32::to_be(0xffff) {
+                // An IPv4-mapped address on a dual-stack socket: an IPv4 destination.
+                addr = [addr[3], 0, 0, 0];
+                record_family = AF_INET;
+            } else if config.capture_ipv6 == 0 {
+                return ALLOW;
+            }
+        }
+        let to_proxy = if record_family == AF_INET {
+            addr[0] == config.outbound_ip4 && port == config.outbound_port
+        } else {
+            addr == config.outbound_ip6 && port == config.outbound_port
+        };
+        if to_proxy
+            || port_listed(&config.exclude_ports, port)
+            || cidr_listed(&config.exclude_cidrs, record_family, &addr)
+        {
+            count(stats::EXCLUDED);
+            return ALLOW;
+        }
+        let original = OriginalDst {
+            addr,
+            port,
+            family: record_family,
+            _pad: 0,
+        };
+        let cookie = bpf_get_socket_cookie(ctx.as_ptr());
+        if ORIGINAL_BY_COOKIE.insert(&cookie, &original, 0).is_err() {
+            return ALLOW; // no record, no capture: the proxy could not route it
+        }
+        if family == AF_INET {
+            (*sa).user_ip4 = config.outbound_ip4;
+        } else if record_family == AF_INET {
+            write_ip6(sa, [0, 0, u32::to_be(0xffff), config.outbound_ip4]);
+        } else {
+            write_ip6(sa, config.outbound_ip6);
+        }
+        (*sa).user_port = u32::from(config.outbound_port.to_be());
+        count(stats::CAPTURED);
+    }
+    ALLOW
+}
+
+// The verifier takes only whole-word accesses to the context: no memcpy of arrays.
+#[inline(always)]
+unsafe fn read_ip6(sa: *mut bpf_sock_addr) -> [u32; 4] {
+    let field = core::ptr::addr_of!((*sa).user_ip6) as *const u32;
+    [
+        core::ptr::read_volatile(field),
+        core::ptr::read_volatile(field.add(1)),
+        core::ptr::read_volatile(field.add(2)),
+        core::ptr::read_volatile(field.add(3)),
+    ]
+}
+
+#[inline(always)]
+unsafe fn write_ip6(sa: *mut bpf_sock_addr, ip: [u32; 4]) {
+    let field = core::ptr::addr_of_mut!((*sa).user_ip6) as *mut u32;
+    core::ptr::write_volatile(field, ip[0]);
+    core::ptr::write_volatile(field.add(1), ip[1]);
+    core::ptr::write_volatile(field.add(2), ip[2]);
+    core::ptr::write_volatile(field.add(3), ip[3]);
+}
+
+#[cgroup_sock_addr(connect4)]
+pub fn connect4(ctx: SockAddrContext) -> i32 {
+    capture(&ctx, AF_INET)
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn connect6(ctx: SockAddrContext) -> i32 {
+    capture(&ctx, AF_INET6)
+}
+
+/// An address as a key; IPv4-mapped IPv6 folds into IPv4 so both sides agree.
+#[inline(always)]
+fn address_key(family: u32, ip4: u32, ip6: [u32; 4], port: u16) -> SocketAddrKey {
+    if family == u32::from(AF_INET6)
+        && !(ip6[0] == 0 && ip6[1] == 0 && ip6[2] == u32::to_be(0xffff))
+    {
+        SocketAddrKey {
+            addr: ip6,
+            port,
+            family: AF_INET6,
+            _pad: 0,
+        }
+    } else {
+        let ip = if family == u32::from(AF_INET) {
+            ip4
+        } else {
+            ip6[3]
+        };
+        SocketAddrKey {
+            addr: [ip, 0, 0, 0],
+            port,
+            family: AF_INET,
+            _pad: 0,
+        }
+    }
+}
+
+#[sock_ops]
+pub fn sock_ops(ctx: SockOpsContext) -> u32 {
+    let op = ctx.op();
+    if op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB {
+        return 1;
+    }
+    let family = ctx.family();
+    // sock_ops gives the local port in host order, the remote one in network order
+    // in the upper half.
+    let local = address_key(
+        family,
+        ctx.local_ip4(),
+        ctx.local_ip6(),
+        ctx.local_port() as u16,
+    );
+    let remote = address_key(
+        family,
+        ctx.remote_ip4(),
+        ctx.remote_ip6(),
+        u16::from_be((ctx.remote_port() >> 16) as u16),
+    );
+    if op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB {
+        // SAFETY: the sock_ops context the kernel passed.
+        let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+        // SAFETY: plain data, copied out at once.
+        if let Some(original) = unsafe { ORIGINAL_BY_COOKIE.get(&cookie) } {
+            let original = *original;
+            let _ = ORIGINAL_BY_ADDR.insert(&local, &original, 0);
+            let _ = ORIGINAL_BY_COOKIE.remove(&cookie);
+        }
+    }
+    if setting(settings::FAST_PATH) != 0 && is_local(&remote) {
+        let mut key = ConnectionKey { local, remote };
+        // SAFETY: the sock_ops context the kernel passed.
+        if FAST_PATH_SOCKETS
+            .update(&mut key, unsafe { &mut *ctx.ops }, u64::from(BPF_NOEXIST))
+            .is_ok()
+        {
+            count(stats::FAST_PATH_SOCKETS);
+        }
+    }
+    1
+}
+
+/// Loopback peers only: the fast path is for same-node connections, and the
+/// app-to-proxy hop is always on loopback.
+#[inline(always)]
+fn is_local(key: &SocketAddrKey) -> bool {
+    if key.family == AF_INET {
+        u32::from_be(key.addr[0]) >> 24 == 127
+    } else {
+        key.addr[0] == 0 && key.addr[1] == 0 && key.addr[2] == 0 && key.addr[3] == u32::to_be(1)
+    }
+}
+
+#[sk_msg]
+pub fn fast_path_msg(ctx: SkMsgContext) -> u32 {
+    // SAFETY: the sk_msg context the kernel passed.
+    let msg = unsafe { &*ctx.msg };
+    // The peer's key: its local end is our remote end.
+    let mut peer = ConnectionKey {
+        local: address_key(
+            msg.family,
+            msg.remote_ip4,
+            msg.remote_ip6,
+            u16::from_be((msg.remote_port >> 16) as u16),
+        ),
+        remote: address_key(
+            msg.family,
+            msg.local_ip4,
+            msg.local_ip6,
+            msg.local_port as u16,
+        ),
+    };
+    // Without the peer in the map the redirect fails and the data takes the normal
+    // path: the verdict stays "pass" either way.
+    let _ = FAST_PATH_SOCKETS.redirect_msg(&ctx, &mut peer, u64::from(BPF_F_INGRESS));
+    1
+}
+
+#[cgroup_sockopt(getsockopt)]
+pub fn original_dst(ctx: SockoptContext) -> i32 {
+    // SAFETY: the context pointer the kernel passed; `sk` is a full socket here and
+    // optval..optval_end is checked before any write.
+    unsafe {
+        let so = &mut *ctx.sockopt;
+        let v6 = match (so.level, so.optname) {
+            (SOL_IP, SO_ORIGINAL_DST) => false,
+            (SOL_IPV6, SO_ORIGINAL_DST) => true,
+            _ => return ALLOW,
+        };
+        let sk = so.__bindgen_anon_1.sk;
+        if sk.is_null() {
+            return ALLOW;
+        }
+        // The proxy's accepted socket: its peer is the app socket's local end.
+        let peer = address_key(
+            (*sk).family,
+            (*sk).dst_ip4,
+            (*sk).dst_ip6,
+            u16::from_be((*sk).dst_port),
+        );
+        let Some(original) = ORIGINAL_BY_ADDR.get(&peer) else {
+            count(stats::ORIGINAL_DST_MISSED);
+            return ALLOW;
+        };
+        let original = *original;
+        let optval = so.__bindgen_anon_2.optval as *mut u8;
+        let end = so.__bindgen_anon_3.optval_end as *mut u8;
+        if !v6 && original.family == AF_INET {
+            // struct sockaddr_in
+            if optval.add(16) > end {
+                return ALLOW;
+            }
+            core::ptr::write_bytes(optval, 0, 16);
+            *(optval as *mut u16) = AF_INET;
+            *(optval.add(2) as *mut u16) = original.port.to_be();
+            *(optval.add(4) as *mut u32) = original.addr[0];
+            so.optlen = 16;
+        } else if v6 && original.family == AF_INET6 {
+            // struct sockaddr_in6
+            if optval.add(28) > end {
+                return ALLOW;
+            }
+            core::ptr::write_bytes(optval, 0, 28);
+            *(optval as *mut u16) = AF_INET6;
+            *(optval.add(2) as *mut u16) = original.port.to_be();
+            *(optval.add(8) as *mut [u32; 4]) = original.addr;
+            so.optlen = 28;
+        } else {
+            return ALLOW;
+        }
+        so.retval = 0;
+        count(stats::ORIGINAL_DST_ANSWERED);
+    }
+    ALLOW
+}
+
+/// cgroup_skb: 1 passes the packet, 0 drops it.
+#[cgroup_skb(ingress)]
+pub fn inbound(ctx: SkBuffContext) -> i32 {
+    inbound_verdict(&ctx).unwrap_or(1)
+}
+
+#[inline(always)]
+fn inbound_verdict(ctx: &SkBuffContext) -> Result<i32, i64> {
+    // cgroup_skb sees the packet from its IP header.
+    let first: u8 = ctx.load(0)?;
+    let (source_is_local, tcp_offset) = match first >> 4 {
+        4 => {
+            if ctx.load::<u8>(9)? != IPPROTO_TCP as u8 {
+                return Ok(1);
+            }
+            let source = u32::from_be(ctx.load::<u32>(12)?);
+            (source >> 24 == 127, usize::from(first & 0x0f) * 4)
+        }
+        6 => {
+            // Extension headers are not followed: TCP must be the next header.
+            if ctx.load::<u8>(6)? != IPPROTO_TCP as u8 {
+                return Ok(1);
+            }
+            let source: [u32; 4] = ctx.load(8)?;
+            let loopback = source == [0, 0, 0, u32::to_be(1)];
+            let mapped_loopback = source[0] == 0
+                && source[1] == 0
+                && source[2] == u32::to_be(0xffff)
+                && u32::from_be(source[3]) >> 24 == 127;
+            (loopback || mapped_loopback, 40)
+        }
+        _ => return Ok(1),
+    };
+    if source_is_local {
+        return Ok(1);
+    }
+    let port = u16::from_be(ctx.load::<u16>(tcp_offset + 2)?);
+    // The receiving socket's workload, as for connects but from the packet's socket.
+    let mut protected = false;
+    let mut level = 1;
+    while level <= MAX_CGROUP_DEPTH {
+        // SAFETY: the skb context the kernel passed.
+        let id = unsafe { bpf_skb_ancestor_cgroup_id(ctx.as_ptr() as *mut _, level as i32) };
+        if id == 0 {
+            break;
+        }
+        // SAFETY: plain data in the map.
+        if let Some(config) = unsafe { WORKLOADS.get(&id) } {
+            protected = port_listed(&config.inbound_ports, port);
+        }
+        level += 1;
+    }
+    if protected {
+        count(stats::INBOUND_DROPPED);
+        Ok(0)
+    } else {
+        Ok(1)
+    }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}

@@ -1,0 +1,556 @@
+//! The host agent's eBPF loader. It loads Themis's capture programs
+//! (`ebpf/themis-ebpf`), attaches them to a workload's cgroup v2 directory, and pins
+//! maps and links in bpffs:
+//!
+//! ```text
+//! <pin dir>/WORKLOADS, ORIGINAL_BY_ADDR, ...      the maps (reused by a restarted agent)
+//! <pin dir>/workloads/<workload>/<program>        one bpf_link per program and cgroup
+//! ```
+//!
+//! The kernel holds everything capture needs: when the agent stops or crashes, capture
+//! goes on (traffic never silently bypasses the proxy), and a restarted agent adopts
+//! what it finds pinned. Removing a workload's pins detaches it; `rm -rf <pin dir>`
+//! removes all of it.
+mod spec;
+mod sys;
+
+use std::{
+    collections::BTreeMap,
+    fs, io,
+    os::fd::AsFd,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{Array, HashMap, MapData, PerCpuArray, SockHash},
+    programs::{CgroupSkb, CgroupSockAddr, CgroupSockopt, ProgramError, SkMsg, SockOps},
+    Ebpf, EbpfLoader,
+};
+use serde::Serialize;
+use themis_ebpf_common::{maps, programs, settings, stats, ConnectionKey, WorkloadConfig};
+
+pub use spec::{CaptureSpec, SpecError};
+use sys::AttachType;
+
+/// The programs, built for bpfel by build.rs.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/themis-ebpf.o"));
+
+/// The default pin directory.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/themis";
+
+/// Each workload's cgroup gets one link per program, in this order.
+const CGROUP_PROGRAMS: [(&str, AttachType); 5] = [
+    (programs::CONNECT4, AttachType::Inet4Connect),
+    (programs::CONNECT6, AttachType::Inet6Connect),
+    (programs::SOCK_OPS, AttachType::SockOps),
+    (programs::GETSOCKOPT, AttachType::GetSockopt),
+    (programs::INBOUND, AttachType::InetIngress),
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// Something the kernel or the machine lacks; the message says what and how to fix it.
+    #[error("eBPF capture is unavailable: {0}")]
+    Unavailable(String),
+    #[error("the kernel refused the eBPF program `{program}`: {source}")]
+    Program {
+        program: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("loading the eBPF object: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("eBPF map {map}: {source}")]
+    Map {
+        map: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error(
+        "workload {workload} is captured in another cgroup (id {cgroup_id}); deregister it first"
+    )]
+    OtherCgroup { workload: String, cgroup_id: u64 },
+}
+
+fn io_error(what: impl Into<String>) -> impl FnOnce(io::Error) -> CaptureError {
+    let what = what.into();
+    move |source| CaptureError::Io { what, source }
+}
+
+/// The loaded programs and maps of one agent.
+pub struct Capture {
+    ebpf: Ebpf,
+    pin_dir: PathBuf,
+    fast_path: bool,
+}
+
+/// One program attached to a workload's cgroup, as the kernel reports it.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Attachment {
+    pub program: String,
+    pub link_id: u32,
+    pub program_id: u32,
+}
+
+/// A captured workload.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkloadStatus {
+    pub workload: String,
+    pub cgroup_id: u64,
+    /// Found by walking the cgroup v2 tree; `None` if the cgroup is gone.
+    pub cgroup: Option<PathBuf>,
+    pub attachments: Vec<Attachment>,
+    /// Programs that should be attached and are not (a partial, broken state).
+    pub missing: Vec<String>,
+}
+
+/// Everything `themis capture` shows.
+#[derive(Clone, Debug, Serialize)]
+pub struct Status {
+    pub pin_dir: PathBuf,
+    pub fast_path: bool,
+    pub workloads: Vec<WorkloadStatus>,
+    pub counters: BTreeMap<&'static str, u64>,
+}
+
+impl Capture {
+    /// Checks the kernel and the machine, loads the programs (reusing pinned maps, so
+    /// a restarted agent shares them with the links it finds), and sets the fast path.
+    pub fn start(pin_dir: &Path, fast_path: bool) -> Result<Self, CaptureError> {
+        preflight(pin_dir)?;
+        fs::create_dir_all(pin_dir.join("workloads"))
+            .map_err(io_error(format!("creating {}", pin_dir.display())))?;
+        let mut ebpf = EbpfLoader::new().map_pin_path(pin_dir).load(OBJECT)?;
+
+        for (name, _) in CGROUP_PROGRAMS {
+            load_program(&mut ebpf, name)?;
+        }
+        let msg: &mut SkMsg = program(&mut ebpf, programs::FAST_PATH_MSG)?;
+        msg.load().map_err(|source| CaptureError::Program {
+            program: programs::FAST_PATH_MSG,
+            source,
+        })?;
+        let sockets: SockHash<MapData, ConnectionKey> = SockHash::try_from(
+            ebpf.take_map(maps::FAST_PATH_SOCKETS)
+                .expect("the object defines the sockhash"),
+        )
+        .map_err(|source| CaptureError::Map {
+            map: maps::FAST_PATH_SOCKETS,
+            source,
+        })?;
+        let msg: &mut SkMsg = program(&mut ebpf, programs::FAST_PATH_MSG)?;
+        let link = msg
+            .attach(sockets.fd())
+            .and_then(|id| msg.take_link(id))
+            .map_err(|source| CaptureError::Program {
+                program: programs::FAST_PATH_MSG,
+                source,
+            })?;
+        // The verdict program belongs to the pinned sockhash from now on; dropping the
+        // link would detach it when this agent exits.
+        std::mem::forget(link);
+
+        let mut capture = Capture {
+            ebpf,
+            pin_dir: pin_dir.to_owned(),
+            fast_path,
+        };
+        capture.set_setting(settings::FAST_PATH, u32::from(fast_path))?;
+        let adopted = capture.status()?.workloads;
+        for w in &adopted {
+            tracing::info!(workload = %w.workload, cgroup_id = w.cgroup_id,
+                links = w.attachments.len(), "adopted pinned capture");
+        }
+        tracing::info!(pin_dir = %pin_dir.display(), fast_path, adopted = adopted.len(),
+            "eBPF capture ready");
+        Ok(capture)
+    }
+
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+
+    /// Attaches capture to `spec.cgroup` for `workload` (again, with a new spec, if it
+    /// is already attached there).
+    pub fn attach(
+        &mut self,
+        workload: &str,
+        spec: &CaptureSpec,
+    ) -> Result<WorkloadStatus, CaptureError> {
+        spec::check_name(workload)?;
+        let cgroup = open_cgroup(&spec.cgroup)?;
+        let cgroup_id = fs::metadata(&spec.cgroup)
+            .map_err(io_error(format!("reading {}", spec.cgroup.display())))?
+            .ino();
+        refuse_own_cgroup(&spec.cgroup)?;
+        let proxy_cgroup = match &spec.proxy_cgroup {
+            Some(path) => {
+                open_cgroup(path)?;
+                fs::metadata(path)
+                    .map_err(io_error(format!("reading {}", path.display())))?
+                    .ino()
+            }
+            None => 0,
+        };
+        let config = spec.to_config(proxy_cgroup)?;
+
+        let dir = self.workload_dir(workload);
+        if dir.exists() {
+            let existing = self.describe(workload)?;
+            if existing.cgroup_id != cgroup_id && !existing.attachments.is_empty() {
+                return Err(CaptureError::OtherCgroup {
+                    workload: workload.into(),
+                    cgroup_id: existing.cgroup_id,
+                });
+            }
+        }
+        let previous = self.workloads()?.get(&cgroup_id, 0).ok();
+        if let Some(old) = previous.filter(|old| old.proxy_cgroup != proxy_cgroup) {
+            let _ = self.exempt()?.remove(&old.proxy_cgroup);
+        }
+        self.workloads()?
+            .insert(cgroup_id, config, 0)
+            .map_err(|source| CaptureError::Map {
+                map: maps::WORKLOADS,
+                source,
+            })?;
+        if proxy_cgroup != 0 {
+            self.exempt()?
+                .insert(proxy_cgroup, 1, 0)
+                .map_err(|source| CaptureError::Map {
+                    map: maps::EXEMPT_CGROUPS,
+                    source,
+                })?;
+        }
+
+        fs::create_dir_all(&dir).map_err(io_error(format!("creating {}", dir.display())))?;
+        for (name, attach) in CGROUP_PROGRAMS {
+            let pin = dir.join(name);
+            if pin.exists() {
+                continue; // attached before (re-registration, or adopted)
+            }
+            let linked =
+                self.program_fd(name)
+                    .and_then(|fd| {
+                        sys::link_create(fd.as_fd(), cgroup.as_fd(), attach).map_err(io_error(
+                            format!("attaching {name} to {}", spec.cgroup.display()),
+                        ))
+                    })
+                    .and_then(|link| {
+                        sys::pin(link.as_fd(), &pin)
+                            .map_err(io_error(format!("pinning {}", pin.display())))
+                    });
+            if let Err(e) = linked {
+                let _ = self.detach(workload);
+                return Err(e);
+            }
+        }
+        tracing::info!(workload, cgroup = %spec.cgroup.display(), cgroup_id, proxy_cgroup,
+            inbound_ports = ?spec.inbound_ports, "capture attached");
+        self.describe(workload)
+    }
+
+    /// Detaches `workload`'s capture; `false` if it had none.
+    pub fn detach(&mut self, workload: &str) -> Result<bool, CaptureError> {
+        spec::check_name(workload)?;
+        let dir = self.workload_dir(workload);
+        if !dir.exists() {
+            return Ok(false);
+        }
+        let status = self.describe(workload)?;
+        if status.cgroup_id != 0 {
+            if let Ok(config) = self.workloads()?.get(&status.cgroup_id, 0) {
+                if config.proxy_cgroup != 0 {
+                    let _ = self.exempt()?.remove(&config.proxy_cgroup);
+                }
+            }
+            let _ = self.workloads()?.remove(&status.cgroup_id);
+        }
+        for (name, _) in CGROUP_PROGRAMS {
+            // Unlinking the pin drops the link's last reference: the kernel detaches it.
+            match fs::remove_file(dir.join(name)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(io_error(format!("unpinning {name}"))(e))
+                }
+                _ => {}
+            }
+        }
+        fs::remove_dir(&dir).map_err(io_error(format!("removing {}", dir.display())))?;
+        tracing::info!(workload, cgroup_id = status.cgroup_id, "capture detached");
+        Ok(true)
+    }
+
+    /// Attachments (from the pins, checked with the kernel), the fast path, counters.
+    pub fn status(&mut self) -> Result<Status, CaptureError> {
+        let mut names: Vec<String> = fs::read_dir(self.pin_dir.join("workloads"))
+            .map_err(io_error("listing pinned workloads"))?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        let workloads = names
+            .iter()
+            .map(|w| self.describe(w))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Status {
+            pin_dir: self.pin_dir.clone(),
+            fast_path: self.fast_path,
+            workloads,
+            counters: self.counters()?,
+        })
+    }
+
+    fn describe(&mut self, workload: &str) -> Result<WorkloadStatus, CaptureError> {
+        let dir = self.workload_dir(workload);
+        let mut status = WorkloadStatus {
+            workload: workload.into(),
+            cgroup_id: 0,
+            cgroup: None,
+            attachments: Vec::new(),
+            missing: Vec::new(),
+        };
+        for (name, _) in CGROUP_PROGRAMS {
+            let info = sys::obj_get(&dir.join(name)).and_then(|fd| sys::link_info(fd.as_fd()));
+            match info {
+                Ok(info) => {
+                    status.cgroup_id = info.cgroup_id;
+                    status.attachments.push(Attachment {
+                        program: name.into(),
+                        link_id: info.id,
+                        program_id: info.program_id,
+                    });
+                }
+                Err(_) => status.missing.push(name.into()),
+            }
+        }
+        if status.cgroup_id != 0 {
+            status.cgroup = find_cgroup(status.cgroup_id);
+        }
+        Ok(status)
+    }
+
+    fn counters(&mut self) -> Result<BTreeMap<&'static str, u64>, CaptureError> {
+        let map = self
+            .ebpf
+            .map_mut(maps::STATS)
+            .expect("the object defines STATS");
+        let array: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(map).map_err(|source| CaptureError::Map {
+                map: maps::STATS,
+                source,
+            })?;
+        let mut counters = BTreeMap::new();
+        for (index, name) in stats::NAMES.iter().enumerate() {
+            if *name == "reserved" {
+                continue;
+            }
+            let values = array
+                .get(&(index as u32), 0)
+                .map_err(|source| CaptureError::Map {
+                    map: maps::STATS,
+                    source,
+                })?;
+            counters.insert(*name, values.iter().sum());
+        }
+        Ok(counters)
+    }
+
+    fn set_setting(&mut self, index: u32, value: u32) -> Result<(), CaptureError> {
+        let map = self
+            .ebpf
+            .map_mut(maps::SETTINGS)
+            .expect("the object defines SETTINGS");
+        let mut array: Array<_, u32> =
+            Array::try_from(map).map_err(|source| CaptureError::Map {
+                map: maps::SETTINGS,
+                source,
+            })?;
+        array
+            .set(index, value, 0)
+            .map_err(|source| CaptureError::Map {
+                map: maps::SETTINGS,
+                source,
+            })
+    }
+
+    fn workloads(&mut self) -> Result<HashMap<&mut MapData, u64, WorkloadConfig>, CaptureError> {
+        let map = self
+            .ebpf
+            .map_mut(maps::WORKLOADS)
+            .expect("the object defines WORKLOADS");
+        HashMap::try_from(map).map_err(|source| CaptureError::Map {
+            map: maps::WORKLOADS,
+            source,
+        })
+    }
+
+    fn exempt(&mut self) -> Result<HashMap<&mut MapData, u64, u8>, CaptureError> {
+        let map = self
+            .ebpf
+            .map_mut(maps::EXEMPT_CGROUPS)
+            .expect("the object defines EXEMPT_CGROUPS");
+        HashMap::try_from(map).map_err(|source| CaptureError::Map {
+            map: maps::EXEMPT_CGROUPS,
+            source,
+        })
+    }
+
+    fn program_fd(&mut self, name: &'static str) -> Result<aya::programs::ProgramFd, CaptureError> {
+        let program = self
+            .ebpf
+            .program(name)
+            .expect("the object defines every program");
+        program
+            .fd()
+            .and_then(|fd| fd.try_clone().map_err(ProgramError::IOError))
+            .map_err(|source| CaptureError::Program {
+                program: name,
+                source,
+            })
+    }
+
+    fn workload_dir(&self, workload: &str) -> PathBuf {
+        self.pin_dir.join("workloads").join(workload)
+    }
+}
+
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, CaptureError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    ebpf.program_mut(name)
+        .expect("the object defines every program")
+        .try_into()
+        .map_err(|source| CaptureError::Program {
+            program: name,
+            source,
+        })
+}
+
+fn load_program(ebpf: &mut Ebpf, name: &'static str) -> Result<(), CaptureError> {
+    let loaded = match name {
+        programs::CONNECT4 | programs::CONNECT6 => program::<CgroupSockAddr>(ebpf, name)?.load(),
+        programs::SOCK_OPS => program::<SockOps>(ebpf, name)?.load(),
+        programs::GETSOCKOPT => program::<CgroupSockopt>(ebpf, name)?.load(),
+        programs::INBOUND => program::<CgroupSkb>(ebpf, name)?.load(),
+        _ => unreachable!("not a cgroup program: {name}"),
+    };
+    loaded.map_err(|source| match &source {
+        ProgramError::LoadError { io_error, .. }
+            if io_error.raw_os_error() == Some(libc::EPERM) =>
+        {
+            CaptureError::Unavailable(format!(
+                "loading {name} was refused ({io_error}): the agent needs CAP_BPF, CAP_NET_ADMIN \
+                 and CAP_SYS_ADMIN (run it as root)"
+            ))
+        }
+        _ => CaptureError::Program {
+            program: name,
+            source,
+        },
+    })
+}
+
+/// What the kernel and the machine must offer, each with what to do when it is missing.
+fn preflight(pin_dir: &Path) -> Result<(), CaptureError> {
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Err(CaptureError::Unavailable(
+            "the kernel has no BTF (/sys/kernel/btf/vmlinux is missing; build it with CONFIG_DEBUG_INFO_BTF=y)".into(),
+        ));
+    }
+    if cgroup2_mount().is_none() {
+        return Err(CaptureError::Unavailable(
+            "no cgroup v2 hierarchy is mounted (mount -t cgroup2 none /sys/fs/cgroup/unified)"
+                .into(),
+        ));
+    }
+    let bpffs = pin_dir.parent().unwrap_or(pin_dir);
+    match sys::fs_magic(bpffs) {
+        Ok(sys::BPF_FS_MAGIC) => Ok(()),
+        _ => Err(CaptureError::Unavailable(format!(
+            "{} is not on a bpffs, so capture could not outlive the agent (mount -t bpf bpf {})",
+            bpffs.display(),
+            bpffs.display()
+        ))),
+    }
+}
+
+fn open_cgroup(path: &Path) -> Result<fs::File, CaptureError> {
+    match sys::fs_magic(path) {
+        Ok(sys::CGROUP2_SUPER_MAGIC) => {}
+        Ok(_) => {
+            return Err(SpecError(format!(
+                "{} is not a cgroup v2 directory (cgroup v2 is mounted at {})",
+                path.display(),
+                cgroup2_mount().map_or("nowhere".into(), |p| p.display().to_string())
+            ))
+            .into())
+        }
+        Err(e) => return Err(SpecError(format!("cgroup {}: {e}", path.display())).into()),
+    }
+    fs::File::open(path).map_err(io_error(format!("opening {}", path.display())))
+}
+
+/// Where cgroup v2 is mounted, from /proc/self/mounts.
+pub fn cgroup2_mount() -> Option<PathBuf> {
+    let mounts = fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let (_, target, fstype) = (fields.next()?, fields.next()?, fields.next()?);
+        (fstype == "cgroup2").then(|| PathBuf::from(target))
+    })
+}
+
+/// The agent must never capture itself: refuse a workload cgroup that contains it.
+fn refuse_own_cgroup(cgroup: &Path) -> Result<(), CaptureError> {
+    let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let Some(relative) = own.lines().find_map(|l| l.strip_prefix("0::")) else {
+        return Ok(());
+    };
+    let (Some(mount), Ok(target)) = (cgroup2_mount(), cgroup.canonicalize()) else {
+        return Ok(());
+    };
+    let mine = mount.join(relative.trim_start_matches('/'));
+    if mine.starts_with(&target) {
+        return Err(SpecError(format!(
+            "the agent itself runs in {} (inside {}); capturing it would loop its own traffic",
+            mine.display(),
+            cgroup.display()
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// The cgroup v2 directory with this id (its inode number), by a bounded walk.
+fn find_cgroup(id: u64) -> Option<PathBuf> {
+    let mut stack = vec![(cgroup2_mount()?, 0)];
+    let mut visited = 0;
+    while let Some((dir, depth)) = stack.pop() {
+        visited += 1;
+        if visited > 100_000 {
+            return None;
+        }
+        if fs::metadata(&dir).ok()?.ino() == id {
+            return Some(dir);
+        }
+        if depth >= 16 {
+            continue;
+        }
+        for entry in fs::read_dir(&dir).ok()?.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push((entry.path(), depth + 1));
+            }
+        }
+    }
+    None
+}

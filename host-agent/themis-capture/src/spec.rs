@@ -1,0 +1,220 @@
+//! What a registration asks of capture, checked and turned into the programs' map value.
+use std::{
+    net::{Ipv4Addr, SocketAddrV4, SocketAddrV6},
+    path::PathBuf,
+};
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use themis_ebpf_common::{Cidr, WorkloadConfig, AF_INET, AF_INET6, MAX_CIDRS, MAX_PORTS, NO_UID};
+
+/// A capture request the agent cannot carry out as asked; the message says why.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SpecError(pub String);
+
+/// Capture for one workload.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CaptureSpec {
+    /// The workload's cgroup v2 directory; its processes' TCP connects are captured.
+    pub cgroup: PathBuf,
+    /// The workload's proxy cgroup (e.g. the sidecar container's); never captured.
+    #[serde(default)]
+    pub proxy_cgroup: Option<PathBuf>,
+    /// The proxy's uid, never captured (Istio runs Envoy as 1337).
+    #[serde(default)]
+    pub proxy_uid: Option<u32>,
+    /// The proxy's outbound listener: where captured IPv4 connects go.
+    #[serde(default = "default_outbound")]
+    pub outbound: SocketAddrV4,
+    /// Its IPv6 listener; without it IPv6 connects are left alone.
+    #[serde(default)]
+    pub outbound6: Option<SocketAddrV6>,
+    /// The app's ports: they accept TCP only from loopback, i.e. via the local proxy.
+    #[serde(default)]
+    pub inbound_ports: Vec<u16>,
+    /// Destination ports never captured.
+    #[serde(default)]
+    pub exclude_ports: Vec<u16>,
+    /// Destinations never captured; loopback by default, as with Istio.
+    #[serde(default = "default_exclusions")]
+    pub exclude_cidrs: Vec<IpNet>,
+}
+
+pub const DEFAULT_OUTBOUND: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 15001);
+
+fn default_outbound() -> SocketAddrV4 {
+    DEFAULT_OUTBOUND
+}
+
+pub fn default_exclusions() -> Vec<IpNet> {
+    vec![
+        "127.0.0.0/8".parse().expect("valid"),
+        "::1/128".parse().expect("valid"),
+    ]
+}
+
+impl CaptureSpec {
+    /// A spec with the defaults for `cgroup`.
+    pub fn new(cgroup: impl Into<PathBuf>) -> Self {
+        CaptureSpec {
+            cgroup: cgroup.into(),
+            proxy_cgroup: None,
+            proxy_uid: None,
+            outbound: DEFAULT_OUTBOUND,
+            outbound6: None,
+            inbound_ports: Vec::new(),
+            exclude_ports: Vec::new(),
+            exclude_cidrs: default_exclusions(),
+        }
+    }
+
+    /// The map value the programs read.
+    pub fn to_config(&self, proxy_cgroup: u64) -> Result<WorkloadConfig, SpecError> {
+        if self.outbound.port() == 0 || self.outbound.ip().is_unspecified() {
+            return Err(SpecError(
+                "the outbound listener must be an address and a port, not 0.0.0.0 or port 0".into(),
+            ));
+        }
+        let mut config = WorkloadConfig {
+            outbound_ip4: u32::from(*self.outbound.ip()).to_be(),
+            outbound_port: self.outbound.port(),
+            capture_ipv6: 0,
+            _pad0: 0,
+            outbound_ip6: [0; 4],
+            proxy_uid: self.proxy_uid.unwrap_or(NO_UID),
+            _pad1: 0,
+            proxy_cgroup,
+            inbound_ports: ports("inbound_ports", &self.inbound_ports)?,
+            exclude_ports: ports("exclude_ports", &self.exclude_ports)?,
+            exclude_cidrs: [Cidr::default(); MAX_CIDRS],
+        };
+        if let Some(v6) = self.outbound6 {
+            if v6.port() == 0 || v6.ip().is_unspecified() {
+                return Err(SpecError("outbound6 must be an address and a port".into()));
+            }
+            config.capture_ipv6 = 1;
+            config.outbound_ip6 = words(v6.ip().octets());
+            config.outbound_port = v6.port();
+            if v6.port() != self.outbound.port() {
+                return Err(SpecError(
+                    "outbound and outbound6 must use the same port".into(),
+                ));
+            }
+        }
+        if self.exclude_cidrs.len() > MAX_CIDRS {
+            return Err(SpecError(format!(
+                "at most {MAX_CIDRS} exclude_cidrs, got {}",
+                self.exclude_cidrs.len()
+            )));
+        }
+        for (slot, net) in config.exclude_cidrs.iter_mut().zip(&self.exclude_cidrs) {
+            *slot = match net.trunc() {
+                IpNet::V4(n) => Cidr {
+                    addr: [u32::from(n.network()).to_be(), 0, 0, 0],
+                    mask: [u32::from(n.netmask()).to_be(), 0, 0, 0],
+                    family: AF_INET,
+                    _pad: [0; 6],
+                },
+                IpNet::V6(n) => Cidr {
+                    addr: words(n.network().octets()),
+                    mask: words(n.netmask().octets()),
+                    family: AF_INET6,
+                    _pad: [0; 6],
+                },
+            };
+        }
+        Ok(config)
+    }
+}
+
+/// Sixteen bytes in network order as the kernel's four `u32` words.
+fn words(octets: [u8; 16]) -> [u32; 4] {
+    let mut out = [0u32; 4];
+    for (word, chunk) in out.iter_mut().zip(octets.chunks_exact(4)) {
+        *word = u32::from_ne_bytes(chunk.try_into().expect("4 bytes"));
+    }
+    out
+}
+
+fn ports(field: &str, list: &[u16]) -> Result<[u16; MAX_PORTS], SpecError> {
+    if list.len() > MAX_PORTS {
+        return Err(SpecError(format!(
+            "at most {MAX_PORTS} {field}, got {}",
+            list.len()
+        )));
+    }
+    if list.contains(&0) {
+        return Err(SpecError(format!("{field}: port 0 is not a port")));
+    }
+    let mut out = [0u16; MAX_PORTS];
+    out[..list.len()].copy_from_slice(list);
+    Ok(out)
+}
+
+/// Workload names become bpffs directory names: DNS-label rules keep them safe.
+pub(crate) fn check_name(workload: &str) -> Result<(), SpecError> {
+    let ok = !workload.is_empty()
+        && workload.len() <= 63
+        && workload
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !workload.starts_with('-')
+        && !workload.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(SpecError(format!(
+            "{workload:?} is not a workload name (lowercase letters, digits and '-', at most 63)"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_exclude_loopback_and_point_at_15001() {
+        let spec: CaptureSpec = serde_json::from_str(r#"{"cgroup":"/x"}"#).unwrap();
+        let c = spec.to_config(7).unwrap();
+        assert_eq!(c.outbound_port, 15001);
+        assert_eq!(c.outbound_ip4, u32::from(Ipv4Addr::LOCALHOST).to_be());
+        assert_eq!(c.proxy_cgroup, 7);
+        assert_eq!(c.proxy_uid, NO_UID);
+        assert_eq!(c.exclude_cidrs[0].family, AF_INET);
+        assert_eq!(c.exclude_cidrs[0].addr[0].to_ne_bytes(), [127, 0, 0, 0]);
+        assert_eq!(c.exclude_cidrs[0].mask[0].to_ne_bytes(), [255, 0, 0, 0]);
+        assert_eq!(c.exclude_cidrs[1].family, AF_INET6);
+        assert_eq!(c.exclude_cidrs[2].family, 0);
+    }
+
+    #[test]
+    fn bad_specs_say_what_is_wrong() {
+        let too_many = CaptureSpec {
+            inbound_ports: (1..=9).collect(),
+            ..CaptureSpec::new("/x")
+        };
+        assert!(too_many.to_config(0).unwrap_err().0.contains("at most 8"));
+        let zero = CaptureSpec {
+            exclude_ports: vec![0],
+            ..CaptureSpec::new("/x")
+        };
+        assert!(zero.to_config(0).unwrap_err().0.contains("port 0"));
+        let unknown = serde_json::from_str::<CaptureSpec>(r#"{"cgroup":"/x","port":1}"#);
+        assert!(unknown.unwrap_err().to_string().contains("unknown field"));
+        assert!(check_name("../etc").is_err());
+        assert!(check_name("check-1").is_ok());
+    }
+
+    #[test]
+    fn cidrs_are_truncated_to_their_network() {
+        let spec = CaptureSpec {
+            exclude_cidrs: vec!["10.1.2.3/16".parse().unwrap()],
+            ..CaptureSpec::new("/x")
+        };
+        let c = spec.to_config(0).unwrap();
+        assert_eq!(c.exclude_cidrs[0].addr[0].to_ne_bytes(), [10, 1, 0, 0]);
+    }
+}
