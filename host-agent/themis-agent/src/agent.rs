@@ -30,6 +30,9 @@ pub enum AgentError {
     /// The node key could not be used.
     #[error("{0}")]
     Key(#[from] KeyError),
+    /// eBPF capture could not start; the message says what is missing.
+    #[error("{0}")]
+    Capture(#[from] themis_capture::CaptureError),
     /// A socket could not be opened.
     #[error("{what} {addr}: {source}")]
     Bind {
@@ -114,13 +117,18 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
         inbound.clone(),
     ));
 
-    let registry = Arc::new(Registry::new(
+    let mut registry = Registry::new(
         overlay.clone(),
         keys,
         settings.state_dir.clone(),
         settings.registry(),
         metrics.clone(),
-    ));
+    );
+    if settings.capture {
+        let capture = themis_capture::Capture::start(&settings.bpf_pin_dir, settings.fast_path)?;
+        registry = registry.with_capture(capture);
+    }
+    let registry = Arc::new(registry);
     let socket = settings.api_socket();
     let api = bind_unix(&socket)?;
     let api_task = tokio::spawn(serve_api(api, crate::api::router(registry.clone())));

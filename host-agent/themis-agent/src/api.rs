@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use themis_capture::{CaptureError, CaptureSpec};
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
@@ -110,6 +111,16 @@ impl From<RegistryError> for ApiError {
             RegistryError::NotStored { .. } => {
                 ApiError::new(StatusCode::BAD_GATEWAY, "not_stored", e)
             }
+            RegistryError::CaptureDisabled => {
+                ApiError::new(StatusCode::CONFLICT, "capture_disabled", e)
+            }
+            RegistryError::Capture(ref c) => match c {
+                CaptureError::Spec(_) => ApiError::new(StatusCode::BAD_REQUEST, "bad_capture", e),
+                CaptureError::OtherCgroup { .. } => {
+                    ApiError::new(StatusCode::CONFLICT, "captured_elsewhere", e)
+                }
+                _ => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "capture_failed", e),
+            },
             RegistryError::Key(_) | RegistryError::Save { .. } => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "local_storage", e)
             }
@@ -134,6 +145,7 @@ pub fn router(registry: Arc<Registry>) -> Router {
             put(register).delete(deregister),
         )
         .route("/v1/workloads", get(workloads))
+        .route("/v1/capture", get(capture_status))
         .route("/v1/workloads/{workload}", put(create_workload))
         .route("/v1/workloads/{workload}/key", get(workload_key))
         .route("/v1/debug/find/{key}", get(debug_find))
@@ -216,6 +228,9 @@ struct RegisterBody {
     endpoint: SocketAddr,
     #[serde(default)]
     metadata: Metadata,
+    /// eBPF capture for the workload's cgroup: attached before the record is stored.
+    #[serde(default)]
+    capture: Option<CaptureSpec>,
 }
 
 async fn register(
@@ -230,12 +245,21 @@ async fn register(
             "the endpoint must be an address and port other agents can reach, not 0.0.0.0 or port 0",
         ));
     }
+    // Capture first: a registration whose traffic would bypass the proxy is worse
+    // than none.
+    let capture = match &body.capture {
+        Some(spec) => Some(r.attach_capture(&workload, spec)?),
+        None => None,
+    };
     let (registration, stored) = r
         .register(service, workload, body.endpoint, body.metadata)
         .await?;
-    ok(
-        json!({ "registration": registration, "stored": stored.stored, "replicas": stored.replicas }),
-    )
+    ok(json!({
+        "registration": registration,
+        "stored": stored.stored,
+        "replicas": stored.replicas,
+        "capture": capture,
+    }))
 }
 
 async fn deregister(
@@ -243,7 +267,13 @@ async fn deregister(
     Path((service, workload)): Path<(String, String)>,
 ) -> ApiResult {
     let (service, workload) = (ServiceName::new(&service)?, WorkloadName::new(&workload)?);
-    ok(json!({ "deregistered": r.deregister(service, workload).await? }))
+    let deregistered = r.deregister(service, workload.clone()).await?;
+    let capture_detached = r.detach_capture(&workload)?;
+    ok(json!({ "deregistered": deregistered, "capture_detached": capture_detached }))
+}
+
+async fn capture_status(State(r): Shared) -> ApiResult {
+    ok(r.capture_status()?)
 }
 
 async fn workloads(State(r): Shared) -> ApiResult {

@@ -59,6 +59,12 @@ pub struct Settings {
     pub op_timeout_ms: u64,
     /// Log format: `text` or `json`.
     pub log_format: LogFormat,
+    /// Load the eBPF capture programs: registrations with a cgroup attach them.
+    pub capture: bool,
+    /// Where capture's maps and links are pinned (bpffs); one directory per agent.
+    pub bpf_pin_dir: PathBuf,
+    /// The same-node fast path (sockops + sk_msg) for captured loopback connections.
+    pub fast_path: bool,
 }
 
 /// How logs are written.
@@ -93,6 +99,9 @@ impl Default for Settings {
             stabilise_ms: 1_000,
             op_timeout_ms: 10_000,
             log_format: LogFormat::Text,
+            capture: false,
+            bpf_pin_dir: themis_capture::DEFAULT_PIN_DIR.into(),
+            fast_path: false,
         }
     }
 }
@@ -174,6 +183,18 @@ pub struct AgentArgs {
     /// Log format [default: text].
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
+    /// Load the eBPF capture programs (needs root, cgroup v2, bpffs): registrations
+    /// with `--cgroup` send the workload's TCP connects to its proxy.
+    #[arg(long)]
+    pub capture: bool,
+    /// Where capture is pinned in bpffs; it outlives the agent there, and a restarted
+    /// agent adopts it. One directory per agent [default: /sys/fs/bpf/themis].
+    #[arg(long, value_name = "DIR")]
+    pub bpf_pin_dir: Option<PathBuf>,
+    /// Move data between local sockets of captured connections without the TCP/IP
+    /// stack (sockops + sk_msg); off by default, see benchmarks/RESULTS.md.
+    #[arg(long)]
+    pub fast_path: bool,
 }
 
 impl Settings {
@@ -199,6 +220,11 @@ impl Settings {
             stabilise_ms,
             log_format
         );
+        s.capture |= args.capture;
+        s.fast_path |= args.fast_path;
+        if let Some(dir) = &args.bpf_pin_dir {
+            s.bpf_pin_dir = dir.clone();
+        }
         if args.advertise.is_some() {
             s.advertise = args.advertise;
         }

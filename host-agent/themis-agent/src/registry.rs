@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use themis_capture::{Capture, CaptureSpec, Status as CaptureStatus, WorkloadStatus};
 
 use serde::{Deserialize, Serialize};
 use themis_core::Identity;
@@ -73,6 +74,12 @@ pub enum RegistryError {
     /// A workload without a key file.
     #[error("no workload {0} on this node")]
     UnknownWorkload(WorkloadName),
+    /// eBPF capture failed or was refused.
+    #[error("{0}")]
+    Capture(#[from] themis_capture::CaptureError),
+    /// Capture asked of an agent started without it.
+    #[error("this agent runs without eBPF capture; start it with --capture")]
+    CaptureDisabled,
     /// Saving the registrations failed.
     #[error("saving {path}: {source}")]
     Save {
@@ -159,6 +166,8 @@ pub struct Registry {
     saved: PathBuf,
     local: tokio::sync::Mutex<Local>,
     cache: Mutex<HashMap<ServiceName, (Instant, Resolution)>>,
+    /// The eBPF loader, when the agent runs with `--capture`.
+    capture: Option<Mutex<Capture>>,
 }
 
 fn unix_millis() -> u64 {
@@ -184,7 +193,47 @@ impl Registry {
             saved: state_dir.join("registrations.json"),
             local: Default::default(),
             cache: Default::default(),
+            capture: None,
         }
+    }
+
+    /// With eBPF capture: registrations with a cgroup attach it, deregistrations detach it.
+    pub fn with_capture(mut self, capture: Capture) -> Self {
+        self.capture = Some(Mutex::new(capture));
+        self
+    }
+
+    fn capture(&self) -> Result<std::sync::MutexGuard<'_, Capture>, RegistryError> {
+        let capture = self
+            .capture
+            .as_ref()
+            .ok_or(RegistryError::CaptureDisabled)?;
+        Ok(capture
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()))
+    }
+
+    /// Attaches capture to a workload's cgroup (again, with a new spec, if attached).
+    pub fn attach_capture(
+        &self,
+        workload: &WorkloadName,
+        spec: &CaptureSpec,
+    ) -> Result<WorkloadStatus, RegistryError> {
+        Ok(self.capture()?.attach(workload.as_str(), spec)?)
+    }
+
+    /// Detaches a workload's capture; `false` when it had none (or capture is off).
+    pub fn detach_capture(&self, workload: &WorkloadName) -> Result<bool, RegistryError> {
+        match self.capture() {
+            Ok(mut capture) => Ok(capture.detach(workload.as_str())?),
+            Err(RegistryError::CaptureDisabled) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// What is attached, from the pins and the kernel.
+    pub fn capture_status(&self) -> Result<CaptureStatus, RegistryError> {
+        Ok(self.capture()?.status()?)
     }
 
     /// The overlay underneath.

@@ -65,6 +65,8 @@ enum Command {
         /// A label, key=value (repeatable), e.g. version=v2.
         #[arg(long = "meta", value_name = "KEY=VALUE")]
         metadata: Vec<String>,
+        #[command(flatten)]
+        capture: CaptureArgs,
     },
     /// Withdraw a registration.
     Deregister {
@@ -84,9 +86,108 @@ enum Command {
     },
     /// Registrations of this node.
     Workloads,
+    /// eBPF capture on this node: workloads, their cgroups and attached programs (from
+    /// the kernel), the fast path, counters.
+    Capture,
     /// Raw DHT operations, for debugging.
     #[command(subcommand)]
     Debug(DebugCommand),
+}
+
+/// eBPF capture of the workload's traffic (the agent must run with `--capture`).
+#[derive(clap::Args)]
+struct CaptureArgs {
+    /// The workload's cgroup v2 directory: its TCP connects go to the proxy's outbound
+    /// listener, with the original destination kept for SO_ORIGINAL_DST.
+    #[arg(long, value_name = "DIR", help_heading = "Capture")]
+    cgroup: Option<String>,
+    /// The proxy's cgroup (e.g. the sidecar container's): never captured.
+    #[arg(
+        long,
+        value_name = "DIR",
+        requires = "cgroup",
+        help_heading = "Capture"
+    )]
+    proxy_cgroup: Option<String>,
+    /// The proxy's uid: never captured.
+    #[arg(
+        long,
+        value_name = "UID",
+        requires = "cgroup",
+        help_heading = "Capture"
+    )]
+    proxy_uid: Option<u32>,
+    /// The proxy's outbound listener [default: 127.0.0.1:15001].
+    #[arg(
+        long,
+        value_name = "IP:PORT",
+        requires = "cgroup",
+        help_heading = "Capture"
+    )]
+    outbound: Option<String>,
+    /// The proxy's IPv6 outbound listener; without it IPv6 connects are not captured.
+    #[arg(
+        long,
+        value_name = "[IP]:PORT",
+        requires = "cgroup",
+        help_heading = "Capture"
+    )]
+    outbound6: Option<String>,
+    /// An app port that accepts TCP only via the local proxy (repeatable).
+    #[arg(
+        long = "inbound-port",
+        value_name = "PORT",
+        requires = "cgroup",
+        help_heading = "Capture"
+    )]
+    inbound_ports: Vec<u16>,
+    /// A destination port never captured (repeatable).
+    #[arg(
+        long = "exclude-port",
+        value_name = "PORT",
+        requires = "cgroup",
+        help_heading = "Capture"
+    )]
+    exclude_ports: Vec<u16>,
+    /// A destination CIDR never captured (repeatable) [default: 127.0.0.0/8 and ::1/128].
+    #[arg(
+        long = "exclude-cidr",
+        value_name = "CIDR",
+        requires = "cgroup",
+        help_heading = "Capture"
+    )]
+    exclude_cidrs: Vec<String>,
+}
+
+impl CaptureArgs {
+    /// The `capture` object of the registration, or null.
+    fn to_json(&self) -> Value {
+        let Some(cgroup) = &self.cgroup else {
+            return Value::Null;
+        };
+        let mut spec = json!({ "cgroup": cgroup });
+        let mut set = |key: &str, value: Value| {
+            spec[key] = value;
+        };
+        if let Some(v) = &self.proxy_cgroup {
+            set("proxy_cgroup", json!(v));
+        }
+        if let Some(v) = self.proxy_uid {
+            set("proxy_uid", json!(v));
+        }
+        if let Some(v) = &self.outbound {
+            set("outbound", json!(v));
+        }
+        if let Some(v) = &self.outbound6 {
+            set("outbound6", json!(v));
+        }
+        set("inbound_ports", json!(self.inbound_ports));
+        set("exclude_ports", json!(self.exclude_ports));
+        if !self.exclude_cidrs.is_empty() {
+            set("exclude_cidrs", json!(self.exclude_cidrs));
+        }
+        spec
+    }
 }
 
 #[derive(Subcommand)]
@@ -209,6 +310,7 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
             workload,
             endpoint,
             metadata,
+            capture,
         } => {
             let mut meta = serde_json::Map::new();
             for pair in metadata {
@@ -225,7 +327,9 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
             (
                 Method::PUT,
                 path,
-                Some(json!({ "endpoint": endpoint, "metadata": meta })),
+                Some(
+                    json!({ "endpoint": endpoint, "metadata": meta, "capture": capture.to_json() }),
+                ),
                 render_registered,
             )
         }
@@ -244,6 +348,7 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
             render_resolved,
         ),
         Command::Workloads => (Method::GET, "/v1/workloads".into(), None, render_workloads),
+        Command::Capture => (Method::GET, "/v1/capture".into(), None, render_capture),
         Command::Debug(DebugCommand::Find { key }) => (
             Method::GET,
             format!("/v1/debug/find/{}", seg(&key)?),
@@ -414,23 +519,82 @@ fn render_workload(v: &Value) -> String {
 
 fn render_registered(v: &Value) -> String {
     let r = &v["registration"];
-    format!(
+    let mut out = format!(
         "registered {} as {} at {} ({} of {} replicas stored)\n",
         s(&r["workload"]),
         s(&r["service"]),
         s(&r["endpoint"]),
         s(&v["stored"]),
         s(&v["replicas"]),
-    )
+    );
+    let c = &v["capture"];
+    if !c.is_null() {
+        out += &format!(
+            "capture attached to {} ({} programs)\n",
+            s(&c["cgroup"]),
+            c["attachments"].as_array().map_or(0, Vec::len)
+        );
+    }
+    out
 }
 
 fn render_deregistered(v: &Value) -> String {
     let r = &v["deregistered"];
+    let detached = if v["capture_detached"] == true {
+        ", capture detached"
+    } else {
+        ""
+    };
     format!(
-        "deregistered {} from {}\n",
+        "deregistered {} from {}{detached}\n",
         s(&r["workload"]),
         s(&r["service"])
     )
+}
+
+fn render_capture(v: &Value) -> String {
+    let mut out = format!(
+        "pins {}, fast path {}\n",
+        s(&v["pin_dir"]),
+        if v["fast_path"] == true { "on" } else { "off" }
+    );
+    let workloads = v["workloads"].as_array().cloned().unwrap_or_default();
+    if workloads.is_empty() {
+        out += "no workload captured\n";
+    }
+    for w in workloads {
+        let programs: Vec<String> = w["attachments"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|a| {
+                format!(
+                    "{} (link {}, prog {})",
+                    s(&a["program"]),
+                    s(&a["link_id"]),
+                    s(&a["program_id"])
+                )
+            })
+            .collect();
+        out += &format!(
+            "{}: cgroup {} (id {})\n  attached: {}\n",
+            s(&w["workload"]),
+            s(&w["cgroup"]),
+            s(&w["cgroup_id"]),
+            programs.join(", ")
+        );
+        if w["missing"].as_array().is_some_and(|m| !m.is_empty()) {
+            out += &format!("  MISSING: {}\n", w["missing"]);
+        }
+    }
+    let counters: Vec<String> = v["counters"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={}", s(v)))
+        .collect();
+    out += &format!("counters: {}\n", counters.join(" "));
+    out
 }
 
 fn render_resolved(v: &Value) -> String {
