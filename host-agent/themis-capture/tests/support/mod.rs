@@ -48,18 +48,12 @@ impl Pod {
     /// The same, inside network namespace `netns`.
     pub fn run_in(&mut self, netns: Option<&str>, cgroup: &str, code: &str) -> String {
         let procs = self.cgroup(cgroup).join("cgroup.procs");
-        let mut command = match netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, "sh"]);
-                c
-            }
-            None => Command::new("sh"),
-        };
-        let mut child = command
+        // Into the cgroup first: `ip netns exec` remounts /sys, hiding the cgroup tree.
+        let netns = netns.map_or(String::new(), |ns| format!("ip netns exec {ns} "));
+        let mut child = Command::new("sh")
             .arg("-c")
             .arg(format!(
-                "echo $$ > {} && exec python3 -u -c \"$0\"",
+                "echo $$ > {} && exec {netns}python3 -u -c \"$0\"",
                 procs.display()
             ))
             .arg(code)
