@@ -71,6 +71,7 @@ pub struct OriginalDst {
 
 /// One end of a TCP connection, as a map key: the app socket's local address
 /// (written when it is established) is the proxy's peer address (read by getsockopt).
+/// The network namespace's cookie keeps pods' loopbacks apart on one node.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SocketAddrKey {
@@ -80,6 +81,8 @@ pub struct SocketAddrKey {
     pub port: u16,
     pub family: u16,
     pub _pad: u32,
+    /// `bpf_get_netns_cookie` of the socket's network namespace.
+    pub netns: u64,
 }
 
 /// Both ends of a TCP connection: the fast path's sockhash key.
@@ -152,8 +155,8 @@ pub mod programs {
 const _: () = assert!(core::mem::size_of::<Cidr>() == 40);
 const _: () = assert!(core::mem::size_of::<WorkloadConfig>() == 392);
 const _: () = assert!(core::mem::size_of::<OriginalDst>() == 24);
-const _: () = assert!(core::mem::size_of::<SocketAddrKey>() == 24);
-const _: () = assert!(core::mem::size_of::<ConnectionKey>() == 48);
+const _: () = assert!(core::mem::size_of::<SocketAddrKey>() == 32);
+const _: () = assert!(core::mem::size_of::<ConnectionKey>() == 64);
 
 #[cfg(feature = "user")]
 mod pod {

@@ -22,8 +22,8 @@ use aya_ebpf::{
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
     },
     helpers::{
-        bpf_get_current_ancestor_cgroup_id, bpf_get_current_uid_gid, bpf_get_socket_cookie,
-        bpf_skb_ancestor_cgroup_id,
+        bpf_get_current_ancestor_cgroup_id, bpf_get_current_uid_gid, bpf_get_netns_cookie,
+        bpf_get_socket_cookie, bpf_skb_ancestor_cgroup_id,
     },
     macros::{cgroup_skb, cgroup_sock_addr, cgroup_sockopt, map, sk_msg, sock_ops},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, SockHash},
@@ -242,7 +242,7 @@ pub fn connect6(ctx: SockAddrContext) -> i32 {
 
 /// An address as a key; IPv4-mapped IPv6 folds into IPv4 so both sides agree.
 #[inline(always)]
-fn address_key(family: u32, ip4: u32, ip6: [u32; 4], port: u16) -> SocketAddrKey {
+fn address_key(family: u32, ip4: u32, ip6: [u32; 4], port: u16, netns: u64) -> SocketAddrKey {
     if family == u32::from(AF_INET6)
         && !(ip6[0] == 0 && ip6[1] == 0 && ip6[2] == u32::to_be(0xffff))
     {
@@ -251,6 +251,7 @@ fn address_key(family: u32, ip4: u32, ip6: [u32; 4], port: u16) -> SocketAddrKey
             port,
             family: AF_INET6,
             _pad: 0,
+            netns,
         }
     } else {
         let ip = if family == u32::from(AF_INET) {
@@ -263,6 +264,7 @@ fn address_key(family: u32, ip4: u32, ip6: [u32; 4], port: u16) -> SocketAddrKey
             port,
             family: AF_INET,
             _pad: 0,
+            netns,
         }
     }
 }
@@ -274,6 +276,8 @@ pub fn sock_ops(ctx: SockOpsContext) -> u32 {
         return 1;
     }
     let family = ctx.family();
+    // SAFETY: the sock_ops context the kernel passed.
+    let netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     // sock_ops gives the local port in host order, the remote one in network order
     // in the upper half.
     let local = address_key(
@@ -281,12 +285,14 @@ pub fn sock_ops(ctx: SockOpsContext) -> u32 {
         ctx.local_ip4(),
         ctx.local_ip6(),
         ctx.local_port() as u16,
+        netns,
     );
     let remote = address_key(
         family,
         ctx.remote_ip4(),
         ctx.remote_ip6(),
         u16::from_be((ctx.remote_port() >> 16) as u16),
+        netns,
     );
     if op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB {
         // SAFETY: the sock_ops context the kernel passed.
@@ -326,6 +332,8 @@ fn is_local(key: &SocketAddrKey) -> bool {
 pub fn fast_path_msg(ctx: SkMsgContext) -> u32 {
     // SAFETY: the sk_msg context the kernel passed.
     let msg = unsafe { &*ctx.msg };
+    // SAFETY: the sk_msg context the kernel passed.
+    let netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     // The peer's key: its local end is our remote end.
     let mut peer = ConnectionKey {
         local: address_key(
@@ -333,12 +341,14 @@ pub fn fast_path_msg(ctx: SkMsgContext) -> u32 {
             msg.remote_ip4,
             msg.remote_ip6,
             u16::from_be((msg.remote_port >> 16) as u16),
+            netns,
         ),
         remote: address_key(
             msg.family,
             msg.local_ip4,
             msg.local_ip6,
             msg.local_port as u16,
+            netns,
         ),
     };
     // Without the peer in the map the redirect fails and the data takes the normal
@@ -368,6 +378,7 @@ pub fn original_dst(ctx: SockoptContext) -> i32 {
             (*sk).dst_ip4,
             (*sk).dst_ip6,
             u16::from_be((*sk).dst_port),
+            bpf_get_netns_cookie(ctx.as_ptr()),
         );
         let Some(original) = ORIGINAL_BY_ADDR.get(&peer) else {
             count(stats::ORIGINAL_DST_MISSED);
