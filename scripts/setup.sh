@@ -135,4 +135,13 @@ else
     echo "    $gobin/fortio $("$gobin/fortio" version)"
 fi
 
+step "bpffs at /sys/fs/bpf (where the agent pins eBPF capture)"
+if mountpoint -q /sys/fs/bpf; then
+    ok "mounted"
+elif [[ $EUID -eq 0 ]]; then
+    mount -t bpf bpf /sys/fs/bpf && echo "    mounted"
+else
+    echo "    not mounted, and not root: capture tests and the demo need 'mount -t bpf bpf /sys/fs/bpf' as root" >&2
+fi
+
 step "set-up complete"

@@ -2,7 +2,8 @@
 # Sets up this machine (scripts/setup.sh) and runs every test of Themis Mesh:
 # formatting and lints, the native suites, the core on wasm32-wasip1 and, under the
 # wasmtime CLI, on wasm32-wasip2 (the same vectors and attacks), the allocation check,
-# the end-to-end demo, and each fuzz target for a bounded time.
+# the end-to-end demo (three nodes in network namespaces with eBPF capture), and each
+# fuzz target for a bounded time.
 #
 #   scripts/test.sh                  everything
 #   FUZZ_SECONDS=60 scripts/test.sh  fuzz each target longer (default 15 s)
@@ -18,11 +19,12 @@ section() { printf '\n\033[1m==> [%d:%02d] %s\033[0m\n' $(((SECONDS - started) /
 
 section "formatting and lints"
 cargo fmt --all --check
+rustfmt --check --edition 2021 ebpf/themis-ebpf/src/main.rs   # the eBPF programs' own workspace
 cargo clippy -q --workspace --all-targets -- -D warnings
 cargo clippy -q -p themis-component --target wasm32-wasip2 -- -D warnings   # its exports exist only there
 cargo clippy -q -p themis-envoy --target wasm32-wasip1 -- -D warnings        # so does its Envoy glue
 
-section "native tests (core: vectors, attacks, properties, identities; DHT simulation; agents as processes, on loopback and in network namespaces; the WIT component embedded in wasmtime; benchmark drivers)"
+section "native tests (core: vectors, attacks, properties, identities; DHT simulation; agents as processes, on loopback and in network namespaces; eBPF capture on the real kernel with cgroups, Envoy and namespaces; the WIT component embedded in wasmtime; benchmark drivers)"
 cargo test --workspace
 
 section "protocol core and Envoy filter for wasm32-wasip1 (Envoy's Wasm target)"
@@ -37,7 +39,7 @@ CARGO_TARGET_WASM32_WASIP2_RUNNER="wasmtime run" \
 section "allocations per record on the in-place path (must be zero)"
 cargo run -q --release -p themis-benchmarks --bin alloc_count
 
-section "the demo: three agents on loopback, resolution by name, a sealed call, two sidecar Envoys with the filter"
+section "the demo: three nodes in network namespaces, agents in a ring, Envoy sidecars with the filter, eBPF capture, handler and check by plain URLs"
 scripts/demo.sh
 
 section "fuzz targets, ${FUZZ_SECONDS}s each"
