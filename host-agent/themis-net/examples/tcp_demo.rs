@@ -6,7 +6,7 @@
 //! tcp_demo call   <mesh> <key-file> <addr> <peer-id> <message>...
 //!                                                   handshake with <peer-id>, send each message
 //! ```
-//! `scripts/demo.sh` runs them; see the README.
+//! The README shows them with two agents; the demo (`scripts/demo.sh`) now goes through Envoy.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
