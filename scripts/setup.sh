@@ -18,7 +18,7 @@ CARGO_FUZZ_VERSION=0.13.2
 ENVOY_VERSION=1.40.0
 FORTIO_VERSION=1.66.5              # newer versions pull a module the Go proxy does not serve
 FORTIO_GO_MIN=1.21                 # fortio's go.mod ("go 1.21")
-APT_PACKAGES=(clang lld python3-venv pkg-config openssl iproute2 bpftool tcpdump)
+APT_PACKAGES=(clang lld python3-venv pkg-config openssl iproute2 bpftool tcpdump iptables)
 
 QUICK=0
 [[ "${1:-}" == "--quick" ]] && QUICK=1

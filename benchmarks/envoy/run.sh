@@ -90,8 +90,8 @@ for c in "${CONN_LIST[@]}"; do
     [[ "$c" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: bad connection count: $c" >&2; exit 2; }
 done
 
-log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() { printf 'run.sh: error: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=SCRIPTDIR/../lib.sh
+source "$HERE/../lib.sh"   # log, die, stop_pid, forget_pid, finish_tmp
 
 # ---------------------------------------------------------------------------- binaries
 ENVOY=${ENVOY:-$ROOT/.venv/bin/envoy}
@@ -126,29 +126,7 @@ declare -A PID_NAME=()
 THEMIS_STARTED=0
 THEMIS_SCRIPT=$HERE/themis-pair.sh
 
-forget_pid() {
-    local keep=() p
-    for p in "${PIDS[@]}"; do [[ "$p" == "$1" ]] || keep+=("$p"); done
-    PIDS=("${keep[@]}")
-}
 
-# stop_pid PID: SIGTERM, up to 5 s to exit, then SIGKILL; always reaped.
-stop_pid() {
-    local pid=$1 i
-    if kill -0 "$pid" 2>/dev/null; then
-        kill "$pid" 2>/dev/null || true
-        for ((i = 0; i < 50; i++)); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        if kill -0 "$pid" 2>/dev/null; then
-            log "  ${PID_NAME[$pid]:-pid $pid} ignored SIGTERM; SIGKILL"
-            kill -9 "$pid" 2>/dev/null || true
-        fi
-    fi
-    wait "$pid" 2>/dev/null || true
-    forget_pid "$pid"
-}
 
 # themis_pair start|stop (stdout/stderr as redirected by the caller), with the environment
 # the hook may use. Run in the background and waited for, so that INT/TERM reach our trap
@@ -174,13 +152,7 @@ cleanup() {
         THEMIS_STARTED=0
         themis_pair stop >>"$TMP/logs/themis-pair.out" 2>&1 || log "  themis-pair.sh stop failed"
     fi
-    if ((KEEP)); then
-        log "kept $TMP"
-    elif ((rc != 0 && rc != 130 && rc != 143)); then
-        log "failed: kept $TMP (logs/, results/) for a look; remove it afterwards"
-    else
-        rm -rf "$TMP"
-    fi
+    finish_tmp "$rc"
     exit "$rc"
 }
 trap cleanup EXIT
