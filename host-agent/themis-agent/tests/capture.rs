@@ -37,6 +37,22 @@ fn capture_agent(root: &Path, name: &str, pins: &Path) -> Agent {
     )
 }
 
+/// `themis register <name> --workload <name> --endpoint 127.0.0.1:15006 --cgroup <cgroup>`
+/// plus `flags`; returns (exit code, stdout, stderr).
+fn register(agent: &Agent, name: &str, cgroup: &Path, flags: &[&str]) -> (i32, String, String) {
+    let mut args = vec![
+        "register",
+        name,
+        "--workload",
+        name,
+        "--endpoint",
+        "127.0.0.1:15006",
+    ];
+    args.extend(["--cgroup", cgroup.to_str().unwrap()]);
+    args.extend(flags);
+    agent.cli(&args)
+}
+
 fn capture_status(agent: &Agent) -> Value {
     let (status, answer) = agent.get("/v1/capture").expect("agent answers");
     assert_eq!(status, 200, "{answer}");
@@ -64,23 +80,20 @@ fn capture_survives_an_agent_crash_and_is_adopted_then_detached() {
     let cgroup = pod.cgroup("pod");
     let proxy = pod.cgroup("pod/proxy");
     let outbound = format!("127.0.0.1:{proxy_port}");
-    let (code, out, err) = agent.cli(&[
-        "register",
+    let (code, out, err) = register(
+        &agent,
         "check",
-        "--workload",
-        "check",
-        "--endpoint",
-        "127.0.0.1:15006",
-        "--cgroup",
-        cgroup.to_str().unwrap(),
-        "--proxy-cgroup",
-        proxy.to_str().unwrap(),
-        "--outbound",
-        &outbound,
-        // The test's service addresses are on loopback, excluded by default.
-        "--exclude-cidr",
-        "192.0.2.0/24",
-    ]);
+        &cgroup,
+        &[
+            "--proxy-cgroup",
+            proxy.to_str().unwrap(),
+            "--outbound",
+            &outbound,
+            // The test's service addresses are on loopback, excluded by default.
+            "--exclude-cidr",
+            "192.0.2.0/24",
+        ],
+    );
     assert_eq!(code, 0, "{out}{err}\n{}", agent.log_tail());
     assert!(
         out.contains("capture attached to") && out.contains("(5 programs)"),
@@ -167,16 +180,7 @@ fn capture_errors_are_clear() {
     let work = common::workdir();
     // Without --capture, a registration asking for it is refused, not half done.
     let plain = Agent::spawn(work.path(), "plain", Spawn::default());
-    let (code, _, err) = plain.cli(&[
-        "register",
-        "check",
-        "--workload",
-        "check",
-        "--endpoint",
-        "127.0.0.1:15006",
-        "--cgroup",
-        "/sys/fs/cgroup/unified",
-    ]);
+    let (code, _, err) = register(&plain, "check", Path::new("/sys/fs/cgroup/unified"), &[]);
     assert_ne!(code, 0);
     assert!(err.contains("start it with --capture"), "{err}");
     assert!(plain.get("/v1/workloads").unwrap().1["registrations"]
@@ -211,16 +215,7 @@ fn capture_errors_are_clear() {
     // A directory that is not a cgroup: named, with where cgroup v2 is.
     let pod = Pod::new("agent-errors");
     let agent = capture_agent(work.path(), "node", &pod.pins);
-    let (code, _, err) = agent.cli(&[
-        "register",
-        "check",
-        "--workload",
-        "check",
-        "--endpoint",
-        "127.0.0.1:15006",
-        "--cgroup",
-        work.path().to_str().unwrap(),
-    ]);
+    let (code, _, err) = register(&agent, "check", &work.path(), &[]);
     assert_ne!(code, 0);
     assert!(err.contains("is not a cgroup v2 directory"), "{err}");
 }
@@ -359,22 +354,19 @@ fn envoy_sees_the_original_destination_and_its_upstreams_are_not_looped() {
     let cgroup = pod.cgroup("pod");
     let proxy = pod.cgroup("pod/proxy");
     let outbound_addr = format!("127.0.0.1:{outbound}");
-    let (code, out, err) = agent.cli(&[
-        "register",
+    let (code, out, err) = register(
+        &agent,
         "web",
-        "--workload",
-        "web",
-        "--endpoint",
-        "127.0.0.1:15006",
-        "--cgroup",
-        cgroup.to_str().unwrap(),
-        "--proxy-cgroup",
-        proxy.to_str().unwrap(),
-        "--outbound",
-        &outbound_addr,
-        "--exclude-cidr",
-        "192.0.2.0/24",
-    ]);
+        &cgroup,
+        &[
+            "--proxy-cgroup",
+            proxy.to_str().unwrap(),
+            "--outbound",
+            &outbound_addr,
+            "--exclude-cidr",
+            "192.0.2.0/24",
+        ],
+    );
     assert_eq!(code, 0, "{out}{err}");
 
     // The app calls the service's own address; Envoy gets it, knows where it was
@@ -475,18 +467,12 @@ while True:
     );
 
     let agent = capture_agent(work.path(), "node", &pod.pins);
-    let (code, out, err) = agent.cli(&[
-        "register",
+    let (code, out, err) = register(
+        &agent,
         "app",
-        "--workload",
-        "app",
-        "--endpoint",
-        "127.0.0.1:15006",
-        "--cgroup",
-        pod.cgroup("pod").to_str().unwrap(),
-        "--inbound-port",
-        "8080",
-    ]);
+        &pod.cgroup("pod"),
+        &["--inbound-port", "8080"],
+    );
     assert_eq!(code, 0, "{out}{err}");
 
     // From the network: dropped (the SYN never reaches the app).
