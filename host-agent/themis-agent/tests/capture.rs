@@ -215,7 +215,7 @@ fn capture_errors_are_clear() {
     // A directory that is not a cgroup: named, with where cgroup v2 is.
     let pod = Pod::new("agent-errors");
     let agent = capture_agent(work.path(), "node", &pod.pins);
-    let (code, _, err) = register(&agent, "check", &work.path(), &[]);
+    let (code, _, err) = register(&agent, "check", work.path(), &[]);
     assert_ne!(code, 0);
     assert!(err.contains("is not a cgroup v2 directory"), "{err}");
 }
