@@ -117,7 +117,7 @@ pub mod stats {
     pub const INBOUND_DROPPED: u32 = 5;
     /// Sockets added to the fast path's sockhash.
     pub const FAST_PATH_SOCKETS: u32 = 6;
-    pub const COUNT: u32 = 8;
+    pub const COUNT: u32 = 7;
     pub const NAMES: [&str; COUNT as usize] = [
         "captured",
         "excluded",
@@ -126,7 +126,6 @@ pub mod stats {
         "original_dst_missed",
         "inbound_dropped",
         "fast_path_sockets",
-        "reserved",
     ];
 }
 

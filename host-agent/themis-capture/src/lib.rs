@@ -130,31 +130,21 @@ impl Capture {
         fs::create_dir_all(pin_dir.join("workloads"))
             .map_err(io_error(format!("creating {}", pin_dir.display())))?;
         let mut ebpf = EbpfLoader::new().map_pin_path(pin_dir).load(OBJECT)?;
-
         for (name, _) in CGROUP_PROGRAMS {
             load_program(&mut ebpf, name)?;
         }
-        let msg: &mut SkMsg = program(&mut ebpf, programs::FAST_PATH_MSG)?;
-        msg.load().map_err(|source| CaptureError::Program {
-            program: programs::FAST_PATH_MSG,
-            source,
-        })?;
+        load_program(&mut ebpf, programs::FAST_PATH_MSG)?;
+
         let sockets: SockHash<MapData, ConnectionKey> = SockHash::try_from(
             ebpf.take_map(maps::FAST_PATH_SOCKETS)
                 .expect("the object defines the sockhash"),
         )
-        .map_err(|source| CaptureError::Map {
-            map: maps::FAST_PATH_SOCKETS,
-            source,
-        })?;
+        .map_err(map_error(maps::FAST_PATH_SOCKETS))?;
         let msg: &mut SkMsg = program(&mut ebpf, programs::FAST_PATH_MSG)?;
         let link = msg
             .attach(sockets.fd())
             .and_then(|id| msg.take_link(id))
-            .map_err(|source| CaptureError::Program {
-                program: programs::FAST_PATH_MSG,
-                source,
-            })?;
+            .map_err(program_error(programs::FAST_PATH_MSG))?;
         // The verdict program belongs to the pinned sockhash from now on; dropping the
         // link would detach it when this agent exits.
         std::mem::forget(link);
@@ -164,7 +154,11 @@ impl Capture {
             pin_dir: pin_dir.to_owned(),
             fast_path,
         };
-        capture.set_setting(settings::FAST_PATH, u32::from(fast_path))?;
+        let mut settings: Array<_, u32> =
+            Array::try_from(capture.map(maps::SETTINGS)).map_err(map_error(maps::SETTINGS))?;
+        settings
+            .set(settings::FAST_PATH, u32::from(fast_path), 0)
+            .map_err(map_error(maps::SETTINGS))?;
         let adopted = capture.status()?.workloads;
         for w in &adopted {
             tracing::info!(workload = %w.workload, cgroup_id = w.cgroup_id,
@@ -175,10 +169,6 @@ impl Capture {
         Ok(capture)
     }
 
-    pub fn pin_dir(&self) -> &Path {
-        &self.pin_dir
-    }
-
     /// Attaches capture to `spec.cgroup` for `workload` (again, with a new spec, if it
     /// is already attached there).
     pub fn attach(
@@ -187,76 +177,73 @@ impl Capture {
         spec: &CaptureSpec,
     ) -> Result<WorkloadStatus, CaptureError> {
         spec::check_name(workload)?;
-        let cgroup = open_cgroup(&spec.cgroup)?;
-        let cgroup_id = fs::metadata(&spec.cgroup)
-            .map_err(io_error(format!("reading {}", spec.cgroup.display())))?
-            .ino();
+        let (cgroup, cgroup_id) = open_cgroup(&spec.cgroup)?;
         refuse_own_cgroup(&spec.cgroup)?;
         let proxy_cgroup = match &spec.proxy_cgroup {
-            Some(path) => {
-                open_cgroup(path)?;
-                fs::metadata(path)
-                    .map_err(io_error(format!("reading {}", path.display())))?
-                    .ino()
-            }
+            Some(path) => open_cgroup(path)?.1,
             None => 0,
         };
         let config = spec.to_config(proxy_cgroup)?;
 
-        let dir = self.workload_dir(workload);
-        if dir.exists() {
-            let existing = self.describe(workload)?;
-            if existing.cgroup_id != cgroup_id && !existing.attachments.is_empty() {
-                return Err(CaptureError::OtherCgroup {
-                    workload: workload.into(),
-                    cgroup_id: existing.cgroup_id,
-                });
-            }
+        let existing = self.links(workload);
+        if existing.cgroup_id != 0 && existing.cgroup_id != cgroup_id {
+            return Err(CaptureError::OtherCgroup {
+                workload: workload.into(),
+                cgroup_id: existing.cgroup_id,
+            });
         }
-        let previous = self.workloads()?.get(&cgroup_id, 0).ok();
-        if let Some(old) = previous.filter(|old| old.proxy_cgroup != proxy_cgroup) {
-            let _ = self.exempt()?.remove(&old.proxy_cgroup);
-        }
-        self.workloads()?
+        let mut workloads = self.workloads()?;
+        let previous = workloads.get(&cgroup_id, 0).ok();
+        workloads
             .insert(cgroup_id, config, 0)
-            .map_err(|source| CaptureError::Map {
-                map: maps::WORKLOADS,
-                source,
-            })?;
+            .map_err(map_error(maps::WORKLOADS))?;
+        let mut exempt = self.exempt()?;
+        if let Some(old) = previous.filter(|old| old.proxy_cgroup != proxy_cgroup) {
+            let _ = exempt.remove(&old.proxy_cgroup);
+        }
         if proxy_cgroup != 0 {
-            self.exempt()?
+            exempt
                 .insert(proxy_cgroup, 1, 0)
-                .map_err(|source| CaptureError::Map {
-                    map: maps::EXEMPT_CGROUPS,
-                    source,
-                })?;
+                .map_err(map_error(maps::EXEMPT_CGROUPS))?;
         }
 
+        let dir = self.workload_dir(workload);
         fs::create_dir_all(&dir).map_err(io_error(format!("creating {}", dir.display())))?;
         for (name, attach) in CGROUP_PROGRAMS {
             let pin = dir.join(name);
             if pin.exists() {
                 continue; // attached before (re-registration, or adopted)
             }
-            let linked =
-                self.program_fd(name)
-                    .and_then(|fd| {
-                        sys::link_create(fd.as_fd(), cgroup.as_fd(), attach).map_err(io_error(
-                            format!("attaching {name} to {}", spec.cgroup.display()),
-                        ))
-                    })
-                    .and_then(|link| {
-                        sys::pin(link.as_fd(), &pin)
-                            .map_err(io_error(format!("pinning {}", pin.display())))
-                    });
-            if let Err(e) = linked {
+            if let Err(e) = self.link(name, attach, (&cgroup, &spec.cgroup), &pin) {
                 let _ = self.detach(workload);
                 return Err(e);
             }
         }
         tracing::info!(workload, cgroup = %spec.cgroup.display(), cgroup_id, proxy_cgroup,
             inbound_ports = ?spec.inbound_ports, "capture attached");
-        self.describe(workload)
+        Ok(WorkloadStatus {
+            cgroup: Some(spec.cgroup.clone()),
+            ..self.links(workload)
+        })
+    }
+
+    /// One `bpf_link` of program `name` to `cgroup`, pinned at `pin`.
+    fn link(
+        &self,
+        name: &'static str,
+        attach: AttachType,
+        (cgroup, cgroup_path): (&fs::File, &Path),
+        pin: &Path,
+    ) -> Result<(), CaptureError> {
+        let program = self
+            .ebpf
+            .program(name)
+            .expect("the object defines every program");
+        let fd = program.fd().map_err(program_error(name))?;
+        let link = sys::link_create(fd.as_fd(), cgroup.as_fd(), attach).map_err(io_error(
+            format!("attaching {name} to {}", cgroup_path.display()),
+        ))?;
+        sys::pin(link.as_fd(), pin).map_err(io_error(format!("pinning {}", pin.display())))
     }
 
     /// Detaches `workload`'s capture; `false` if it had none.
@@ -266,14 +253,14 @@ impl Capture {
         if !dir.exists() {
             return Ok(false);
         }
-        let status = self.describe(workload)?;
-        if status.cgroup_id != 0 {
-            if let Ok(config) = self.workloads()?.get(&status.cgroup_id, 0) {
-                if config.proxy_cgroup != 0 {
-                    let _ = self.exempt()?.remove(&config.proxy_cgroup);
-                }
+        let cgroup_id = self.links(workload).cgroup_id;
+        if cgroup_id != 0 {
+            let mut workloads = self.workloads()?;
+            let config = workloads.get(&cgroup_id, 0).ok();
+            let _ = workloads.remove(&cgroup_id);
+            if let Some(config) = config.filter(|c| c.proxy_cgroup != 0) {
+                let _ = self.exempt()?.remove(&config.proxy_cgroup);
             }
-            let _ = self.workloads()?.remove(&status.cgroup_id);
         }
         for (name, _) in CGROUP_PROGRAMS {
             // Unlinking the pin drops the link's last reference: the kernel detaches it.
@@ -285,7 +272,7 @@ impl Capture {
             }
         }
         fs::remove_dir(&dir).map_err(io_error(format!("removing {}", dir.display())))?;
-        tracing::info!(workload, cgroup_id = status.cgroup_id, "capture detached");
+        tracing::info!(workload, cgroup_id, "capture detached");
         Ok(true)
     }
 
@@ -299,8 +286,14 @@ impl Capture {
         names.sort();
         let workloads = names
             .iter()
-            .map(|w| self.describe(w))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|w| {
+                let links = self.links(w);
+                WorkloadStatus {
+                    cgroup: find_cgroup(links.cgroup_id),
+                    ..links
+                }
+            })
+            .collect();
         Ok(Status {
             pin_dir: self.pin_dir.clone(),
             fast_path: self.fast_path,
@@ -309,7 +302,9 @@ impl Capture {
         })
     }
 
-    fn describe(&mut self, workload: &str) -> Result<WorkloadStatus, CaptureError> {
+    /// A workload's pinned links as the kernel reports them (its cgroup path left out:
+    /// finding it takes a walk of the cgroup tree).
+    fn links(&self, workload: &str) -> WorkloadStatus {
         let dir = self.workload_dir(workload);
         let mut status = WorkloadStatus {
             workload: workload.into(),
@@ -332,95 +327,47 @@ impl Capture {
                 Err(_) => status.missing.push(name.into()),
             }
         }
-        if status.cgroup_id != 0 {
-            status.cgroup = find_cgroup(status.cgroup_id);
-        }
-        Ok(status)
+        status
     }
 
     fn counters(&mut self) -> Result<BTreeMap<&'static str, u64>, CaptureError> {
-        let map = self
-            .ebpf
-            .map_mut(maps::STATS)
-            .expect("the object defines STATS");
         let array: PerCpuArray<_, u64> =
-            PerCpuArray::try_from(map).map_err(|source| CaptureError::Map {
-                map: maps::STATS,
-                source,
-            })?;
+            PerCpuArray::try_from(self.map(maps::STATS)).map_err(map_error(maps::STATS))?;
         let mut counters = BTreeMap::new();
         for (index, name) in stats::NAMES.iter().enumerate() {
-            if *name == "reserved" {
-                continue;
-            }
             let values = array
                 .get(&(index as u32), 0)
-                .map_err(|source| CaptureError::Map {
-                    map: maps::STATS,
-                    source,
-                })?;
+                .map_err(map_error(maps::STATS))?;
             counters.insert(*name, values.iter().sum());
         }
         Ok(counters)
     }
 
-    fn set_setting(&mut self, index: u32, value: u32) -> Result<(), CaptureError> {
-        let map = self
-            .ebpf
-            .map_mut(maps::SETTINGS)
-            .expect("the object defines SETTINGS");
-        let mut array: Array<_, u32> =
-            Array::try_from(map).map_err(|source| CaptureError::Map {
-                map: maps::SETTINGS,
-                source,
-            })?;
-        array
-            .set(index, value, 0)
-            .map_err(|source| CaptureError::Map {
-                map: maps::SETTINGS,
-                source,
-            })
-    }
-
     fn workloads(&mut self) -> Result<HashMap<&mut MapData, u64, WorkloadConfig>, CaptureError> {
-        let map = self
-            .ebpf
-            .map_mut(maps::WORKLOADS)
-            .expect("the object defines WORKLOADS");
-        HashMap::try_from(map).map_err(|source| CaptureError::Map {
-            map: maps::WORKLOADS,
-            source,
-        })
+        HashMap::try_from(self.map(maps::WORKLOADS)).map_err(map_error(maps::WORKLOADS))
     }
 
     fn exempt(&mut self) -> Result<HashMap<&mut MapData, u64, u8>, CaptureError> {
-        let map = self
-            .ebpf
-            .map_mut(maps::EXEMPT_CGROUPS)
-            .expect("the object defines EXEMPT_CGROUPS");
-        HashMap::try_from(map).map_err(|source| CaptureError::Map {
-            map: maps::EXEMPT_CGROUPS,
-            source,
-        })
+        HashMap::try_from(self.map(maps::EXEMPT_CGROUPS)).map_err(map_error(maps::EXEMPT_CGROUPS))
     }
 
-    fn program_fd(&mut self, name: &'static str) -> Result<aya::programs::ProgramFd, CaptureError> {
-        let program = self
-            .ebpf
-            .program(name)
-            .expect("the object defines every program");
-        program
-            .fd()
-            .and_then(|fd| fd.try_clone().map_err(ProgramError::IOError))
-            .map_err(|source| CaptureError::Program {
-                program: name,
-                source,
-            })
+    fn map(&mut self, name: &str) -> &mut aya::maps::Map {
+        self.ebpf
+            .map_mut(name)
+            .unwrap_or_else(|| panic!("the object defines the map {name}"))
     }
 
     fn workload_dir(&self, workload: &str) -> PathBuf {
         self.pin_dir.join("workloads").join(workload)
     }
+}
+
+fn map_error(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> CaptureError {
+    move |source| CaptureError::Map { map, source }
+}
+
+fn program_error(program: &'static str) -> impl FnOnce(ProgramError) -> CaptureError {
+    move |source| CaptureError::Program { program, source }
 }
 
 fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, CaptureError>
@@ -430,10 +377,7 @@ where
     ebpf.program_mut(name)
         .expect("the object defines every program")
         .try_into()
-        .map_err(|source| CaptureError::Program {
-            program: name,
-            source,
-        })
+        .map_err(program_error(name))
 }
 
 fn load_program(ebpf: &mut Ebpf, name: &'static str) -> Result<(), CaptureError> {
@@ -442,7 +386,8 @@ fn load_program(ebpf: &mut Ebpf, name: &'static str) -> Result<(), CaptureError>
         programs::SOCK_OPS => program::<SockOps>(ebpf, name)?.load(),
         programs::GETSOCKOPT => program::<CgroupSockopt>(ebpf, name)?.load(),
         programs::INBOUND => program::<CgroupSkb>(ebpf, name)?.load(),
-        _ => unreachable!("not a cgroup program: {name}"),
+        programs::FAST_PATH_MSG => program::<SkMsg>(ebpf, name)?.load(),
+        _ => unreachable!("not a program of the object: {name}"),
     };
     loaded.map_err(|source| match &source {
         ProgramError::LoadError { io_error, .. }
@@ -453,10 +398,7 @@ fn load_program(ebpf: &mut Ebpf, name: &'static str) -> Result<(), CaptureError>
                  and CAP_SYS_ADMIN (run it as root)"
             ))
         }
-        _ => CaptureError::Program {
-            program: name,
-            source,
-        },
+        _ => program_error(name)(source),
     })
 }
 
@@ -484,7 +426,8 @@ fn preflight(pin_dir: &Path) -> Result<(), CaptureError> {
     }
 }
 
-fn open_cgroup(path: &Path) -> Result<fs::File, CaptureError> {
+/// The cgroup v2 directory, opened for attaching, and its id (the inode number).
+fn open_cgroup(path: &Path) -> Result<(fs::File, u64), CaptureError> {
     match sys::fs_magic(path) {
         Ok(sys::CGROUP2_SUPER_MAGIC) => {}
         Ok(_) => {
@@ -497,7 +440,10 @@ fn open_cgroup(path: &Path) -> Result<fs::File, CaptureError> {
         }
         Err(e) => return Err(SpecError(format!("cgroup {}: {e}", path.display())).into()),
     }
-    fs::File::open(path).map_err(io_error(format!("opening {}", path.display())))
+    let what = || format!("opening {}", path.display());
+    let dir = fs::File::open(path).map_err(io_error(what()))?;
+    let id = dir.metadata().map_err(io_error(what()))?.ino();
+    Ok((dir, id))
 }
 
 /// Where cgroup v2 is mounted, from /proc/self/mounts.
