@@ -70,8 +70,8 @@ fn setting(index: u32) -> u32 {
     SETTINGS.get(index).copied().unwrap_or(0)
 }
 
-/// Whose connect this is: the deepest registered workload among the current task's
-/// cgroup and its ancestors, unless one of them is exempt (a proxy, the agent).
+/// Whose socket this is: the deepest registered workload among a cgroup and its
+/// ancestors, unless one of them is exempt (a proxy).
 enum Owner {
     /// Points into the map: the value is too big for the 512-byte stack.
     Workload(&'static WorkloadConfig),
@@ -79,36 +79,41 @@ enum Owner {
     Unknown,
 }
 
+/// `ancestor(level)` gives the cgroup's ancestors' ids from the root down, 0 past the
+/// cgroup's own level.
 #[inline(always)]
-fn current_owner() -> Owner {
-    let mut found = None;
+fn owner(ancestor: impl Fn(i32) -> u64) -> Owner {
+    let mut found = Owner::Unknown;
     let mut level = 1;
     while level <= MAX_CGROUP_DEPTH {
-        // SAFETY: a helper without pointers.
-        let id = unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
+        let id = ancestor(level as i32);
         if id == 0 {
-            break; // above the task's own level
+            break;
         }
-        // SAFETY: plain data in the map; copied out at once.
+        // SAFETY: map values stay valid for the program's run; only read.
         if unsafe { EXEMPT_CGROUPS.get(&id) }.is_some() {
             return Owner::Exempt;
         }
         if let Some(config) = unsafe { WORKLOADS.get(&id) } {
-            found = Some(config);
+            found = Owner::Workload(config);
         }
         level += 1;
     }
-    match found {
-        Some(config) => {
-            // SAFETY: a helper without pointers.
-            let uid = bpf_get_current_uid_gid() as u32;
-            if config.proxy_uid != NO_UID && uid == config.proxy_uid {
-                Owner::Exempt
-            } else {
-                Owner::Workload(config)
-            }
+    found
+}
+
+/// The owner of the task making a connect; the proxy's uid is exempt too.
+#[inline(always)]
+fn current_owner() -> Owner {
+    // SAFETY: a helper without pointers.
+    match owner(|level| unsafe { bpf_get_current_ancestor_cgroup_id(level) }) {
+        Owner::Workload(config)
+            if config.proxy_uid != NO_UID
+                && bpf_get_current_uid_gid() as u32 == config.proxy_uid =>
+        {
+            Owner::Exempt
         }
-        None => Owner::Unknown,
+        other => other,
     }
 }
 
@@ -454,20 +459,11 @@ fn inbound_verdict(ctx: &SkBuffContext) -> Result<i32, i64> {
     }
     let port = u16::from_be(ctx.load::<u16>(tcp_offset + 2)?);
     // The receiving socket's workload, as for connects but from the packet's socket.
-    let mut protected = false;
-    let mut level = 1;
-    while level <= MAX_CGROUP_DEPTH {
-        // SAFETY: the skb context the kernel passed.
-        let id = unsafe { bpf_skb_ancestor_cgroup_id(ctx.as_ptr() as *mut _, level as i32) };
-        if id == 0 {
-            break;
-        }
-        // SAFETY: plain data in the map.
-        if let Some(config) = unsafe { WORKLOADS.get(&id) } {
-            protected = port_listed(&config.inbound_ports, port);
-        }
-        level += 1;
-    }
+    // SAFETY: the skb context the kernel passed.
+    let socket_owner =
+        owner(|level| unsafe { bpf_skb_ancestor_cgroup_id(ctx.as_ptr() as *mut _, level) });
+    let protected = matches!(socket_owner, Owner::Workload(config)
+        if port_listed(&config.inbound_ports, port));
     if protected {
         count(stats::INBOUND_DROPPED);
         Ok(0)
