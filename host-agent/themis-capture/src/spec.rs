@@ -94,14 +94,13 @@ impl CaptureSpec {
             if v6.port() == 0 || v6.ip().is_unspecified() {
                 return Err(SpecError("outbound6 must be an address and a port".into()));
             }
-            config.capture_ipv6 = 1;
-            config.outbound_ip6 = words(v6.ip().octets());
-            config.outbound_port = v6.port();
             if v6.port() != self.outbound.port() {
                 return Err(SpecError(
                     "outbound and outbound6 must use the same port".into(),
                 ));
             }
+            config.capture_ipv6 = 1;
+            config.outbound_ip6 = words(v6.ip().octets());
         }
         if self.exclude_cidrs.len() > MAX_CIDRS {
             return Err(SpecError(format!(
