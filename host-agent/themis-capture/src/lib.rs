@@ -30,6 +30,7 @@ use aya::{
 use serde::Serialize;
 use themis_ebpf_common::{maps, programs, settings, stats, ConnectionKey, WorkloadConfig};
 
+pub use ipnet::IpNet;
 pub use spec::{CaptureSpec, SpecError};
 use sys::AttachType;
 

@@ -1,6 +1,7 @@
 //! `themis`: the tool for people. Runs the agent, manages identities, and talks to a
 //! running agent over its local API.
 
+use std::net::{SocketAddrV4, SocketAddrV6};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -11,6 +12,7 @@ use serde_json::{json, Value};
 use themis_agent::client::ApiClient;
 use themis_agent::config::{AgentArgs, DEFAULT_STATE_DIR};
 use themis_agent::keystore;
+use themis_capture::{CaptureSpec, IpNet};
 use themis_core::{Identity, MeshName, PeerId};
 
 /// Themis Mesh: CA-less service identities and decentralised discovery.
@@ -96,97 +98,53 @@ enum Command {
 
 /// eBPF capture of the workload's traffic (the agent must run with `--capture`).
 #[derive(clap::Args)]
+#[command(next_help_heading = "Capture")]
 struct CaptureArgs {
     /// The workload's cgroup v2 directory: its TCP connects go to the proxy's outbound
     /// listener, with the original destination kept for SO_ORIGINAL_DST.
-    #[arg(long, value_name = "DIR", help_heading = "Capture")]
-    cgroup: Option<String>,
+    #[arg(long, value_name = "DIR")]
+    cgroup: Option<PathBuf>,
     /// The proxy's cgroup (e.g. the sidecar container's): never captured.
-    #[arg(
-        long,
-        value_name = "DIR",
-        requires = "cgroup",
-        help_heading = "Capture"
-    )]
-    proxy_cgroup: Option<String>,
+    #[arg(long, value_name = "DIR", requires = "cgroup")]
+    proxy_cgroup: Option<PathBuf>,
     /// The proxy's uid: never captured.
-    #[arg(
-        long,
-        value_name = "UID",
-        requires = "cgroup",
-        help_heading = "Capture"
-    )]
+    #[arg(long, value_name = "UID", requires = "cgroup")]
     proxy_uid: Option<u32>,
     /// The proxy's outbound listener [default: 127.0.0.1:15001].
-    #[arg(
-        long,
-        value_name = "IP:PORT",
-        requires = "cgroup",
-        help_heading = "Capture"
-    )]
-    outbound: Option<String>,
+    #[arg(long, value_name = "IP:PORT", requires = "cgroup")]
+    outbound: Option<SocketAddrV4>,
     /// The proxy's IPv6 outbound listener; without it IPv6 connects are not captured.
-    #[arg(
-        long,
-        value_name = "[IP]:PORT",
-        requires = "cgroup",
-        help_heading = "Capture"
-    )]
-    outbound6: Option<String>,
+    #[arg(long, value_name = "[IP]:PORT", requires = "cgroup")]
+    outbound6: Option<SocketAddrV6>,
     /// An app port that accepts TCP only via the local proxy (repeatable).
-    #[arg(
-        long = "inbound-port",
-        value_name = "PORT",
-        requires = "cgroup",
-        help_heading = "Capture"
-    )]
+    #[arg(long = "inbound-port", value_name = "PORT", requires = "cgroup")]
     inbound_ports: Vec<u16>,
     /// A destination port never captured (repeatable).
-    #[arg(
-        long = "exclude-port",
-        value_name = "PORT",
-        requires = "cgroup",
-        help_heading = "Capture"
-    )]
+    #[arg(long = "exclude-port", value_name = "PORT", requires = "cgroup")]
     exclude_ports: Vec<u16>,
     /// A destination CIDR never captured (repeatable) [default: 127.0.0.0/8 and ::1/128].
-    #[arg(
-        long = "exclude-cidr",
-        value_name = "CIDR",
-        requires = "cgroup",
-        help_heading = "Capture"
-    )]
-    exclude_cidrs: Vec<String>,
+    #[arg(long = "exclude-cidr", value_name = "CIDR", requires = "cgroup")]
+    exclude_cidrs: Vec<IpNet>,
 }
 
 impl CaptureArgs {
-    /// The `capture` object of the registration, or null.
-    fn to_json(&self) -> Value {
-        let Some(cgroup) = &self.cgroup else {
-            return Value::Null;
-        };
-        let mut spec = json!({ "cgroup": cgroup });
-        let mut set = |key: &str, value: Value| {
-            spec[key] = value;
-        };
-        if let Some(v) = &self.proxy_cgroup {
-            set("proxy_cgroup", json!(v));
-        }
-        if let Some(v) = self.proxy_uid {
-            set("proxy_uid", json!(v));
-        }
-        if let Some(v) = &self.outbound {
-            set("outbound", json!(v));
-        }
-        if let Some(v) = &self.outbound6 {
-            set("outbound6", json!(v));
-        }
-        set("inbound_ports", json!(self.inbound_ports));
-        set("exclude_ports", json!(self.exclude_ports));
-        if !self.exclude_cidrs.is_empty() {
-            set("exclude_cidrs", json!(self.exclude_cidrs));
-        }
-        spec
+    /// The registration's capture, if a cgroup was given; unset flags keep the defaults.
+    fn spec(self) -> Option<CaptureSpec> {
+        let defaults = CaptureSpec::new(self.cgroup?);
+        Some(CaptureSpec {
+            proxy_cgroup: self.proxy_cgroup,
+            proxy_uid: self.proxy_uid,
+            outbound: self.outbound.unwrap_or(defaults.outbound),
+            outbound6: self.outbound6,
+            inbound_ports: self.inbound_ports,
+            exclude_ports: self.exclude_ports,
+            exclude_cidrs: if self.exclude_cidrs.is_empty() {
+                defaults.exclude_cidrs
+            } else {
+                self.exclude_cidrs
+            },
+            cgroup: defaults.cgroup,
+        })
     }
 }
 
@@ -327,9 +285,7 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
             (
                 Method::PUT,
                 path,
-                Some(
-                    json!({ "endpoint": endpoint, "metadata": meta, "capture": capture.to_json() }),
-                ),
+                Some(json!({ "endpoint": endpoint, "metadata": meta, "capture": capture.spec() })),
                 render_registered,
             )
         }
