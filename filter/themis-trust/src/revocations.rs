@@ -1,0 +1,72 @@
+//! The revocations a node knows, verified.
+
+use std::collections::BTreeMap;
+
+use themis_core::PeerId;
+
+use crate::{MeshRoot, Revocation, Signed, TrustError, MAX_REASON_LEN, REVOCATION_LABEL};
+
+/// Verified revocations by revoked id, with the signed bytes to pass on.
+#[derive(Debug, Clone, Default)]
+pub struct Revocations {
+    by_id: BTreeMap<PeerId, (Revocation, Vec<u8>)>,
+}
+
+impl Revocations {
+    /// No revocations.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Checks an encoded revocation against the root (revocations never expire).
+    pub fn verify(root: &MeshRoot, bytes: &[u8]) -> Result<Revocation, TrustError> {
+        let signed = Signed::decode(bytes)?;
+        if signed.signer != root.key {
+            return Err(TrustError::NotFromRoot);
+        }
+        let revocation: Revocation = signed.open(REVOCATION_LABEL)?;
+        if revocation.mesh != root.mesh.as_str() {
+            return Err(TrustError::WrongMesh);
+        }
+        if revocation.reason.len() > MAX_REASON_LEN {
+            return Err(TrustError::TooLarge);
+        }
+        Ok(revocation)
+    }
+
+    /// Verifies and adds an encoded revocation; `Ok(true)` if it was new.
+    pub fn add(&mut self, root: &MeshRoot, bytes: &[u8]) -> Result<bool, TrustError> {
+        let revocation = Self::verify(root, bytes)?;
+        let id = PeerId(revocation.id);
+        if self.by_id.contains_key(&id) {
+            return Ok(false);
+        }
+        self.by_id.insert(id, (revocation, bytes.to_vec()));
+        Ok(true)
+    }
+
+    /// Whether `id` is revoked.
+    pub fn contains(&self, id: &PeerId) -> bool {
+        self.by_id.contains_key(id)
+    }
+
+    /// Whether the key is revoked in `root`'s mesh.
+    pub fn contains_key(&self, root: &MeshRoot, key: &[u8; 32]) -> bool {
+        !self.by_id.is_empty() && self.contains(&PeerId::derive(key, root.mesh.as_str()))
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// Each revocation with its signed bytes.
+    pub fn iter(&self) -> impl Iterator<Item = (&PeerId, &Revocation, &[u8])> {
+        self.by_id.iter().map(|(id, (r, b))| (id, r, b.as_slice()))
+    }
+}
