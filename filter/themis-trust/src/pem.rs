@@ -39,3 +39,28 @@ pub fn from_pem(kind: PemKind, text: &str) -> Result<Signed, TrustError> {
     }
     Signed::decode(&bytes)
 }
+
+/// The PEM text of a grant chain, root first (one block per grant).
+pub fn chain_to_pem(chain: &[Signed]) -> String {
+    chain.iter().map(|g| to_pem(PemKind::Grant, g)).collect()
+}
+
+/// Reads a grant chain written by [`chain_to_pem`]: one or more `THEMIS GRANT`
+/// blocks, root first (signatures are not checked here).
+pub fn chain_from_pem(text: &str) -> Result<Vec<Signed>, TrustError> {
+    const END: &str = "-----END THEMIS GRANT-----";
+    let mut chain = Vec::new();
+    let mut rest = text.trim();
+    while !rest.is_empty() {
+        let end = rest.find(END).ok_or(TrustError::Malformed)? + END.len();
+        chain.push(from_pem(PemKind::Grant, &rest[..end])?);
+        if chain.len() > crate::MAX_GRANT_CHAIN {
+            return Err(TrustError::ChainLength);
+        }
+        rest = rest[end..].trim_start();
+    }
+    if chain.is_empty() {
+        return Err(TrustError::ChainLength);
+    }
+    Ok(chain)
+}

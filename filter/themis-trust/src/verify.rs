@@ -90,6 +90,17 @@ impl Verifier<'_> {
         Ok(admission)
     }
 
+    /// Checks the admission a peer presented, for the peer the secure channel
+    /// authenticated as `peer`: the admitted key must hash to that id.
+    pub fn admission_of(&self, bytes: &[u8], peer: &PeerId) -> Result<Admission, TrustError> {
+        let signed = Signed::decode(bytes)?;
+        let claimed: Admission = crate::statement::decode(&signed.body)?;
+        if PeerId::derive(&claimed.node_key, self.root.mesh.as_str()) != *peer {
+            return Err(TrustError::WrongKey);
+        }
+        self.admission(bytes, &claimed.node_key)
+    }
+
     /// Checks a grant chain for `service`: the first link signed by the root, each next
     /// by the previous grantee (which must be allowed to delegate), none expired or
     /// revoked. Returns the last grant (whose grantee may endorse).

@@ -344,6 +344,13 @@ fn admissions_bind_the_key_the_mesh_and_the_root() {
         ),
         Err(TrustError::Expired)
     );
+    // Presented over a channel authenticated as another peer.
+    let good = admit(&mesh.root_key, "demo", &node, None);
+    assert!(v.admission_of(&good, &node.id()).is_ok());
+    assert_eq!(
+        v.admission_of(&good, &other.id()),
+        Err(TrustError::WrongKey)
+    );
     // Revoked.
     let mut revoked = Revocations::new();
     revoked.add(&mesh.root, &mesh.revoke(node.id().0)).unwrap();
