@@ -76,12 +76,14 @@ pub mod key;
 mod lookup;
 pub mod message;
 mod node;
+pub mod policy;
 mod routing;
 mod store;
 
 pub use key::{distance, in_half_open, in_open, Key};
 pub use message::{Contact, Message, Object, Request, Response};
 pub use node::{Config, Event, Millis, Node, OpId, Stats};
+pub use policy::{AnyValue, Placement, ValuePolicy};
 
 /// Why an input or an operation was refused. Each is counted in [`Stats::rejections`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, thiserror::Error)]
@@ -134,4 +136,18 @@ pub enum Rejection {
     /// A peer refused our `Store`.
     #[error("a peer refused to store")]
     Refused,
+    /// The [`ValuePolicy`] refused the value (say, its signature does not verify).
+    #[error("the value is not valid (refused by the value policy)")]
+    InvalidValue,
+    /// An older version of a value whose slot holds a newer one, or the same version
+    /// with different bytes.
+    #[error("an older or conflicting version of a value already held")]
+    Stale,
+    /// The value's owner already holds its `owner_limit` slots under that object id.
+    #[error("the value's owner holds its limit of values under this object id")]
+    OwnerFull,
+    /// A `Handover` or `Leaving` from a peer that is neither our predecessor nor in our
+    /// successor list.
+    #[error("hand-over or leave notice from a peer that is not our neighbour")]
+    NotNeighbour,
 }

@@ -11,10 +11,12 @@ use serde::{Deserialize, Serialize};
 use crate::key::Key;
 use crate::Rejection;
 
-/// Longest stored value (a service instance record), in bytes.
-pub const MAX_VALUE_LEN: usize = 1024;
-/// Most values one object id holds, and so the most a `Values` answer carries.
-pub const MAX_VALUES_PER_KEY: usize = 64;
+/// Longest stored value (a signed service instance record), in bytes.
+pub const MAX_VALUE_LEN: usize = 2048;
+/// Most values one object id holds (over all owners; each owner is limited further by
+/// its [`Placement::owner_limit`](crate::Placement::owner_limit)), and so the most a
+/// `Values` answer carries: at most 256 × 2048 bytes, 512 KiB.
+pub const MAX_VALUES_PER_KEY: usize = 256;
 /// Most contacts in a successor list on the wire (the configured length is at most this).
 pub const MAX_SUCCESSORS: usize = 32;
 /// Most peers a lookup asks others to route around (see [`Request::FindStep`]).
@@ -85,13 +87,16 @@ pub enum Request<A> {
         /// Object id.
         key: Key,
     },
-    /// Add `value` to the set stored under `key` for `ttl_ms` (paper `store`).
+    /// Add `value` to the set stored under `key` for `ttl_ms` (paper `store`). The
+    /// receiver's [`ValuePolicy`](crate::ValuePolicy) places it in its owner's slot
+    /// (or refuses it, answering [`Response::Rejected`]).
     Store {
         /// Object id.
         key: Key,
         /// At most [`MAX_VALUE_LEN`] bytes.
         value: Vec<u8>,
-        /// Lifetime; the receiver caps it at its configured maximum.
+        /// Lifetime; the receiver caps it at its configured maximum and at the
+        /// value's own remaining lifetime ([`Placement::ttl_cap`](crate::Placement::ttl_cap)).
         ttl_ms: u64,
     },
     /// The receiver's predecessor and successor list (stabilisation, paper `update`).
@@ -101,13 +106,18 @@ pub enum Request<A> {
     Notify,
     /// Objects the receiver is now responsible for (join: from the successor to the
     /// newcomer; leave: from the leaving node to its successor). At most
-    /// [`MAX_HANDOVER_OBJECTS`].
+    /// [`MAX_HANDOVER_OBJECTS`]. Accepted only from the receiver's predecessor (or the
+    /// predecessor that has just left) or a node in its successor list; each object
+    /// then goes through the receiver's policy like a `Store`.
     Handover {
         /// The objects.
         objects: Vec<Object>,
     },
     /// The sender leaves the ring (paper `leave`). To its successor it names its
     /// predecessor; to its predecessor its successor list (at most [`MAX_SUCCESSORS`]).
+    /// The receiver takes the named predecessor only from its own predecessor and the
+    /// successors only from a node in its successor list, and refuses the message from
+    /// anyone else.
     Leaving {
         /// The leaving node's predecessor.
         predecessor: Option<Contact<A>>,

@@ -1,7 +1,7 @@
 //! The Chord node: routing, maintenance, storage and the user operations, as a
 //! sans-IO state machine (see the crate documentation for the driver contract).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Debug;
 use std::hash::Hash;
 
@@ -11,6 +11,7 @@ use crate::message::{
     Contact, Message, Request, Response, MAX_HANDOVER_OBJECTS, MAX_NAME_LEN, MAX_REPLICAS,
     MAX_SUCCESSORS, MAX_VALUE_LEN,
 };
+use crate::policy::{AnyValue, ValuePolicy};
 use crate::store::Store;
 use crate::Rejection;
 
@@ -103,15 +104,20 @@ pub enum Event<A> {
         /// Replicas attempted (`k + 1`).
         replicas: u8,
     },
-    /// A `resolve` completed. Empty `values`: no replica had any.
+    /// A `resolve` completed: every replica was asked. The values are *unverified*:
+    /// any replica holder may have answered anything (see [`Node::resolve`]).
     Resolved {
         /// The operation.
         op: OpId,
-        /// The values of the first replica that had any.
+        /// The union of the values every replica that answered returned, without
+        /// duplicates (in byte order). Empty: no replica that answered had any.
         values: Vec<Vec<u8>>,
-        /// Which replica answered.
-        replica: Option<u8>,
-        /// `FindStep`s over all replicas tried.
+        /// Replicas whose `Get` was answered (a failed lookup or a timed-out `Get`
+        /// does not count).
+        answered: u8,
+        /// Replicas asked (`k + 1`).
+        replicas: u8,
+        /// `FindStep`s over all replicas' lookups.
         hops: u32,
     },
 }
@@ -177,11 +183,23 @@ enum Op {
         replicas: u8,
     },
     Resolve {
-        name: Vec<u8>,
-        k: u8,
-        r: u8,
+        /// The union so far, deduplicated.
+        values: BTreeSet<Vec<u8>>,
+        /// Replicas whose lookup and `Get` have not finished yet.
+        remaining: u8,
+        answered: u8,
+        replicas: u8,
         hops: u32,
     },
+}
+
+/// The value policy, boxed (a wrapper only so that [`Node`] can derive `Debug`).
+struct Policy(Box<dyn ValuePolicy>);
+
+impl Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ValuePolicy")
+    }
 }
 
 #[derive(Debug)]
@@ -206,6 +224,10 @@ pub struct Node<A> {
     state: State,
     table: crate::routing::RoutingTable<A>,
     store: Store,
+    policy: Policy,
+    /// Our predecessor that announced it was leaving, and until when its hand-over is
+    /// still welcome (its `Handover` may arrive after its `Leaving`).
+    departed: Option<(Key, Millis)>,
     /// Objects this node published, re-stored every `republish_every`, by (name, value).
     owned: BTreeMap<(Vec<u8>, Vec<u8>), Owned>,
     pending: BTreeMap<u64, Pending<A>>,
@@ -225,11 +247,20 @@ pub struct Node<A> {
 
 impl<A: Clone + Eq + Hash + Debug> Node<A> {
     /// A node that is not yet part of a ring; call [`Node::create`] or [`Node::join`].
-    pub fn new(me: Contact<A>, mut config: Config) -> Self {
+    /// It keeps any value offered ([`AnyValue`]); see [`Node::with_policy`].
+    pub fn new(me: Contact<A>, config: Config) -> Self {
+        Node::with_policy(me, config, Box::new(AnyValue))
+    }
+
+    /// Like [`Node::new`], with `policy` deciding which values the node keeps and how
+    /// (see [`ValuePolicy`]).
+    pub fn with_policy(me: Contact<A>, mut config: Config, policy: Box<dyn ValuePolicy>) -> Self {
         config.successors = config.successors.clamp(1, MAX_SUCCESSORS);
         Node {
             table: crate::routing::RoutingTable::new(me.clone(), config.successors),
             store: Store::new(config.store_capacity),
+            policy: Policy(policy),
+            departed: None,
             me,
             config,
             state: State::Idle,
@@ -320,7 +351,8 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
 
     /// Stores `value` under `h(name || r)` for `r` in `0..=k` (paper `store`) and keeps
     /// re-storing it every `republish_every` until [`Node::unstore`]. Completes with
-    /// [`Event::Stored`].
+    /// [`Event::Stored`]. The value must pass our own [`ValuePolicy`] (for `h(name || 0)`)
+    /// first: what we would refuse, every replica holder running the same policy would.
     pub fn store(
         &mut self,
         now: Millis,
@@ -333,6 +365,9 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
         self.check_name(name, k)?;
         if value.len() > MAX_VALUE_LEN {
             return Err(self.reject(Rejection::ValueTooLarge));
+        }
+        if let Err(r) = self.policy.0.place(&Key::object(name, 0), &value) {
+            return Err(self.reject(r));
         }
         let op = OpId(self.fresh_id());
         self.ops.insert(
@@ -357,11 +392,18 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
             .is_some()
     }
 
-    /// Resolves `name` stored with up to `k` extra replicas: asks `h(name || 0)`, and
-    /// only if that replica is unreachable or empty, `h(name || 1)`, and so on. Replicas
-    /// are copies, so the first non-empty answer is the answer; going on to the others
-    /// would cost `k` more lookups for nothing in the common case. Completes with
-    /// [`Event::Resolved`].
+    /// Resolves `name` stored with up to `k` extra replicas: looks up every replica
+    /// `h(name || r)`, `r` in `0..=k`, at once, sends each holder a `Get`, and completes
+    /// with [`Event::Resolved`] once every replica has answered or failed, carrying the
+    /// union of what they returned.
+    ///
+    /// One replica is not enough: its holder may withhold values, return stale or forged
+    /// ones, or the lookup may have been misled to the wrong node. Asking all `k + 1`
+    /// means a single honest replica holder suffices for a complete answer. The price is
+    /// that the union may hold anything a hostile holder sent, so **the caller must
+    /// verify every value** (in the agent: the record's signature, its endorsement for
+    /// this name, its validity period) **and merge** what is left: keep, per slot (the
+    /// owner's instance), only the newest version, as the replica holders' stores do.
     pub fn resolve(&mut self, now: Millis, name: &[u8], k: u8) -> Result<OpId, Rejection> {
         self.expect_state(State::Joined, Rejection::NotJoined)?;
         self.check_name(name, k)?;
@@ -369,13 +411,16 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
         self.ops.insert(
             op,
             Op::Resolve {
-                name: name.to_vec(),
-                k,
-                r: 0,
+                values: BTreeSet::new(),
+                remaining: k + 1,
+                answered: 0,
+                replicas: k + 1,
                 hops: 0,
             },
         );
-        self.start_lookup(now, Key::object(name, 0), Purpose::Get(op));
+        for r in 0..=k {
+            self.start_lookup(now, Key::object(name, r), Purpose::Get(op));
+        }
         Ok(op)
     }
 
@@ -467,6 +512,33 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
     /// The next event for the driver.
     pub fn poll_event(&mut self) -> Option<Event<A>> {
         self.events.pop_front()
+    }
+
+    /// Puts an idle node straight into a converged ring: the given predecessor,
+    /// successor list and fingers (`(i, node)`: finger `i`, the successor of
+    /// `me + 2^i`), as maintenance would have left them, and starts maintenance. For
+    /// simulations too large to join node by node (`tests/sim` builds 10,000-node
+    /// rings this way). Hidden from the documentation: a real node learns all of this
+    /// through `join` and maintenance. It grants the driver nothing it could not fake
+    /// anyway, as the driver owns the node and authenticates every message it feeds in.
+    #[doc(hidden)]
+    pub fn install_routing(
+        &mut self,
+        now: Millis,
+        predecessor: Option<Contact<A>>,
+        successors: Vec<Contact<A>>,
+        fingers: impl IntoIterator<Item = (usize, Contact<A>)>,
+    ) -> Result<(), Rejection> {
+        self.expect_state(State::Idle, Rejection::AlreadyJoined)?;
+        self.table.predecessor = predecessor.filter(|p| p.id != self.me.id);
+        self.table.set_successors(successors);
+        for (i, c) in fingers {
+            if i < KEY_BITS && c.id != self.me.id {
+                self.table.set_finger(i, c);
+            }
+        }
+        self.start_maintenance(now);
+        Ok(())
     }
 
     // ---- introspection ------------------------------------------------------------
@@ -630,16 +702,10 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
             Request::Get { key } => Response::Values {
                 values: self.store.get(&key, now),
             },
-            Request::Store { key, value, ttl_ms } => {
-                let expiry = now + ttl_ms.min(self.config.max_ttl);
-                match self.store.insert(key, value, expiry) {
-                    Ok(()) => Response::Ack,
-                    Err(r) => {
-                        self.reject(r);
-                        Response::Rejected
-                    }
-                }
-            }
+            Request::Store { key, value, ttl_ms } => match self.keep(now, key, value, ttl_ms) {
+                Ok(()) => Response::Ack,
+                Err(_) => Response::Rejected,
+            },
             Request::GetNeighbours => Response::Neighbours {
                 predecessor: self.table.predecessor.clone(),
                 successors: self.table.successors().to_vec(),
@@ -648,12 +714,17 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
                 self.on_notify(now, &from);
                 Response::Ack
             }
+            Request::Handover { .. } | Request::Leaving { .. }
+                if !self.is_neighbour(now, &from) =>
+            {
+                self.reject(Rejection::NotNeighbour);
+                Response::Rejected
+            }
             Request::Handover { objects } => {
+                // Each object is refused or kept on its own (and counted if refused):
+                // one bad object must not cost the others.
                 for o in objects {
-                    let expiry = now + o.ttl_ms.min(self.config.max_ttl);
-                    if let Err(r) = self.store.insert(o.key, o.value, expiry) {
-                        self.reject(r);
-                    }
+                    let _ = self.keep(now, o.key, o.value, o.ttl_ms);
                 }
                 Response::Ack
             }
@@ -668,6 +739,43 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
         };
         self.transmits
             .push_back((from, Message::Response { id, body: answer }));
+    }
+
+    /// Offers a value to our store through the policy; counts a refusal. The lifetime
+    /// granted is the shortest of the one asked for, `max_ttl` and the policy's cap; a
+    /// value granted none is refused as [`Rejection::InvalidValue`].
+    fn keep(
+        &mut self,
+        now: Millis,
+        key: Key,
+        value: Vec<u8>,
+        ttl_ms: Millis,
+    ) -> Result<(), Rejection> {
+        let placed = self.policy.0.place(&key, &value).and_then(|p| {
+            let ttl = ttl_ms
+                .min(self.config.max_ttl)
+                .min(p.ttl_cap.unwrap_or(Millis::MAX));
+            if ttl == 0 {
+                return Err(Rejection::InvalidValue);
+            }
+            self.store
+                .insert(key, &p, value, now.saturating_add(ttl), now)
+        });
+        placed.map_err(|r| self.reject(r))
+    }
+
+    /// Whether `from` may hand objects over to us or tell us it is leaving: our
+    /// predecessor (or the one that has just announced its leave, whose hand-over may
+    /// arrive after its `Leaving`), or a node in our successor list.
+    fn is_neighbour(&self, now: Millis, from: &Contact<A>) -> bool {
+        self.table
+            .predecessor
+            .as_ref()
+            .is_some_and(|p| p.id == from.id)
+            || self.table.successors().iter().any(|s| s.id == from.id)
+            || self
+                .departed
+                .is_some_and(|(id, until)| id == from.id && now <= until)
     }
 
     /// One routing step for `key` (Chord's `find_successor` without the recursion),
@@ -727,11 +835,13 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
             .predecessor
             .as_ref()
             .is_some_and(|p| p.id == from.id);
+        let was_successor = self.table.successors().iter().any(|s| s.id == from.id);
         self.table.remove(&from.id);
         if was_predecessor {
             self.table.predecessor = predecessor.filter(|p| p.id != self.me.id);
+            self.departed = Some((from.id, now + self.config.request_timeout));
         }
-        if !successors.is_empty() {
+        if was_successor && !successors.is_empty() {
             let mut list = self.table.successors().to_vec();
             list.extend(successors.into_iter().filter(|c| c.id != from.id));
             self.table.set_successors(list);
@@ -769,7 +879,7 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
                 }
             }
             (Pend::Get { op, hops }, Response::Values { values }) => {
-                self.resolve_step(now, op, values, hops)
+                self.resolve_step(op, Some(values), hops)
             }
             (Pend::Store(op), Response::Ack) => self.store_done(op, true),
             (Pend::Store(op), Response::Rejected) => {
@@ -801,7 +911,7 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
                     self.advance(now, lid);
                 }
             }
-            Pend::Get { op, hops } => self.resolve_step(now, op, Vec::new(), hops),
+            Pend::Get { op, hops } => self.resolve_step(op, None, hops),
             Pend::Store(op) => self.store_done(op, false),
             Pend::Neighbours => {
                 self.stabilising = false;
@@ -919,10 +1029,7 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
             }),
             (Purpose::Store { op, value, ttl_ms }, Some(node)) => {
                 if node.id == self.me.id {
-                    let ok = self
-                        .store
-                        .insert(l.key, value, now + ttl_ms.min(self.config.max_ttl))
-                        .is_ok();
+                    let ok = self.keep(now, l.key, value, ttl_ms).is_ok();
                     self.store_done(op, ok);
                 } else {
                     self.request(
@@ -941,7 +1048,7 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
             (Purpose::Get(op), Some(node)) => {
                 if node.id == self.me.id {
                     let values = self.store.get(&l.key, now);
-                    self.resolve_step(now, op, values, l.hops);
+                    self.resolve_step(op, Some(values), l.hops);
                 } else {
                     self.request(
                         now,
@@ -951,7 +1058,7 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
                     );
                 }
             }
-            (Purpose::Get(op), None) => self.resolve_step(now, op, Vec::new(), l.hops),
+            (Purpose::Get(op), None) => self.resolve_step(op, None, l.hops),
         }
     }
 
@@ -999,25 +1106,37 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
         }
     }
 
-    /// One replica of a resolve answered (or failed, with no values): finish, or try
-    /// the next replica.
-    fn resolve_step(&mut self, now: Millis, op: OpId, values: Vec<Vec<u8>>, step_hops: u32) {
-        let Some(Op::Resolve { name, k, r, hops }) = self.ops.get_mut(&op) else {
+    /// One replica of a resolve answered (`Some`) or failed (`None`: its lookup failed
+    /// or its `Get` timed out or was answered wrongly); once all have, report.
+    fn resolve_step(&mut self, op: OpId, values: Option<Vec<Vec<u8>>>, step_hops: u32) {
+        let Some(Op::Resolve {
+            values: union,
+            remaining,
+            answered,
+            replicas,
+            hops,
+        }) = self.ops.get_mut(&op)
+        else {
             return;
         };
         *hops += step_hops;
-        if values.is_empty() && *r < *k {
-            *r += 1;
-            let key = Key::object(name, *r);
-            return self.start_lookup(now, key, Purpose::Get(op));
+        *remaining -= 1;
+        if let Some(values) = values {
+            *answered += 1;
+            union.extend(values);
         }
-        let replica = (!values.is_empty()).then_some(*r);
-        let hops = *hops;
-        self.ops.remove(&op);
+        if *remaining > 0 {
+            return;
+        }
+        let (answered, replicas, hops) = (*answered, *replicas, *hops);
+        let Some(Op::Resolve { values, .. }) = self.ops.remove(&op) else {
+            unreachable!("matched above")
+        };
         self.events.push_back(Event::Resolved {
             op,
-            values,
-            replica,
+            values: values.into_iter().collect(),
+            answered,
+            replicas,
             hops,
         });
     }

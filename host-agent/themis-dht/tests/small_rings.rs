@@ -23,7 +23,7 @@ fn a_lone_node_stores_and_resolves_locally() {
     );
     let got = sim.resolve_all(&[a], b"svc", 3);
     assert!(
-        matches!(&got[0], Event::Resolved { values, replica: Some(0), hops: 0, .. } if values == &[b"v".to_vec()])
+        matches!(&got[0], Event::Resolved { values, answered: 4, replicas: 4, hops: 0, .. } if values == &[b"v".to_vec()])
     );
     let key = Key([7; 32]);
     let op = sim.op(a, |n, now| n.find(now, key)).expect("find");
@@ -55,6 +55,6 @@ fn rings_of_two_and_three_converge_and_shrink_back_to_one() {
     // Everything was handed to node 0 on the way.
     let got = sim.resolve_all(&[0], b"svc", 2);
     assert!(
-        matches!(&got[0], Event::Resolved { values, replica: Some(0), .. } if values == &[b"v".to_vec()])
+        matches!(&got[0], Event::Resolved { values, answered: 3, replicas: 3, .. } if values == &[b"v".to_vec()])
     );
 }

@@ -12,20 +12,24 @@ const K: u8 = 3;
 const TTL: u64 = 900_000;
 const REPUBLISH: u64 = 180_000;
 
-/// Every resolve found exactly our value; returns how many came from each replica.
-fn assert_all_resolved(events: &[Event<usize>], phase: &str) -> [usize; K as usize + 1] {
-    let mut per_replica = [0; K as usize + 1];
+/// Every resolve found exactly our value; returns how many resolves had 0, 1, ...,
+/// `K + 1` replicas answer.
+fn assert_all_resolved(events: &[Event<usize>], phase: &str) -> [usize; K as usize + 2] {
+    let mut by_answered = [0; K as usize + 2];
     for e in events {
         match e {
             Event::Resolved {
                 values,
-                replica: Some(r),
+                answered,
+                replicas,
                 ..
-            } if values == &[VALUE.to_vec()] => per_replica[usize::from(*r)] += 1,
+            } if values == &[VALUE.to_vec()] && *replicas == K + 1 => {
+                by_answered[usize::from(*answered)] += 1
+            }
             other => panic!("{phase}: resolve gave {other:?}"),
         }
     }
-    per_replica
+    by_answered
 }
 
 fn holders(sim: &mut Sim) -> Vec<usize> {
@@ -68,9 +72,9 @@ fn store_resolve_survives_leave_and_crash_of_a_third() {
     let readers = sim.sample(50, &[owner]);
     let got = sim.resolve_all(&readers, NAME, K);
     assert_eq!(
-        assert_all_resolved(&got, "after store")[0],
+        assert_all_resolved(&got, "after store")[usize::from(K) + 1],
         50,
-        "every reader should be served by replica 0"
+        "every reader should hear from every replica"
     );
 
     // Graceful leave of every replica holder: the objects move to the successors.
@@ -120,14 +124,14 @@ fn store_resolve_survives_leave_and_crash_of_a_third() {
                 .is_empty()
         })
         .count();
-    // While one replica is held, resolving works before any re-store: readers whose
-    // first replicas are gone fall back to the next.
+    // While one replica is held, resolving works before any re-store: the replicas
+    // that are gone answer nothing, the one left answers the value.
     let early = if surviving > 0 {
         let readers = sim.sample(50, &[owner]);
         let got = sim.resolve_all(&readers, NAME, K);
         assert_all_resolved(&got, "after crash, before the re-store")
     } else {
-        [0; K as usize + 1]
+        [0; K as usize + 2]
     };
     // Whatever survived, the owner's next re-store puts every replica back.
     sim.run_for(REPUBLISH);
@@ -141,10 +145,10 @@ fn store_resolve_survives_leave_and_crash_of_a_third() {
     }
     let readers = sim.sample(50, &[owner]);
     let got = sim.resolve_all(&readers, NAME, K);
-    let per_replica = assert_all_resolved(&got, "after crash");
+    let by_answered = assert_all_resolved(&got, "after crash");
     eprintln!(
-        "killed {} of {} nodes: {surviving}/{} replicas still held, resolves served by replica {early:?}; \
-         after the re-store by replica {per_replica:?}",
+        "killed {} of {} nodes: {surviving}/{} replicas still held; resolves by replicas answering \
+         (0..={K}+1) {early:?}; after the re-store {by_answered:?}",
         victims.len(),
         victims.len() + sim.sorted().len(),
         K + 1
@@ -152,7 +156,7 @@ fn store_resolve_survives_leave_and_crash_of_a_third() {
 }
 
 #[test]
-fn resolve_falls_back_to_the_next_replica() {
+fn resolve_hears_every_replica_and_empty_ones_hide_nothing() {
     let mut sim = Sim::ring(5, 50, Config::default(), (0, 0), 20);
     let before = holders(&mut sim);
     let mut not = before.clone();
@@ -167,28 +171,29 @@ fn resolve_falls_back_to_the_next_replica() {
     for &h in &gone {
         sim.kill(h);
     }
-    let expected = before
-        .iter()
-        .position(|h| !gone.contains(h))
-        .expect("a replica survives");
-    assert!(
-        expected > 0,
-        "choose another seed: replica 0 is on the bootstrap node"
+    assert_eq!(
+        gone.len(),
+        2,
+        "choose another seed: a replica is on the bootstrap node"
     );
     sim.converge(60_000).unwrap_or_else(|e| panic!("{e}"));
+    // The new holders of replicas 0 and 1 hold nothing (no re-store yet) and answer
+    // so; the value still comes from replicas 2 and 3.
+    for (r, &h) in holders(&mut sim).iter().enumerate().take(2) {
+        assert!(sim.nodes[h]
+            .values(&Key::object(NAME, r as u8), sim.now)
+            .is_empty());
+    }
     let reader = sim.sample(1, &[owner])[0];
     match &sim.resolve_all(&[reader], NAME, K)[0] {
         Event::Resolved {
             values,
-            replica: Some(r),
+            answered,
+            replicas,
             ..
         } => {
             assert_eq!(values, &[VALUE.to_vec()]);
-            assert_eq!(
-                usize::from(*r),
-                expected,
-                "served by the first replica still held"
-            );
+            assert_eq!((*answered, *replicas), (K + 1, K + 1));
         }
         other => panic!("{other:?}"),
     }
