@@ -1,6 +1,8 @@
 //! One iterative lookup, driven by its initiator, with the paper's eclipse defence:
 //! every `Closer` answer must be strictly closer (clockwise) to the key than the peer
-//! that gave it, and a `Responsible` answer must name a node at or past the key. A peer
+//! that gave it, and a `Responsible` answer must name a node at or past the key other
+//! than the peer itself (only a node alone in its ring is responsible for every key,
+//! and the initiator is in the ring too, unless it is joining). A peer
 //! that breaks either rule, or does not answer, is dropped from the lookup, added to the
 //! `avoid` list sent with later steps, and the lookup goes on with the best candidate
 //! left. The peer that referred us to a dropped one becomes a candidate again: asked
@@ -106,8 +108,12 @@ impl<A: Clone> Lookup<A> {
         answer: Response<A>,
     ) -> Result<Option<Contact<A>>, Rejection> {
         let q = &queried.id;
+        // `(q, q]` is the whole ring: a peer naming itself claims to be alone.
+        let joining = matches!(self.purpose, Purpose::Join);
         let verdict = match answer {
-            Response::Responsible { node } if in_half_open(&self.key, q, &node.id) => {
+            Response::Responsible { node }
+                if in_half_open(&self.key, q, &node.id) && (node.id != *q || joining) =>
+            {
                 return Ok(Some(node))
             }
             Response::Responsible { .. } => Rejection::BadResponsible,
@@ -142,7 +148,8 @@ mod tests {
     #[test]
     fn best_candidate_first_and_progress_required() {
         let key = c(100).id;
-        let mut l = Lookup::new(key, Purpose::Join, vec![c(10), c(50), c(30)]);
+        let find = Purpose::Find(crate::OpId(1));
+        let mut l = Lookup::new(key, find, vec![c(10), c(50), c(30)]);
         assert_eq!(l.next_candidate().unwrap().addr, 50);
         // Not closer than the peer that answered: dropped.
         assert_eq!(
@@ -165,9 +172,31 @@ mod tests {
             l.on_answer(&c(90), Response::Responsible { node: c(95) }),
             Err(Rejection::BadResponsible)
         );
+        // ...and not the answerer itself: that claims a ring of one, where we are not.
+        assert_eq!(
+            l.on_answer(&c(90), Response::Responsible { node: c(90) }),
+            Err(Rejection::BadResponsible)
+        );
         assert_eq!(
             l.on_answer(&c(90), Response::Responsible { node: c(120) }),
             Ok(Some(c(120)))
+        );
+    }
+
+    #[test]
+    fn a_ring_of_one_is_believed_only_when_joining() {
+        let key = c(100).id;
+        let mut join = Lookup::new(key, Purpose::Join, vec![c(10)]);
+        assert_eq!(join.next_candidate().unwrap().addr, 10);
+        assert_eq!(
+            join.on_answer(&c(10), Response::Responsible { node: c(10) }),
+            Ok(Some(c(10)))
+        );
+        let mut find = Lookup::new(key, Purpose::Find(crate::OpId(1)), vec![c(10)]);
+        assert_eq!(find.next_candidate().unwrap().addr, 10);
+        assert_eq!(
+            find.on_answer(&c(10), Response::Responsible { node: c(10) }),
+            Err(Rejection::BadResponsible)
         );
     }
 

@@ -1,23 +1,26 @@
-//! The eclipse defence: peers that answer `FindStep` without progress are dropped and
-//! lookups still find the true responsible node.
+//! The eclipse defence: peers that answer `FindStep` without progress, or name a
+//! responsible node that cannot be, are dropped and lookups still find the true
+//! responsible node.
 
 mod sim;
 
-use sim::{Adversary, Sim};
+use sim::{Adversary, FindLie, Sim};
 use themis_dht::{Config, Event, Key, Rejection};
 
 #[test]
 fn lookups_route_around_peers_that_make_no_progress() {
     let mut sim = Sim::ring(4, 200, Config::default(), (1, 10), 20);
     sim.run_for(20_000);
-    let bad = sim.sample(6, &[0]);
+    let bad = sim.sample(8, &[0]);
+    let lies = [
+        FindLie::PointsAtItself,
+        FindLie::PointsBackwards,
+        FindLie::ResponsibleBeforeKey,
+        FindLie::ClaimsItself,
+    ];
     for (n, &b) in bad.iter().enumerate() {
-        let kind = if n < 3 {
-            Adversary::PointsAtItself
-        } else {
-            Adversary::PointsBackwards
-        };
-        sim.adversaries.insert(b, kind);
+        sim.adversaries
+            .insert(b, Adversary::find(lies[n % lies.len()]));
     }
 
     // Random keys, plus the keys just past each adversary: those the adversary would be
@@ -47,13 +50,18 @@ fn lookups_route_around_peers_that_make_no_progress() {
             other => panic!("lookup of {key:?} from {i}: {other:?}"),
         }
     }
-    let dropped: u64 = sim
-        .live()
-        .map(|i| sim.nodes[i].stats().rejected(Rejection::NoProgress))
-        .sum();
-    assert!(dropped > 0, "the adversaries were never met");
+    let count =
+        |sim: &Sim, r| -> u64 { sim.live().map(|i| sim.nodes[i].stats().rejected(r)).sum() };
+    let no_progress = count(&sim, Rejection::NoProgress);
+    let bad_responsible = count(&sim, Rejection::BadResponsible);
+    assert!(no_progress > 0, "the misrouting adversaries were never met");
+    assert!(
+        bad_responsible > 0,
+        "the false `Responsible` adversaries were never met"
+    );
     eprintln!(
-        "{} lookups correct; adversaries dropped {dropped} times for no progress",
+        "{} lookups correct; adversaries dropped {no_progress} times for no progress, \
+         {bad_responsible} times for naming an impossible responsible node",
         ops.len()
     );
 }

@@ -1,27 +1,83 @@
 //! A deterministic, single-threaded simulation of a Themis ring: `N` nodes addressed by
 //! index, a virtual millisecond clock, a message queue with a seeded random delay, and
 //! the ability to kill nodes (messages to a dead node are dropped, so its peers see
-//! timeouts). Same seed, same run.
+//! timeouts). Same seed, same run. Nodes under the adversary's control answer some
+//! requests as the test tells them ([`Adversary`]) and everything else honestly.
 
 // Each test binary uses a different part of the harness.
 #![allow(dead_code)]
 
+pub mod records;
+
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use themis_core::PeerId;
-use themis_dht::{Config, Contact, Event, Key, Message, Node, OpId, Request, Response};
+use themis_dht::{
+    in_half_open, Config, Contact, Event, Key, Message, Node, OpId, Request, Response, ValuePolicy,
+};
 
-/// How a node under the adversary's control answers `FindStep`s (everything else it
-/// handles honestly, so it stays in the ring).
+/// What a node under the adversary's control does differently; every other request it
+/// handles honestly, so it stays in the ring.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Adversary {
+    /// How it answers `FindStep`s.
+    pub find: Option<FindLie>,
+    /// How it answers `Get`s.
+    pub get: Option<GetLie>,
+    /// Answers `Store` with `Rejected` (and keeps nothing).
+    pub refuse_stores: bool,
+}
+
+impl Adversary {
+    pub fn find(lie: FindLie) -> Adversary {
+        Adversary {
+            find: Some(lie),
+            ..Adversary::default()
+        }
+    }
+
+    pub fn get(lie: GetLie) -> Adversary {
+        Adversary {
+            get: Some(lie),
+            ..Adversary::default()
+        }
+    }
+}
+
+/// Wrong answers to `FindStep`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Adversary {
-    /// Answers `Closer` with itself: no progress.
+pub enum FindLie {
+    /// `Closer` naming itself: no progress.
     PointsAtItself,
-    /// Answers `Closer` with its predecessor: backwards.
+    /// `Closer` naming its predecessor: backwards.
     PointsBackwards,
+    /// `Responsible` naming its predecessor: a node before the key (or the answerer
+    /// itself when it has none).
+    ResponsibleBeforeKey,
+    /// `Responsible` naming itself: a ring-of-one claim, for any key.
+    ClaimsItself,
+    /// Collusion with full knowledge of the ring: `Responsible` naming the first
+    /// adversary at or after the key — an answer no local check can tell from the truth.
+    Hijack,
+}
+
+/// Wrong answers to `Get`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GetLie {
+    /// `Values` with nothing.
+    Withhold,
+    /// `Values` with these (say, junk or stale records), whatever the key.
+    Answer(Vec<Vec<u8>>),
+    /// `Values` with this many fresh random 64-byte strings (junk).
+    Junk(usize),
+    /// `Values` with every value any adversary saw stored under the key while
+    /// [`Sim::record_seen`] was on (old versions, once the owners have moved on).
+    Replay,
 }
 
 enum What {
@@ -59,10 +115,21 @@ impl Ord for Scheduled {
     }
 }
 
+/// Makes the value policy of each node the harness adds.
+pub type PolicyFactory = Box<dyn Fn() -> Box<dyn ValuePolicy>>;
+
 pub struct Sim {
     pub nodes: Vec<Node<usize>>,
     pub alive: Vec<bool>,
     pub adversaries: BTreeMap<usize, Adversary>,
+    /// Values adversaries saw in `Store`s they refused, by key (for [`GetLie::Replay`]).
+    pub seen: BTreeMap<Key, Vec<Vec<u8>>>,
+    /// Whether adversaries record what they see.
+    pub record_seen: bool,
+    /// The policy of nodes added from now on (`None`: the default, `AnyValue`).
+    pub policy: Option<PolicyFactory>,
+    /// The virtual clock, shared with policies that need the time.
+    pub clock: Arc<AtomicU64>,
     pub now: u64,
     pub config: Config,
     /// Events reported by each node, in order.
@@ -87,6 +154,10 @@ impl Sim {
             nodes: Vec::new(),
             alive: Vec::new(),
             adversaries: BTreeMap::new(),
+            seen: BTreeMap::new(),
+            record_seen: true,
+            policy: None,
+            clock: Arc::new(AtomicU64::new(0)),
             now: 0,
             config,
             events: Vec::new(),
@@ -114,8 +185,11 @@ impl Sim {
     pub fn add_node(&mut self) -> usize {
         let id = Key::from(PeerId(self.rng.random()));
         let i = self.nodes.len();
-        self.nodes
-            .push(Node::new(Contact { id, addr: i }, self.config.clone()));
+        let me = Contact { id, addr: i };
+        self.nodes.push(match &self.policy {
+            Some(policy) => Node::with_policy(me, self.config.clone(), policy()),
+            None => Node::new(me, self.config.clone()),
+        });
         self.alive.push(true);
         self.events.push(Vec::new());
         self.timer_at.push(None);
@@ -236,7 +310,7 @@ impl Sim {
     pub fn run_until(&mut self, t: u64) {
         while self.queue.peek().is_some_and(|s| s.at <= t) {
             let s = self.queue.pop().expect("peeked");
-            self.now = s.at;
+            self.set_now(s.at);
             match s.what {
                 What::Timer { node } => {
                     // A stale entry: the node's deadline moved since it was queued.
@@ -253,25 +327,8 @@ impl Sim {
                         continue;
                     }
                     self.delivered += 1;
-                    match (self.adversaries.get(&to), &msg) {
-                        (
-                            Some(&adv),
-                            Message::Request {
-                                id,
-                                body: Request::FindStep { .. },
-                            },
-                        ) => {
-                            let node = match adv {
-                                Adversary::PointsAtItself => self.contact(to),
-                                Adversary::PointsBackwards => self.nodes[to]
-                                    .predecessor()
-                                    .cloned()
-                                    .unwrap_or_else(|| self.contact(to)),
-                            };
-                            let reply = Message::Response {
-                                id: *id,
-                                body: Response::Closer { node },
-                            };
+                    match self.adversary_reply(to, &msg) {
+                        Some(reply) => {
                             let d = self.delay.0;
                             self.push(
                                 self.now + d,
@@ -282,7 +339,7 @@ impl Sim {
                                 },
                             );
                         }
-                        _ => {
+                        None => {
                             let f = self.contact(from);
                             self.nodes[to].handle(self.now, f, msg);
                             self.after(to);
@@ -291,7 +348,78 @@ impl Sim {
                 }
             }
         }
+        self.set_now(t);
+    }
+
+    fn set_now(&mut self, t: u64) {
         self.now = t;
+        self.clock.store(t, AtomicOrdering::Relaxed);
+    }
+
+    /// The answer of adversary `to` to `msg`, if it lies about it.
+    fn adversary_reply(&mut self, to: usize, msg: &Message<usize>) -> Option<Message<usize>> {
+        let adv = self.adversaries.get(&to)?;
+        let Message::Request { id, body } = msg else {
+            return None;
+        };
+        let body = match body {
+            Request::FindStep { key, .. } => {
+                let lie = adv.find?;
+                let me = self.contact(to);
+                let pred = self.nodes[to].predecessor().cloned();
+                match lie {
+                    FindLie::PointsAtItself => Response::Closer { node: me },
+                    FindLie::PointsBackwards => Response::Closer {
+                        node: pred.unwrap_or(me),
+                    },
+                    FindLie::ResponsibleBeforeKey => Response::Responsible {
+                        node: pred
+                            .filter(|p| !in_half_open(key, &me.id, &p.id))
+                            .unwrap_or(me),
+                    },
+                    FindLie::ClaimsItself => Response::Responsible { node: me },
+                    FindLie::Hijack => {
+                        let colluder = self.first_adversary_from(key);
+                        Response::Responsible {
+                            node: self.contact(colluder),
+                        }
+                    }
+                }
+            }
+            Request::Get { key } => {
+                let values = match adv.get.as_ref()? {
+                    GetLie::Withhold => Vec::new(),
+                    GetLie::Answer(values) => values.clone(),
+                    &GetLie::Junk(n) => (0..n)
+                        .map(|_| (0..64).map(|_| self.rng.random()).collect())
+                        .collect(),
+                    GetLie::Replay => self.seen.get(key).cloned().unwrap_or_default(),
+                };
+                Response::Values { values }
+            }
+            Request::Store { key, value, .. } if adv.refuse_stores => {
+                if self.record_seen {
+                    let seen = self.seen.entry(*key).or_default();
+                    if !seen.contains(value) {
+                        seen.push(value.clone());
+                    }
+                }
+                Response::Rejected
+            }
+            _ => return None,
+        };
+        Some(Message::Response { id: *id, body })
+    }
+
+    /// The first live adversary at or after `key`, clockwise.
+    fn first_adversary_from(&mut self, key: &Key) -> usize {
+        self.sorted();
+        let s = self.sorted.as_deref().expect("just computed");
+        let at = s.partition_point(|(id, _)| id < key);
+        (0..s.len())
+            .map(|i| s[(at + i) % s.len()].1)
+            .find(|i| self.adversaries.contains_key(i))
+            .expect("called by an adversary")
     }
 
     pub fn run_for(&mut self, ms: u64) {
@@ -357,7 +485,20 @@ impl Sim {
     /// Nodes 0..n: node 0 creates the ring, the others join through it one after
     /// another, `gap` ms apart; then maintenance runs until the ring is exact.
     pub fn ring(seed: u64, n: usize, config: Config, delay: (u64, u64), gap: u64) -> Sim {
+        Sim::ring_with(seed, n, config, delay, gap, None)
+    }
+
+    /// [`Sim::ring`] with every node running the policy `policy` makes.
+    pub fn ring_with(
+        seed: u64,
+        n: usize,
+        config: Config,
+        delay: (u64, u64),
+        gap: u64,
+        policy: Option<PolicyFactory>,
+    ) -> Sim {
         let mut sim = Sim::new(seed, config, delay);
+        sim.policy = policy;
         let first = sim.add_node();
         sim.create(first);
         for _ in 1..n {
@@ -370,6 +511,52 @@ impl Sim {
             "ring of {n}: joined in {} ms, converged {took} ms later (simulated)",
             n as u64 * gap
         );
+        sim
+    }
+
+    /// `n` nodes at random positions put straight into a converged ring: each gets its
+    /// true predecessor, successor list and fingers from the sorted ids (through
+    /// `Node::install_routing`) instead of joining, which would cost `O(n log² n)`
+    /// simulated messages before the first measurement. Maintenance then runs as
+    /// configured.
+    pub fn converged(
+        seed: u64,
+        n: usize,
+        config: Config,
+        delay: (u64, u64),
+        policy: Option<PolicyFactory>,
+    ) -> Sim {
+        let mut sim = Sim::new(seed, config, delay);
+        sim.policy = policy;
+        for _ in 0..n {
+            sim.add_node();
+        }
+        let s = sim.sorted().to_vec();
+        let r = sim.config.successors;
+        let succ_of = |key: &Key| s[s.partition_point(|(id, _)| id < key) % n].1;
+        for (p, &(id, i)) in s.iter().enumerate() {
+            let c = |j: usize| Contact {
+                id: s[j].0,
+                addr: s[j].1,
+            };
+            let predecessor = (n > 1).then(|| c((p + n - 1) % n));
+            let successors = (1..n.min(r + 1)).map(|d| c((p + d) % n)).collect();
+            let mut fingers = Vec::with_capacity(256);
+            for f in 0..256 {
+                let j = succ_of(&id.finger_target(f));
+                fingers.push((
+                    f,
+                    Contact {
+                        id: sim.nodes[j].contact().id,
+                        addr: j,
+                    },
+                ));
+            }
+            sim.nodes[i]
+                .install_routing(0, predecessor, successors, fingers)
+                .expect("idle");
+            sim.after(i);
+        }
         sim
     }
 
