@@ -353,6 +353,9 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
     /// re-storing it every `republish_every` until [`Node::unstore`]. Completes with
     /// [`Event::Stored`]. The value must pass our own [`ValuePolicy`] (for `h(name || 0)`)
     /// first: what we would refuse, every replica holder running the same policy would.
+    /// To move a slot to a new version, store the new value and [`Node::unstore`] the
+    /// old one; otherwise the node keeps re-storing both and replica holders refuse the
+    /// old one as [`Rejection::Stale`].
     pub fn store(
         &mut self,
         now: Millis,

@@ -628,6 +628,11 @@ impl Sim {
         self.sorted()[at].1
     }
 
+    /// A random index below `n`.
+    pub fn rng_index(&mut self, n: usize) -> usize {
+        self.rng.random_range(0..n)
+    }
+
     pub fn random_key(&mut self) -> Key {
         Key(self.rng.random())
     }
