@@ -12,6 +12,7 @@ use ring::rand::SecureRandom;
 use ring::rand::SystemRandom;
 use themis_core::handshake::Initiator;
 use themis_core::{wire, HandshakeConfig, Identity, MeshName, PeerId, Session};
+use themis_trust::{MeshRoot, Revocations, Verifier};
 
 /// Themis identities, from the portable component (`wasmtime run themis_component.wasm …`).
 ///
@@ -39,9 +40,10 @@ enum Command {
         /// This client's key file.
         #[arg(long)]
         key: PathBuf,
-        /// The mesh.
+        /// The mesh root (`<mesh>:<hex>`, as `themis mesh create` printed it): only
+        /// instances it endorses for the service are called.
         #[arg(long)]
-        mesh: String,
+        mesh_root: String,
         /// The messages, one sealed request each.
         #[arg(required = true)]
         messages: Vec<String>,
@@ -104,9 +106,13 @@ fn run(command: Command) -> Result<(), String> {
             service,
             agent,
             key,
-            mesh: name,
+            mesh_root,
             messages,
-        } => return call(&service, agent, &load(&key, mesh(&name)?)?, &messages),
+        } => {
+            let root: MeshRoot = mesh_root.parse().map_err(|e| format!("--mesh-root: {e}"))?;
+            let me = load(&key, root.mesh.clone())?;
+            return call(&service, agent, &me, &root, &messages);
+        }
     };
     match command {
         IdCommand::New { mesh: name } => {
@@ -143,15 +149,8 @@ struct Instance {
     id: PeerId,
 }
 
-/// Resolves `service` through the agent's read-only HTTP endpoint.
-fn resolve(agent: SocketAddr, service: &str, mesh: &MeshName) -> Result<Vec<Instance>, String> {
-    if service.is_empty()
-        || !service
-            .bytes()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'.')
-    {
-        return Err(format!("{service:?} is not a service name"));
-    }
+/// `GET path` on the agent's read-only HTTP endpoint; the JSON body of a 200.
+fn agent_get(agent: SocketAddr, path: &str) -> Result<serde_json::Value, String> {
     let unreachable = |e: std::io::Error| {
         format!(
             "cannot reach the agent at {agent}: {e} (is it running with --resolve-listen {agent}?)"
@@ -160,7 +159,7 @@ fn resolve(agent: SocketAddr, service: &str, mesh: &MeshName) -> Result<Vec<Inst
     let mut stream = TcpStream::connect(agent).map_err(unreachable)?;
     write!(
         stream,
-        "GET /v1/services/{service} HTTP/1.1\r\nHost: themis-agent\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: themis-agent\r\nConnection: close\r\n\r\n"
     )
     .map_err(unreachable)?;
     let mut raw = Vec::new();
@@ -181,19 +180,62 @@ fn resolve(agent: SocketAddr, service: &str, mesh: &MeshName) -> Result<Vec<Inst
             body["error"].as_str().unwrap_or("no details")
         ));
     }
+    Ok(body)
+}
+
+fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Resolves `service` through the agent and keeps the instances whose records the
+/// mesh root endorses (checked here, not taken on the agent's word), minus revoked
+/// keys (revocations fetched from the agent and checked against the root too).
+fn resolve(agent: SocketAddr, service: &str, root: &MeshRoot) -> Result<Vec<Instance>, String> {
+    if service.is_empty()
+        || !service
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'.')
+    {
+        return Err(format!("{service:?} is not a service name"));
+    }
+    let mut revoked = Revocations::new();
+    let listed = agent_get(agent, "/v1/revocations")?;
+    for r in listed["revocations"].as_array().into_iter().flatten() {
+        let bytes = hex::decode(r["revocation"].as_str().unwrap_or_default())
+            .map_err(|_| "a revocation that is not hex")?;
+        revoked
+            .add(root, &bytes)
+            .map_err(|e| format!("a revocation the mesh root did not sign: {e}"))?;
+    }
+    let verifier = Verifier {
+        root,
+        now_ms: unix_millis(),
+        revoked: &revoked,
+    };
+    let body = agent_get(agent, &format!("/v1/services/{service}"))?;
     let instances = body["instances"].as_array().cloned().unwrap_or_default();
-    instances
-        .iter()
-        .map(|i| {
-            let endpoint = i["endpoint"]
-                .as_str()
-                .and_then(|e| e.parse().ok())
-                .ok_or("an instance without a valid endpoint")?;
-            let id = i["id"].as_str().ok_or("an instance without an id")?;
-            let id = PeerId::parse_in(id, mesh).map_err(|e| e.to_string())?;
-            Ok(Instance { endpoint, id })
-        })
-        .collect()
+    let mut endorsed = Vec::new();
+    for i in &instances {
+        let value = hex::decode(i["record"].as_str().unwrap_or_default())
+            .map_err(|_| "an instance without a record")?;
+        match verifier.instance(&value, service) {
+            Ok(instance)
+                if Some(instance.id.printable(&root.mesh).as_str()) == i["id"].as_str() =>
+            {
+                if let Some(endpoint) = instance.endpoint {
+                    endorsed.push(Instance {
+                        endpoint,
+                        id: instance.id,
+                    });
+                }
+            }
+            Ok(_) => eprintln!("skipping an instance whose id is not its record's"),
+            Err(e) => eprintln!("skipping an instance the mesh root does not endorse: {e}"),
+        }
+    }
+    Ok(endorsed)
 }
 
 /// Reads one complete Themis message from `stream`, keeping what follows in `buf`.
@@ -241,9 +283,10 @@ fn call(
     service: &str,
     agent: SocketAddr,
     me: &Identity,
+    root: &MeshRoot,
     messages: &[String],
 ) -> Result<(), String> {
-    let mut instances = resolve(agent, service, me.mesh())?;
+    let mut instances = resolve(agent, service, root)?;
     if instances.is_empty() {
         return Err(format!("{service} has no instances"));
     }

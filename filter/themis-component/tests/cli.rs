@@ -153,6 +153,46 @@ fn the_wasmtime_tool_resolves_through_an_agent_and_calls_over_themis() {
     let dir = tempfile::tempdir().unwrap();
     let resolve = format!("127.0.0.1:{}", free_port());
     let state = dir.path().join("agent");
+    // The operator's part: a mesh, this node admitted and granted check and fake.
+    let mesh_dir = dir.path().join("mesh");
+    let operator = |args: &[&std::ffi::OsStr]| {
+        let out = Command::new(themis_path()).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "themis {args:?}: {}",
+            text(&out.stderr)
+        );
+    };
+    operator(&[
+        "mesh".as_ref(),
+        "create".as_ref(),
+        "test".as_ref(),
+        "--out".as_ref(),
+        mesh_dir.as_os_str(),
+    ]);
+    operator(&[
+        "node".as_ref(),
+        "admit".as_ref(),
+        "--mesh-dir".as_ref(),
+        mesh_dir.as_os_str(),
+        "--out".as_ref(),
+        state.as_os_str(),
+    ]);
+    for service in ["check", "fake"] {
+        operator(&[
+            "service".as_ref(),
+            "grant".as_ref(),
+            service.as_ref(),
+            "--mesh-dir".as_ref(),
+            mesh_dir.as_os_str(),
+            "--node".as_ref(),
+            state.as_os_str(),
+        ]);
+    }
+    let mesh_root = std::fs::read_to_string(mesh_dir.join("mesh.root"))
+        .unwrap()
+        .trim()
+        .to_owned();
     let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
     let _agent = AgentProcess(
         Command::new(themis_path())
@@ -224,7 +264,7 @@ fn the_wasmtime_tool_resolves_through_an_agent_and_calls_over_themis() {
     )
     .unwrap();
     let net = ["-S", "inherit-network"];
-    let call = |service: &str, agent: &str| {
+    let call = |service: &str, agent: &str, mesh_root: &str| {
         wasmtime_with(
             dir.path(),
             &net,
@@ -235,22 +275,22 @@ fn the_wasmtime_tool_resolves_through_an_agent_and_calls_over_themis() {
                 agent,
                 "--key",
                 "handler.key",
-                "--mesh",
-                "test",
+                "--mesh-root",
+                mesh_root,
                 "is 7 prime?",
                 "and 9?",
             ],
         )
     };
 
-    let out = call("check", &resolve);
+    let out = call("check", &resolve, &mesh_root);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(
         text(&out.stdout),
         "check got is 7 prime?\ncheck got and 9?\n"
     );
 
-    let out = call("fake", &resolve);
+    let out = call("fake", &resolve, &mesh_root);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
     assert!(
         text(&out.stdout).is_empty(),
@@ -262,7 +302,7 @@ fn the_wasmtime_tool_resolves_through_an_agent_and_calls_over_themis() {
         text(&out.stderr)
     );
 
-    let out = call("nothing-here", &resolve);
+    let out = call("nothing-here", &resolve, &mesh_root);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         text(&out.stderr).contains("has no instances"),
@@ -270,7 +310,19 @@ fn the_wasmtime_tool_resolves_through_an_agent_and_calls_over_themis() {
         text(&out.stderr)
     );
 
-    let out = call("check", &format!("127.0.0.1:{}", free_port()));
+    // The same agent, seen under another mesh root of the same mesh name (an agent
+    // of an impostor mesh, say): nothing it returns is endorsed, nothing is called.
+    let foreign = format!("test:{}", "11".repeat(32));
+    let out = call("check", &resolve, &foreign);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).is_empty(), "nothing was called");
+    assert!(
+        text(&out.stderr).contains("does not endorse"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = call("check", &format!("127.0.0.1:{}", free_port()), &mesh_root);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         text(&out.stderr).contains("cannot reach the agent"),

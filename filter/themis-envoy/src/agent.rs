@@ -1,13 +1,15 @@
-//! The two answers the filter reads from its local agent (over the agent cluster):
-//! a service's instances and the workload's key. The agent verified the records
-//! already; the filter still checks what it relies on (each instance's key hashes to
-//! its id in this mesh, the key is the workload's), so a confused agent cannot make
-//! it talk to the wrong peer.
+//! The answers the filter reads from its local agent (over the agent cluster): a
+//! service's instances, the revocations, and the workload's key. The agent verified
+//! the records already; the filter verifies each one again against the mesh root of
+//! its own configuration (the endorsement chain, validity, revocations), so neither a
+//! confused agent nor a hostile DHT node can make it talk to a peer the mesh root did
+//! not endorse for the service.
 
 use std::net::SocketAddr;
 
 use serde::Deserialize;
 use themis_core::{Identity, MeshName, PeerId};
+use themis_trust::{MeshRoot, Revocations, Verifier};
 
 /// One instance of a service: who must answer, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +29,9 @@ pub enum AgentError {
     /// An instance whose public key does not hash to its id, or of another mesh.
     #[error("the agent returned an instance whose key does not match its id")]
     KeyIdMismatch,
+    /// An instance whose record does not verify against the mesh root.
+    #[error("the agent returned an instance the mesh root does not vouch for: {0}")]
+    NotEndorsed(themis_trust::TrustError),
     /// The key material does not parse, or is for another workload or mesh.
     #[error("the agent's key material is unusable: {0}")]
     Key(String),
@@ -40,32 +45,65 @@ struct Resolution {
 #[derive(Deserialize)]
 struct RawInstance {
     id: String,
-    public_key: String,
-    endpoint: SocketAddr,
+    /// The stored value (record and grant chain), hex.
+    record: String,
 }
 
-/// Reads `GET /v1/services/{service}`.
-pub fn parse_instances(body: &[u8], mesh: &MeshName) -> Result<Vec<Instance>, AgentError> {
+/// Reads `GET /v1/services/{service}`: each instance is taken from its record, verified
+/// against `trust`'s root and revocations for `service`; the id the agent printed
+/// must be the record's.
+pub fn parse_instances(
+    body: &[u8],
+    service: &str,
+    trust: &Verifier<'_>,
+) -> Result<Vec<Instance>, AgentError> {
     let resolution: Resolution =
         serde_json::from_slice(body).map_err(|e| AgentError::Json(e.to_string()))?;
+    let mesh = &trust.root.mesh;
     resolution
         .instances
         .into_iter()
         .map(|raw| {
             let id = PeerId::parse_in(&raw.id, mesh).map_err(|_| AgentError::KeyIdMismatch)?;
-            let key: [u8; 32] = hex::decode(&raw.public_key)
-                .ok()
-                .and_then(|k| k.try_into().ok())
-                .ok_or(AgentError::KeyIdMismatch)?;
-            if PeerId::derive(&key, mesh.as_str()) != id {
+            let value = hex::decode(&raw.record)
+                .map_err(|_| AgentError::NotEndorsed(themis_trust::TrustError::Malformed))?;
+            let instance = trust
+                .instance(&value, service)
+                .map_err(AgentError::NotEndorsed)?;
+            if instance.id != id {
                 return Err(AgentError::KeyIdMismatch);
             }
-            Ok(Instance {
-                id,
-                endpoint: raw.endpoint,
-            })
+            let endpoint = instance
+                .endpoint
+                .ok_or(AgentError::NotEndorsed(themis_trust::TrustError::Expired))?;
+            Ok(Instance { id, endpoint })
         })
         .collect()
+}
+
+#[derive(Deserialize)]
+struct RawRevocations {
+    revocations: Vec<RawRevocation>,
+}
+
+#[derive(Deserialize)]
+struct RawRevocation {
+    /// The signed revocation, hex.
+    revocation: String,
+}
+
+/// Reads `GET /v1/revocations`, keeping only revocations the mesh root signed.
+pub fn parse_revocations(body: &[u8], root: &MeshRoot) -> Result<Revocations, AgentError> {
+    let raw: RawRevocations =
+        serde_json::from_slice(body).map_err(|e| AgentError::Json(e.to_string()))?;
+    let mut revocations = Revocations::new();
+    for r in raw.revocations {
+        let bytes = hex::decode(&r.revocation).map_err(|e| AgentError::Json(e.to_string()))?;
+        revocations
+            .add(root, &bytes)
+            .map_err(AgentError::NotEndorsed)?;
+    }
+    Ok(revocations)
 }
 
 #[derive(Deserialize)]
@@ -111,36 +149,136 @@ mod tests {
     }
 
     #[test]
-    fn instances_are_checked_against_their_keys() {
+    fn instances_are_verified_against_the_mesh_root() {
+        use themis_trust::{
+            Grant, InstanceValue, Metadata, Record, Revocation, Signed, TrustError, GRANT_LABEL,
+            RECORD_LABEL, REVOCATION_LABEL,
+        };
         let rng = ring::rand::SystemRandom::new();
-        let peer = Identity::generate(mesh(), &rng).unwrap();
-        let other = Identity::generate(mesh(), &rng).unwrap();
-        let answer = |id: &str, key: &[u8; 32]| {
-            format!(
-                r#"{{"service":"check","instances":[{{"id":"{id}","public_key":"{}","endpoint":"127.0.0.12:15006","metadata":{{}}}}],"cached":false,"refused":0}}"#,
-                hex::encode(key)
+        let root_key = Identity::generate(mesh(), &rng).unwrap();
+        let root = MeshRoot {
+            mesh: mesh(),
+            key: *root_key.public_key(),
+        };
+        let (node, peer) = (
+            Identity::generate(mesh(), &rng).unwrap(),
+            Identity::generate(mesh(), &rng).unwrap(),
+        );
+        let now = 1_800_000_000_000;
+        let grant = |by: &Identity| {
+            Signed::sign(
+                by,
+                GRANT_LABEL,
+                &Grant {
+                    mesh: "demo".into(),
+                    service: "check".into(),
+                    grantee: *node.public_key(),
+                    delegate: false,
+                    issued_at: now,
+                    not_after: None,
+                },
             )
         };
-        let good = answer(&peer.printable_id(), peer.public_key());
+        let value = |by: &Identity| {
+            hex::encode(
+                InstanceValue {
+                    grants: vec![grant(by)],
+                    record: Signed::sign(
+                        &node,
+                        RECORD_LABEL,
+                        &Record {
+                            mesh: "demo".into(),
+                            service: "check".into(),
+                            workload_key: *peer.public_key(),
+                            endpoint: Some("127.0.0.12:15006".parse().unwrap()),
+                            metadata: Metadata::new(),
+                            issued_at: now,
+                            not_after: now + 60_000,
+                        },
+                    ),
+                }
+                .encode(),
+            )
+        };
+        let answer = |id: &str, record: &str| {
+            format!(
+                r#"{{"service":"check","instances":[{{"id":"{id}","record":"{record}","endpoint":"127.0.0.12:15006","metadata":{{}}}}],"cached":false,"refused":0}}"#
+            )
+        };
+        let none = Revocations::new();
+        let trust = Verifier {
+            root: &root,
+            now_ms: now,
+            revoked: &none,
+        };
+        let good = answer(&peer.printable_id(), &value(&root_key));
         assert_eq!(
-            parse_instances(good.as_bytes(), &mesh()).unwrap(),
+            parse_instances(good.as_bytes(), "check", &trust).unwrap(),
             vec![Instance {
                 id: peer.id(),
                 endpoint: "127.0.0.12:15006".parse().unwrap()
             }]
         );
-        let swapped = answer(&peer.printable_id(), other.public_key());
+        // Granted by someone other than the root: a confused or hostile agent's answer.
+        let self_granted = answer(&peer.printable_id(), &value(&node));
         assert_eq!(
-            parse_instances(swapped.as_bytes(), &mesh()),
+            parse_instances(self_granted.as_bytes(), "check", &trust),
+            Err(AgentError::NotEndorsed(TrustError::NotFromRoot))
+        );
+        // The right record under another id.
+        let swapped = answer(&node.printable_id(), &value(&root_key));
+        assert_eq!(
+            parse_instances(swapped.as_bytes(), "check", &trust),
             Err(AgentError::KeyIdMismatch)
         );
-        let foreign = MeshName::new("other").unwrap();
-        assert_eq!(
-            parse_instances(good.as_bytes(), &foreign),
-            Err(AgentError::KeyIdMismatch)
+        // Asked for another service.
+        assert!(parse_instances(good.as_bytes(), "other", &trust).is_err());
+        // Revoked since.
+        let mut revoked = Revocations::new();
+        let revocation = Signed::sign(
+            &root_key,
+            REVOCATION_LABEL,
+            &Revocation {
+                mesh: "demo".into(),
+                id: peer.id().0,
+                issued_at: now,
+                reason: String::new(),
+            },
         );
+        revoked.add(&root, &revocation.encode()).unwrap();
+        let trust = Verifier {
+            root: &root,
+            now_ms: now,
+            revoked: &revoked,
+        };
+        assert_eq!(
+            parse_instances(good.as_bytes(), "check", &trust),
+            Err(AgentError::NotEndorsed(TrustError::Revoked))
+        );
+        let list = format!(
+            r#"{{"revocations":[{{"id":"x","revocation":"{}"}}]}}"#,
+            hex::encode(revocation.encode())
+        );
+        assert!(parse_revocations(list.as_bytes(), &root)
+            .unwrap()
+            .contains(&peer.id()));
+        let forged = Signed::sign(
+            &node,
+            REVOCATION_LABEL,
+            &Revocation {
+                mesh: "demo".into(),
+                id: peer.id().0,
+                issued_at: now,
+                reason: String::new(),
+            },
+        );
+        let list = format!(
+            r#"{{"revocations":[{{"revocation":"{}"}}]}}"#,
+            hex::encode(forged.encode())
+        );
+        assert!(parse_revocations(list.as_bytes(), &root).is_err());
         assert!(matches!(
-            parse_instances(b"{", &mesh()),
+            parse_instances(b"{", "check", &trust),
             Err(AgentError::Json(_))
         ));
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use themis_core::{MeshName, PeerId};
+use themis_trust::MeshRoot;
 
 /// Which half of the sidecar this plugin instance is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -22,7 +23,11 @@ pub enum Role {
 #[serde(deny_unknown_fields)]
 struct Raw {
     role: Role,
-    mesh: String,
+    /// The mesh root, `<mesh>:<hex>`: instances are accepted only with an endorsement
+    /// chain from it, revocations only signed by it.
+    mesh_root: String,
+    /// The mesh name; optional, and then taken from the root (must agree if given).
+    mesh: Option<String>,
     /// The local workload whose key the agent hands over.
     workload: String,
     /// The service the local workload is registered as (the inbound side checks the
@@ -41,6 +46,8 @@ struct Raw {
     resolve_ttl_secs: u64,
     #[serde(default = "defaults::session_ttl_secs")]
     session_ttl_secs: u64,
+    #[serde(default = "defaults::revocation_poll_secs")]
+    revocation_poll_secs: u64,
     policy: Option<RawPolicy>,
 }
 
@@ -76,6 +83,9 @@ mod defaults {
     pub fn session_ttl_secs() -> u64 {
         600
     }
+    pub fn revocation_poll_secs() -> u64 {
+        5
+    }
 }
 
 /// A checked configuration.
@@ -85,6 +95,10 @@ pub struct Config {
     pub role: Role,
     /// The mesh every peer must belong to.
     pub mesh: MeshName,
+    /// Its root: what endorsements and revocations are checked against.
+    pub mesh_root: MeshRoot,
+    /// How often the filter fetches the agent's revocations (each verified here).
+    pub revocation_poll: Duration,
     /// The local workload (its key comes from the agent).
     pub workload: String,
     /// The local workload's service, claimed in outbound requests.
@@ -132,7 +146,9 @@ pub enum ConfigError {
     #[error("themis filter configuration: {0}")]
     Json(String),
     /// No configuration at all.
-    #[error("themis filter configuration is empty: it needs at least role, mesh and workload")]
+    #[error(
+        "themis filter configuration is empty: it needs at least role, mesh_root and workload"
+    )]
     Empty,
     /// A field with a bad value.
     #[error("themis filter configuration: {field}: {reason}")]
@@ -189,7 +205,26 @@ impl Config {
         }
         let raw: Raw =
             serde_json::from_slice(bytes).map_err(|e| ConfigError::Json(e.to_string()))?;
-        let mesh = MeshName::new(&raw.mesh).map_err(|e| invalid("mesh", e.to_string()))?;
+        let mesh_root: MeshRoot = raw
+            .mesh_root
+            .parse()
+            .map_err(|e: themis_trust::RootError| invalid("mesh_root", e.to_string()))?;
+        let mesh = match &raw.mesh {
+            Some(name) => MeshName::new(name).map_err(|e| invalid("mesh", e.to_string()))?,
+            None => mesh_root.mesh.clone(),
+        };
+        if mesh != mesh_root.mesh {
+            return Err(invalid(
+                "mesh",
+                format!(
+                    "{mesh} differs from the mesh root's mesh {}",
+                    mesh_root.mesh
+                ),
+            ));
+        }
+        if raw.revocation_poll_secs == 0 {
+            return Err(invalid("revocation_poll_secs", "must be at least 1"));
+        }
         check_name("workload", &raw.workload)?;
         if let Some(service) = &raw.service {
             check_name("service", service)?;
@@ -257,6 +292,8 @@ impl Config {
         Ok(Config {
             role: raw.role,
             mesh,
+            mesh_root,
+            revocation_poll: Duration::from_secs(raw.revocation_poll_secs),
             workload: raw.workload,
             service: raw.service,
             agent_cluster: raw.agent_cluster,
@@ -292,7 +329,7 @@ mod tests {
 
     #[test]
     fn minimal_configs_get_working_defaults() {
-        let out = parse(r#"{"role":"outbound","mesh":"demo","workload":"handler"}"#).unwrap();
+        let out = parse(r#"{"role":"outbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"handler"}"#).unwrap();
         assert_eq!(out.role, Role::Outbound);
         assert_eq!(out.agent_cluster, "themis_agent");
         assert_eq!(out.peer_cluster, "themis_peers");
@@ -300,7 +337,7 @@ mod tests {
         assert_eq!(out.timeout, Duration::from_secs(5));
         assert!(out.policy.is_none());
         let inbound =
-            parse(r#"{"role":"inbound","mesh":"demo","workload":"check","app_cluster":"app"}"#)
+            parse(r#"{"role":"inbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"check","app_cluster":"app"}"#)
                 .unwrap();
         assert_eq!(inbound.app_cluster, "app");
     }
@@ -311,48 +348,51 @@ mod tests {
             ("", "empty"),
             ("not json", "expected"),
             (
-                r#"{"role":"sideways","mesh":"demo","workload":"w"}"#,
+                r#"{"role":"sideways","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w"}"#,
                 "unknown variant",
             ),
             (
-                r#"{"role":"outbound","mesh":"demo"}"#,
+                r#"{"role":"outbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111"}"#,
                 "missing field `workload`",
             ),
             (
-                r#"{"role":"outbound","mesh":"demo","workload":"w","private_key":"x"}"#,
+                r#"{"role":"outbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","private_key":"x"}"#,
                 "unknown field `private_key`",
             ),
-            (r#"{"role":"outbound","mesh":"","workload":"w"}"#, "mesh"),
             (
-                r#"{"role":"outbound","mesh":"demo","workload":"../etc"}"#,
+                r#"{"role":"outbound","mesh":"","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w"}"#,
+                "mesh",
+            ),
+            (
+                r#"{"role":"outbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"../etc"}"#,
                 "workload",
             ),
             (
-                r#"{"role":"inbound","mesh":"demo","workload":"w"}"#,
+                r#"{"role":"inbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w"}"#,
                 "app_cluster",
             ),
             (
-                r#"{"role":"outbound","mesh":"demo","workload":"w","app_cluster":"a"}"#,
+                r#"{"role":"outbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","app_cluster":"a"}"#,
                 "only the inbound",
             ),
             (
-                r#"{"role":"outbound","mesh":"demo","workload":"w","timeout_ms":0}"#,
+                r#"{"role":"outbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","timeout_ms":0}"#,
                 "timeout_ms",
             ),
             (
-                r#"{"role":"outbound","mesh":"demo","workload":"w","policy":{"allow":[]}}"#,
+                r#"{"role":"outbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","policy":{"allow":[]}}"#,
                 "enforced by the inbound",
             ),
             (
-                r#"{"role":"inbound","mesh":"demo","workload":"w","app_cluster":"a","policy":{"allow":[{}]}}"#,
+                r#"{"role":"inbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","app_cluster":"a","policy":{"allow":[{}]}}"#,
                 "exactly one",
             ),
             (
-                r#"{"role":"inbound","mesh":"demo","workload":"w","app_cluster":"a","policy":{"allow":[{"id":"nope"}]}}"#,
+                r#"{"role":"inbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","app_cluster":"a","policy":{"allow":[{"id":"nope"}]}}"#,
                 "policy.allow.id",
             ),
             (
-                r#"{"role":"inbound","mesh":"demo","workload":"w","app_cluster":"a","policy":{"allow":[{"service":"Bad Name"}]}}"#,
+                r#"{"role":"inbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","app_cluster":"a","policy":{"allow":[{"service":"Bad Name"}]}}"#,
                 "policy.allow.service",
             ),
         ];
@@ -369,7 +409,7 @@ mod tests {
         let peer = themis_core::Identity::generate(mesh.clone(), &rng).unwrap();
         let other = themis_core::Identity::generate(mesh, &rng).unwrap();
         let json = format!(
-            r#"{{"role":"inbound","mesh":"demo","workload":"check","app_cluster":"app",
+            r#"{{"role":"inbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"check","app_cluster":"app",
                 "policy":{{"allow":[{{"service":"handler"}},{{"id":"{}"}}]}}}}"#,
             peer.printable_id()
         );
@@ -379,7 +419,9 @@ mod tests {
         assert!(!policy.allows(&other.id(), None));
         assert!(policy.allows(&peer.id(), None));
         // An id of another mesh is refused at configuration time.
-        let foreign = json.replace("\"mesh\":\"demo\"", "\"mesh\":\"other\"");
+        let foreign = json
+            .replace("\"mesh\":\"demo\",", "")
+            .replace("demo:", "other:");
         assert!(parse(&foreign).is_err());
     }
 }

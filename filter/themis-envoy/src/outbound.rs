@@ -85,6 +85,11 @@ impl Peers {
         self.resolved.remove(service);
     }
 
+    /// Forgets every cached resolution (a revocation arrived).
+    pub fn forget_resolutions(&mut self) {
+        self.resolved.clear();
+    }
+
     /// Forgets expired sessions and resolutions; returns the sessions dropped.
     pub fn expire(&mut self, now_ms: u64) -> usize {
         let before = self.sessions.len();

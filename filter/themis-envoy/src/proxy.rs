@@ -24,6 +24,7 @@ use crate::envelope::{self, is_forwarded};
 use crate::inbound::{self, CasConflict, InboundSessions, Reject, SharedStore};
 use crate::outbound::{attempt_order, PeerSession, Peers, SharedSession};
 use crate::protocol::{self, header, path, CONTENT_TYPE};
+use themis_trust::{Revocations, Verifier};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -38,11 +39,24 @@ struct Worker {
     inbound: InboundSessions,
     /// Inbound: services verified through the agent, with their instances' ids.
     callers: HashMap<String, (Vec<PeerId>, u64)>,
+    /// Root-signed revocations, fetched from the agent every `revocation_poll`.
+    revoked: Revocations,
     metrics: Metrics,
     rng: SystemRandom,
 }
 
 type Shared = Rc<RefCell<Worker>>;
+
+impl Worker {
+    /// A verifier for now, this mesh's root and the revocations in force.
+    fn verifier(&self) -> Verifier<'_> {
+        Verifier {
+            root: &self.config.mesh_root,
+            now_ms: now_ms(),
+            revoked: &self.revoked,
+        }
+    }
+}
 
 fn now_ms() -> u64 {
     hostcalls::get_current_time()
@@ -94,6 +108,7 @@ const COUNTERS: &[&str] = &[
     "rejected.contended",
     "rejected.malformed_envelope",
     "rejected.policy",
+    "rejected.revoked",
 ];
 
 impl Metrics {
@@ -133,6 +148,9 @@ impl Metrics {
 struct Root {
     worker: Option<Shared>,
     key_call: Option<u32>,
+    revocations_call: Option<u32>,
+    /// When the revocations were last asked for (ms).
+    revocations_asked: u64,
 }
 
 impl Root {
@@ -143,17 +161,54 @@ impl Root {
         }
         self.key_call = dispatch_key_request(self, &worker.borrow().config);
     }
+
+    /// Asks the agent for the revocations it knows, every `revocation_poll`.
+    fn poll_revocations(&mut self) {
+        let Some(worker) = &self.worker else { return };
+        let now = now_ms();
+        let every = worker.borrow().config.revocation_poll.as_millis() as u64;
+        if self.revocations_call.is_some() || now < self.revocations_asked + every {
+            return;
+        }
+        self.revocations_asked = now;
+        self.revocations_call = call_agent(self, &worker.borrow().config, "/v1/revocations");
+    }
+
+    /// Installs a fresh revocation list; a new revocation drops cached resolutions
+    /// and caller checks, so the revoked key is not used from a cache either.
+    fn install_revocations(worker: &Shared, status: Option<u16>, body: &[u8]) {
+        let mut w = worker.borrow_mut();
+        let parsed = match status {
+            Some(200) => agent::parse_revocations(body, &w.config.mesh_root),
+            _ => return,
+        };
+        match parsed {
+            Ok(revocations) => {
+                if revocations.len() != w.revoked.len() {
+                    info!("themis: {} revocation(s) in force", revocations.len());
+                    w.peers.forget_resolutions();
+                    w.callers.clear();
+                }
+                w.revoked = revocations;
+            }
+            Err(e) => warn!("themis: unusable revocations from the agent: {e}"),
+        }
+    }
 }
 
 impl Context for Root {
     fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
-        if self.key_call != Some(token) {
+        let Some(worker) = self.worker.clone() else {
             return;
-        }
-        self.key_call = None;
-        if let Some(worker) = &self.worker {
+        };
+        if self.key_call == Some(token) {
+            self.key_call = None;
             let (status, body) = call_response(self, body_size);
-            install_key(worker, status, &body);
+            install_key(&worker, status, &body);
+        } else if self.revocations_call == Some(token) {
+            self.revocations_call = None;
+            let (status, body) = call_response(self, body_size);
+            Root::install_revocations(&worker, status, &body);
         }
     }
 }
@@ -181,6 +236,7 @@ impl RootContext for Root {
             peers: Peers::default(),
             inbound: InboundSessions::default(),
             callers: HashMap::new(),
+            revoked: Revocations::new(),
             metrics,
             rng: SystemRandom::new(),
         })));
@@ -190,6 +246,7 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         self.fetch_key();
+        self.poll_revocations();
         if let Some(worker) = &self.worker {
             let mut w = worker.borrow_mut();
             let now = now_ms();
@@ -681,7 +738,8 @@ impl Context for Outbound {
                 let parsed = match status {
                     Some(200) => {
                         let w = self.worker.borrow();
-                        agent::parse_instances(&body, &w.config.mesh).map_err(|e| e.to_string())
+                        agent::parse_instances(&body, &self.service, &w.verifier())
+                            .map_err(|e| e.to_string())
                     }
                     _ => Err(format!(
                         "the agent could not resolve it (status {status:?}: {})",
@@ -838,6 +896,11 @@ impl Inbound {
             w.inbound
                 .accept_hello(&EnvoyStore, me, &self.body, &w.rng, now_ms(), ttl)
         };
+        if let Ok((peer, _)) = &result {
+            if self.worker.borrow().revoked.contains(&peer.peer_id) {
+                return self.refuse(403, "revoked", "the mesh root revoked this key");
+            }
+        }
         match result {
             Ok((peer, reply)) => {
                 {
@@ -874,6 +937,9 @@ impl Inbound {
                 return self.refuse(status, e.reason(), &e.to_string());
             }
         };
+        if self.worker.borrow().revoked.contains(&opened.peer.peer_id) {
+            return self.refuse(403, "revoked", "the mesh root revoked this key");
+        }
         self.worker.borrow().metrics.count("opened");
         let opened = Opened {
             session_id: opened.session_id,
@@ -937,7 +1003,9 @@ impl Inbound {
         let member = {
             let mut w = self.worker.borrow_mut();
             let instances = match status {
-                Some(200) => agent::parse_instances(body, &w.config.mesh).unwrap_or_default(),
+                Some(200) => {
+                    agent::parse_instances(body, &claim, &w.verifier()).unwrap_or_default()
+                }
                 _ => Vec::new(),
             };
             let ids: Vec<PeerId> = instances.iter().map(|i| i.id).collect();

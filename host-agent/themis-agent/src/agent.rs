@@ -20,6 +20,7 @@ use crate::keystore::{KeyError, KeyStore};
 use crate::metrics::{Metrics, Sources};
 use crate::overlay::{Overlay, Transport};
 use crate::registry::Registry;
+use crate::trust::MeshTrust;
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +31,9 @@ pub enum AgentError {
     /// The node key could not be used.
     #[error("{0}")]
     Key(#[from] KeyError),
+    /// The mesh root, the node's admission or its grants cannot be used.
+    #[error("{0}")]
+    Trust(#[from] crate::trust::TrustSetupError),
     /// eBPF capture could not start; the message says what is missing.
     #[error("{0}")]
     Capture(#[from] themis_capture::CaptureError),
@@ -55,7 +59,8 @@ fn bind_error(
 
 /// Runs the agent until `SIGTERM`/`SIGINT`, then leaves the ring and returns.
 pub async fn run(settings: Settings) -> Result<(), AgentError> {
-    let mesh = settings.mesh_name()?;
+    let root = crate::trust::load_root(&settings.mesh_root_spec())?;
+    let mesh = root.mesh.clone();
     let bootstrap = settings.bootstrap()?;
     let keys = KeyStore::open(&settings.state_dir, mesh.clone())?;
     let (node, created) = keys.node()?;
@@ -63,6 +68,13 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
         info!(path = %settings.state_dir.join("node.key").display(), "created the node identity");
     }
     let node = Arc::new(node);
+    let metrics = Arc::new(Metrics::new());
+    let trust = Arc::new(MeshTrust::load(
+        &settings.state_dir,
+        root,
+        &node,
+        metrics.clone(),
+    )?);
 
     let listener = TcpListener::bind(settings.listen)
         .await
@@ -78,7 +90,6 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
         .into());
     }
 
-    let metrics = Arc::new(Metrics::new());
     let client = Arc::new(Client::new(
         node.clone(),
         ClientConfig {
@@ -99,6 +110,7 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
         Arc::new(client.clone()) as Arc<dyn Transport>,
         settings.overlay(),
         metrics.clone(),
+        trust.clone(),
     );
 
     let inbound = Arc::new(NetStats::default());
@@ -120,6 +132,7 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
     let mut registry = Registry::new(
         overlay.clone(),
         keys,
+        (node.clone(), trust.clone()),
         settings.state_dir.clone(),
         settings.registry(),
         metrics.clone(),
@@ -182,7 +195,8 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
 
     info!(
         id = %node.printable_id(),
-        mesh = %mesh,
+        mesh_root = %trust.root(),
+        grants = %trust.granted_services().join(","),
         listen = %advertise,
         api = %socket.display(),
         metrics = %settings.metrics,
@@ -202,8 +216,38 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
         })
     };
 
+    // Records are renewed by their own agent (half-way through their validity), and
+    // revocations are looked for in the DHT: no central service is involved in either.
+    let upkeep = {
+        let registry = registry.clone();
+        let (refresh_every, poll_every) = (
+            Duration::from_secs(settings.republish_secs),
+            Duration::from_millis(settings.revocation_poll_ms),
+        );
+        tokio::spawn(async move {
+            let mut refresh = tokio::time::interval(refresh_every);
+            let mut poll = tokio::time::interval(poll_every);
+            loop {
+                tokio::select! {
+                    _ = refresh.tick() => {
+                        let renewed = registry.refresh().await;
+                        if renewed > 0 {
+                            tracing::debug!(renewed, "renewed records");
+                        }
+                    }
+                    _ = poll.tick() => {
+                        if let Err(error) = registry.poll_revocations().await {
+                            tracing::debug!(%error, "revocation poll failed");
+                        }
+                    }
+                }
+            }
+        })
+    };
+
     wait_for_shutdown().await;
     info!("shutting down: leaving the ring");
+    upkeep.abort();
     restore.abort();
     overlay.leave().await;
     api_task.abort();

@@ -5,20 +5,23 @@
 //! |---|---|
 //! | `GET /v1/status` | this node: id, mesh, addresses, ring membership |
 //! | `GET /v1/ring` | successor list, predecessor, fingers, objects held |
-//! | `GET /v1/services/{service}` | resolve to live verified instances (`?fresh=true` skips the cache) |
+//! | `GET /v1/services/{service}` | resolve to live endorsed instances (`?fresh=true` skips the cache) |
+//! | `GET /v1/services/{service}/explain` | every stored value of the service and why it is or is not trusted |
+//! | `GET /v1/revocations` | the revocations this node knows |
+//! | `POST /v1/revocations` | publish a root-signed revocation `{"revocation": "<PEM>"}` |
 //! | `PUT /v1/services/{service}/instances/{workload}` | register `{"endpoint": "ip:port", "metadata": {..}}` |
 //! | `DELETE /v1/services/{service}/instances/{workload}` | deregister |
 //! | `GET /v1/workloads` | local registrations |
 //! | `PUT /v1/workloads/{workload}` | create the workload's identity if it has none |
 //! | `GET /v1/workloads/{workload}/key` | the workload's key material, for its proxy |
 //! | `GET /v1/debug/find/{key}` | raw `find` of a 64-hex-digit key |
-//! | `POST /v1/debug/store` | raw `store` `{"name", "value", "replicas", "ttl_ms"}` |
+//! | `POST /v1/debug/store` | raw `store` `{"name", "value", "hex", "replicas", "ttl_ms"}` (the ring still verifies what it keeps) |
 //! | `GET /v1/debug/values/{name}` | raw `resolve` (`?replicas=k`) |
 //!
 //! Errors are JSON `{"error": "...", "reason": "..."}` with a fitting status.
 //!
-//! With `--resolve-listen`, the agent also serves `GET /v1/status` and
-//! `GET /v1/services/{service}` (nothing else) over TCP, for clients that cannot use a
+//! With `--resolve-listen`, the agent also serves `GET /v1/status`,
+//! `GET /v1/services/{service}` and `GET /v1/revocations` (nothing else) over TCP, for clients that cannot use a
 //! Unix socket, such as the component under `wasmtime run`.
 
 use std::collections::BTreeMap;
@@ -39,8 +42,8 @@ use themis_dht::Key;
 
 use crate::names::{NameError, ServiceName, WorkloadName};
 use crate::overlay::OverlayError;
-use crate::record::Metadata;
 use crate::registry::{Registry, RegistryError};
+use themis_trust::Metadata;
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 16 * 1024;
@@ -105,6 +108,9 @@ impl From<RegistryError> for ApiError {
         match e {
             RegistryError::Overlay(e) => e.into(),
             RegistryError::Record(_) => ApiError::bad_request(e),
+            RegistryError::NotGranted { .. } => {
+                ApiError::new(StatusCode::FORBIDDEN, "not_granted", e)
+            }
             RegistryError::NotRegistered { .. } | RegistryError::UnknownWorkload(_) => {
                 ApiError::new(StatusCode::NOT_FOUND, "not_found", e)
             }
@@ -140,6 +146,8 @@ pub fn router(registry: Arc<Registry>) -> Router {
         .route("/v1/status", get(status))
         .route("/v1/ring", get(ring))
         .route("/v1/services/{service}", get(resolve))
+        .route("/v1/services/{service}/explain", get(explain))
+        .route("/v1/revocations", get(revocations).post(publish_revocation))
         .route(
             "/v1/services/{service}/instances/{workload}",
             put(register).delete(deregister),
@@ -159,7 +167,8 @@ pub fn router(registry: Arc<Registry>) -> Router {
 pub fn resolve_router(registry: Arc<Registry>) -> Router {
     let read_only = Router::new()
         .route("/v1/status", get(status))
-        .route("/v1/services/{service}", get(resolve));
+        .route("/v1/services/{service}", get(resolve))
+        .route("/v1/revocations", get(revocations));
     finish(read_only, registry)
 }
 
@@ -193,6 +202,9 @@ async fn status(State(r): Shared) -> ApiResult {
     ok(json!({
         "id": overlay.view_of(overlay.me()).id,
         "mesh": overlay.mesh().as_str(),
+        "mesh_root": r.trust().root().to_string(),
+        "granted": r.trust().granted_services(),
+        "revocations": r.trust().revocations().len(),
         "listen": overlay.me().addr,
         "joined": *overlay.joined().borrow(),
         "objects": snapshot.objects,
@@ -220,6 +232,60 @@ async fn resolve(
     let service = ServiceName::new(&service)?;
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     ok(r.resolve(&service, query.fresh).await?)
+}
+
+async fn explain(State(r): Shared, Path(service): Path<String>) -> ApiResult {
+    let service = ServiceName::new(&service)?;
+    ok(r.explain(&service).await?)
+}
+
+async fn revocations(State(r): Shared) -> ApiResult {
+    let known = r.trust().revocations();
+    let mesh = r.overlay().mesh();
+    let list: Vec<_> = known
+        .iter()
+        .map(|(id, revocation, bytes)| {
+            json!({
+                "id": id.printable(mesh),
+                "issued_at": revocation.issued_at,
+                "reason": revocation.reason,
+                "revocation": hex::encode(bytes),
+            })
+        })
+        .collect();
+    ok(json!({ "revocations": list }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RevocationBody {
+    /// The PEM text `themis revoke` writes.
+    revocation: String,
+}
+
+async fn publish_revocation(
+    State(r): Shared,
+    body: Result<Json<RevocationBody>, JsonRejection>,
+) -> ApiResult {
+    let Json(body) = body?;
+    let signed = themis_trust::from_pem(themis_trust::PemKind::Revocation, &body.revocation)
+        .map_err(|_| {
+            ApiError::bad_request(
+                "the body must be a THEMIS REVOCATION PEM, as `themis revoke` writes",
+            )
+        })?;
+    let new = r
+        .publish_revocation(signed.encode())
+        .await
+        .map_err(|e| match e {
+            RegistryError::Record(error) => ApiError::new(
+                StatusCode::FORBIDDEN,
+                "not_from_root",
+                format!("the revocation does not verify under this mesh's root: {error}"),
+            ),
+            e => e.into(),
+        })?;
+    ok(json!({ "published": true, "new": new }))
 }
 
 #[derive(Deserialize)]
@@ -314,6 +380,9 @@ async fn debug_find(State(r): Shared, Path(key): Path<String>) -> ApiResult {
 struct StoreBody {
     name: String,
     value: String,
+    /// `value` is hex (for binary values such as records).
+    #[serde(default)]
+    hex: bool,
     #[serde(default)]
     replicas: u8,
     ttl_ms: Option<u64>,
@@ -322,14 +391,14 @@ struct StoreBody {
 async fn debug_store(State(r): Shared, body: Result<Json<StoreBody>, JsonRejection>) -> ApiResult {
     let Json(body) = body?;
     let ttl = Duration::from_millis(body.ttl_ms.unwrap_or(60_000));
+    let value = if body.hex {
+        hex::decode(&body.value).map_err(|_| ApiError::bad_request("value is not hex"))?
+    } else {
+        body.value.into_bytes()
+    };
     let stored = r
         .overlay()
-        .store(
-            body.name.as_bytes(),
-            body.value.into_bytes(),
-            body.replicas,
-            ttl,
-        )
+        .store(body.name.as_bytes(), value, body.replicas, ttl)
         .await?;
     ok(stored)
 }
@@ -358,5 +427,10 @@ async fn debug_values(
             ])
         })
         .collect();
-    ok(json!({ "values": values, "replica": resolved.replica, "hops": resolved.hops }))
+    ok(json!({
+        "values": values,
+        "answered": resolved.answered,
+        "replicas": resolved.replicas,
+        "hops": resolved.hops,
+    }))
 }

@@ -20,8 +20,14 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/themis";
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
-    /// The mesh name; every agent and workload of a mesh uses the same.
+    /// The mesh name; every agent and workload of a mesh uses the same. Taken from
+    /// the mesh root when there is one.
     pub mesh: String,
+    /// The mesh root, `<mesh>:<hex key>` or a file holding it; default
+    /// `<state_dir>/mesh.root` (written by `themis node admit`).
+    pub mesh_root: Option<String>,
+    /// How often to look for new revocations in the DHT, in milliseconds.
+    pub revocation_poll_ms: u64,
     /// Key files, saved registrations and (by default) the API socket live here.
     pub state_dir: PathBuf,
     /// Where to accept connections from other agents.
@@ -81,6 +87,8 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             mesh: "themis".into(),
+            mesh_root: None,
+            revocation_poll_ms: 10_000,
             state_dir: DEFAULT_STATE_DIR.into(),
             listen: "127.0.0.1:7400".parse().expect("valid"),
             advertise: None,
@@ -136,9 +144,17 @@ pub struct AgentArgs {
     /// A TOML file with any of the settings below (flag names with `_` for `-`).
     #[arg(long, short = 'c', env = "THEMIS_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Mesh name [default: themis].
+    /// Mesh name [default: the mesh root's].
     #[arg(long)]
     pub mesh: Option<String>,
+    /// The mesh root, `<mesh>:<64 hex>` or a file holding it, as `themis mesh create`
+    /// printed it [default: <state-dir>/mesh.root].
+    #[arg(long, env = "THEMIS_MESH_ROOT", value_name = "ROOT")]
+    pub mesh_root: Option<String>,
+    /// How often to look for new revocations, milliseconds [default: 10000]: with
+    /// --op-timeout, the bound on how long a revoked key keeps working.
+    #[arg(long)]
+    pub revocation_poll_ms: Option<u64>,
     /// State directory: key files, registrations, API socket [default: /var/lib/themis].
     #[arg(long, env = "THEMIS_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
@@ -218,8 +234,12 @@ impl Settings {
             resolve_cache_ms,
             request_timeout_ms,
             stabilise_ms,
-            log_format
+            log_format,
+            revocation_poll_ms
         );
+        if args.mesh_root.is_some() {
+            s.mesh_root = args.mesh_root.clone();
+        }
         s.capture |= args.capture;
         s.fast_path |= args.fast_path;
         if let Some(dir) = &args.bpf_pin_dir {
@@ -237,8 +257,36 @@ impl Settings {
         if !args.join.is_empty() {
             s.join = args.join.clone();
         }
+        s.adopt_root_mesh(args.mesh.is_some())?;
         s.check()?;
         Ok(s)
+    }
+
+    /// Where the mesh root comes from: the setting, else `<state_dir>/mesh.root`.
+    pub fn mesh_root_spec(&self) -> String {
+        self.mesh_root.clone().unwrap_or_else(|| {
+            self.state_dir
+                .join(crate::trust::ROOT_FILE)
+                .display()
+                .to_string()
+        })
+    }
+
+    /// Takes the mesh name from the root when one can be read; a mesh named
+    /// explicitly must agree with it.
+    fn adopt_root_mesh(&mut self, named: bool) -> Result<(), ConfigError> {
+        let Ok(root) = crate::trust::load_root(&self.mesh_root_spec()) else {
+            // Reported with its reason when the agent starts.
+            return Ok(());
+        };
+        if named && self.mesh != root.mesh.as_str() {
+            return Err(ConfigError::Invalid(format!(
+                "--mesh {} differs from the mesh root's mesh {}",
+                self.mesh, root.mesh
+            )));
+        }
+        self.mesh = root.mesh.to_string();
+        Ok(())
     }
 
     /// Reads a TOML settings file.
@@ -271,7 +319,11 @@ impl Settings {
                 self.republish_secs, self.record_ttl_secs
             ));
         }
-        if self.request_timeout_ms == 0 || self.stabilise_ms == 0 || self.op_timeout_ms == 0 {
+        if self.request_timeout_ms == 0
+            || self.stabilise_ms == 0
+            || self.op_timeout_ms == 0
+            || self.revocation_poll_ms == 0
+        {
             return invalid("timeouts and periods must be non-zero".into());
         }
         Ok(())

@@ -4,10 +4,14 @@
 //! and serves them on a local HTTP + JSON API over a Unix socket.
 //!
 //! * [`overlay`]: the tokio driver of the sans-IO `themis_dht::Node`.
-//! * [`registry`]: register, deregister and resolve services; signed [`record`]s.
+//! * [`registry`]: register, deregister and resolve services; the node endorses its
+//!   workloads' records within its grants.
+//! * [`trust`]: the mesh root, this node's admission and grants, revocations, and the
+//!   checks on every peer frame and stored value.
 //! * [`api`]: the local API; [`client`] calls it.
 //! * [`keystore`]: key files (0600, refused when others can read them).
 //! * [`metrics`]: Prometheus metrics.
+//! * [`operator`]: the mesh operator's offline commands (create, admit, grant, revoke).
 //! * [`agent`]: the daemon that wires them; [`config`]: its settings.
 //!
 //! `docs/AGENT.md` explains the design; the `themis` binary is the tool for people.
@@ -22,6 +26,7 @@ pub mod config;
 pub mod keystore;
 pub mod metrics;
 pub mod names;
+pub mod operator;
 pub mod overlay;
-pub mod record;
 pub mod registry;
+pub mod trust;

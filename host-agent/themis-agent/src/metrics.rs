@@ -42,6 +42,7 @@ pub struct Metrics {
     frames_refused: Family<Labels, Counter>,
     records_refused: Family<Labels, Counter>,
     resolve_cache: Family<Labels, Counter>,
+    revocations: Counter,
     /// Serialises scrapes, so two never add the same delta.
     sync: Mutex<()>,
 }
@@ -94,6 +95,7 @@ impl Metrics {
             frames_refused: Family::default(),
             records_refused: Family::default(),
             resolve_cache: Family::default(),
+            revocations: Counter::default(),
             sync: Mutex::new(()),
             registry: Registry::default(),
         };
@@ -170,8 +172,13 @@ impl Metrics {
         );
         r.register(
             "registry_records_refused",
-            "Stored instance records that failed verification, by reason",
+            "Instance records and revocations refused by verification (in resolution and at store), by reason",
             m.records_refused.clone(),
+        );
+        r.register(
+            "revocations_learnt",
+            "Root-signed revocations this node verified and added",
+            m.revocations.clone(),
         );
         r.register(
             "resolve_cache",
@@ -212,6 +219,11 @@ impl Metrics {
         self.records_refused
             .get_or_create(&labels(&[("reason", reason)]))
             .inc();
+    }
+
+    /// Counts a new revocation.
+    pub fn revocation_learnt(&self) {
+        self.revocations.inc();
     }
 
     /// Counts a resolution served from the cache or not.

@@ -7,7 +7,9 @@
 //! request is a record, its response the record that answers it (`themis-net`
 //! matches them). The frame names the address the sender *listens* on, because the
 //! connection's source port is ephemeral; the id comes from the authenticated
-//! session, never from the frame.
+//! session, never from the frame. Every frame, request or response, carries the
+//! sender's admission credential: a peer the mesh root did not admit is refused
+//! before anything reaches the DHT, and its answers are dropped (see [`crate::trust`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,6 +26,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
+use crate::trust::{MeshTrust, TrustPolicy};
 
 /// A peer agent: its ring id and the address it listens on.
 pub type Peer = Contact<SocketAddr>;
@@ -59,6 +62,8 @@ pub enum Frame {
     Dht {
         /// Where the sender accepts agent connections.
         listen: SocketAddr,
+        /// The sender's admission credential (an encoded, root-signed `Admission`).
+        admission: Vec<u8>,
         /// The message.
         message: Message<SocketAddr>,
     },
@@ -158,10 +163,12 @@ pub struct Stored {
 /// A completed `resolve`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Resolved {
-    /// The values of the first replica that had any.
+    /// The union of the values every replica that answered returned (unverified).
     pub values: Vec<Vec<u8>>,
-    /// Which replica answered.
-    pub replica: Option<u8>,
+    /// Replicas whose holder answered.
+    pub answered: u8,
+    /// Replicas asked (`k + 1`).
+    pub replicas: u8,
     /// Remote steps over every replica tried.
     pub hops: u32,
 }
@@ -248,6 +255,7 @@ pub struct Overlay {
     joined: watch::Receiver<bool>,
     snapshot: Arc<Mutex<Snapshot>>,
     metrics: Arc<Metrics>,
+    trust: Arc<MeshTrust>,
 }
 
 /// Longest time a graceful leave waits for its farewell messages to be acknowledged.
@@ -264,13 +272,20 @@ impl Overlay {
         transport: Arc<dyn Transport>,
         config: OverlayConfig,
         metrics: Arc<Metrics>,
+        trust: Arc<MeshTrust>,
     ) -> Overlay {
         let (commands, commands_rx) = mpsc::channel(4096);
         let (joined_tx, joined) = watch::channel(false);
         let snapshot = Arc::new(Mutex::new(Snapshot::default()));
         let (responses, responses_rx) = mpsc::unbounded_channel();
         let mut driver = Driver {
-            node: Node::new(me.clone(), config.dht.clone()),
+            node: Node::with_policy(
+                me.clone(),
+                config.dht.clone(),
+                Box::new(TrustPolicy(trust.clone())),
+            ),
+            trust: trust.clone(),
+            metrics: metrics.clone(),
             start: Instant::now(),
             mesh: mesh.clone(),
             transport,
@@ -294,6 +309,7 @@ impl Overlay {
             joined,
             snapshot,
             metrics,
+            trust,
         }
     }
 
@@ -384,12 +400,14 @@ impl Overlay {
         let result = match self.op(op).await {
             Ok(Event::Resolved {
                 values,
-                replica,
+                answered,
+                replicas,
                 hops,
                 ..
             }) => Ok(Resolved {
                 values,
-                replica,
+                answered,
+                replicas,
                 hops,
             }),
             Ok(_) => unreachable!("a resolve completes with Resolved"),
@@ -425,11 +443,19 @@ impl Overlay {
     /// transport. Anything that is not a well-formed DHT request is refused with a
     /// reason and counted; the caller keeps serving.
     pub async fn handle_frame(&self, peer: PeerId, frame: &[u8]) -> Vec<u8> {
-        let (listen, message) = match postcard::from_bytes::<Frame>(frame) {
-            Ok(Frame::Dht { listen, message }) => (listen, message),
+        let (listen, admission, message) = match postcard::from_bytes::<Frame>(frame) {
+            Ok(Frame::Dht {
+                listen,
+                admission,
+                message,
+            }) => (listen, admission, message),
             Ok(Frame::Refused { .. }) => return self.refuse("unexpected_refusal"),
             Err(_) => return self.refuse("malformed"),
         };
+        if let Err(error) = self.trust.check_peer(&peer, &admission) {
+            debug!(peer = %peer.printable(&self.mesh), %error, "refused a frame from an unadmitted peer");
+            return self.refuse(not_admitted(&error));
+        }
         if listen.ip().is_unspecified() || listen.port() == 0 {
             return self.refuse("bad_listen_address");
         }
@@ -452,6 +478,7 @@ impl Overlay {
         match response.await {
             Ok(message) => Frame::Dht {
                 listen: self.me.addr,
+                admission: self.trust.own_admission().to_vec(),
                 message,
             }
             .encode(),
@@ -479,6 +506,22 @@ impl Overlay {
     }
 }
 
+/// The metrics label of a frame refused for its admission.
+fn not_admitted(error: &themis_trust::TrustError) -> &'static str {
+    use themis_trust::TrustError::*;
+    match error {
+        Malformed => "not_admitted_malformed",
+        BadSignature => "not_admitted_bad_signature",
+        WrongMesh => "not_admitted_wrong_mesh",
+        NotFromRoot => "not_admitted_not_from_root",
+        WrongKey => "not_admitted_wrong_key",
+        Expired => "not_admitted_expired",
+        FromTheFuture => "not_admitted_from_the_future",
+        Revoked => "not_admitted_revoked",
+        _ => "not_admitted_other",
+    }
+}
+
 fn view_of(mesh: &MeshName, peer: &Peer) -> PeerView {
     PeerView {
         id: PeerId(peer.id.0).printable(mesh),
@@ -502,6 +545,8 @@ struct Driver {
     retry_join_at: Option<Instant>,
     joined: watch::Sender<bool>,
     snapshot: Arc<Mutex<Snapshot>>,
+    trust: Arc<MeshTrust>,
+    metrics: Arc<Metrics>,
 }
 
 impl Driver {
@@ -671,11 +716,13 @@ impl Driver {
     fn send(&self, to: Peer, message: Message<SocketAddr>) -> tokio::task::JoinHandle<()> {
         let frame = Frame::Dht {
             listen: self.node.contact().addr,
+            admission: self.trust.own_admission().to_vec(),
             message,
         }
         .encode();
         let request = self.transport.request(PeerId(to.id.0), to.addr, frame);
         let responses = self.responses.clone();
+        let (trust, metrics) = (self.trust.clone(), self.metrics.clone());
         tokio::spawn(async move {
             let answer = match request.await {
                 Ok(answer) => answer,
@@ -687,10 +734,18 @@ impl Driver {
             match postcard::from_bytes::<Frame>(&answer) {
                 Ok(Frame::Dht {
                     message: message @ Message::Response { .. },
+                    admission,
                     ..
-                }) => {
-                    let _ = responses.send((to, message));
-                }
+                }) => match trust.check_peer(&PeerId(to.id.0), &admission) {
+                    Ok(()) => {
+                        let _ = responses.send((to, message));
+                    }
+                    // Dropped: the node times the request out and routes around.
+                    Err(error) => {
+                        debug!(peer = %to.addr, %error, "dropped an answer from an unadmitted peer");
+                        metrics.frame_refused(not_admitted(&error));
+                    }
+                },
                 Ok(Frame::Refused { reason }) => debug!(peer = %to.addr, reason, "refused"),
                 _ => debug!(peer = %to.addr, "malformed answer"),
             }

@@ -1,17 +1,19 @@
 //! The service registry and key cache of one node: local workloads register under a
-//! service name (their identity is created on first use and their signed record
-//! stored in the DHT), anyone resolves a service to its verified live instances
-//! (cached for a short while), and a local proxy fetches its workload's key.
+//! service name (their identity is created on first use), the node endorses them by
+//! signing an instance record with its node key — only for services the mesh root
+//! granted it — and keeps that record stored and fresh in the DHT; anyone resolves a
+//! service to its endorsed live instances (cached for a short while), and a local
+//! proxy fetches its workload's key.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use themis_capture::{Capture, CaptureSpec, Status as CaptureStatus, WorkloadStatus};
 
 use serde::{Deserialize, Serialize};
-use themis_core::Identity;
+use themis_core::{Identity, PeerId};
 use tracing::{info, warn};
 use zeroize::Zeroizing;
 
@@ -19,14 +21,18 @@ use crate::keystore::{KeyError, KeyStore};
 use crate::metrics::Metrics;
 use crate::names::{ServiceName, WorkloadName};
 use crate::overlay::{Overlay, OverlayError};
-use crate::record::{self, Instance, Metadata, RecordError};
+use crate::trust::{unix_millis, MeshTrust};
+use themis_trust::{
+    live, Instance, InstanceValue, Metadata, Record, Signed, TrustError, RECORD_LABEL,
+};
 
 /// Settings of the registry.
 #[derive(Debug, Clone)]
 pub struct RegistryConfig {
     /// Extra replicas of each service's records (`k`: stored `k + 1` times).
     pub replicas: u8,
-    /// Lifetime of a stored record; the DHT re-stores it well before.
+    /// Validity window of a record (its `not_after - issued_at`); the registry signs
+    /// a fresh one when half of it has passed.
     pub record_ttl: Duration,
     /// How long a resolution is served from the cache.
     pub cache_ttl: Duration,
@@ -56,7 +62,19 @@ pub enum RegistryError {
     Key(#[from] KeyError),
     /// The record could not be made.
     #[error("{0}")]
-    Record(#[from] RecordError),
+    Record(#[from] TrustError),
+    /// The node holds no grant for the service.
+    #[error(
+        "this node may not serve {service}: it holds no grant for it from the mesh root \
+         (the operator runs `themis service grant {service} --node <this node's directory>`; \
+         services granted here: {granted})"
+    )]
+    NotGranted {
+        /// The service.
+        service: ServiceName,
+        /// What the node may serve.
+        granted: String,
+    },
     /// No replica acknowledged the store.
     #[error("no replica stored the record (0 of {replicas})")]
     NotStored {
@@ -104,7 +122,7 @@ pub struct Registration {
     /// Its labels.
     #[serde(default)]
     pub metadata: Metadata,
-    /// The record's serial (Unix milliseconds).
+    /// When the current record was signed (Unix ms); also its version.
     pub serial: u64,
 }
 
@@ -119,6 +137,13 @@ pub struct InstanceView {
     pub endpoint: SocketAddr,
     /// Its labels.
     pub metadata: Metadata,
+    /// Printable id of the node that endorsed it (signed its record).
+    pub endorser: String,
+    /// The record's end of validity, Unix ms.
+    pub not_after: u64,
+    /// The stored value (record and grant chain), hex: callers verify it themselves
+    /// against the mesh root.
+    pub record: String,
 }
 
 /// The answer to a resolution.
@@ -130,8 +155,46 @@ pub struct Resolution {
     pub instances: Vec<InstanceView>,
     /// Whether it came from the cache.
     pub cached: bool,
-    /// Records refused (bad signature, wrong service...).
+    /// Records refused (not endorsed, expired, revoked...).
     pub refused: usize,
+    /// Replica holders that answered, of `replicas`.
+    pub answered: u8,
+    /// Replicas asked (`k + 1`).
+    pub replicas: u8,
+}
+
+/// One stored value and what verification made of it (`themis explain`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Verdict {
+    /// The workload id the value claims, if it decodes that far.
+    pub id: Option<String>,
+    /// The key that signed the record, as a printable id, if it decodes.
+    pub endorser: Option<String>,
+    /// The endpoint it claims (`None`: a tombstone, or undecodable).
+    pub endpoint: Option<SocketAddr>,
+    /// `issued_at`, Unix ms, if it decodes.
+    pub issued_at: Option<u64>,
+    /// `trusted`, `superseded`, `withdrawn` or `refused`.
+    pub verdict: String,
+    /// Why, in words.
+    pub reason: String,
+}
+
+/// Why each value stored for a service is or is not trusted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Explanation {
+    /// The service.
+    pub service: ServiceName,
+    /// The mesh root everything was checked against.
+    pub mesh_root: String,
+    /// Replica holders that answered, of `replicas`.
+    pub answered: u8,
+    /// Replicas asked.
+    pub replicas: u8,
+    /// Every value found, with its verdict.
+    pub values: Vec<Verdict>,
+    /// The resulting live instances.
+    pub instances: Vec<InstanceView>,
 }
 
 /// A workload's key material, for its local proxy.
@@ -150,6 +213,10 @@ pub struct KeyMaterial {
     pub private_key_pem: Zeroizing<String>,
 }
 
+/// How long a stored revocation lives between re-stores (its holders keep
+/// re-storing it: revocations do not expire).
+const REVOCATION_TTL: Duration = Duration::from_secs(24 * 3600);
+
 /// Local registrations, each with the record bytes being re-stored for it.
 type Local = BTreeMap<(ServiceName, WorkloadName), (Registration, Vec<u8>)>;
 
@@ -161,19 +228,16 @@ fn secret_text<S: serde::Serializer>(text: &Zeroizing<String>, s: S) -> Result<S
 pub struct Registry {
     overlay: Overlay,
     keys: KeyStore,
+    node: Arc<Identity>,
+    trust: Arc<MeshTrust>,
     metrics: Arc<Metrics>,
     config: RegistryConfig,
     saved: PathBuf,
     local: tokio::sync::Mutex<Local>,
-    cache: Mutex<HashMap<ServiceName, (Instant, Resolution)>>,
+    /// Resolutions, with when and under which revocation generation they were made.
+    cache: Mutex<HashMap<ServiceName, (Instant, u64, Resolution)>>,
     /// The eBPF loader, when the agent runs with `--capture`.
     capture: Option<Mutex<Capture>>,
-}
-
-fn unix_millis() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl Registry {
@@ -181,6 +245,7 @@ impl Registry {
     pub fn new(
         overlay: Overlay,
         keys: KeyStore,
+        (node, trust): (Arc<Identity>, Arc<MeshTrust>),
         state_dir: PathBuf,
         config: RegistryConfig,
         metrics: Arc<Metrics>,
@@ -188,6 +253,8 @@ impl Registry {
         Registry {
             overlay,
             keys,
+            node,
+            trust,
             metrics,
             config,
             saved: state_dir.join("registrations.json"),
@@ -241,6 +308,65 @@ impl Registry {
         &self.overlay
     }
 
+    /// The node's trust state.
+    pub fn trust(&self) -> &MeshTrust {
+        &self.trust
+    }
+
+    /// The services this node holds grants for (re-reading the grants directory).
+    pub fn granted(&self) -> Vec<String> {
+        self.trust.reload_grants(&self.node)
+    }
+
+    /// The record for `identity` as an instance of `service` (a tombstone without
+    /// `endpoint`), signed by this node under its grant for the service.
+    fn endorse(
+        &self,
+        service: &ServiceName,
+        identity: &Identity,
+        endpoint: Option<SocketAddr>,
+        metadata: Metadata,
+        issued_at: u64,
+    ) -> Result<Vec<u8>, RegistryError> {
+        let chain = match self.trust.grant_chain(service.as_str()) {
+            Some(chain) => chain,
+            // The operator may have added a grant file since the last look.
+            None => {
+                let granted = self.granted();
+                self.trust.grant_chain(service.as_str()).ok_or_else(|| {
+                    RegistryError::NotGranted {
+                        service: service.clone(),
+                        granted: if granted.is_empty() {
+                            "none".into()
+                        } else {
+                            granted.join(", ")
+                        },
+                    }
+                })?
+            }
+        };
+        themis_trust::check_metadata(&metadata)?;
+        let ttl = u64::try_from(self.config.record_ttl.as_millis()).unwrap_or(u64::MAX);
+        let record = Record {
+            mesh: identity.mesh().as_str().to_owned(),
+            service: service.as_str().to_owned(),
+            workload_key: *identity.public_key(),
+            endpoint,
+            metadata,
+            issued_at,
+            not_after: issued_at.saturating_add(ttl),
+        };
+        let value = InstanceValue {
+            grants: chain,
+            record: Signed::sign(&self.node, RECORD_LABEL, &record),
+        }
+        .encode();
+        if value.len() > themis_dht::message::MAX_VALUE_LEN {
+            return Err(TrustError::TooLarge.into());
+        }
+        Ok(value)
+    }
+
     /// Creates the identity of a local workload if it has none; returns it and whether
     /// it was created.
     pub fn workload(&self, name: &WorkloadName) -> Result<(Identity, bool), RegistryError> {
@@ -265,9 +391,9 @@ impl Registry {
         let key = (service.clone(), workload.clone());
         let previous = local.get(&key).map(|(r, value)| (r.serial, value.clone()));
         let serial = unix_millis().max(previous.as_ref().map_or(0, |p| p.0 + 1));
-        let value = record::sign(
-            &identity,
+        let value = self.endorse(
             &service,
+            &identity,
             Some(endpoint),
             metadata.clone(),
             serial,
@@ -305,8 +431,43 @@ impl Registry {
         Ok((registration, stored))
     }
 
+    /// Signs fresh records for the local registrations whose record has passed half
+    /// of its validity, and stores them in place of the old ones. Called
+    /// periodically: no central service renews anything.
+    pub async fn refresh(&self) -> usize {
+        let half = self.config.record_ttl.as_millis() as u64 / 2;
+        let due: Vec<Registration> = self
+            .local
+            .lock()
+            .await
+            .values()
+            .filter(|(r, _)| unix_millis().saturating_sub(r.serial) >= half)
+            .map(|(r, _)| r.clone())
+            .collect();
+        let mut renewed = 0;
+        for r in due {
+            match self
+                .register(
+                    r.service.clone(),
+                    r.workload.clone(),
+                    r.endpoint,
+                    r.metadata,
+                )
+                .await
+            {
+                Ok(_) => renewed += 1,
+                Err(error) => {
+                    warn!(service = %r.service, workload = %r.workload, %error, "could not renew a record")
+                }
+            }
+        }
+        renewed
+    }
+
     /// Withdraws `workload` from `service`: stops re-storing its record and stores a
     /// signed tombstone, so resolvers drop it at once rather than when it expires.
+    /// The tombstone lives a full record lifetime, so it outlasts every record it
+    /// cancels; replica holders refuse the older record while they hold it.
     pub async fn deregister(
         &self,
         service: ServiceName,
@@ -323,12 +484,12 @@ impl Registry {
             .ok_or_else(|| RegistryError::UnknownWorkload(workload.clone()))?;
         let name = service.as_str().as_bytes();
         self.overlay.unstore(name, value).await;
-        let tombstone = record::sign(
-            &identity,
+        let tombstone = self.endorse(
             &service,
+            &identity,
             None,
             Metadata::new(),
-            registration.serial + 1,
+            unix_millis().max(registration.serial + 1),
         )?;
         // Stored once, not re-stored: it outlives the record it withdraws, which is no
         // longer refreshed either.
@@ -351,16 +512,18 @@ impl Registry {
         Ok(registration)
     }
 
-    /// The live, verified instances of `service`, from the cache unless `fresh`.
+    /// The live, endorsed instances of `service`, from the cache unless `fresh` (or
+    /// a revocation arrived since it was cached).
     pub async fn resolve(
         &self,
         service: &ServiceName,
         fresh: bool,
     ) -> Result<Resolution, RegistryError> {
+        let generation = self.trust.generation();
         if !fresh {
             let cache = self.cache.lock().expect("never poisoned");
-            if let Some((at, resolution)) = cache.get(service) {
-                if at.elapsed() < self.config.cache_ttl {
+            if let Some((at, made, resolution)) = cache.get(service) {
+                if at.elapsed() < self.config.cache_ttl && *made == generation {
                     self.metrics.resolve_cache(true);
                     return Ok(Resolution {
                         cached: true,
@@ -370,52 +533,124 @@ impl Registry {
             }
         }
         self.metrics.resolve_cache(false);
+        let (resolution, _) = self.lookup(service).await?;
+        let mut cache = self.cache.lock().expect("never poisoned");
+        if cache.len() >= self.config.cache_capacity {
+            let ttl = self.config.cache_ttl;
+            cache.retain(|_, (at, _, _)| at.elapsed() < ttl);
+            if cache.len() >= self.config.cache_capacity {
+                cache.clear();
+            }
+        }
+        cache.insert(
+            service.clone(),
+            (Instant::now(), generation, resolution.clone()),
+        );
+        Ok(resolution)
+    }
+
+    /// Every value stored for `service` (all replicas), with why it is or is not
+    /// trusted.
+    pub async fn explain(&self, service: &ServiceName) -> Result<Explanation, RegistryError> {
+        let (resolution, verdicts) = self.lookup(service).await?;
+        Ok(Explanation {
+            service: service.clone(),
+            mesh_root: self.trust.root().to_string(),
+            answered: resolution.answered,
+            replicas: resolution.replicas,
+            values: verdicts,
+            instances: resolution.instances,
+        })
+    }
+
+    /// Resolves `service` in the DHT, verifies every value against the mesh root and
+    /// the revocations, and keeps the newest record of each instance.
+    async fn lookup(
+        &self,
+        service: &ServiceName,
+    ) -> Result<(Resolution, Vec<Verdict>), RegistryError> {
         let found = self
             .overlay
             .resolve(service.as_str().as_bytes(), self.config.replicas)
             .await?;
         let mesh = self.overlay.mesh();
-        let mut refused = 0;
-        let verified: Vec<Instance> = found
-            .values
-            .iter()
-            .filter_map(|value| match record::verify(value, mesh, service) {
-                Ok(instance) => Some(instance),
+        let printable = |key: &[u8; 32]| PeerId::derive(key, mesh.as_str()).printable(mesh);
+        let mut verdicts = Vec::new();
+        let mut verified: Vec<(Instance, &Vec<u8>)> = Vec::new();
+        for value in &found.values {
+            // What the value claims, read without trusting it, for the explanation.
+            let claimed = InstanceValue::decode(value).ok().and_then(|v| {
+                let record: Record = postcard::from_bytes(&v.record.body).ok()?;
+                Some((v.record.signer, record))
+            });
+            let mut verdict = Verdict {
+                id: claimed.as_ref().map(|(_, r)| printable(&r.workload_key)),
+                endorser: claimed.as_ref().map(|(signer, _)| printable(signer)),
+                endpoint: claimed.as_ref().and_then(|(_, r)| r.endpoint),
+                issued_at: claimed.as_ref().map(|(_, r)| r.issued_at),
+                verdict: "trusted".into(),
+                reason: "endorsed by a node the mesh root granted the service".into(),
+            };
+            match self.trust.verify(|v| v.instance(value, service.as_str())) {
+                Ok(instance) => verified.push((instance, value)),
                 Err(error) => {
                     warn!(%service, %error, "refused a stored record");
                     self.metrics.record_refused(error.reason());
-                    refused += 1;
-                    None
+                    verdict.verdict = "refused".into();
+                    verdict.reason = error.to_string();
                 }
-            })
-            .collect();
-        let instances = record::live(verified)
+            }
+            verdicts.push(verdict);
+        }
+        let newest = live(verified.iter().map(|(i, _)| i.clone()));
+        for verdict in verdicts.iter_mut().filter(|v| v.verdict == "trusted") {
+            let current = newest
+                .iter()
+                .find(|i| Some(i.id.printable(mesh)) == verdict.id);
+            match (current, verdict.endpoint) {
+                (Some(i), Some(_)) if Some(i.issued_at) == verdict.issued_at => {}
+                (None, _)
+                    if verified.iter().any(|(i, _)| {
+                        Some(i.id.printable(mesh)) == verdict.id && i.endpoint.is_none()
+                    }) =>
+                {
+                    verdict.verdict = "withdrawn".into();
+                    verdict.reason = "the instance was deregistered (a newer tombstone)".into();
+                }
+                _ => {
+                    verdict.verdict = "superseded".into();
+                    verdict.reason = "a newer record of the same instance exists".into();
+                }
+            }
+        }
+        let instances = newest
             .into_iter()
             .filter_map(|i| {
+                let value = verified
+                    .iter()
+                    .find(|(v, _)| v.id == i.id && v.issued_at == i.issued_at)?
+                    .1;
                 Some(InstanceView {
                     id: i.id.printable(mesh),
                     public_key: hex::encode(i.public_key),
                     endpoint: i.endpoint?,
                     metadata: i.metadata,
+                    endorser: printable(&i.endorser),
+                    not_after: i.not_after,
+                    record: hex::encode(value),
                 })
             })
             .collect();
+        let refused = verdicts.iter().filter(|v| v.verdict == "refused").count();
         let resolution = Resolution {
             service: service.clone(),
             instances,
             cached: false,
             refused,
+            answered: found.answered,
+            replicas: found.replicas,
         };
-        let mut cache = self.cache.lock().expect("never poisoned");
-        if cache.len() >= self.config.cache_capacity {
-            let ttl = self.config.cache_ttl;
-            cache.retain(|_, (at, _)| at.elapsed() < ttl);
-            if cache.len() >= self.config.cache_capacity {
-                cache.clear();
-            }
-        }
-        cache.insert(service.clone(), (Instant::now(), resolution.clone()));
-        Ok(resolution)
+        Ok((resolution, verdicts))
     }
 
     /// The local registrations.
@@ -473,6 +708,49 @@ impl Registry {
             }
         }
         restored
+    }
+
+    /// Publishes a root-signed revocation: this node refuses the key at once and
+    /// stores the revocation in the DHT, where every agent's poll finds it.
+    pub async fn publish_revocation(&self, bytes: Vec<u8>) -> Result<bool, RegistryError> {
+        let new = self.trust.add_revocation(&bytes)?;
+        self.overlay
+            .store(
+                crate::trust::REVOCATIONS_NAME,
+                bytes,
+                self.config.replicas,
+                REVOCATION_TTL,
+            )
+            .await?;
+        Ok(new)
+    }
+
+    /// Looks for revocations in the DHT, adds the new ones, and keeps them stored
+    /// from here too (so they survive without the operator). Returns how many were new.
+    pub async fn poll_revocations(&self) -> Result<usize, RegistryError> {
+        let found = self
+            .overlay
+            .resolve(crate::trust::REVOCATIONS_NAME, self.config.replicas)
+            .await?;
+        let mut new = 0;
+        for value in found.values {
+            match self.trust.add_revocation(&value) {
+                Ok(true) => {
+                    new += 1;
+                    self.overlay
+                        .store(
+                            crate::trust::REVOCATIONS_NAME,
+                            value,
+                            self.config.replicas,
+                            REVOCATION_TTL,
+                        )
+                        .await?;
+                }
+                Ok(false) => {}
+                Err(error) => self.metrics.record_refused(error.reason()),
+            }
+        }
+        Ok(new)
     }
 
     fn forget(&self, service: &ServiceName) {

@@ -46,7 +46,22 @@ fn three_agents_register_on_one_and_resolve_on_every_other() {
         "{out}"
     );
 
-    // A second instance with metadata; the proxy of check-1 can fetch its key.
+    // A second instance with metadata, on a node the operator granted check too; the
+    // proxy of check-1 can fetch its key.
+    let (code, _, err) = agents[2].cli(&[
+        "register",
+        "check",
+        "--workload",
+        "check-2",
+        "--endpoint",
+        "127.0.0.1:15007",
+    ]);
+    assert_ne!(
+        code, 0,
+        "a node without a grant for check registers nothing"
+    );
+    assert!(err.contains("may not serve check"), "{err}");
+    agents[2].grant("check");
     agents[2].cli(&[
         "register",
         "check",

@@ -17,8 +17,11 @@ use themis_core::{Identity, MeshName, PeerId};
 
 /// Themis Mesh: CA-less service identities and decentralised discovery.
 ///
-/// Run `themis agent` on every node; the other commands talk to the local agent over
-/// its Unix socket (`--socket`, default /var/lib/themis/agent.sock).
+/// The mesh operator creates a mesh (`themis mesh create`), admits nodes
+/// (`themis node admit`) and grants them services (`themis service grant`), offline,
+/// with the mesh key. Run `themis agent` on every admitted node; the other commands
+/// talk to the local agent over its Unix socket (`--socket`, default
+/// /var/lib/themis/agent.sock).
 #[derive(Parser)]
 #[command(version, propagate_version = true, args_override_self = true)]
 struct Cli {
@@ -49,6 +52,45 @@ enum Command {
     /// Identity key files.
     #[command(subcommand)]
     Id(IdCommand),
+    /// Create a mesh: its offline root key (operator).
+    #[command(subcommand)]
+    Mesh(MeshCommand),
+    /// Admit a node to the mesh (operator, offline).
+    #[command(subcommand)]
+    Node(NodeCommand),
+    /// Say who may serve a service (operator or service authority, offline).
+    #[command(subcommand)]
+    Service(ServiceCommand),
+    /// Revoke a node, authority or workload key for good (operator, offline; with
+    /// --publish, hand the revocation to the local agent, which spreads it).
+    Revoke {
+        /// The printable id of the key to revoke.
+        id: String,
+        /// The mesh directory (`themis mesh create --out`).
+        #[arg(long, env = "THEMIS_MESH_DIR", value_name = "DIR")]
+        mesh_dir: PathBuf,
+        /// Why, for people (at most 128 bytes).
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Also write the revocation to this file.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        /// Publish it through the local agent (`--socket`).
+        #[arg(long)]
+        publish: bool,
+    },
+    /// Publish a revocation file through the local agent.
+    Publish {
+        /// The file `themis revoke --out` wrote.
+        revocation: PathBuf,
+    },
+    /// The revocations the local agent knows.
+    Revocations,
+    /// Why each instance stored for a service is or is not trusted.
+    Explain {
+        /// Service name.
+        service: String,
+    },
     /// Create a local workload's identity on the agent (if it has none) and show it.
     Workload {
         /// Workload name (DNS label rules).
@@ -94,6 +136,9 @@ enum Command {
     /// Raw DHT operations, for debugging.
     #[command(subcommand)]
     Debug(DebugCommand),
+    /// (internal: `revoke --publish` hands its PEM on here)
+    #[command(skip)]
+    PublishText(String),
 }
 
 /// eBPF capture of the workload's traffic (the agent must run with `--capture`).
@@ -178,6 +223,76 @@ enum IdCommand {
 }
 
 #[derive(Subcommand)]
+enum MeshCommand {
+    /// Create a new mesh: writes DIR/mesh.key (0600, keep it offline: no agent ever
+    /// reads it) and DIR/mesh.root (public: every agent is configured with it).
+    Create {
+        /// The mesh name (1-31 of a-z 0-9 - .).
+        name: String,
+        /// Where to write the mesh key and root.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum NodeCommand {
+    /// Admit a node: generates its key (so it cannot choose its ring position) and
+    /// writes node.key, admission.pem and mesh.root into DIR, the node agent's state
+    /// directory.
+    Admit {
+        /// The mesh directory.
+        #[arg(long, env = "THEMIS_MESH_DIR", value_name = "DIR")]
+        mesh_dir: PathBuf,
+        /// The node's directory (its agent's --state-dir).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Admit a node.key already in DIR instead of generating one.
+        #[arg(long)]
+        existing_key: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ServiceCommand {
+    /// The mesh root grants a service to a node: its agent may endorse local
+    /// instances of it. Writes DIR/grants/<service>.pem.
+    Grant {
+        /// Service name.
+        service: String,
+        /// The mesh directory.
+        #[arg(long, env = "THEMIS_MESH_DIR", value_name = "DIR")]
+        mesh_dir: PathBuf,
+        /// The node's directory (as `themis node admit --out` made it).
+        #[arg(long, value_name = "DIR")]
+        node: PathBuf,
+    },
+    /// The mesh root creates a per-service authority that may grant the service to
+    /// nodes without the mesh key.
+    Authority {
+        /// Service name.
+        service: String,
+        /// The mesh directory.
+        #[arg(long, env = "THEMIS_MESH_DIR", value_name = "DIR")]
+        mesh_dir: PathBuf,
+        /// Where to write the authority's key and grant.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// A per-service authority grants its service to a node.
+    Endorse {
+        /// Service name.
+        service: String,
+        /// The authority's directory (`themis service authority --out`).
+        #[arg(long, value_name = "DIR")]
+        authority: PathBuf,
+        /// The node's directory.
+        #[arg(long, value_name = "DIR")]
+        node: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
 enum DebugCommand {
     /// Find the node responsible for a 64-hex-digit key.
     Find {
@@ -188,8 +303,11 @@ enum DebugCommand {
     Store {
         /// Name.
         name: String,
-        /// Value (text).
+        /// Value (text, or hex with --hex).
         value: String,
+        /// The value is hex.
+        #[arg(long)]
+        hex: bool,
         /// Extra replicas.
         #[arg(long, default_value_t = 0)]
         replicas: u8,
@@ -212,6 +330,20 @@ fn main() -> ExitCode {
     let command = match cli.command {
         Command::Agent(args) => return themis_agent::agent::main(&args),
         Command::Id(id) => return identity(id, cli.json),
+        Command::Mesh(_) | Command::Node(_) | Command::Service(_) => {
+            return offline(cli.command, cli.json)
+        }
+        Command::Revoke {
+            id,
+            mesh_dir,
+            reason,
+            out,
+            publish,
+        } => match revocation(&id, &mesh_dir, &reason, out.as_deref(), cli.json) {
+            Ok(pem) if publish => Command::PublishText(pem),
+            Ok(_) => return ExitCode::SUCCESS,
+            Err(code) => return code,
+        },
         command => command,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -304,6 +436,34 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
             render_resolved,
         ),
         Command::Workloads => (Method::GET, "/v1/workloads".into(), None, render_workloads),
+        Command::Publish { revocation } => {
+            let pem = std::fs::read_to_string(&revocation)
+                .map_err(|e| format!("{}: {e}", revocation.display()))?;
+            (
+                Method::POST,
+                "/v1/revocations".into(),
+                Some(json!({ "revocation": pem })),
+                render_published,
+            )
+        }
+        Command::PublishText(pem) => (
+            Method::POST,
+            "/v1/revocations".into(),
+            Some(json!({ "revocation": pem })),
+            render_published,
+        ),
+        Command::Revocations => (
+            Method::GET,
+            "/v1/revocations".into(),
+            None,
+            render_revocations,
+        ),
+        Command::Explain { service } => (
+            Method::GET,
+            format!("/v1/services/{}/explain", seg(&service)?),
+            None,
+            render_explanation,
+        ),
         Command::Capture => (Method::GET, "/v1/capture".into(), None, render_capture),
         Command::Debug(DebugCommand::Find { key }) => (
             Method::GET,
@@ -314,11 +474,13 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
         Command::Debug(DebugCommand::Store {
             name,
             value,
+            hex,
             replicas,
             ttl_ms,
         }) => {
-            let body =
-                json!({ "name": name, "value": value, "replicas": replicas, "ttl_ms": ttl_ms });
+            let body = json!({
+                "name": name, "value": value, "hex": hex, "replicas": replicas, "ttl_ms": ttl_ms,
+            });
             (
                 Method::POST,
                 "/v1/debug/store".into(),
@@ -332,7 +494,12 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
             None,
             render_json,
         ),
-        Command::Agent(_) | Command::Id(_) => unreachable!("handled without the agent"),
+        Command::Agent(_)
+        | Command::Id(_)
+        | Command::Mesh(_)
+        | Command::Node(_)
+        | Command::Service(_)
+        | Command::Revoke { .. } => unreachable!("handled without the agent"),
     };
     let (status, answer) = api
         .call(method, &path, body.as_ref())
@@ -405,6 +572,93 @@ fn identity(command: IdCommand, json: bool) -> ExitCode {
     }
 }
 
+/// The operator's offline commands: they read and write files, never the agent.
+fn offline(command: Command, json: bool) -> ExitCode {
+    use themis_agent::operator::{self, MeshDir};
+    let service = |name: &str| {
+        themis_agent::names::ServiceName::new(name)
+            .map_err(|e| operator::OperatorError::Refused(e.to_string()))
+    };
+    let result = match command {
+        Command::Mesh(MeshCommand::Create { name, out }) => operator::create_mesh(&name, &out),
+        Command::Node(NodeCommand::Admit {
+            mesh_dir,
+            out,
+            existing_key,
+        }) => MeshDir::open(&mesh_dir)
+            .and_then(|mesh| operator::admit_node(&mesh, &out, None, existing_key)),
+        Command::Service(ServiceCommand::Grant {
+            service: name,
+            mesh_dir,
+            node,
+        }) => service(&name)
+            .and_then(|svc| operator::grant_to_node(&MeshDir::open(&mesh_dir)?, &svc, &node, None)),
+        Command::Service(ServiceCommand::Authority {
+            service: name,
+            mesh_dir,
+            out,
+        }) => service(&name).and_then(|svc| {
+            operator::create_authority(&MeshDir::open(&mesh_dir)?, &svc, &out, None)
+        }),
+        Command::Service(ServiceCommand::Endorse {
+            service: name,
+            authority,
+            node,
+        }) => service(&name).and_then(|svc| operator::endorse_node(&authority, &svc, &node, None)),
+        _ => unreachable!("only the offline commands come here"),
+    };
+    match result {
+        Ok(written) => {
+            print_written(&written, json);
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_written(written: &themis_agent::operator::Written, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string_pretty(written).expect("JSON"));
+        return;
+    }
+    println!("{}", written.summary);
+    println!("  id         {}", written.id);
+    println!("  mesh root  {}", written.mesh_root);
+    for file in &written.files {
+        println!("  wrote      {}", file.display());
+    }
+}
+
+/// `themis revoke`: signs the revocation offline; returns its PEM text.
+fn revocation(
+    id: &str,
+    mesh_dir: &std::path::Path,
+    reason: &str,
+    out: Option<&std::path::Path>,
+    json: bool,
+) -> Result<String, ExitCode> {
+    use themis_agent::operator::{self, MeshDir};
+    let signed = MeshDir::open(mesh_dir).and_then(|mesh| operator::revoke(&mesh, id, reason));
+    let (pem, mut written) = signed.map_err(|error| {
+        eprintln!("error: {error}");
+        ExitCode::FAILURE
+    })?;
+    if let Some(out) = out {
+        std::fs::write(out, &pem).map_err(|error| {
+            eprintln!("error: {}: {error}", out.display());
+            ExitCode::FAILURE
+        })?;
+        written.files.push(out.to_owned());
+    } else if !json {
+        print!("{pem}");
+    }
+    print_written(&written, json);
+    Ok(pem)
+}
+
 fn describe(id: &Identity, key_file: Option<&PathBuf>) -> Value {
     json!({
         "id": id.printable_id(),
@@ -431,10 +685,19 @@ fn peer(v: &Value) -> String {
 }
 
 fn render_status(v: &Value) -> String {
+    let granted: Vec<String> = v["granted"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(s)
+        .collect();
     format!(
-        "id       {}\nmesh     {}\nlisten   {}\njoined   {}\nobjects  {} ({} values)\njoin as  {}@{}\n",
+        "node id  {}\nmesh     {}\nroot     {}\nmay serve {}\nrevoked  {} key(s) known\nlisten   {}\njoined   {}\nobjects  {} ({} values)\njoin as  {}@{}\n",
         s(&v["id"]),
         s(&v["mesh"]),
+        s(&v["mesh_root"]),
+        if granted.is_empty() { "nothing (no grants)".to_owned() } else { granted.join(", ") },
+        s(&v["revocations"]),
         s(&v["listen"]),
         s(&v["joined"]),
         s(&v["objects"]),
@@ -591,6 +854,55 @@ fn render_workloads(v: &Value) -> String {
     }
     if out.is_empty() {
         out = "no registrations\n".into();
+    }
+    out
+}
+
+fn render_published(v: &Value) -> String {
+    if v["new"] == true {
+        "published: this agent refuses the key now; every agent will within its revocation poll\n"
+            .into()
+    } else {
+        "published again (this agent already knew it)\n".into()
+    }
+}
+
+fn render_revocations(v: &Value) -> String {
+    let list = v["revocations"].as_array().cloned().unwrap_or_default();
+    let mut out = format!("{} revocation(s)\n", list.len());
+    for r in list {
+        out += &format!(
+            "  {}  issued {}  {}\n",
+            s(&r["id"]),
+            s(&r["issued_at"]),
+            s(&r["reason"])
+        );
+    }
+    out
+}
+
+fn render_explanation(v: &Value) -> String {
+    let values = v["values"].as_array().cloned().unwrap_or_default();
+    let instances = v["instances"].as_array().map_or(0, Vec::len);
+    let mut out = format!(
+        "{}: {} live instance(s) from {} stored value(s); {} of {} replica holders answered\nchecked against mesh root {}\n",
+        s(&v["service"]),
+        instances,
+        values.len(),
+        s(&v["answered"]),
+        s(&v["replicas"]),
+        s(&v["mesh_root"]),
+    );
+    for value in values {
+        out += &format!(
+            "\n  {:<10} workload {}\n             endorsed by {}\n             endpoint {}  issued {}\n             {}\n",
+            s(&value["verdict"]).to_uppercase(),
+            s(&value["id"]),
+            s(&value["endorser"]),
+            s(&value["endpoint"]),
+            s(&value["issued_at"]),
+            s(&value["reason"]),
+        );
     }
     out
 }

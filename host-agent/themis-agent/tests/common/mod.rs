@@ -73,6 +73,7 @@ impl Agent {
     pub fn spawn(root: &Path, name: &str, options: Spawn<'_>) -> Agent {
         let dir = root.join(name);
         std::fs::create_dir_all(&dir).unwrap();
+        admit(root, &dir);
         let log = std::fs::File::create(root.join(format!("{name}.log"))).unwrap();
         let mut command = match options.netns {
             Some(ns) => {
@@ -226,13 +227,20 @@ impl Agent {
         }
     }
 
-    /// Registers `workload` as an instance of `service`.
+    /// Registers `workload` as an instance of `service` (granting the service to
+    /// this node first, as the operator would).
     pub fn register(&self, service: &str, workload: &str, endpoint: &str) -> Value {
+        self.grant(service);
         let body = serde_json::json!({ "endpoint": endpoint });
         let path = format!("/v1/services/{service}/instances/{workload}");
         let (status, answer) = self.call(hyper::Method::PUT, &path, Some(&body)).unwrap();
         assert_eq!(status, 200, "{}: register {service}: {answer}", self.name);
         answer
+    }
+
+    /// The mesh operator grants `service` to this node (once).
+    pub fn grant(&self, service: &str) {
+        grant(self.dir.parent().unwrap(), &self.dir, service);
     }
 
     /// Resolves `service` (skipping the cache); `None` if the call failed.
@@ -268,6 +276,173 @@ fn signal(pid: u32, sig: &str) {
         .status()
         .unwrap();
     assert!(status.success(), "kill -{sig} {pid}");
+}
+
+/// Runs the `themis` tool offline (operator commands); panics with its output if it
+/// fails.
+pub fn operator(args: &[&std::ffi::OsStr]) -> String {
+    let out = Command::new(themis_binary()).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "themis {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The test mesh's directory under `root` (its key and root), created once.
+pub fn mesh_dir(root: &Path) -> PathBuf {
+    let mesh = root.join("mesh");
+    if !mesh.join("mesh.key").exists() {
+        operator(&[
+            "mesh".as_ref(),
+            "create".as_ref(),
+            MESH.as_ref(),
+            "--out".as_ref(),
+            mesh.as_os_str(),
+        ]);
+    }
+    mesh
+}
+
+/// The operator admits the node whose state directory is `dir` (once).
+pub fn admit(root: &Path, dir: &Path) {
+    if !dir.join("admission.pem").exists() {
+        let mesh = mesh_dir(root);
+        let args: [&std::ffi::OsStr; 6] = [
+            "node".as_ref(),
+            "admit".as_ref(),
+            "--mesh-dir".as_ref(),
+            mesh.as_os_str(),
+            "--out".as_ref(),
+            dir.as_os_str(),
+        ];
+        let existing = dir.join("node.key").exists();
+        if existing {
+            let mut with: Vec<&std::ffi::OsStr> = args.to_vec();
+            with.push("--existing-key".as_ref());
+            operator(&with);
+        } else {
+            operator(&args);
+        }
+    }
+}
+
+/// The operator grants `service` to the node in `dir` (once).
+pub fn grant(root: &Path, dir: &Path, service: &str) {
+    if !dir.join("grants").join(format!("{service}.pem")).exists() {
+        let mesh = mesh_dir(root);
+        operator(&[
+            "service".as_ref(),
+            "grant".as_ref(),
+            service.as_ref(),
+            "--mesh-dir".as_ref(),
+            mesh.as_os_str(),
+            "--node".as_ref(),
+            dir.as_os_str(),
+        ]);
+    }
+}
+
+/// A node the operator admitted into the test mesh under `root` (its state directory
+/// `root/name`), for tests that play a peer by hand: its node key and its admission
+/// credential (encoded, as a DHT frame carries it). Admitted once; later calls load it.
+pub fn admitted_peer(root: &Path, name: &str) -> (themis_core::Identity, Vec<u8>) {
+    let dir = root.join(name);
+    admit(root, &dir);
+    node_credentials(&dir)
+}
+
+/// The node key and encoded admission in a node directory `themis node admit` wrote.
+pub fn node_credentials(dir: &Path) -> (themis_core::Identity, Vec<u8>) {
+    let root: themis_trust::MeshRoot = std::fs::read_to_string(dir.join("mesh.root"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let key = themis_agent::keystore::load(&dir.join("node.key"), &root.mesh).unwrap();
+    let pem = std::fs::read_to_string(dir.join("admission.pem")).unwrap();
+    let admission = themis_trust::from_pem(themis_trust::PemKind::Admission, &pem)
+        .unwrap()
+        .encode();
+    (key, admission)
+}
+
+/// The test mesh's root key (what only the operator holds), for tests that sign
+/// credentials the `themis` tool would not (expired, from the future...).
+pub fn mesh_key(root: &Path) -> themis_core::Identity {
+    let mesh = mesh_dir(root);
+    let name = themis_core::MeshName::new(MESH).unwrap();
+    themis_agent::keystore::load(&mesh.join("mesh.key"), &name).unwrap()
+}
+
+/// A loopback port free right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// [`FAST`] with metrics served on a free port of their own, then `more`; returns
+/// the arguments and the metrics address.
+pub fn metered(more: &[&str]) -> (Vec<String>, std::net::SocketAddr) {
+    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let mut args: Vec<String> = FAST.iter().map(|a| (*a).to_owned()).collect();
+    let at = args.iter().position(|a| a == "--metrics").unwrap();
+    args[at + 1] = metrics.to_string();
+    args.extend(more.iter().map(|a| (*a).to_owned()));
+    (args, metrics)
+}
+
+/// `GET /metrics` over plain HTTP/1.0.
+pub fn scrape(addr: std::net::SocketAddr) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    match text.split_once("\r\n\r\n") {
+        Some((head, body)) if head.split(' ').nth(1) == Some("200") => Ok(body.to_owned()),
+        _ => Err(std::io::Error::other(format!("bad answer: {text:?}"))),
+    }
+}
+
+/// The value of the series `name` with exactly these labels in a Prometheus text, 0
+/// if absent.
+pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> u64 {
+    let mut want: Vec<(String, String)> = labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    want.sort();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let (series_name, series_labels) = match series.split_once('{') {
+            Some((n, rest)) => (n, rest.strip_suffix('}').unwrap_or(rest)),
+            None => (series, ""),
+        };
+        if series_name != name {
+            continue;
+        }
+        let mut got: Vec<(String, String)> = series_labels
+            .split(',')
+            .filter(|kv| !kv.is_empty())
+            .map(|kv| {
+                let (k, v) = kv.split_once('=').unwrap();
+                (k.to_owned(), v.trim_matches('"').to_owned())
+            })
+            .collect();
+        got.sort();
+        if got == want {
+            return value.parse::<f64>().unwrap() as u64;
+        }
+    }
+    0
 }
 
 /// A temporary directory for one test's agents.

@@ -1,0 +1,396 @@
+//! The mesh operator's offline commands: create a mesh, admit a node, grant a
+//! service, set up a per-service authority and endorse a node with it, revoke a key.
+//! Each reads key files and writes credential files; none talks to a network, and
+//! the mesh key never goes anywhere a running agent reads.
+//!
+//! Layout (what `themis` writes; an agent's state directory is a node directory):
+//!
+//! ```text
+//! <mesh dir>/mesh.key        the root's private key (0600; keep it offline)
+//! <mesh dir>/mesh.root       the public root, <mesh>:<hex>
+//! <node dir>/node.key        the node key, generated here by the operator
+//! <node dir>/admission.pem   root → node
+//! <node dir>/mesh.root       a copy of the root
+//! <node dir>/grants/<service>.pem   the grant chain for one service
+//! <authority dir>/authority.key, grant.pem, mesh.root   a per-service authority
+//! ```
+
+use std::fs;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+use ring::rand::SystemRandom;
+use serde::Serialize;
+use themis_core::{Identity, MeshName, PeerId};
+use themis_trust::{
+    chain_from_pem, chain_to_pem, to_pem, Admission, Grant, MeshRoot, PemKind, Revocation, Signed,
+    ADMISSION_LABEL, GRANT_LABEL, MAX_REASON_LEN, REVOCATION_LABEL,
+};
+
+use crate::keystore;
+use crate::names::ServiceName;
+use crate::trust::{load_root, unix_millis, ADMISSION_FILE, GRANTS_DIR, ROOT_FILE};
+
+/// The root's private key file in a mesh directory.
+pub const MESH_KEY_FILE: &str = "mesh.key";
+/// The node key file in a node directory (the agent's state directory).
+pub const NODE_KEY_FILE: &str = "node.key";
+/// A per-service authority's key file.
+pub const AUTHORITY_KEY_FILE: &str = "authority.key";
+/// A per-service authority's grant chain.
+pub const AUTHORITY_GRANT_FILE: &str = "grant.pem";
+
+/// Why an operator command failed; the message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// A key file could not be used.
+    #[error("{0}")]
+    Key(#[from] keystore::KeyError),
+    /// The mesh root could not be read.
+    #[error("{0}")]
+    Root(#[from] crate::trust::TrustSetupError),
+    /// A credential file is not valid.
+    #[error("{path}: {error}")]
+    Credential {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        error: themis_trust::TrustError,
+    },
+    /// Something is in the way or out of range.
+    #[error("{0}")]
+    Refused(String),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> OperatorError + '_ {
+    move |source| OperatorError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn make_dir(dir: &Path) -> Result<(), OperatorError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io(dir))
+}
+
+/// Writes a public file that must not exist yet.
+fn write_new(path: &Path, text: &str) -> Result<(), OperatorError> {
+    use std::io::Write;
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(io(path))
+}
+
+/// Writes a public file, replacing what was there (a renewed grant, say).
+fn write_replace(path: &Path, text: &str) -> Result<(), OperatorError> {
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, text)
+        .and_then(|()| fs::rename(&tmp, path))
+        .map_err(io(path))
+}
+
+/// A mesh directory: the root key and its public form.
+pub struct MeshDir {
+    /// The root's signing key.
+    pub key: Identity,
+    /// The public root.
+    pub root: MeshRoot,
+}
+
+impl MeshDir {
+    /// Opens a mesh directory `themis mesh create` made.
+    pub fn open(dir: &Path) -> Result<MeshDir, OperatorError> {
+        let root = load_root(&dir.join(ROOT_FILE).display().to_string())?;
+        let key = keystore::load(&dir.join(MESH_KEY_FILE), &root.mesh)?;
+        if key.public_key() != &root.key {
+            return Err(OperatorError::Refused(format!(
+                "{}: the mesh key does not match {}",
+                dir.display(),
+                ROOT_FILE
+            )));
+        }
+        Ok(MeshDir { key, root })
+    }
+}
+
+/// What a command wrote, for people and `--json`.
+#[derive(Debug, Serialize)]
+pub struct Written {
+    /// What was done, in words.
+    pub summary: String,
+    /// The printable id of the key concerned.
+    pub id: String,
+    /// The mesh root.
+    pub mesh_root: String,
+    /// Files written.
+    pub files: Vec<PathBuf>,
+}
+
+/// Creates a mesh: a new root key (`mesh.key`, 0600) and `mesh.root` in `dir`.
+pub fn create_mesh(name: &str, dir: &Path) -> Result<Written, OperatorError> {
+    let mesh =
+        MeshName::new(name).map_err(|e| OperatorError::Refused(format!("mesh {name:?}: {e}")))?;
+    make_dir(dir)?;
+    let key = Identity::generate(mesh.clone(), &SystemRandom::new())
+        .map_err(|e| OperatorError::Refused(e.to_string()))?;
+    let key_path = dir.join(MESH_KEY_FILE);
+    keystore::write(&key_path, &key)?;
+    let root = MeshRoot {
+        mesh,
+        key: *key.public_key(),
+    };
+    let root_path = dir.join(ROOT_FILE);
+    write_new(&root_path, &format!("{root}\n"))?;
+    Ok(Written {
+        summary: format!(
+            "created mesh {}; keep {} offline",
+            root.mesh,
+            key_path.display()
+        ),
+        id: key.printable_id(),
+        mesh_root: root.to_string(),
+        files: vec![key_path, root_path],
+    })
+}
+
+/// Admits a node: generates its key in `node_dir` (so its ring position comes from
+/// the operator's randomness, not the node's), and writes its admission and the root.
+/// An existing `node.key` there is admitted instead only with `existing_key`.
+pub fn admit_node(
+    mesh: &MeshDir,
+    node_dir: &Path,
+    not_after: Option<u64>,
+    existing_key: bool,
+) -> Result<Written, OperatorError> {
+    make_dir(node_dir)?;
+    let key_path = node_dir.join(NODE_KEY_FILE);
+    let node = if key_path.exists() {
+        if !existing_key {
+            return Err(OperatorError::Refused(format!(
+                "{} exists: admission generates the node key itself (a node that chose its own \
+                 key could have chosen its ring position); pass --existing-key to admit that key anyway",
+                key_path.display()
+            )));
+        }
+        keystore::load(&key_path, &mesh.root.mesh)?
+    } else {
+        let node = Identity::generate(mesh.root.mesh.clone(), &SystemRandom::new())
+            .map_err(|e| OperatorError::Refused(e.to_string()))?;
+        keystore::write(&key_path, &node)?;
+        node
+    };
+    let admission = Signed::sign(
+        &mesh.key,
+        ADMISSION_LABEL,
+        &Admission {
+            mesh: mesh.root.mesh.to_string(),
+            node_key: *node.public_key(),
+            issued_at: unix_millis(),
+            not_after,
+        },
+    );
+    let admission_path = node_dir.join(ADMISSION_FILE);
+    write_replace(&admission_path, &to_pem(PemKind::Admission, &admission))?;
+    let root_path = node_dir.join(ROOT_FILE);
+    write_replace(&root_path, &format!("{}\n", mesh.root))?;
+    Ok(Written {
+        summary: format!(
+            "admitted node {} to mesh {}; start its agent with --state-dir {}",
+            node.printable_id(),
+            mesh.root.mesh,
+            node_dir.display()
+        ),
+        id: node.printable_id(),
+        mesh_root: mesh.root.to_string(),
+        files: vec![key_path, admission_path, root_path],
+    })
+}
+
+fn node_key(node_dir: &Path, mesh: &MeshName) -> Result<Identity, OperatorError> {
+    Ok(keystore::load(&node_dir.join(NODE_KEY_FILE), mesh)?)
+}
+
+fn grant(
+    signer: &Identity,
+    service: &ServiceName,
+    grantee: &[u8; 32],
+    delegate: bool,
+    not_after: Option<u64>,
+) -> Signed {
+    Signed::sign(
+        signer,
+        GRANT_LABEL,
+        &Grant {
+            mesh: signer.mesh().to_string(),
+            service: service.as_str().to_owned(),
+            grantee: *grantee,
+            delegate,
+            issued_at: unix_millis(),
+            not_after,
+        },
+    )
+}
+
+/// The root grants `service` to the node in `node_dir`: its agent may then endorse
+/// local instances of the service. Written to `<node_dir>/grants/<service>.pem`.
+pub fn grant_to_node(
+    mesh: &MeshDir,
+    service: &ServiceName,
+    node_dir: &Path,
+    not_after: Option<u64>,
+) -> Result<Written, OperatorError> {
+    let node = node_key(node_dir, &mesh.root.mesh)?;
+    let chain = vec![grant(
+        &mesh.key,
+        service,
+        node.public_key(),
+        false,
+        not_after,
+    )];
+    write_chain(node_dir, service, &chain, &node, &mesh.root)
+}
+
+fn write_chain(
+    node_dir: &Path,
+    service: &ServiceName,
+    chain: &[Signed],
+    node: &Identity,
+    root: &MeshRoot,
+) -> Result<Written, OperatorError> {
+    let dir = node_dir.join(GRANTS_DIR);
+    make_dir(&dir)?;
+    let path = dir.join(format!("{service}.pem"));
+    write_replace(&path, &chain_to_pem(chain))?;
+    Ok(Written {
+        summary: format!(
+            "node {} may now serve {service} (the agent picks the grant up at the next registration)",
+            node.printable_id()
+        ),
+        id: node.printable_id(),
+        mesh_root: root.to_string(),
+        files: vec![path],
+    })
+}
+
+/// The root creates a per-service authority in `dir`: a new key granted `service`
+/// with the right to pass it on, so that service owners endorse nodes without the
+/// mesh key.
+pub fn create_authority(
+    mesh: &MeshDir,
+    service: &ServiceName,
+    dir: &Path,
+    not_after: Option<u64>,
+) -> Result<Written, OperatorError> {
+    make_dir(dir)?;
+    let key = Identity::generate(mesh.root.mesh.clone(), &SystemRandom::new())
+        .map_err(|e| OperatorError::Refused(e.to_string()))?;
+    let key_path = dir.join(AUTHORITY_KEY_FILE);
+    keystore::write(&key_path, &key)?;
+    let chain = [grant(&mesh.key, service, key.public_key(), true, not_after)];
+    let grant_path = dir.join(AUTHORITY_GRANT_FILE);
+    write_replace(&grant_path, &chain_to_pem(&chain))?;
+    let root_path = dir.join(ROOT_FILE);
+    write_replace(&root_path, &format!("{}\n", mesh.root))?;
+    Ok(Written {
+        summary: format!(
+            "created an authority for {service}: `themis service endorse {service} --authority {}` grants it to nodes",
+            dir.display()
+        ),
+        id: key.printable_id(),
+        mesh_root: mesh.root.to_string(),
+        files: vec![key_path, grant_path, root_path],
+    })
+}
+
+/// A per-service authority (in `authority_dir`) grants `service` to the node in
+/// `node_dir`: the chain root → authority → node.
+pub fn endorse_node(
+    authority_dir: &Path,
+    service: &ServiceName,
+    node_dir: &Path,
+    not_after: Option<u64>,
+) -> Result<Written, OperatorError> {
+    let root = load_root(&authority_dir.join(ROOT_FILE).display().to_string())?;
+    let key = keystore::load(&authority_dir.join(AUTHORITY_KEY_FILE), &root.mesh)?;
+    let grant_path = authority_dir.join(AUTHORITY_GRANT_FILE);
+    let text = fs::read_to_string(&grant_path).map_err(io(&grant_path))?;
+    let mut chain = chain_from_pem(&text).map_err(|error| OperatorError::Credential {
+        path: grant_path.clone(),
+        error,
+    })?;
+    let revoked = themis_trust::Revocations::new();
+    let verifier = themis_trust::Verifier {
+        root: &root,
+        now_ms: unix_millis(),
+        revoked: &revoked,
+    };
+    let held =
+        verifier
+            .grants(&chain, service.as_str())
+            .map_err(|error| OperatorError::Credential {
+                path: grant_path.clone(),
+                error,
+            })?;
+    if !held.delegate || &held.grantee != key.public_key() {
+        return Err(OperatorError::Refused(format!(
+            "{}: this authority may not pass {service} on",
+            grant_path.display()
+        )));
+    }
+    let node = node_key(node_dir, &root.mesh)?;
+    chain.push(grant(&key, service, node.public_key(), false, not_after));
+    write_chain(node_dir, service, &chain, &node, &root)
+}
+
+/// The root revokes the key whose printable id is `id` (a node, an authority or a
+/// workload), for good. Returns the PEM text and what was done.
+pub fn revoke(mesh: &MeshDir, id: &str, reason: &str) -> Result<(String, Written), OperatorError> {
+    let peer =
+        PeerId::parse_in(id, &mesh.root.mesh).map_err(|e| OperatorError::Refused(e.to_string()))?;
+    if peer == mesh.root.id() {
+        return Err(OperatorError::Refused(
+            "that is the mesh root itself: create a new mesh instead".into(),
+        ));
+    }
+    if reason.len() > MAX_REASON_LEN {
+        return Err(OperatorError::Refused(format!(
+            "the reason is {} bytes; at most {MAX_REASON_LEN}",
+            reason.len()
+        )));
+    }
+    let revocation = Signed::sign(
+        &mesh.key,
+        REVOCATION_LABEL,
+        &Revocation {
+            mesh: mesh.root.mesh.to_string(),
+            id: peer.0,
+            issued_at: unix_millis(),
+            reason: reason.to_owned(),
+        },
+    );
+    let pem = to_pem(PemKind::Revocation, &revocation);
+    Ok((
+        pem,
+        Written {
+            summary: format!("revoked {id}"),
+            id: id.to_owned(),
+            mesh_root: mesh.root.to_string(),
+            files: Vec::new(),
+        },
+    ))
+}

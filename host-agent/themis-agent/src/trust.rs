@@ -1,0 +1,348 @@
+//! The node's side of mesh trust: the mesh root it was configured with, its own
+//! admission and grants (files the operator's `themis node admit` and
+//! `themis service grant` wrote into the state directory), the revocations it knows,
+//! and the checks made on every peer frame and every stored value.
+//!
+//! The root's private key never comes near a running agent; everything here only
+//! verifies, except that the node signs records for its own workloads with its node
+//! key, within the grants it holds (see [`crate::registry`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use themis_core::{Identity, PeerId};
+use themis_dht::{Key, Placement, Rejection, ValuePolicy};
+use themis_trust::{
+    chain_from_pem, from_pem, Grant, InstanceValue, MeshRoot, PemKind, Record, Revocations, Signed,
+    TrustError, Verifier, GRANT_LABEL,
+};
+use tracing::{info, warn};
+
+use crate::metrics::Metrics;
+
+/// The DHT name revocations are stored under (not a valid service name, so it
+/// cannot collide with one).
+pub const REVOCATIONS_NAME: &[u8] = b"themis/revocations";
+/// File names in the state directory.
+pub const ROOT_FILE: &str = "mesh.root";
+/// The node's admission credential.
+pub const ADMISSION_FILE: &str = "admission.pem";
+/// The directory of grant chains, one `<service>.pem` each.
+pub const GRANTS_DIR: &str = "grants";
+/// Most instance slots one endorsing node may hold under one object id.
+pub const RECORDS_PER_OWNER: usize = 16;
+/// Peers whose admission is remembered (verified once, then compared).
+const ADMITTED_CACHE: usize = 4096;
+
+/// Why the node's trust material cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TrustSetupError {
+    /// A file is missing or unreadable.
+    #[error("{path}: {source}{hint}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+        /// What to do about it.
+        hint: &'static str,
+    },
+    /// The mesh root does not parse.
+    #[error("mesh root {0}")]
+    Root(#[from] themis_trust::RootError),
+    /// The node's own admission is not valid for its key under the root.
+    #[error("{path}: the admission is not valid for this node ({error}); have the mesh operator run `themis node admit` again")]
+    Admission {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        error: TrustError,
+    },
+    /// The configured mesh name differs from the root's.
+    #[error("the mesh root is for mesh {root:?} but the agent is configured for {configured:?}")]
+    MeshMismatch {
+        /// The root's mesh.
+        root: String,
+        /// The configured one.
+        configured: String,
+    },
+}
+
+fn read(path: &Path, hint: &'static str) -> Result<String, TrustSetupError> {
+    std::fs::read_to_string(path).map_err(|source| TrustSetupError::Read {
+        path: path.to_owned(),
+        source,
+        hint,
+    })
+}
+
+/// Unix milliseconds now.
+pub fn unix_millis() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Reads the mesh root from text (`<mesh>:<hex>`) or from a file holding it.
+pub fn load_root(spec: &str) -> Result<MeshRoot, TrustSetupError> {
+    if let Ok(root) = spec.parse() {
+        return Ok(root);
+    }
+    let text = read(
+        Path::new(spec),
+        " (give --mesh-root as <mesh>:<hex> or a file written by `themis mesh create`)",
+    )?;
+    Ok(text.parse()?)
+}
+
+/// The node's trust state; shared by the overlay, the DHT's value policy and the
+/// registry.
+pub struct MeshTrust {
+    root: MeshRoot,
+    admission: Vec<u8>,
+    grants_dir: PathBuf,
+    grants: RwLock<BTreeMap<String, Vec<Signed>>>,
+    revoked: RwLock<Revocations>,
+    /// Admissions verified, by peer: the hash of the credential bytes seen.
+    admitted: Mutex<HashMap<PeerId, u64>>,
+    /// Bumped at every new revocation; caches compare it.
+    generation: AtomicU64,
+    metrics: Arc<Metrics>,
+}
+
+impl MeshTrust {
+    /// Checks the node's own admission (`<state_dir>/admission.pem`) under `root`
+    /// and loads its grants.
+    pub fn load(
+        state_dir: &Path,
+        root: MeshRoot,
+        node: &Identity,
+        metrics: Arc<Metrics>,
+    ) -> Result<MeshTrust, TrustSetupError> {
+        if &root.mesh != node.mesh() {
+            return Err(TrustSetupError::MeshMismatch {
+                root: root.mesh.to_string(),
+                configured: node.mesh().to_string(),
+            });
+        }
+        let path = state_dir.join(ADMISSION_FILE);
+        let text = read(
+            &path,
+            " (an agent joins only with an admission: have the mesh operator run \
+             `themis node admit` and copy its output into the state directory)",
+        )?;
+        let admission = from_pem(PemKind::Admission, &text)
+            .map_err(|error| TrustSetupError::Admission {
+                path: path.clone(),
+                error,
+            })?
+            .encode();
+        let revoked = Revocations::new();
+        Verifier {
+            root: &root,
+            now_ms: unix_millis(),
+            revoked: &revoked,
+        }
+        .admission(&admission, node.public_key())
+        .map_err(|error| TrustSetupError::Admission { path, error })?;
+        let trust = MeshTrust {
+            root,
+            admission,
+            grants_dir: state_dir.join(GRANTS_DIR),
+            grants: Default::default(),
+            revoked: RwLock::new(revoked),
+            admitted: Default::default(),
+            generation: AtomicU64::new(0),
+            metrics,
+        };
+        trust.reload_grants(node);
+        Ok(trust)
+    }
+
+    /// The mesh root.
+    pub fn root(&self) -> &MeshRoot {
+        &self.root
+    }
+
+    /// This node's admission credential, as sent with every DHT frame.
+    pub fn own_admission(&self) -> &[u8] {
+        &self.admission
+    }
+
+    /// Runs `f` with a verifier for now and the known revocations.
+    pub fn verify<T>(&self, f: impl FnOnce(&Verifier<'_>) -> T) -> T {
+        let revoked = self.revoked.read().expect("never poisoned");
+        f(&Verifier {
+            root: &self.root,
+            now_ms: unix_millis(),
+            revoked: &revoked,
+        })
+    }
+
+    /// Re-reads `<state_dir>/grants/*.pem`, keeping the chains that are valid for
+    /// this node's key; returns the services granted.
+    pub fn reload_grants(&self, node: &Identity) -> Vec<String> {
+        let mut grants = BTreeMap::new();
+        let entries = std::fs::read_dir(&self.grants_dir).into_iter().flatten();
+        for path in entries.flatten().map(|e| e.path()) {
+            if path.extension().is_none_or(|e| e != "pem") {
+                continue;
+            }
+            let checked = std::fs::read_to_string(&path)
+                .map_err(|_| TrustError::Malformed)
+                .and_then(|text| chain_from_pem(&text))
+                .and_then(|chain| {
+                    let last: Grant = chain
+                        .last()
+                        .ok_or(TrustError::ChainLength)?
+                        .open(GRANT_LABEL)?;
+                    let grant = self.verify(|v| v.grants(&chain, &last.service))?;
+                    if &grant.grantee != node.public_key() {
+                        return Err(TrustError::NotGranted);
+                    }
+                    Ok((grant.service, chain))
+                });
+            match checked {
+                Ok((service, chain)) => {
+                    grants.insert(service, chain);
+                }
+                Err(error) => {
+                    warn!(path = %path.display(), %error, "ignoring a grant that is not valid for this node")
+                }
+            }
+        }
+        let services: Vec<String> = grants.keys().cloned().collect();
+        *self.grants.write().expect("never poisoned") = grants;
+        services
+    }
+
+    /// The grant chain this node holds for `service`.
+    pub fn grant_chain(&self, service: &str) -> Option<Vec<Signed>> {
+        self.grants
+            .read()
+            .expect("never poisoned")
+            .get(service)
+            .cloned()
+    }
+
+    /// The services this node may endorse instances of.
+    pub fn granted_services(&self) -> Vec<String> {
+        self.grants
+            .read()
+            .expect("never poisoned")
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Checks the admission a peer sent with a frame; verified once per peer and
+    /// credential, then remembered until the next revocation.
+    pub fn check_peer(&self, peer: &PeerId, admission: &[u8]) -> Result<(), TrustError> {
+        let digest = fingerprint(admission);
+        if self.admitted.lock().expect("never poisoned").get(peer) == Some(&digest) {
+            return Ok(());
+        }
+        self.verify(|v| v.admission_of(admission, peer))?;
+        let mut admitted = self.admitted.lock().expect("never poisoned");
+        if admitted.len() >= ADMITTED_CACHE {
+            admitted.clear();
+        }
+        admitted.insert(*peer, digest);
+        Ok(())
+    }
+
+    /// Verifies and adds an encoded revocation; `Ok(true)` when it is new (caches
+    /// that depend on trust are invalidated then).
+    pub fn add_revocation(&self, bytes: &[u8]) -> Result<bool, TrustError> {
+        let added = self
+            .revoked
+            .write()
+            .expect("never poisoned")
+            .add(&self.root, bytes)?;
+        if added {
+            let revocation = Revocations::verify(&self.root, bytes)?;
+            info!(
+                revoked = %PeerId(revocation.id).printable(&self.root.mesh),
+                reason = %revocation.reason,
+                "learnt a revocation"
+            );
+            self.admitted.lock().expect("never poisoned").clear();
+            self.generation.fetch_add(1, Ordering::Relaxed);
+            self.metrics.revocation_learnt();
+        }
+        Ok(added)
+    }
+
+    /// The known revocations.
+    pub fn revocations(&self) -> Revocations {
+        self.revoked.read().expect("never poisoned").clone()
+    }
+
+    /// Changes at every new revocation.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    /// Whether `id` is revoked.
+    pub fn is_revoked(&self, id: &PeerId) -> bool {
+        self.revoked.read().expect("never poisoned").contains(id)
+    }
+}
+
+fn fingerprint(bytes: &[u8]) -> u64 {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    u64::from_le_bytes(digest.as_ref()[..8].try_into().expect("8 bytes"))
+}
+
+/// What the DHT keeps: endorsed instance records under their service's object ids,
+/// root-signed revocations under [`REVOCATIONS_NAME`]'s. Everything else is refused
+/// before it takes memory.
+pub struct TrustPolicy(pub Arc<MeshTrust>);
+
+impl TrustPolicy {
+    fn check(&self, key: &Key, value: &[u8]) -> Result<Placement, TrustError> {
+        let is_under = |name: &[u8]| {
+            (0..=themis_dht::message::MAX_REPLICAS).any(|r| Key::object(name, r) == *key)
+        };
+        let now = unix_millis();
+        if is_under(REVOCATIONS_NAME) {
+            let revocation = Revocations::verify(&self.0.root, value)?;
+            return Ok(Placement {
+                owner: self.0.root.key,
+                slot: revocation.id,
+                version: 0,
+                owner_limit: themis_dht::message::MAX_VALUES_PER_KEY,
+                ttl_cap: None,
+            });
+        }
+        // The service is inside the value; the key must be one of its object ids.
+        let parsed = InstanceValue::decode(value)?;
+        let claimed: Record =
+            postcard::from_bytes(&parsed.record.body).map_err(|_| TrustError::Malformed)?;
+        if !is_under(claimed.service.as_bytes()) {
+            return Err(TrustError::WrongService);
+        }
+        let instance = self
+            .0
+            .verify(|v| v.instance_value(&parsed, &claimed.service))?;
+        Ok(Placement {
+            owner: instance.endorser,
+            slot: instance.id.0,
+            version: instance.issued_at,
+            owner_limit: RECORDS_PER_OWNER,
+            ttl_cap: Some(instance.not_after.saturating_sub(now)),
+        })
+    }
+}
+
+impl ValuePolicy for TrustPolicy {
+    fn place(&self, key: &Key, value: &[u8]) -> Result<Placement, Rejection> {
+        self.check(key, value).map_err(|error| {
+            self.0.metrics.record_refused(error.reason());
+            Rejection::InvalidValue
+        })
+    }
+}
