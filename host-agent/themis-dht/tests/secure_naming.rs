@@ -224,10 +224,37 @@ fn handover_and_leaving_from_a_non_neighbour_change_nothing() {
     assert_eq!(ask(&mut sim, a, s2, leaving), Response::Ack);
     assert_eq!(sim.nodes[a].predecessor().map(|p| p.addr), Some(pred));
     assert!(sim.nodes[a].successors().iter().all(|c| c.addr != s2));
-    // Our predecessor is still heard.
-    assert_eq!(ask(&mut sim, a, pred, handover), Response::Ack);
+    // Our predecessor is still heard, even when its hand-over arrives after its
+    // `Leaving` (for a request timeout; then it is a stranger like any other).
+    let pp = sim.nodes[pred].predecessor().cloned();
+    let leaving = Request::Leaving {
+        predecessor: pp.clone(),
+        successors: Vec::new(),
+    };
+    assert_eq!(ask(&mut sim, a, pred, leaving), Response::Ack);
+    assert_eq!(sim.nodes[a].predecessor().cloned(), pp);
+    assert_eq!(ask(&mut sim, a, pred, handover.clone()), Response::Ack);
     assert_eq!(sim.nodes[a].stats().rejected(Rejection::NotNeighbour), 2);
     assert_eq!(sim.nodes[a].values(&key, sim.now), vec![value]);
+    let later = sim.now + Config::default().request_timeout + 1;
+    let from = sim.contact(pred);
+    let msg = Message::Request {
+        id: 8,
+        body: handover,
+    };
+    sim.nodes[a].handle(later, from, msg);
+    assert!(matches!(
+        sim.nodes[a].poll_transmit(),
+        Some((
+            _,
+            Message::Response {
+                id: 8,
+                body: Response::Rejected
+            }
+        ))
+    ));
+    assert_eq!(sim.nodes[a].stats().rejected(Rejection::NotNeighbour), 3);
+    // `pred` never really left: stabilisation puts it back.
     sim.converge(30_000).unwrap_or_else(|e| panic!("{e}"));
 }
 
