@@ -340,19 +340,19 @@ fn bad_configuration_is_rejected() {
     let socket = dir.path().join("no-agent.sock");
     let app: SocketAddr = closed_port(IP_B);
     let limit = Duration::from_secs(60);
-    let good_inbound = inbound_config(MESH, "check", "check", None);
+    let root = format!("{}:{}", MESH, "11".repeat(32));
+    let good_inbound = inbound_config(&root, "check", "check", None);
     let cases = [
         (
             "unknown-key",
-            r#"{"role":"outbound","mesh":"test","workload":"handler","private_key":"x"}"#
-                .to_owned(),
+            format!(r#"{{"role":"outbound","mesh_root":"{root}","workload":"handler","private_key":"x"}}"#),
             good_inbound.clone(),
             "themis filter configuration: unknown field `private_key`",
         ),
         (
             "no-app-cluster",
-            outbound_config(MESH, "check", "check"),
-            r#"{"role":"inbound","mesh":"test","workload":"check"}"#.to_owned(),
+            outbound_config(&root, "check", "check"),
+            format!(r#"{{"role":"inbound","mesh_root":"{root}","workload":"check"}}"#),
             "themis filter configuration: app_cluster",
         ),
     ];

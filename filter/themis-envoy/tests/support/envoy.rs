@@ -28,18 +28,32 @@ pub fn envoy_binary() -> PathBuf {
     path
 }
 
-/// The plugin configuration of the outbound role.
-pub fn outbound_config(mesh: &str, workload: &str, service: &str) -> String {
+/// The mesh root of the test mesh whose agents live under `root` (the harness
+/// creates it with the first agent).
+pub fn mesh_root(root: &Path) -> String {
+    std::fs::read_to_string(root.join("mesh").join("mesh.root"))
+        .expect("the harness created the mesh with the first agent")
+        .trim()
+        .to_owned()
+}
+
+/// The plugin configuration of the outbound role in the mesh with root `mesh_root`.
+pub fn outbound_config(mesh_root: &str, workload: &str, service: &str) -> String {
     format!(
-        r#"{{"role":"outbound","mesh":"{mesh}","workload":"{workload}","service":"{service}"}}"#
+        r#"{{"role":"outbound","mesh_root":"{mesh_root}","workload":"{workload}","service":"{service}"}}"#
     )
 }
 
 /// The plugin configuration of the inbound role, with an optional policy (JSON).
-pub fn inbound_config(mesh: &str, workload: &str, service: &str, policy: Option<&str>) -> String {
+pub fn inbound_config(
+    mesh_root: &str,
+    workload: &str,
+    service: &str,
+    policy: Option<&str>,
+) -> String {
     let policy = policy.map_or(String::new(), |p| format!(r#","policy":{p}"#));
     format!(
-        r#"{{"role":"inbound","mesh":"{mesh}","workload":"{workload}","service":"{service}","app_cluster":"app"{policy}}}"#
+        r#"{{"role":"inbound","mesh_root":"{mesh_root}","workload":"{workload}","service":"{service}","app_cluster":"app"{policy}}}"#
     )
 }
 

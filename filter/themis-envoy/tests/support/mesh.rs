@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::agent_harness::{Agent, Spawn, MESH};
 use super::app::App;
-use super::envoy::{inbound_config, outbound_config, Envoy, Sidecar};
+use super::envoy::{inbound_config, mesh_root, outbound_config, Envoy, Sidecar};
 use super::http::{self, Response};
 
 /// Node A's address.
@@ -111,8 +111,8 @@ impl Mesh {
                 ip: IP_A,
                 agent_socket: &a.dir.join("agent.sock"),
                 app: closed_port(IP_A),
-                outbound_config: &outbound_config(MESH, "handler", "handler"),
-                inbound_config: &inbound_config(MESH, "handler", "handler", None),
+                outbound_config: &outbound_config(&mesh_root(root), "handler", "handler"),
+                inbound_config: &inbound_config(&mesh_root(root), "handler", "handler", None),
             },
         );
         let envoy_b = start_envoy_b(root, &b, "envoy-b", app.addr, policy);
@@ -234,8 +234,8 @@ fn start_envoy_b(
             ip: IP_B,
             agent_socket: &b.dir.join("agent.sock"),
             app,
-            outbound_config: &outbound_config(MESH, "check", "check"),
-            inbound_config: &inbound_config(MESH, "check", "check", policy),
+            outbound_config: &outbound_config(&mesh_root(root), "check", "check"),
+            inbound_config: &inbound_config(&mesh_root(root), "check", "check", policy),
         },
     )
 }
