@@ -12,14 +12,14 @@
 mod common;
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener as StdListener, TcpStream};
-use std::path::Path;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use common::{Agent, Spawn, FAST, MESH};
+use common::{sample, scrape, Agent, Spawn, MESH};
 use hyper::Method;
 use ring::digest;
 use ring::rand::{SecureRandom, SystemRandom};
@@ -33,7 +33,11 @@ use themis_core::wire::{
 };
 use themis_core::{HandshakeConfig, Identity, MeshName, PeerId, SessionInfo};
 use themis_dht::message::{MAX_AVOID, MAX_VALUE_LEN};
-use themis_dht::{in_open, Contact, Key, Message, Request, Response};
+use themis_dht::{in_open, Contact, Key, Message, Object, Request, Response};
+use themis_trust::{
+    chain_from_pem, Admission, Grant, InstanceValue, Record, Signed, ADMISSION_LABEL, GRANT_LABEL,
+    RECORD_LABEL,
+};
 
 // ---- helpers -------------------------------------------------------------------------
 
@@ -45,14 +49,6 @@ const COUNTER_WAIT: Duration = Duration::from_secs(15);
 /// connections" by test peers that never get called back.
 fn nowhere() -> SocketAddr {
     "127.0.0.1:9".parse().unwrap()
-}
-
-fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn identity(mesh: &str) -> Identity {
@@ -77,28 +73,49 @@ fn encode(frame: &Frame) -> Vec<u8> {
     postcard::to_allocvec(frame).unwrap()
 }
 
-fn dht(listen: SocketAddr, id: u64, body: Request<SocketAddr>) -> Vec<u8> {
+/// A DHT request frame from the peer whose admission credential is `admission`.
+fn dht(listen: SocketAddr, admission: &[u8], id: u64, body: Request<SocketAddr>) -> Vec<u8> {
     encode(&Frame::Dht {
         listen,
+        admission: admission.to_vec(),
         message: Message::Request { id, body },
     })
+}
+
+/// A test peer the mesh operator admitted (`themis node admit`): its key and its
+/// encoded admission. Hostile peers need one to reach the DHT at all.
+struct Admitted {
+    me: Identity,
+    admission: Vec<u8>,
+}
+
+impl Admitted {
+    /// Admits (once) the node `root/name` in the test mesh and loads its credentials.
+    fn new(root: &Path, name: &str) -> Admitted {
+        let (me, admission) = common::admitted_peer(root, name);
+        Admitted { me, admission }
+    }
+
+    /// A DHT request frame from this peer.
+    fn dht(&self, listen: SocketAddr, id: u64, body: Request<SocketAddr>) -> Vec<u8> {
+        dht(listen, &self.admission, id, body)
+    }
 }
 
 /// An agent with its metrics served on a port of its own.
 struct Metered {
     agent: Agent,
     metrics: SocketAddr,
+    /// The test's directory (the mesh and every node live under it).
+    root: PathBuf,
 }
 
 impl Metered {
     /// Starts an agent with `common::FAST` timers and metrics on a free port, and waits
     /// until it is in a ring.
     fn spawn(root: &Path, name: &str, join: Option<&str>) -> Metered {
-        let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let metrics_arg = metrics.to_string();
-        let mut extra: Vec<&str> = FAST.to_vec();
-        let at = extra.iter().position(|a| *a == "--metrics").unwrap();
-        extra[at + 1] = &metrics_arg;
+        let (extra, metrics) = common::metered(&[]);
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
         let agent = Agent::spawn(
             root,
             name,
@@ -109,7 +126,11 @@ impl Metered {
             },
         );
         agent.wait_joined();
-        Metered { agent, metrics }
+        Metered {
+            agent,
+            metrics,
+            root: root.to_owned(),
+        }
     }
 
     /// Where the agent accepts agent connections.
@@ -174,53 +195,6 @@ fn listen_of(agent: &Agent) -> SocketAddr {
 
 fn key_of(agent: &Agent) -> Key {
     Key(PeerId::parse(&agent.id).unwrap().1 .0)
-}
-
-/// `GET /metrics` over plain HTTP/1.0.
-fn scrape(addr: SocketAddr) -> std::io::Result<String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    match text.split_once("\r\n\r\n") {
-        Some((head, body)) if head.split(' ').nth(1) == Some("200") => Ok(body.to_owned()),
-        _ => Err(std::io::Error::other(format!("bad answer: {text:?}"))),
-    }
-}
-
-/// The value of the series `name` with exactly these labels, 0 if absent.
-fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> u64 {
-    let mut want: Vec<(String, String)> = labels
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    want.sort();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let (series_name, series_labels) = match series.split_once('{') {
-            Some((n, rest)) => (n, rest.strip_suffix('}').unwrap_or(rest)),
-            None => (series, ""),
-        };
-        if series_name != name {
-            continue;
-        }
-        let mut got: Vec<(String, String)> = series_labels
-            .split(',')
-            .filter(|kv| !kv.is_empty())
-            .map(|kv| {
-                let (k, v) = kv.split_once('=').unwrap();
-                (k.to_owned(), v.trim_matches('"').to_owned())
-            })
-            .collect();
-        got.sort();
-        if got == want {
-            return value.parse::<f64>().unwrap() as u64;
-        }
-    }
-    0
 }
 
 /// The counters these tests look at, for failure messages.
@@ -301,13 +275,13 @@ fn signed_hello(body: &HelloBody<'_>, key: &Ed25519KeyPair) -> Vec<u8> {
     bytes
 }
 
-/// A full handshake as a fresh identity of the mesh, then a `Ping`: the agent still
-/// accepts agents and answers them.
+/// A full handshake as an admitted node of the mesh, then a `Ping`: the agent still
+/// accepts agents and answers them, with its own admission in the answer.
 fn ping_works(rt: &tokio::runtime::Runtime, agent: &Metered) {
-    let me = identity(MESH);
+    let peer = Admitted::new(&agent.root, "pinger");
     let answer = rt.block_on(async {
         let mut stream = themis_net::connect(
-            &me,
+            &peer.me,
             agent.listen(),
             agent.peer_id(),
             &themis_net::Config::default(),
@@ -315,20 +289,42 @@ fn ping_works(rt: &tokio::runtime::Runtime, agent: &Metered) {
         .await
         .unwrap();
         stream
-            .request(&dht(nowhere(), 77, Request::Ping))
+            .request(&peer.dht(nowhere(), 77, Request::Ping))
             .await
             .unwrap()
     });
     match postcard::from_bytes::<Frame>(&answer).unwrap() {
         Frame::Dht {
             listen,
+            admission,
             message: Message::Response { id: 77, body },
         } => {
             assert_eq!(body, Response::Ack);
             assert_eq!(listen, agent.listen());
+            let root = mesh_root(&agent.root);
+            let revoked = themis_trust::Revocations::new();
+            let verifier = themis_trust::Verifier {
+                root: &root,
+                now_ms: now_ms(),
+                revoked: &revoked,
+            };
+            verifier
+                .admission_of(&admission, &agent.peer_id())
+                .expect("the agent's answer carries its own admission");
         }
         other => panic!("{}: a ping got {other:?}", agent.agent.name),
     }
+}
+
+/// The test mesh's public root.
+fn mesh_root(root: &Path) -> themis_trust::MeshRoot {
+    let text = std::fs::read_to_string(common::mesh_dir(root).join("mesh.root")).unwrap();
+    text.parse().unwrap()
+}
+
+/// Unix milliseconds now.
+fn now_ms() -> u64 {
+    themis_agent::trust::unix_millis()
 }
 
 /// Register + resolve through the API: the agent still does its job.
@@ -526,19 +522,20 @@ fn handshakes_that_do_not_add_up_are_refused_by_reason() {
 
 // ---- 3. an authenticated agent sending frames the overlay must refuse ------------------
 
-/// An agent of the mesh, properly authenticated, sends frames that are not well-formed
-/// DHT requests. Each one is answered with `Frame::Refused` and its reason, counted,
-/// and the session stays up: a well-formed `Ping` on the same connection afterwards
-/// is answered.
+/// An admitted agent of the mesh, properly authenticated, sends frames that are not
+/// well-formed DHT requests. Each one is answered with `Frame::Refused` and its reason,
+/// counted, and the session stays up: a well-formed `Ping` on the same connection
+/// afterwards is answered.
 #[test]
 fn an_authenticated_peer_sending_bad_frames_is_refused_frame_by_frame() {
     let dir = common::workdir();
     let a = Metered::spawn(dir.path(), "agent-0", None);
     let rt = runtime();
-    let me = identity(MESH);
+    let peer = Admitted::new(dir.path(), "hostile");
+    let dht = |listen, id, body| peer.dht(listen, id, body);
     let mut stream = rt
         .block_on(themis_net::connect(
-            &me,
+            &peer.me,
             a.listen(),
             a.peer_id(),
             &themis_net::Config::default(),
@@ -588,6 +585,7 @@ fn an_authenticated_peer_sending_bad_frames_is_refused_frame_by_frame() {
             "a response nobody asked for",
             encode(&Frame::Dht {
                 listen: nowhere(),
+                admission: peer.admission.clone(),
                 message: Message::Response {
                     id: 1,
                     body: Response::Ack,
@@ -643,6 +641,7 @@ fn an_authenticated_peer_sending_bad_frames_is_refused_frame_by_frame() {
         Frame::Dht {
             listen,
             message: Message::Response { id: 42, body },
+            ..
         } => {
             assert_eq!(body, Response::Ack);
             assert_eq!(listen, a.listen());
@@ -666,13 +665,199 @@ fn an_authenticated_peer_sending_bad_frames_is_refused_frame_by_frame() {
     register_and_resolve_work(&a.agent, "after-bad-frames");
 }
 
+// ---- 3b. peers the mesh root did not admit ---------------------------------------------
+
+/// An admission credential for `node`, signed by `signer` (the mesh key, or not).
+fn admission_by(
+    signer: &Identity,
+    node: &Identity,
+    mesh: &str,
+    issued_at: u64,
+    not_after: Option<u64>,
+) -> Vec<u8> {
+    Signed::sign(
+        signer,
+        ADMISSION_LABEL,
+        &Admission {
+            mesh: mesh.into(),
+            node_key: *node.public_key(),
+            issued_at,
+            not_after,
+        },
+    )
+    .encode()
+}
+
+/// Peers that complete the handshake (a genuine key of the mesh: the channel cannot
+/// tell them apart) but hold no admission of this mesh's root reach nothing: every DHT
+/// request they send is refused before the DHT sees it, answered `Refused` with the
+/// reason, and counted in `themis_frames_refused{reason="not_admitted_*"}`. The
+/// cases: no admission at all (each request kind tried), a ring member's admission
+/// copied (another key), a self-signed admission, one from another mesh root that
+/// uses the same mesh name, one with a forged root signature, and root-signed ones
+/// that are expired, for another mesh, or issued in the future. The two-agent ring
+/// they target stays as it was and keeps serving.
+///
+/// (Before admission, every key of the mesh was a DHT peer: a `Notify` from any of
+/// them could make it an agent's predecessor.)
+#[test]
+fn unadmitted_peers_are_refused_by_reason_and_the_ring_is_unaffected() {
+    let dir = common::workdir();
+    let x = Metered::spawn(dir.path(), "agent-0", None);
+    let y = Metered::spawn(dir.path(), "agent-1", Some(&x.agent.contact));
+    common::wait_stable(&[&x.agent, &y.agent], Duration::from_secs(30));
+    let rt = runtime();
+    let mesh_key = common::mesh_key(dir.path());
+    let now = now_ms();
+    let hour = 3_600_000;
+
+    // Another mesh root with the same mesh name, and a node it admitted.
+    let other_mesh = dir.path().join("other-mesh");
+    common::operator(&[
+        "mesh".as_ref(),
+        "create".as_ref(),
+        MESH.as_ref(),
+        "--out".as_ref(),
+        other_mesh.as_os_str(),
+    ]);
+    let outsider_dir = dir.path().join("outsider");
+    common::operator(&[
+        "node".as_ref(),
+        "admit".as_ref(),
+        "--mesh-dir".as_ref(),
+        other_mesh.as_os_str(),
+        "--out".as_ref(),
+        outsider_dir.as_os_str(),
+    ]);
+
+    // (peer, the admission it presents, the reason it is refused for)
+    let mut cases: Vec<(Identity, Vec<u8>, &str)> = Vec::new();
+    let stranger = identity(MESH);
+    cases.push((stranger, Vec::new(), "not_admitted_malformed"));
+    let copier = identity(MESH);
+    let copied = common::node_credentials(&y.agent.dir).1;
+    cases.push((copier, copied, "not_admitted_wrong_key"));
+    let selfish = identity(MESH);
+    let self_signed = admission_by(&selfish, &selfish, MESH, now, None);
+    cases.push((selfish, self_signed, "not_admitted_not_from_root"));
+    let (outsider, foreign) = common::node_credentials(&outsider_dir);
+    cases.push((outsider, foreign, "not_admitted_not_from_root"));
+    let forger = identity(MESH);
+    let mut forged = Signed::decode(&admission_by(&forger, &forger, MESH, now, None)).unwrap();
+    forged.signer = *mesh_key.public_key();
+    cases.push((forger, forged.encode(), "not_admitted_bad_signature"));
+    let lapsed = identity(MESH);
+    let expired = admission_by(&mesh_key, &lapsed, MESH, now - 2 * hour, Some(now - hour));
+    cases.push((lapsed, expired, "not_admitted_expired"));
+    let other = identity(MESH);
+    let other_mesh_admission = admission_by(&mesh_key, &other, "other", now, None);
+    cases.push((other, other_mesh_admission, "not_admitted_wrong_mesh"));
+    let early = identity(MESH);
+    let future = admission_by(&mesh_key, &early, MESH, now + hour, None);
+    cases.push((early, future, "not_admitted_from_the_future"));
+
+    let listen: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let every_kind = |first: u64| -> Vec<(u64, Request<SocketAddr>)> {
+        let object = Object {
+            key: Key::object(b"victim", 0),
+            value: b"planted".to_vec(),
+            ttl_ms: 60_000,
+        };
+        let requests = vec![
+            Request::Ping,
+            Request::Notify,
+            Request::GetNeighbours,
+            Request::FindStep {
+                key: key_of(&y.agent),
+                avoid: Vec::new(),
+            },
+            Request::Get {
+                key: Key::object(b"victim", 0),
+            },
+            Request::Store {
+                key: object.key,
+                value: object.value.clone(),
+                ttl_ms: 60_000,
+            },
+            Request::Handover {
+                objects: vec![object],
+            },
+            Request::Leaving {
+                predecessor: None,
+                successors: Vec::new(),
+            },
+        ];
+        (first..).zip(requests).collect()
+    };
+    let mut expected = std::collections::BTreeMap::<&str, u64>::new();
+    for (i, (peer, admission, reason)) in cases.iter().enumerate() {
+        // The first peer tries every request kind; the others a join step and a Notify.
+        let mut requests = every_kind(0);
+        if i > 0 {
+            requests.retain(|(_, r)| matches!(r, Request::Notify | Request::FindStep { .. }));
+        }
+        let answers: Vec<Frame> = rt.block_on(async {
+            let mut stream = themis_net::connect(
+                peer,
+                x.listen(),
+                x.peer_id(),
+                &themis_net::Config::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{reason}: the handshake itself must succeed: {e}"));
+            let mut answers = Vec::new();
+            for (id, body) in requests {
+                let answer = stream
+                    .request(&dht(listen, admission, id, body))
+                    .await
+                    .unwrap();
+                answers.push(postcard::from_bytes::<Frame>(&answer).unwrap());
+            }
+            answers
+        });
+        for answer in &answers {
+            match answer {
+                Frame::Refused { reason: got } => assert_eq!(got, reason),
+                other => panic!("{reason}: answered {other:?}"),
+            }
+        }
+        let n = expected.entry(reason).or_default();
+        *n += answers.len() as u64;
+        x.expect(FRAMES_REFUSED, &[("reason", reason)], *n);
+    }
+
+    // None of them reached the DHT: no rejection by the node, nothing planted, no
+    // stranger in x's routing state; the ring is the same two agents and serves.
+    let text = x.scrape();
+    for reason in ["NotNeighbour", "InvalidValue"] {
+        assert_eq!(
+            sample(&text, DHT_REJECTIONS, &[("reason", reason)]),
+            0,
+            "{reason}"
+        );
+    }
+    let (_, ring) = x.agent.get("/v1/ring").unwrap();
+    assert_eq!(ring["predecessor"]["id"], y.agent.id.as_str(), "{ring}");
+    assert_eq!(ring["successors"][0]["id"], y.agent.id.as_str(), "{ring}");
+    assert_eq!(ring["objects"], json!([]), "{ring}");
+    common::wait_stable(&[&x.agent, &y.agent], Duration::from_secs(30));
+    y.agent.register("after-strangers", "w", "127.0.0.1:18081");
+    let endpoints = x
+        .agent
+        .endpoints("after-strangers")
+        .expect("resolve answers");
+    assert_eq!(endpoints, vec!["127.0.0.1:18081".to_owned()]);
+    ping_works(&rt, &x);
+}
+
 // ---- 4. a fake agent that answers lookups without progress -----------------------------
 
 /// The fake agent's answers: `FindStep` → "ask me" (no progress, the eclipse attack),
-/// `GetNeighbours` → the two real agents, anything else → `Ack`. It records the keys
-/// it was asked about.
+/// `GetNeighbours` → the two real agents, anything else → `Ack`, each with the fake's
+/// admission (the operator admitted it: a compromised node, not an outsider). It
+/// records the keys it was asked about.
 fn fake_answer(
-    me: &Contact<SocketAddr>,
+    (me, admission): (&Contact<SocketAddr>, &[u8]),
     neighbours: &(Contact<SocketAddr>, Contact<SocketAddr>),
     asked: &Mutex<Vec<Key>>,
     request: &[u8],
@@ -695,6 +880,7 @@ fn fake_answer(
             };
             Frame::Dht {
                 listen: me.addr,
+                admission: admission.to_vec(),
                 message: Message::Response { id, body },
             }
         }
@@ -723,7 +909,9 @@ fn a_peer_that_answers_lookups_without_progress_is_dropped() {
     let y = Metered::spawn(dir.path(), "agent-1", Some(&x.agent.contact));
     common::wait_stable(&[&x.agent, &y.agent], Duration::from_secs(30));
 
-    let fake = Arc::new(identity(MESH));
+    let fake = Admitted::new(dir.path(), "fake");
+    let admission = fake.admission.clone();
+    let fake = Arc::new(fake.me);
     let f = Key(fake.id().0);
     // `a` is the real agent just before the fake on the ring, `b` the one just after.
     let (a, b) = if in_open(&f, &key_of(&x.agent), &key_of(&y.agent)) {
@@ -753,8 +941,9 @@ fn a_peer_that_answers_lookups_without_progress_is_dropped() {
     let asked = Arc::new(Mutex::new(Vec::<Key>::new()));
     let handler = {
         let (me, neighbours, asked) = (me.clone(), (a_contact, b_contact), asked.clone());
+        let admission = admission.clone();
         move |_peer: Arc<SessionInfo>, request: BytesMut| {
-            let answer = fake_answer(&me, &neighbours, &asked, &request);
+            let answer = fake_answer((&me, &admission), &neighbours, &asked, &request);
             async move { answer }
         }
     };
@@ -769,7 +958,7 @@ fn a_peer_that_answers_lookups_without_progress_is_dropped() {
     // "I may be your predecessor", to b: f is in (a, b), so b adopts it; a learns it
     // from b in its next stabilisation round and takes it as successor.
     let client = themis_net::Client::new(fake.clone(), themis_net::ClientConfig::default());
-    let notify = dht(me.addr, 1, Request::Notify);
+    let notify = dht(me.addr, &admission, 1, Request::Notify);
     let answer = rt
         .block_on(client.request(b.peer_id(), b.listen(), &notify))
         .unwrap();
@@ -1142,95 +1331,234 @@ fn bad_api_requests_get_json_errors_and_the_cli_reports_them() {
 
 // ---- 6. stored records that do not verify ----------------------------------------------
 
-/// Records in the DHT are only believed if they verify. Junk stored through the debug
-/// API, and records an authenticated agent stores directly (signed by a workload of
-/// another mesh, signed for another service, or with a flipped signature bit) are
-/// refused on resolution, each counted under its reason; a genuine record stored the
-/// same way next to them is resolved.
+/// An instance record of `service` for `workload` at 127.0.0.1:7000, valid over
+/// `[issued_at, not_after)`.
+fn record(service: &str, workload: &Identity, issued_at: u64, not_after: u64) -> Record {
+    Record {
+        mesh: MESH.into(),
+        service: service.into(),
+        workload_key: *workload.public_key(),
+        endpoint: Some("127.0.0.1:7000".parse().unwrap()),
+        metadata: Default::default(),
+        issued_at,
+        not_after,
+    }
+}
+
+/// The stored form: `record` signed by `signer`, behind the grant chain `grants`.
+fn instance_value(grants: &[Signed], signer: &Identity, record: &Record) -> InstanceValue {
+    InstanceValue {
+        grants: grants.to_vec(),
+        record: Signed::sign(signer, RECORD_LABEL, record),
+    }
+}
+
+/// The grant chain the operator wrote for `service` into the node directory `dir`.
+fn chain(dir: &Path, service: &str) -> Vec<Signed> {
+    let text = std::fs::read_to_string(dir.join("grants").join(format!("{service}.pem")));
+    chain_from_pem(&text.unwrap()).unwrap()
+}
+
+/// Values are kept only if they verify against the mesh root, so nothing forged is
+/// ever there to resolve. Junk stored through the debug API is refused by the agent's
+/// own store (as it would be by every replica holder: 422 `rejected`). An admitted
+/// peer storing straight into the replica holder with `Store` frames fares no better:
+/// an unendorsed record, one under a grant it signed itself, under a grant for
+/// another service, signed by a key the grant does not name, for another mesh or
+/// another service, with a flipped signature bit, expired, from the future, with a
+/// lifetime over a day, with too much metadata, or junk, is each answered `Rejected`
+/// and counted under its reason. A genuinely endorsed record stored the same way
+/// beside them is acknowledged and is all that resolves.
+///
+/// (Before mesh trust, any record signed by the key inside it was stored and
+/// resolved: a fresh unrelated key was an instance of `spoofed`.)
 #[test]
 fn stored_records_that_do_not_verify_are_refused_and_counted() {
     let dir = common::workdir();
     let a = Metered::spawn(dir.path(), "agent-0", None);
     let agent = &a.agent;
 
-    // Junk under a service name, through the debug API.
-    let (status, stored) = agent
-        .call(
+    // Junk under a service name, through the debug API: refused before it is stored.
+    api_error(
+        agent.call(
             Method::POST,
             "/v1/debug/store",
             Some(&json!({ "name": "forged", "value": "not a record", "replicas": 2 })),
-        )
-        .unwrap();
-    assert_eq!(status, 200, "{stored}");
-    assert_eq!(stored["stored"], 3, "{stored}");
+        ),
+        422,
+        "rejected",
+        "junk stored through the debug API",
+    );
+    a.expect(RECORDS_REFUSED, &[("reason", "malformed")], 1);
+    a.expect(DHT_REJECTIONS, &[("reason", "InvalidValue")], 1);
     let resolved = agent.resolve("forged").expect("resolve answers");
     assert_eq!(resolved["instances"], json!([]), "{resolved}");
-    assert!(resolved["refused"].as_u64().unwrap() >= 1, "{resolved}");
-    a.expect(RECORDS_REFUSED, &[("reason", "malformed")], 1);
+    assert_eq!(resolved["refused"], 0, "nothing was stored: {resolved}");
 
-    // Records an agent of the mesh stores itself, under replica 0 of "spoofed" (this
-    // lone agent holds every key).
-    let service = themis_agent::names::ServiceName::new("spoofed").unwrap();
-    let elsewhere = themis_agent::names::ServiceName::new("elsewhere").unwrap();
-    let at: SocketAddr = "127.0.0.1:7000".parse().unwrap();
-    let sign = |who: &Identity, service| {
-        themis_agent::record::sign(who, service, Some(at), Default::default(), 1).unwrap()
-    };
-    let genuine = identity(MESH);
-    let mut flipped = sign(&genuine, &service);
-    *flipped.last_mut().unwrap() ^= 0x01;
-    let records = [
-        sign(&identity("other"), &service),
-        sign(&identity(MESH), &elsewhere),
-        flipped,
-        sign(&genuine, &service),
+    // An admitted node, granted `elsewhere` and `spoofed` by the operator, stores
+    // values itself under replica 0 of "spoofed" (this lone agent holds every key).
+    let publisher = Admitted::new(dir.path(), "publisher");
+    let publisher_dir = dir.path().join("publisher");
+    for service in ["spoofed", "elsewhere"] {
+        common::grant(dir.path(), &publisher_dir, service);
+    }
+    let (spoofed, elsewhere) = (
+        chain(&publisher_dir, "spoofed"),
+        chain(&publisher_dir, "elsewhere"),
+    );
+    let me = &publisher.me;
+    let now = now_ms();
+    let minute = 60_000;
+    let workload = identity(MESH);
+    let fresh = record("spoofed", &workload, now, now + minute);
+    let self_granted = Signed::sign(
+        me,
+        GRANT_LABEL,
+        &Grant {
+            mesh: MESH.into(),
+            service: "spoofed".into(),
+            grantee: *me.public_key(),
+            delegate: false,
+            issued_at: now,
+            not_after: None,
+        },
+    );
+    let mut flipped = instance_value(&spoofed, me, &fresh);
+    flipped.record.signature[0] ^= 0x01;
+    let mut crowded = fresh.clone();
+    crowded.metadata = (0..17).map(|i| (format!("k{i}"), "v".into())).collect();
+    let forged: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "chain_length",
+            instance_value(&[], &workload, &fresh).encode(),
+        ),
+        (
+            "not_from_root",
+            instance_value(&[self_granted], me, &fresh).encode(),
+        ),
+        (
+            "wrong_service",
+            instance_value(&elsewhere, me, &fresh).encode(),
+        ),
+        (
+            "wrong_service",
+            instance_value(
+                &elsewhere,
+                me,
+                &record("elsewhere", &workload, now, now + minute),
+            )
+            .encode(),
+        ),
+        (
+            "not_granted",
+            instance_value(&spoofed, &workload, &fresh).encode(),
+        ),
+        (
+            "wrong_mesh",
+            instance_value(
+                &spoofed,
+                me,
+                &Record {
+                    mesh: "other".into(),
+                    ..fresh.clone()
+                },
+            )
+            .encode(),
+        ),
+        ("bad_signature", flipped.encode()),
+        (
+            "expired",
+            instance_value(
+                &spoofed,
+                me,
+                &record("spoofed", &workload, now - 20 * minute, now - 10 * minute),
+            )
+            .encode(),
+        ),
+        (
+            "from_the_future",
+            instance_value(
+                &spoofed,
+                me,
+                &record("spoofed", &workload, now + 60 * minute, now + 61 * minute),
+            )
+            .encode(),
+        ),
+        (
+            "bad_lifetime",
+            instance_value(
+                &spoofed,
+                me,
+                &record("spoofed", &workload, now, now + 25 * 60 * minute),
+            )
+            .encode(),
+        ),
+        ("too_large", instance_value(&spoofed, me, &crowded).encode()),
+        ("malformed", b"not a record either".to_vec()),
     ];
+    let genuine = instance_value(&spoofed, me, &fresh).encode();
     let rt = runtime();
-    let publisher = identity(MESH);
-    rt.block_on(async {
-        let mut stream = themis_net::connect(
-            &publisher,
-            a.listen(),
-            a.peer_id(),
-            &themis_net::Config::default(),
-        )
-        .await
-        .unwrap();
-        for (i, value) in records.into_iter().enumerate() {
+    let answers: Vec<Response<SocketAddr>> = rt.block_on(async {
+        let mut stream =
+            themis_net::connect(me, a.listen(), a.peer_id(), &themis_net::Config::default())
+                .await
+                .unwrap();
+        let mut answers = Vec::new();
+        let values = forged.iter().map(|(_, v)| v.clone()).chain([genuine]);
+        for (i, value) in values.enumerate() {
             let store = Request::Store {
                 key: Key::object(b"spoofed", 0),
                 value,
                 ttl_ms: 60_000,
             };
             let answer = stream
-                .request(&dht(nowhere(), i as u64, store))
+                .request(&publisher.dht(nowhere(), i as u64, store))
                 .await
                 .unwrap();
-            assert!(
-                matches!(
-                    postcard::from_bytes::<Frame>(&answer).unwrap(),
-                    Frame::Dht {
-                        message: Message::Response {
-                            body: Response::Ack,
-                            ..
-                        },
-                        ..
-                    }
-                ),
-                "store {i} was not acknowledged"
-            );
+            match postcard::from_bytes::<Frame>(&answer).unwrap() {
+                Frame::Dht {
+                    message: Message::Response { body, .. },
+                    ..
+                } => answers.push(body),
+                other => panic!("store {i}: {other:?}"),
+            }
         }
+        answers
     });
+    let (genuine_answer, forged_answers) = answers.split_last().unwrap();
+    for ((reason, _), answer) in forged.iter().zip(forged_answers) {
+        assert_eq!(*answer, Response::Rejected, "the {reason} value was kept");
+    }
+    assert_eq!(
+        *genuine_answer,
+        Response::Ack,
+        "the genuine value was refused"
+    );
+    let mut by_reason = std::collections::BTreeMap::<&str, u64>::new();
+    for (reason, _) in &forged {
+        *by_reason.entry(reason).or_default() += 1;
+    }
+    // The junk through the debug API was the first malformed value.
+    *by_reason.get_mut("malformed").unwrap() += 1;
+    for (reason, n) in by_reason {
+        a.expect(RECORDS_REFUSED, &[("reason", reason)], n);
+    }
+    a.expect(
+        DHT_REJECTIONS,
+        &[("reason", "InvalidValue")],
+        1 + forged.len() as u64,
+    );
+
     let resolved = agent.resolve("spoofed").expect("resolve answers");
-    assert_eq!(resolved["refused"], 3, "{resolved}");
+    assert_eq!(
+        resolved["refused"], 0,
+        "nothing forged was kept: {resolved}"
+    );
     let instances = resolved["instances"].as_array().unwrap();
     assert_eq!(instances.len(), 1, "{resolved}");
-    assert_eq!(instances[0]["id"], genuine.printable_id().as_str());
+    assert_eq!(instances[0]["id"], workload.printable_id().as_str());
     assert_eq!(instances[0]["endpoint"], "127.0.0.1:7000");
-    for reason in ["wrong_mesh", "wrong_service", "bad_signature"] {
-        a.expect(RECORDS_REFUSED, &[("reason", reason)], 1);
-    }
-    a.expect(RECORDS_REFUSED, &[("reason", "malformed")], 1);
+    assert_eq!(instances[0]["endorser"], me.printable_id().as_str());
 
     register_and_resolve_work(agent, "after-forgeries");
 }
