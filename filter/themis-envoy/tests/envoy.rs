@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use support::app::seen_header;
 use support::envoy::{inbound_config, outbound_config, Envoy, Sidecar};
 use support::http;
-use support::mesh::{closed_port, random_hex, tempdir, Mesh, IP_A, IP_B, IP_DEAD, IP_MITM};
+use support::mesh::{
+    closed_port, random_hex, tempdir, Mesh, IP_A, IP_B, IP_DEAD, IP_EVIL, IP_MITM,
+};
 use support::mitm::{Mitm, Mode};
 use support::process::{on_path, wait_until, Process};
 
@@ -345,7 +347,9 @@ fn bad_configuration_is_rejected() {
     let cases = [
         (
             "unknown-key",
-            format!(r#"{{"role":"outbound","mesh_root":"{root}","workload":"handler","private_key":"x"}}"#),
+            format!(
+                r#"{{"role":"outbound","mesh_root":"{root}","workload":"handler","private_key":"x"}}"#
+            ),
             good_inbound.clone(),
             "themis filter configuration: unknown field `private_key`",
         ),
@@ -426,4 +430,178 @@ fn unknown_service_and_dead_instance() {
         "the dead instance was never tried\n{}",
         mesh.logs()
     );
+}
+
+/// Issue 11's impostor, end to end: a node admitted to the mesh (so it holds a valid
+/// mesh key and takes part in the ring) but granted neither `check` nor `handler`.
+/// On the old code its self-signed record made it an instance of `check` (part of
+/// check's traffic went to it), and registering as `handler` passed
+/// `allow service handler`. Now: its agent refuses to register it, the ring refuses
+/// its forged records, no agent or filter resolves it, no call reaches it, and its
+/// claim to be `handler` does not pass the policy.
+#[test]
+fn an_admitted_node_without_a_grant_cannot_serve_or_claim_a_name() {
+    use themis_trust::{Grant, InstanceValue, Metadata, Record, Signed, GRANT_LABEL, RECORD_LABEL};
+
+    let mesh = Mesh::start(Some(r#"{"allow":[{"service":"handler"}]}"#));
+    mesh.register("check", "check", mesh.envoy_b.inbound);
+    let root = mesh.dir.path();
+    let c = support::agent_harness::Agent::spawn(
+        root,
+        "agent-c",
+        support::agent_harness::Spawn {
+            listen: &format!("{IP_EVIL}:0"),
+            join: Some(&mesh.a.contact),
+            ..Default::default()
+        },
+    );
+    c.wait_joined();
+    // Where the impostor would like check's traffic to go: it counts connections.
+    let trap = std::net::TcpListener::bind((IP_EVIL, 0)).unwrap();
+    let trap_addr = trap.local_addr().unwrap();
+    trap.set_nonblocking(true).unwrap();
+    let trapped = || {
+        let mut n = 0;
+        while trap.accept().is_ok() {
+            n += 1;
+        }
+        n
+    };
+
+    // 1. Through its own agent: refused, nothing stored.
+    let body = serde_json::json!({ "endpoint": trap_addr.to_string() });
+    for service in ["check", "handler"] {
+        let (status, answer) = c
+            .call(
+                hyper::Method::PUT,
+                &format!("/v1/services/{service}/instances/evil"),
+                Some(&body),
+            )
+            .unwrap();
+        assert_eq!(status, 403, "{answer}");
+        assert_eq!(answer["reason"], "not_granted", "{answer}");
+    }
+
+    // 2. Forged records stored directly: self-granted, and under a real grant for
+    //    another service. The replica holders verify and refuse them.
+    let mesh_name = themis_core::MeshName::new(MESH).unwrap();
+    let node_pem = std::fs::read_to_string(c.dir.join("node.key")).unwrap();
+    let node = themis_core::Identity::from_key_file(mesh_name.clone(), &node_pem).unwrap();
+    support::agent_harness::grant(root, &c.dir, "other");
+    let other_grant = themis_trust::chain_from_pem(
+        &std::fs::read_to_string(c.dir.join("grants/other.pem")).unwrap(),
+    )
+    .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let forged = |service: &str, grants: Vec<Signed>| {
+        let record = Record {
+            mesh: MESH.into(),
+            service: service.into(),
+            workload_key: *node.public_key(),
+            endpoint: Some(trap_addr),
+            metadata: Metadata::new(),
+            issued_at: now,
+            not_after: now + 60_000,
+        };
+        let value = InstanceValue {
+            grants,
+            record: Signed::sign(&node, RECORD_LABEL, &record),
+        };
+        hex::encode(value.encode())
+    };
+    let self_grant = |service: &str| {
+        vec![Signed::sign(
+            &node,
+            GRANT_LABEL,
+            &Grant {
+                mesh: MESH.into(),
+                service: service.into(),
+                grantee: *node.public_key(),
+                delegate: false,
+                issued_at: now,
+                not_after: None,
+            },
+        )]
+    };
+    for (service, grants) in [
+        ("check", self_grant("check")),
+        ("check", other_grant.clone()),
+        ("handler", self_grant("handler")),
+        ("handler", other_grant),
+    ] {
+        let store = serde_json::json!({
+            "name": service, "value": forged(service, grants), "hex": true, "replicas": 2,
+        });
+        let (status, answer) = c
+            .call(hyper::Method::POST, "/v1/debug/store", Some(&store))
+            .unwrap();
+        // Refused by the value policy before it leaves (422), or by every replica
+        // holder (nothing stored); raw Store frames that skip the sender's own check
+        // are refused by the holders (host-agent/themis-agent/tests/trust.rs).
+        let refused = status == 422 || (status == 200 && answer["stored"] == 0);
+        assert!(refused, "a forged {service} record was stored: {status} {answer}");
+    }
+
+    // 3. Nobody resolves the impostor; every call reaches the real check.
+    for agent in [&mesh.a, &mesh.b, &c] {
+        let answer = agent.resolve("check").unwrap();
+        let ids: Vec<&str> = answer["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, [mesh.check_id.as_str()], "{}: {answer}", agent.name);
+        let handler = agent.resolve("handler").unwrap();
+        assert_eq!(
+            handler["instances"].as_array().unwrap().len(),
+            1,
+            "{handler}"
+        );
+    }
+    for i in 0..20 {
+        let r = mesh.call("GET", "check", &format!("/n/{i}"), &[], b"");
+        assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
+    }
+    assert_eq!(mesh.app.count(), 20);
+    assert_eq!(trapped(), 0, "a call reached the impostor");
+
+    // 4. The impostor's own sidecar claims to be `handler`: check's policy
+    //    (allow service handler) refuses it, and the app sees nothing.
+    let (code, out, err) = c.cli(&["workload", "evil"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let envoy_c = Envoy::start(
+        root,
+        "envoy-c",
+        &Sidecar {
+            ip: IP_EVIL,
+            agent_socket: &c.dir.join("agent.sock"),
+            app: closed_port(IP_EVIL),
+            outbound_config: &outbound_config(&support::envoy::mesh_root(root), "evil", "handler"),
+            inbound_config: &inbound_config(
+                &support::envoy::mesh_root(root),
+                "evil",
+                "handler",
+                None,
+            ),
+        },
+    );
+    let r = http::request(
+        envoy_c.outbound,
+        "GET",
+        "/as-handler",
+        &[("host", "check")],
+        b"",
+    );
+    assert_eq!(r.status, 403, "{r}\n{}", envoy_c.log_tail(30));
+    assert_eq!(
+        mesh.app.count(),
+        20,
+        "the impostor's request reached the app"
+    );
+    assert!(stat_inbound(&mesh.envoy_b, "rejected.policy") >= 1);
+    drop(envoy_c);
 }

@@ -22,6 +22,8 @@ pub const IP_B: &str = "127.0.0.32";
 pub const IP_MITM: &str = "127.0.0.33";
 /// Where instances that do not answer are registered.
 pub const IP_DEAD: &str = "127.0.0.34";
+/// An admitted node without grants (the impostor of issue 11).
+pub const IP_EVIL: &str = "127.0.0.35";
 
 /// How long the DHT gets to make a registration resolvable.
 const RESOLVE_LIMIT: Duration = Duration::from_secs(30);
