@@ -134,32 +134,47 @@ impl MeshTrust {
             " (an agent joins only with an admission: have the mesh operator run \
              `themis node admit` and copy its output into the state directory)",
         )?;
-        let admission = from_pem(PemKind::Admission, &text)
-            .map_err(|error| TrustSetupError::Admission {
-                path: path.clone(),
-                error,
-            })?
-            .encode();
+        let trust = from_pem(PemKind::Admission, &text)
+            .and_then(|admission| {
+                MeshTrust::new(
+                    root,
+                    admission.encode(),
+                    state_dir.join(GRANTS_DIR),
+                    node,
+                    metrics,
+                )
+            })
+            .map_err(|error| TrustSetupError::Admission { path, error })?;
+        trust.reload_grants(node);
+        Ok(trust)
+    }
+
+    /// The trust state of `node` from an encoded admission it holds under `root`,
+    /// with grants read from `grants_dir` (by [`MeshTrust::reload_grants`]).
+    pub fn new(
+        root: MeshRoot,
+        admission: Vec<u8>,
+        grants_dir: PathBuf,
+        node: &Identity,
+        metrics: Arc<Metrics>,
+    ) -> Result<MeshTrust, TrustError> {
         let revoked = Revocations::new();
         Verifier {
             root: &root,
             now_ms: unix_millis(),
             revoked: &revoked,
         }
-        .admission(&admission, node.public_key())
-        .map_err(|error| TrustSetupError::Admission { path, error })?;
-        let trust = MeshTrust {
+        .admission(&admission, node.public_key())?;
+        Ok(MeshTrust {
             root,
             admission,
-            grants_dir: state_dir.join(GRANTS_DIR),
+            grants_dir,
             grants: Default::default(),
             revoked: RwLock::new(revoked),
             admitted: Default::default(),
             generation: AtomicU64::new(0),
             metrics,
-        };
-        trust.reload_grants(node);
-        Ok(trust)
+        })
     }
 
     /// The mesh root.
