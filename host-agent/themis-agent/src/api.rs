@@ -311,6 +311,9 @@ async fn register(
             "the endpoint must be an address and port other agents can reach, not 0.0.0.0 or port 0",
         ));
     }
+    // A node may endorse only what the mesh root granted it: checked before capture
+    // is attached, so a refused registration leaves nothing behind.
+    r.check_granted(&service)?;
     // Capture first: a registration whose traffic would bypass the proxy is worse
     // than none.
     let capture = match &body.capture {

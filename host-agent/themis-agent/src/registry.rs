@@ -318,6 +318,26 @@ impl Registry {
         self.trust.reload_grants(&self.node)
     }
 
+    /// Whether this node holds a grant for `service` (re-reading the grants directory
+    /// if not): [`RegistryError::NotGranted`] otherwise.
+    pub fn check_granted(&self, service: &ServiceName) -> Result<Vec<Signed>, RegistryError> {
+        if let Some(chain) = self.trust.grant_chain(service.as_str()) {
+            return Ok(chain);
+        }
+        // The operator may have added a grant file since the last look.
+        let granted = self.granted();
+        self.trust
+            .grant_chain(service.as_str())
+            .ok_or_else(|| RegistryError::NotGranted {
+                service: service.clone(),
+                granted: if granted.is_empty() {
+                    "none".into()
+                } else {
+                    granted.join(", ")
+                },
+            })
+    }
+
     /// The record for `identity` as an instance of `service` (a tombstone without
     /// `endpoint`), signed by this node under its grant for the service.
     fn endorse(
@@ -328,23 +348,7 @@ impl Registry {
         metadata: Metadata,
         issued_at: u64,
     ) -> Result<Vec<u8>, RegistryError> {
-        let chain = match self.trust.grant_chain(service.as_str()) {
-            Some(chain) => chain,
-            // The operator may have added a grant file since the last look.
-            None => {
-                let granted = self.granted();
-                self.trust.grant_chain(service.as_str()).ok_or_else(|| {
-                    RegistryError::NotGranted {
-                        service: service.clone(),
-                        granted: if granted.is_empty() {
-                            "none".into()
-                        } else {
-                            granted.join(", ")
-                        },
-                    }
-                })?
-            }
-        };
+        let chain = self.check_granted(service)?;
         themis_trust::check_metadata(&metadata)?;
         let ttl = u64::try_from(self.config.record_ttl.as_millis()).unwrap_or(u64::MAX);
         let record = Record {

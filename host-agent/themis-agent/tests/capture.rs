@@ -40,6 +40,7 @@ fn capture_agent(root: &Path, name: &str, pins: &Path) -> Agent {
 /// `themis register <name> --workload <name> --endpoint 127.0.0.1:15006 --cgroup <cgroup>`
 /// plus `flags`; returns (exit code, stdout, stderr).
 fn register(agent: &Agent, name: &str, cgroup: &Path, flags: &[&str]) -> (i32, String, String) {
+    agent.grant(name);
     let mut args = vec![
         "register",
         name,
@@ -189,6 +190,7 @@ fn capture_errors_are_clear() {
         .is_empty());
 
     // A pin directory off bpffs: the agent refuses to start and says why.
+    common::admit(work.path(), &work.path().join("nobpf"));
     let out = Command::new(common::themis_binary())
         .args([
             "agent",
