@@ -43,7 +43,7 @@ pub struct RegistryConfig {
 impl Default for RegistryConfig {
     fn default() -> Self {
         RegistryConfig {
-            replicas: 2,
+            replicas: 4,
             record_ttl: Duration::from_secs(60),
             cache_ttl: Duration::from_secs(5),
             cache_capacity: 1024,

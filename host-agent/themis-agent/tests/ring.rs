@@ -17,8 +17,8 @@ fn three_agents_register_on_one_and_resolve_on_every_other() {
 
     let registered = agents[1].register("check", "check-1", "127.0.0.1:15006");
     assert_eq!(
-        registered["stored"], 3,
-        "k = 2: three replicas: {registered}"
+        registered["stored"], 5,
+        "k = 4 (the default): five replicas: {registered}"
     );
     let check_id = registered["registration"]["id"]
         .as_str()
