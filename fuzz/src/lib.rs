@@ -1,7 +1,8 @@
 //! What the fuzz targets share: deterministic randomness, two fixed identities,
 //! deterministic handshakes between them, and fuzzer-chosen edits of genuine
 //! messages (random bytes almost never get past a signature check; an edited genuine
-//! message reaches every check behind it).
+//! message reaches every check behind it). [`trust`] holds the fixed mesh root and
+//! credentials of the `trust_decoders` target.
 
 use std::cell::UnsafeCell;
 use std::fmt::Debug;
@@ -15,6 +16,8 @@ use themis_core::{
     AwaitingConfirm, AwaitingHelloReply, ChannelMode, HandshakeConfig, HandshakeError, Identity,
     MeshName, Session, Suite,
 };
+
+pub mod trust;
 
 /// The mesh of the fixed identities.
 pub const MESH: &str = "fuzz";
