@@ -542,7 +542,10 @@ fn an_admitted_node_without_a_grant_cannot_serve_or_claim_a_name() {
         // holder (nothing stored); raw Store frames that skip the sender's own check
         // are refused by the holders (host-agent/themis-agent/tests/trust.rs).
         let refused = status == 422 || (status == 200 && answer["stored"] == 0);
-        assert!(refused, "a forged {service} record was stored: {status} {answer}");
+        assert!(
+            refused,
+            "a forged {service} record was stored: {status} {answer}"
+        );
     }
 
     // 3. Nobody resolves the impostor; every call reaches the real check.
@@ -604,4 +607,79 @@ fn an_admitted_node_without_a_grant_cannot_serve_or_claim_a_name() {
     );
     assert!(stat_inbound(&mesh.envoy_b, "rejected.policy") >= 1);
     drop(envoy_c);
+}
+
+/// Revocation end to end (issue 11): the operator revokes `handler`'s workload key and
+/// publishes it through agent B. Within the stated bound (the agents' revocation poll,
+/// here 0.5 s, plus the filter's poll of its agent, here 1 s) Envoy B refuses
+/// handler's requests on its existing session, the app sees none of them, and no
+/// agent resolves handler any more. On the old code there was nothing to revoke with.
+#[test]
+fn a_revoked_workload_is_refused_by_the_filter_and_the_agents() {
+    let mesh = Mesh::standard();
+    let r = mesh.call("GET", "check", "/before", &[], b"");
+    assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
+
+    let mesh_dir = mesh.dir.path().join("mesh");
+    let (code, out, err) = mesh.b.cli(&[
+        "revoke",
+        &mesh.handler_id,
+        "--mesh-dir",
+        mesh_dir.to_str().unwrap(),
+        "--reason",
+        "test: stolen",
+        "--publish",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let published = Instant::now();
+    wait_until(
+        "Envoy B to refuse the revoked caller",
+        Duration::from_secs(30),
+        || {
+            let r = mesh.call("GET", "check", "/after", &[], b"");
+            (r.status != 200).then_some(())
+        },
+    );
+    println!(
+        "a revoked workload was refused by the callee's filter {:?} after publication",
+        published.elapsed()
+    );
+    // Requests made before the filter learnt it were served; none after.
+    let served = mesh.app.count();
+    for i in 0..2 {
+        let started = Instant::now();
+        let r = mesh.call("GET", "check", &format!("/again/{i}"), &[], b"");
+        assert_ne!(r.status, 200, "{r}");
+        println!("refused with {} in {:?}", r.status, started.elapsed());
+    }
+    assert_eq!(
+        mesh.app.count(),
+        served,
+        "a revoked caller's request reached the app"
+    );
+    assert!(stat_inbound(&mesh.envoy_b, "rejected.revoked") >= 1);
+
+    // Agent A learnt it from the DHT (it was published through B), and neither
+    // agent resolves the revoked instance any more.
+    for agent in [&mesh.a, &mesh.b] {
+        wait_until(
+            "the agent to know the revocation",
+            Duration::from_secs(30),
+            || {
+                let (_, answer) = agent.get("/v1/revocations")?;
+                let ids: Vec<&str> = answer["revocations"]
+                    .as_array()?
+                    .iter()
+                    .filter_map(|r| r["id"].as_str())
+                    .collect();
+                ids.contains(&mesh.handler_id.as_str()).then_some(())
+            },
+        );
+        let handler = agent.resolve("handler").unwrap();
+        assert_eq!(
+            handler["instances"].as_array().unwrap().len(),
+            0,
+            "{handler}"
+        );
+    }
 }

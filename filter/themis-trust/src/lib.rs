@@ -75,8 +75,9 @@ pub enum TrustError {
     /// A record or grant for another service than the one asked.
     #[error("made for another service")]
     WrongService,
-    /// The first grant is not signed by the mesh root.
-    #[error("the grant chain does not start at the mesh root")]
+    /// Not signed by the mesh root (an admission, a revocation, or the first grant of
+    /// a chain).
+    #[error("not signed by the mesh root")]
     NotFromRoot,
     /// A link of the chain is signed by a key the previous link did not grant.
     #[error("the grant chain is broken: a link is not signed by the previous grantee")]

@@ -187,15 +187,21 @@ pub fn check_metadata(metadata: &Metadata) -> Result<(), TrustError> {
     ok.then_some(()).ok_or(TrustError::TooLarge)
 }
 
-/// The live instances among verified records: the newest record of each instance
-/// (by `issued_at`), unless that is a tombstone. Sorted by id.
+/// The live instances among verified records: for each endorsing node and instance,
+/// its newest record (by `issued_at`), unless that is a tombstone. Sorted by id.
+///
+/// Per endorser, not per instance: a node granted the service may endorse any key
+/// for it, so if one node's newer record or tombstone could replace another's, any
+/// granted node could withdraw or redirect every other node's instances. An instance
+/// endorsed by two nodes appears once per endorser (callers try each in turn).
 pub fn live(records: impl IntoIterator<Item = Instance>) -> Vec<Instance> {
-    let mut newest: std::collections::BTreeMap<PeerId, Instance> = Default::default();
+    let mut newest: std::collections::BTreeMap<(PeerId, [u8; 32]), Instance> = Default::default();
     for record in records {
-        match newest.get(&record.id) {
+        let key = (record.id, record.endorser);
+        match newest.get(&key) {
             Some(seen) if seen.issued_at >= record.issued_at => {}
             _ => {
-                newest.insert(record.id, record);
+                newest.insert(key, record);
             }
         }
     }

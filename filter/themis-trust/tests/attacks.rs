@@ -511,6 +511,40 @@ fn the_newest_record_wins_and_tombstones_withdraw() {
 }
 
 #[test]
+fn one_granted_node_cannot_withdraw_or_redirect_another_nodes_instance() {
+    // Both nodes hold a grant for check; the rogue one signs a newer tombstone, then
+    // a newer record with its own endpoint, for the honest node's workload (workload
+    // keys are public). The honest record stays live.
+    let (mesh, honest, rogue, w) = (
+        Mesh::new(),
+        identity("demo"),
+        identity("demo"),
+        identity("demo"),
+    );
+    let none = Revocations::new();
+    let v = mesh.verifier(&none);
+    let by = |node: &Identity, t: u64, ep| {
+        let grants = vec![mesh.grant(&mesh.root_key, "check", node, false)];
+        v.instance(
+            &value(
+                grants,
+                record_with(node, "check", &w, t, t + 10 * MINUTE, ep),
+            ),
+            "check",
+        )
+        .unwrap()
+    };
+    let trap: SocketAddr = "127.0.0.66:1".parse().unwrap();
+    let good = by(&honest, NOW - 2, Some(endpoint()));
+    let tombstone = by(&rogue, NOW + MAX_CLOCK_SKEW_MS - 1, None);
+    let redirect = by(&rogue, NOW + MAX_CLOCK_SKEW_MS - 1, Some(trap));
+    assert_eq!(live([good.clone(), tombstone]), vec![good.clone()]);
+    let both = live([good.clone(), redirect]);
+    assert_eq!(both.len(), 2, "each endorser's record stands on its own");
+    assert!(both.contains(&good));
+}
+
+#[test]
 fn roots_and_pem_files_round_trip_and_refuse_garbage() {
     let mesh = Mesh::new();
     let text = mesh.root.to_string();

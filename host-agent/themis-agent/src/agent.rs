@@ -62,6 +62,9 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
     let root = crate::trust::load_root(&settings.mesh_root_spec())?;
     let mesh = root.mesh.clone();
     let bootstrap = settings.bootstrap()?;
+    // No admission, no node key: the operator's `themis node admit` generates both
+    // (a key the node made itself could have been ground for a ring position).
+    crate::trust::require_admission(&settings.state_dir)?;
     let keys = KeyStore::open(&settings.state_dir, mesh.clone())?;
     let (node, created) = keys.node()?;
     if created {
@@ -218,28 +221,33 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
 
     // Records are renewed by their own agent (half-way through their validity), and
     // revocations are looked for in the DHT: no central service is involved in either.
-    let upkeep = {
-        let registry = registry.clone();
-        let (refresh_every, poll_every) = (
+    // Two tasks, so that a slow renewal never delays the revocation poll (whose
+    // period is part of the stated revocation bound).
+    let renewal = {
+        let (registry, every) = (
+            registry.clone(),
             Duration::from_secs(settings.republish_secs),
-            Duration::from_millis(settings.revocation_poll_ms),
         );
         tokio::spawn(async move {
-            let mut refresh = tokio::time::interval(refresh_every);
-            let mut poll = tokio::time::interval(poll_every);
+            let mut tick = tokio::time::interval(every);
             loop {
-                tokio::select! {
-                    _ = refresh.tick() => {
-                        let renewed = registry.refresh().await;
-                        if renewed > 0 {
-                            tracing::debug!(renewed, "renewed records");
-                        }
-                    }
-                    _ = poll.tick() => {
-                        if let Err(error) = registry.poll_revocations().await {
-                            tracing::debug!(%error, "revocation poll failed");
-                        }
-                    }
+                tick.tick().await;
+                let renewed = registry.refresh().await;
+                if renewed > 0 {
+                    tracing::debug!(renewed, "renewed records");
+                }
+            }
+        })
+    };
+    let revocation_poll = {
+        let registry = registry.clone();
+        let every = Duration::from_millis(settings.revocation_poll_ms);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                if let Err(error) = registry.poll_revocations().await {
+                    tracing::debug!(%error, "revocation poll failed");
                 }
             }
         })
@@ -247,7 +255,8 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
 
     wait_for_shutdown().await;
     info!("shutting down: leaving the ring");
-    upkeep.abort();
+    renewal.abort();
+    revocation_poll.abort();
     restore.abort();
     overlay.leave().await;
     api_task.abort();

@@ -151,8 +151,9 @@ pub struct AgentArgs {
     /// printed it [default: <state-dir>/mesh.root].
     #[arg(long, env = "THEMIS_MESH_ROOT", value_name = "ROOT")]
     pub mesh_root: Option<String>,
-    /// How often to look for new revocations, milliseconds [default: 10000]: with
-    /// --op-timeout, the bound on how long a revoked key keeps working.
+    /// How often to look for new revocations, milliseconds [default: 10000]: with the
+    /// operation timeout (`op_timeout_ms`, 10 s), the bound on how long a revoked key
+    /// keeps working.
     #[arg(long)]
     pub revocation_poll_ms: Option<u64>,
     /// State directory: key files, registrations, API socket [default: /var/lib/themis].

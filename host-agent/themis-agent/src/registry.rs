@@ -608,15 +608,18 @@ impl Registry {
         }
         let newest = live(verified.iter().map(|(i, _)| i.clone()));
         for verdict in verdicts.iter_mut().filter(|v| v.verdict == "trusted") {
-            let current = newest
-                .iter()
-                .find(|i| Some(i.id.printable(mesh)) == verdict.id);
+            // Records compete only with records of the same endorser (see `live`).
+            let same = |i: &Instance| {
+                Some(i.id.printable(mesh)) == verdict.id
+                    && Some(printable(&i.endorser)) == verdict.endorser
+            };
+            let current = newest.iter().find(|i| same(i));
             match (current, verdict.endpoint) {
                 (Some(i), Some(_)) if Some(i.issued_at) == verdict.issued_at => {}
                 (None, _)
-                    if verified.iter().any(|(i, _)| {
-                        Some(i.id.printable(mesh)) == verdict.id && i.endpoint.is_none()
-                    }) =>
+                    if verified
+                        .iter()
+                        .any(|(i, _)| same(i) && i.endpoint.is_none()) =>
                 {
                     verdict.verdict = "withdrawn".into();
                     verdict.reason = "the instance was deregistered (a newer tombstone)".into();
@@ -632,7 +635,9 @@ impl Registry {
             .filter_map(|i| {
                 let value = verified
                     .iter()
-                    .find(|(v, _)| v.id == i.id && v.issued_at == i.issued_at)?
+                    .find(|(v, _)| {
+                        (v.id, v.endorser, v.issued_at) == (i.id, i.endorser, i.issued_at)
+                    })?
                     .1;
                 Some(InstanceView {
                     id: i.id.printable(mesh),

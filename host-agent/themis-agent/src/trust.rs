@@ -98,6 +98,15 @@ pub fn load_root(spec: &str) -> Result<MeshRoot, TrustSetupError> {
     Ok(text.parse()?)
 }
 
+/// Refuses to go on without `<state_dir>/admission.pem`, before anything (such as a
+/// node key) is created there.
+pub fn require_admission(state_dir: &Path) -> Result<(), TrustSetupError> {
+    read(&state_dir.join(ADMISSION_FILE), ADMISSION_HINT).map(drop)
+}
+
+const ADMISSION_HINT: &str = " (an agent joins only with an admission: have the mesh operator \
+     run `themis node admit --out <dir>` and use that directory as the agent's --state-dir)";
+
 /// The node's trust state; shared by the overlay, the DHT's value policy and the
 /// registry.
 pub struct MeshTrust {
@@ -106,8 +115,9 @@ pub struct MeshTrust {
     grants_dir: PathBuf,
     grants: RwLock<BTreeMap<String, Vec<Signed>>>,
     revoked: RwLock<Revocations>,
-    /// Admissions verified, by peer: the hash of the credential bytes seen.
-    admitted: Mutex<HashMap<PeerId, u64>>,
+    /// Admissions verified, by peer: the hash of the credential bytes seen and the
+    /// admission's `not_after`.
+    admitted: Mutex<HashMap<PeerId, (u64, Option<u64>)>>,
     /// Bumped at every new revocation; caches compare it.
     generation: AtomicU64,
     metrics: Arc<Metrics>,
@@ -129,11 +139,7 @@ impl MeshTrust {
             });
         }
         let path = state_dir.join(ADMISSION_FILE);
-        let text = read(
-            &path,
-            " (an agent joins only with an admission: have the mesh operator run \
-             `themis node admit` and copy its output into the state directory)",
-        )?;
+        let text = read(&path, ADMISSION_HINT)?;
         let trust = from_pem(PemKind::Admission, &text)
             .and_then(|admission| {
                 MeshTrust::new(
@@ -257,15 +263,23 @@ impl MeshTrust {
     /// credential, then remembered until the next revocation.
     pub fn check_peer(&self, peer: &PeerId, admission: &[u8]) -> Result<(), TrustError> {
         let digest = fingerprint(admission);
-        if self.admitted.lock().expect("never poisoned").get(peer) == Some(&digest) {
-            return Ok(());
+        let cached = self
+            .admitted
+            .lock()
+            .expect("never poisoned")
+            .get(peer)
+            .copied();
+        if let Some((seen, not_after)) = cached {
+            if seen == digest && not_after.is_none_or(|t| t > unix_millis()) {
+                return Ok(());
+            }
         }
-        self.verify(|v| v.admission_of(admission, peer))?;
+        let verified = self.verify(|v| v.admission_of(admission, peer))?;
         let mut admitted = self.admitted.lock().expect("never poisoned");
         if admitted.len() >= ADMITTED_CACHE {
             admitted.clear();
         }
-        admitted.insert(*peer, digest);
+        admitted.insert(*peer, (digest, verified.not_after));
         Ok(())
     }
 

@@ -733,7 +733,7 @@ fn a_hostile_replica_holder_cannot_make_resolution_lie() {
     let forged: Vec<(&str, &str, Vec<u8>)> = vec![
         (
             "not_from_root",
-            "does not start at the mesh root",
+            "not signed by the mesh root",
             value(
                 &[grant_by(&hostile, "check", hostile.public_key())],
                 &hostile,
@@ -827,6 +827,9 @@ fn b_a_node_without_a_valid_admission_cannot_join() {
     let stderr = refused_start(&lost, &join);
     assert!(stderr.contains("admission.pem"), "{stderr}");
     assert!(stderr.contains("themis node admit"), "{stderr}");
+    // And it made no node key of its own, which the operator's `themis node admit`
+    // would then have to refuse (or admit a key the operator did not generate).
+    assert!(!lost.join("node.key").exists(), "the refused agent created a node key");
 
     // Another node's admission (the bootstrap's), next to a key of its own.
     let borrowed = root.join("borrowed");

@@ -40,7 +40,7 @@ pub fn mesh_root(root: &Path) -> String {
 /// The plugin configuration of the outbound role in the mesh with root `mesh_root`.
 pub fn outbound_config(mesh_root: &str, workload: &str, service: &str) -> String {
     format!(
-        r#"{{"role":"outbound","mesh_root":"{mesh_root}","workload":"{workload}","service":"{service}"}}"#
+        r#"{{"role":"outbound","mesh_root":"{mesh_root}","workload":"{workload}","service":"{service}","revocation_poll_secs":1}}"#
     )
 }
 
@@ -53,7 +53,7 @@ pub fn inbound_config(
 ) -> String {
     let policy = policy.map_or(String::new(), |p| format!(r#","policy":{p}"#));
     format!(
-        r#"{{"role":"inbound","mesh_root":"{mesh_root}","workload":"{workload}","service":"{service}","app_cluster":"app"{policy}}}"#
+        r#"{{"role":"inbound","mesh_root":"{mesh_root}","workload":"{workload}","service":"{service}","app_cluster":"app","revocation_poll_secs":1{policy}}}"#
     )
 }
 

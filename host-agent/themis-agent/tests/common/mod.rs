@@ -16,7 +16,8 @@ use themis_agent::client::ApiClient;
 pub const MESH: &str = "test";
 
 /// Fast timers, so rings converge in seconds: stabilise every 200 ms, records live
-/// 10 s and are re-stored every 2 s, resolutions are not cached.
+/// 10 s and are re-stored every 2 s, resolutions are not cached, revocations are
+/// looked for every 500 ms.
 pub const FAST: &[&str] = &[
     "--stabilise-ms",
     "200",
@@ -28,6 +29,8 @@ pub const FAST: &[&str] = &[
     "2",
     "--resolve-cache-ms",
     "0",
+    "--revocation-poll-ms",
+    "500",
     "--metrics",
     "off",
 ];
