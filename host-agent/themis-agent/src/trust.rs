@@ -32,6 +32,8 @@ pub const ROOT_FILE: &str = "mesh.root";
 pub const ADMISSION_FILE: &str = "admission.pem";
 /// The directory of grant chains, one `<service>.pem` each.
 pub const GRANTS_DIR: &str = "grants";
+/// The revocations this node knows, kept across restarts.
+pub const REVOCATIONS_FILE: &str = "revocations.pem";
 /// Most instance slots one endorsing node may hold under one object id.
 pub const RECORDS_PER_OWNER: usize = 16;
 /// Peers whose admission is remembered (verified once, then compared).
@@ -114,6 +116,8 @@ pub struct MeshTrust {
     admission: Vec<u8>,
     grants_dir: PathBuf,
     grants: RwLock<BTreeMap<String, Vec<Signed>>>,
+    /// Where known revocations are saved (`None`: kept in memory only).
+    revocations_file: Option<PathBuf>,
     revoked: RwLock<Revocations>,
     /// Admissions verified, by peer: the hash of the credential bytes seen and the
     /// admission's `not_after`.
@@ -151,8 +155,60 @@ impl MeshTrust {
                 )
             })
             .map_err(|error| TrustSetupError::Admission { path, error })?;
+        let trust = MeshTrust {
+            revocations_file: Some(state_dir.join(REVOCATIONS_FILE)),
+            ..trust
+        };
         trust.reload_grants(node);
+        trust.load_revocations();
         Ok(trust)
+    }
+
+    /// Adds the revocations saved before a restart: a revoked key stays refused from
+    /// the first moment, not from the first poll.
+    fn load_revocations(&self) {
+        let Some(path) = &self.revocations_file else {
+            return;
+        };
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return;
+        };
+        const END: &str = "-----END THEMIS REVOCATION-----";
+        let mut loaded = 0;
+        for block in text.split_inclusive(END).filter(|b| b.contains(END)) {
+            let added = from_pem(PemKind::Revocation, block)
+                .and_then(|signed| self.revoked_mut().add(&self.root, &signed.encode()));
+            match added {
+                Ok(_) => loaded += 1,
+                Err(error) => warn!(path = %path.display(), %error, "ignoring a saved revocation"),
+            }
+        }
+        if loaded > 0 {
+            info!(revocations = loaded, "loaded saved revocations");
+        }
+    }
+
+    fn revoked_mut(&self) -> std::sync::RwLockWriteGuard<'_, Revocations> {
+        self.revoked.write().expect("never poisoned")
+    }
+
+    /// Saves every known revocation (write then rename: never half a file).
+    fn save_revocations(&self) {
+        let Some(path) = &self.revocations_file else {
+            return;
+        };
+        let text: String = self
+            .revoked
+            .read()
+            .expect("never poisoned")
+            .iter()
+            .filter_map(|(_, _, bytes)| Signed::decode(bytes).ok())
+            .map(|signed| themis_trust::to_pem(PemKind::Revocation, &signed))
+            .collect();
+        let tmp = path.with_extension("pem.tmp");
+        if let Err(error) = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path)) {
+            warn!(path = %path.display(), %error, "could not save the revocations");
+        }
     }
 
     /// The trust state of `node` from an encoded admission it holds under `root`,
@@ -176,6 +232,7 @@ impl MeshTrust {
             admission,
             grants_dir,
             grants: Default::default(),
+            revocations_file: None,
             revoked: RwLock::new(revoked),
             admitted: Default::default(),
             generation: AtomicU64::new(0),
@@ -286,12 +343,9 @@ impl MeshTrust {
     /// Verifies and adds an encoded revocation; `Ok(true)` when it is new (caches
     /// that depend on trust are invalidated then).
     pub fn add_revocation(&self, bytes: &[u8]) -> Result<bool, TrustError> {
-        let added = self
-            .revoked
-            .write()
-            .expect("never poisoned")
-            .add(&self.root, bytes)?;
+        let added = self.revoked_mut().add(&self.root, bytes)?;
         if added {
+            self.save_revocations();
             let revocation = Revocations::verify(&self.root, bytes)?;
             info!(
                 revoked = %PeerId(revocation.id).printable(&self.root.mesh),

@@ -829,7 +829,10 @@ fn b_a_node_without_a_valid_admission_cannot_join() {
     assert!(stderr.contains("themis node admit"), "{stderr}");
     // And it made no node key of its own, which the operator's `themis node admit`
     // would then have to refuse (or admit a key the operator did not generate).
-    assert!(!lost.join("node.key").exists(), "the refused agent created a node key");
+    assert!(
+        !lost.join("node.key").exists(),
+        "the refused agent created a node key"
+    );
 
     // Another node's admission (the bootstrap's), next to a key of its own.
     let borrowed = root.join("borrowed");
@@ -1296,5 +1299,51 @@ fn f_a_stopped_agents_records_expire() {
         gone - killed_ms,
         last_not_after.saturating_sub(killed_ms),
         gone.saturating_sub(last_not_after),
+    );
+}
+
+/// g. Revocations survive a restart: an agent killed after learning one refuses the
+/// key from its first moment back, before it has polled the DHT (on the old code
+/// there were no revocations; on the first version of this one they lived in memory).
+#[test]
+fn g_a_restarted_agent_still_knows_its_revocations() {
+    let dir = common::workdir();
+    let root = dir.path();
+    let mut agent = Agent::spawn(root, "agent-0", Spawn::default());
+    agent.wait_joined();
+    let stolen = identity(MESH).printable_id();
+    let mesh = common::mesh_dir(root);
+    let (code, out, err) = agent.cli(&[
+        "revoke",
+        &stolen,
+        "--mesh-dir",
+        mesh.to_str().unwrap(),
+        "--reason",
+        "test",
+        "--publish",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    agent.kill();
+    // Back with a poll period far beyond the test: only the saved file can tell it.
+    let agent = Agent::spawn(
+        root,
+        "agent-0",
+        Spawn {
+            extra: &["--metrics", "off", "--revocation-poll-ms", "3600000"],
+            ..Spawn::default()
+        },
+    );
+    let (_, known) = agent.get("/v1/revocations").unwrap();
+    let ids: Vec<&str> = known["revocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["id"].as_str())
+        .collect();
+    assert_eq!(ids, [stolen.as_str()], "{known}");
+    assert!(
+        agent.log().contains("loaded saved revocations"),
+        "{}",
+        agent.log_tail()
     );
 }
