@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::agent_harness::{Agent, Spawn, MESH};
+use super::agent_harness::{Agent, Spawn};
 use super::app::App;
 use super::envoy::{inbound_config, mesh_root, outbound_config, Envoy, Sidecar};
 use super::http::{self, Response};
