@@ -234,17 +234,20 @@ mod tests {
         // Asked for another service.
         assert!(parse_instances(good.as_bytes(), "other", &trust).is_err());
         // Revoked since.
+        let revoke = |by: &Identity| {
+            Signed::sign(
+                by,
+                REVOCATION_LABEL,
+                &Revocation {
+                    mesh: "demo".into(),
+                    id: peer.id().0,
+                    issued_at: now,
+                    reason: String::new(),
+                },
+            )
+        };
         let mut revoked = Revocations::new();
-        let revocation = Signed::sign(
-            &root_key,
-            REVOCATION_LABEL,
-            &Revocation {
-                mesh: "demo".into(),
-                id: peer.id().0,
-                issued_at: now,
-                reason: String::new(),
-            },
-        );
+        let revocation = revoke(&root_key);
         revoked.add(&root, &revocation.encode()).unwrap();
         let trust = Verifier {
             root: &root,
@@ -262,16 +265,7 @@ mod tests {
         assert!(parse_revocations(list.as_bytes(), &root)
             .unwrap()
             .contains(&peer.id()));
-        let forged = Signed::sign(
-            &node,
-            REVOCATION_LABEL,
-            &Revocation {
-                mesh: "demo".into(),
-                id: peer.id().0,
-                issued_at: now,
-                reason: String::new(),
-            },
-        );
+        let forged = revoke(&node);
         let list = format!(
             r#"{{"revocations":[{{"revocation":"{}"}}]}}"#,
             hex::encode(forged.encode())

@@ -448,24 +448,26 @@ impl Registry {
             .filter(|(r, _)| unix_millis().saturating_sub(r.serial) >= half)
             .map(|(r, _)| r.clone())
             .collect();
-        let mut renewed = 0;
-        for r in due {
+        self.register_again(due, "could not renew a record").await
+    }
+
+    /// Registers each of `registrations` again (a fresh record each); returns how many
+    /// succeeded, logging the others with `failure`.
+    async fn register_again(&self, registrations: Vec<Registration>, failure: &str) -> usize {
+        let mut done = 0;
+        for r in registrations {
+            let (service, workload) = (r.service.clone(), r.workload.clone());
             match self
-                .register(
-                    r.service.clone(),
-                    r.workload.clone(),
-                    r.endpoint,
-                    r.metadata,
-                )
+                .register(service, workload, r.endpoint, r.metadata)
                 .await
             {
-                Ok(_) => renewed += 1,
+                Ok(_) => done += 1,
                 Err(error) => {
-                    warn!(service = %r.service, workload = %r.workload, %error, "could not renew a record")
+                    warn!(service = %r.service, workload = %r.workload, %error, "{failure}")
                 }
             }
         }
-        renewed
+        done
     }
 
     /// Withdraws `workload` from `service`: stops re-storing its record and stores a
@@ -699,24 +701,8 @@ impl Registry {
             },
             Err(_) => return 0,
         };
-        let mut restored = 0;
-        for r in saved {
-            match self
-                .register(
-                    r.service.clone(),
-                    r.workload.clone(),
-                    r.endpoint,
-                    r.metadata,
-                )
-                .await
-            {
-                Ok(_) => restored += 1,
-                Err(error) => {
-                    warn!(service = %r.service, workload = %r.workload, %error, "could not restore a registration")
-                }
-            }
-        }
-        restored
+        self.register_again(saved, "could not restore a registration")
+            .await
     }
 
     /// Publishes a root-signed revocation: this node refuses the key at once and
