@@ -5,253 +5,514 @@
 #   node 2 (10.77.0.2)  client    curl http://handler/check?n=7
 #   node 3 (10.77.0.3)  check     answers with what it got, the caller's verified id too
 #
-# Each node is a network namespace on a shared bridge and runs a host agent; the
-# agents form the DHT ring. Each workload is a "pod": a cgroup with its app and its
-# sidecar Envoy (the Themis filter). Service names resolve to virtual IPs that nothing
-# answers (like Kubernetes ClusterIPs): the agents' eBPF capture sends the apps'
-# connections to their sidecar, which resolves the service through the ring,
-# authenticates the instance by its self-certifying id and seals the request. The app
-# port takes connections only from the local sidecar.
+# The mesh operator creates the mesh and admits the three nodes, offline. Each node is
+# a network namespace on a shared bridge and runs a host agent; the agents form the DHT
+# ring. Each workload is a "pod": a cgroup with its app and its sidecar Envoy (the
+# Themis filter). Service names resolve to virtual IPs that nothing answers (like
+# Kubernetes ClusterIPs): the agents' eBPF capture sends the apps' connections to their
+# sidecar, which resolves the service through the ring, authenticates the instance by
+# its self-certifying id and seals the request. The app port takes connections only
+# from the local sidecar. A capture on the wire between the nodes shows the sealing.
 #
-#   scripts/demo.sh [--fast-path]     (root; --fast-path: the agents' sk_msg fast path)
+# Usage (as root):
+#   scripts/demo.sh [--fast-path] [--full-ids] [--keep]
+#       --fast-path  the agents' same-node fast path: sockets of an app and its sidecar
+#                    pass data socket to socket (sk_msg) instead of through loopback TCP
+#       --full-ids   print ids whole instead of a unique prefix
+#       --keep       leave the mesh running and print commands to explore it
+#   scripts/demo.sh --down                 tear a kept mesh down
+#   with a kept mesh:
+#   scripts/demo.sh pod WORKLOAD CMD...    run CMD in that pod (its cgroup, its node's network)
+#   scripts/demo.sh node N CMD...          run CMD on node N (`themis` there talks to its agent)
+#   scripts/demo.sh add-check              a second instance of check: workload check-2 on node 2
+#   scripts/demo.sh calls [N]              N calls client -> handler -> check, counted by instance
+#   scripts/demo.sh kill-node N            node N's agent and pods die at once (SIGKILL)
 #
-# Everything it creates (namespaces, /etc/netns entries, cgroups, bpffs pins, files)
-# is named themis-demo-<pid> and removed on exit, error or Ctrl-C.
+# The first run takes about 10 minutes on 2 cores: the set-up (scripts/setup.sh --quick,
+# about 5) and a release build (about 5, cargo shows its progress); later runs about a
+# minute. Everything it creates (namespaces, /etc/netns entries, cgroups, bpffs pins,
+# files) is named themis-demo-<pid> and removed on exit, error or Ctrl-C, or by --down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
-
-fast_path=()
-case "${1:-}" in
-    --fast-path) fast_path=(--fast-path) ;;
-    "") ;;
-    *) echo "usage: $0 [--fast-path]" >&2; exit 2 ;;
-esac
-
-scripts/setup.sh --quick
-export PATH="$HOME/.cargo/bin:$PATH"
+# shellcheck source=scripts/lib/ui.sh
+source scripts/lib/ui.sh
 # shellcheck source=scripts/lib/netns.sh
 source scripts/lib/netns.sh
 
-step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
-indent() { sed 's/^/    /'; }
-fail() { printf '\033[1mFAIL:\033[0m %s\n' "$*" >&2; exit 1; }
-json() { python3 -c "import json,sys; v=json.load(sys.stdin); print($1)"; }
+STATE=/run/themis-demo.state # where a kept mesh is (sourced by the commands above)
+ONE_LINE_FAST_PATH="the fast path (sockops + sk_msg) hands an app's bytes straight to its sidecar's socket, skipping loopback TCP: in benchmarks/RESULTS.md round trips are a third shorter (1 KiB: 6.7 -> 4.3 us) but streaming 1 KiB writes runs at 0.44x, and next to Envoy's ~0.25 ms per request neither shows; off by default"
 
-# --- names: unique per run (two runs do not collide), short enough for links -------
-name=themis-demo-$$
-fab=$name-fab
+section() { printf '\n'; step "$@"; }
+json() { python3 -c "import json,sys; v=json.load(sys.stdin); print($1)"; }
+report() { DEMO_IDS=$work/ids DEMO_FULL_IDS=$full_ids python3 "$repo/scripts/lib/demo-report.py" "$@"; }
+short() { report short "$1"; }
+
+# --- names: unique per run (two runs do not collide), short enough for links ---------
+set_names() { # NAME
+    name=$1
+    fab=$name-fab
+    PID_FILE=$work/pids
+}
 ns() { echo "$name-n$1"; }
 ip_of() { echo "10.77.0.$1"; }
 pod_of() { echo "$CGROUP_FS/$name/n$1/$2"; }
 pin_dir() { echo "/sys/fs/bpf/$name-n$1"; }
 declare -A vip=([check]=10.96.0.10 [handler]=10.96.0.11 [client]=10.96.0.12)
 declare -A node_of=([handler]=1 [client]=2 [check]=3)
-app_port=8080 outbound=127.0.0.1:15001 inbound_port=15006 admin=127.0.0.1:15000
+# A pod's ports, by its slot on the node (pods share their node's network namespace).
+app_port() { echo $((8080 + $1)); }
+outbound_of() { echo "127.0.0.1:$((15001 + 10 * $1))"; }
+inbound_port() { echo $((15006 + 10 * $1)); }
+admin_port() { echo $((15000 + 10 * $1)); }
+on() { local n=$1; shift; "$themis" --socket "$work/n$n/agent.sock" "$@"; }
 
+binaries() {
+    local target=${CARGO_TARGET_DIR:-target}
+    [[ $target == /* ]] || target=$repo/$target
+    themis=$target/release/themis
+    wasm=$target/wasm32-wasip1/release/themis_envoy.wasm
+    envoy=$repo/.venv/bin/envoy
+}
+
+# --- teardown: the trap's and --down's ------------------------------------------------
+keep_on_exit=0
 work=""
-netns_made=0
-registered=() # "node service workload", to deregister (which detaches the capture)
-cleanup() {
-    local status=$? reg n service workload i pods=() agents=()
+teardown() {
+    local n service workload
+    if [[ -f $work/registrations ]]; then
+        while read -r n service workload; do
+            timeout 5 "$themis" --socket "$work/n$n/agent.sock" deregister "$service" --workload "$workload" > /dev/null 2>&1
+        done < "$work/registrations"
+    fi
+    # The pods first, then the agents (which leave the ring gracefully on SIGTERM).
+    # shellcheck disable=SC2046 # lists of pids
+    stop_pids $(recorded_pids "* pod *")
+    # shellcheck disable=SC2046
+    stop_pids $(recorded_pids "*")
+    cgroup_remove "$CGROUP_FS/$name"
+    netns_down "$(ns 1)" "$(ns 2)" "$(ns 3)" "$fab"
+    # Capture links are pinned to outlive their agent: unpinning is what detaches the
+    # rest (an agent stopped before it could deregister).
+    rm -rf /sys/fs/bpf/"$name"-*
+    rm -rf "$work"
+    if [[ -f $STATE ]] && grep -qx "name=$name" "$STATE"; then rm -f "$STATE"; fi
+}
+
+on_exit() {
+    local status=$? log
     trap '' INT TERM
     set +e
-    if ((status != 0 && status != 130 && status != 143)) && [[ -n $work ]]; then
+    ((keep_on_exit)) && exit "$status"
+    if ((status != 0 && status != 130 && status != 143)) && [[ -d $work ]]; then
         echo "--- the demo failed (exit $status); the end of each log:"
         for log in "$work"/*/*.log; do [[ -s $log ]] && { echo "--- $log"; tail -n 12 "$log"; }; done
     fi
-    echo "==> cleaning up"
-    for reg in "${registered[@]}"; do
-        read -r n service workload <<< "$reg"
-        timeout 5 "$themis" --socket "$work/n$n/agent.sock" deregister "$service" --workload "$workload" > /dev/null 2>&1
-    done
-    # The pods first, then the agents (which leave the ring gracefully on SIGTERM).
-    for i in "${!pids[@]}"; do
-        if [[ ${pid_names[$i]} == agent* ]]; then agents+=("${pids[$i]}"); else pods+=("${pids[$i]}"); fi
-    done
-    stop_pids "${pods[@]}"
-    stop_pids "${agents[@]}"
-    cgroup_remove "$CGROUP_FS/$name"
-    ((netns_made)) && netns_down "$(ns 1)" "$(ns 2)" "$(ns 3)" "$fab"
-    # Capture links are pinned to outlive their agent: unpinning is what detaches the
-    # rest (an agent stopped by Ctrl-C before it could deregister).
-    rm -rf /sys/fs/bpf/"$name"-*
-    [[ -n $work ]] && rm -rf "$work"
+    if [[ -n $work ]]; then
+        echo "==> cleaning up"
+        teardown
+    fi
     exit "$status"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
 
-# --- build -----------------------------------------------------------------------------
-target=${CARGO_TARGET_DIR:-target}
-[[ $target == /* ]] || target=$repo/$target
-step "building the agent (with the eBPF capture) and the Envoy filter (release)"
-cargo build -q --release -p themis-agent --bins
-cargo build -q --release -p themis-envoy --target wasm32-wasip1
-themis=$target/release/themis
-wasm=$target/wasm32-wasip1/release/themis_envoy.wasm
-envoy=$repo/.venv/bin/envoy
-on() { local n=$1; shift; "$themis" --socket "$work/n$n/agent.sock" "$@"; }
-mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+# --- set-up and build -----------------------------------------------------------------
+set_up_machine() {
+    section "set-up (scripts/setup.sh --quick: installs what is missing, says ok for the rest)"
+    scripts/setup.sh --quick
+    export PATH="$HOME/.cargo/bin:$PATH"
+    mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+}
 
-# --- the nodes -------------------------------------------------------------------------
-step "three nodes: network namespaces $(ns 1)..3 on a bridge (10.77.0.0/24)"
-work=$(mktemp -d "/tmp/$name.XXXXXX")
-netns_made=1
-fabric_up "$fab" "$(ns 1)=$(ip_of 1)/24" "$(ns 2)=$(ip_of 2)/24" "$(ns 3)=$(ip_of 3)/24"
-hosts=()
-for service in check handler client; do hosts+=("${vip[$service]} $service"); done
-for n in 1 2 3; do
-    hosts_file "$(ns "$n")" "${hosts[@]}"
-    mkdir -p "$work/n$n"
-done
-echo "    service IPs, in every node's /etc/hosts: $(printf '%s, ' "${hosts[@]}" | sed 's/, $//')"
-echo "    (nothing routes or answers there: connections to them work only through the capture)"
+build() {
+    section "building the agent (with the eBPF capture) and the Envoy filter, release (about 5 minutes the first time)"
+    cargo build --release -p themis-agent --bins
+    cargo build --release -p themis-envoy --target wasm32-wasip1
+}
 
-start_agent() { # n [join]
+# --- the operator ---------------------------------------------------------------------
+# Offline, with the mesh key: a mesh, an admission per node (the node's key and its
+# credential, in the state directory its agent starts with), and who may serve what.
+operator() { # the mesh, the nodes, their grants
+    local n service id
+    section "the operator, offline: creates mesh 'demo', admits three nodes, grants each its service"
+    id=$("$themis" --json mesh create demo --out "$work/mesh" | json 'v["id"]')
+    echo "$id mesh demo" >> "$work/ids"
+    for n in 1 2 3; do
+        id=$("$themis" --json node admit --mesh-dir "$work/mesh" --out "$work/n$n" | json 'v["id"]')
+        echo "$id node $n" >> "$work/ids"
+    done
+    for service in handler client check; do
+        grant "$service" "${node_of[$service]}"
+    done
+    echo "    mesh id $(short "$(head -n1 "$work/ids" | cut -d' ' -f1)"): $work/mesh/mesh.key stays with the operator"
+    for n in 1 2 3; do
+        echo "    node $n: node id $(short "$(sed -n "$((n + 1))p" "$work/ids" | cut -d' ' -f1)"), granted $(ls "$work/n$n/grants" | sed 's/\.pem$//' | paste -sd,)"
+    done
+    echo "    (ids are shortened to a prefix unique among the demo's ids, as git shortens hashes; --full-ids prints them whole)"
+}
+
+grant() { # SERVICE NODE
+    "$themis" service grant "$1" --mesh-dir "$work/mesh" --node "$work/n$2" > /dev/null
+}
+
+# --- the nodes and their agents ---------------------------------------------------------
+nodes() {
+    local hosts=() service n
+    section "three nodes: network namespaces $(ns 1)..3 on a bridge (10.77.0.0/24)"
+    fabric_up "$fab" "$(ns 1)=$(ip_of 1)/24" "$(ns 2)=$(ip_of 2)/24" "$(ns 3)=$(ip_of 3)/24"
+    for service in check handler client; do hosts+=("${vip[$service]} $service"); done
+    for n in 1 2 3; do hosts_file "$(ns "$n")" "${hosts[@]}"; done
+    echo "    service IPs, in every node's /etc/hosts: $(printf '%s, ' "${hosts[@]}" | sed 's/, $//')"
+    echo "    (nothing routes or answers there: connections to them work only through the capture)"
+}
+
+start_agent() { # N [JOIN]
     local n=$1
-    spawn "agent n$n" "$(ns "$n")" - "$work/n$n/agent.log" \
-        "$themis" agent --mesh demo --state-dir "$work/n$n" --listen "$(ip_of "$n"):7000" \
+    spawn "n$n agent" "$(ns "$n")" - "$work/n$n/agent.log" \
+        "$themis" agent --state-dir "$work/n$n" --listen "$(ip_of "$n"):7000" \
         --metrics 127.0.0.1:9464 --stabilise-ms 250 ${2:+--join "$2"} \
         --capture --bpf-pin-dir "$(pin_dir "$n")" "${fast_path[@]}"
     retry_while "$last_pid" 100 on "$n" status || fail "node $n's agent did not start"
 }
 joined() { on "$1" --json status | json 'v["joined"]' | grep -q True; }
 
-step "a host agent per node, with the capture (mesh 'demo'${fast_path:+, fast path on})"
-start_agent 1
-bootstrap=$(on 1 --json status | json 'v["id"]+"@"+v["listen"]')
-echo "==> node 1 started the ring: $bootstrap"
-for n in 2 3; do
-    start_agent "$n" "$bootstrap"
-    retry 100 joined "$n" || fail "node $n did not join"
-    echo "==> node $n joined: $(on "$n" --json status | json 'v["id"]+"@"+v["listen"]')"
-done
-sleep 1 # a few stabilisation rounds
+agents() {
+    local bootstrap n
+    section "a host agent per node, with the capture (mesh 'demo'${fast_path:+, fast path on})"
+    start_agent 1
+    bootstrap=$(on 1 --json status | json 'v["id"]+"@"+v["listen"]')
+    echo "    node 1 started the ring"
+    for n in 2 3; do
+        start_agent "$n" "$bootstrap"
+        retry 100 joined "$n" || fail "node $n did not join"
+        echo "    node $n joined through node 1 (node id $(short "${bootstrap%@*}") at ${bootstrap#*@})"
+    done
+    sleep 1 # a few stabilisation rounds
+}
 
-# --- the pods --------------------------------------------------------------------------
-# A pod: its cgroup; its registration (the agent creates the workload's key, attaches
-# the capture to the pod's cgroup, the proxy's exempt, then signs and stores the
-# record); then its sidecar Envoy in <pod>/proxy.
-start_pod() { # service [policy]
-    local service=$1 policy=${2:-} n pod
-    n=${node_of[$service]}
-    pod=$(pod_of "$n" "$service")
+# --- the pods ----------------------------------------------------------------------------
+# A pod: its cgroup; its workload's identity (created by the agent); its registration
+# (the agent attaches the capture to the pod's cgroup, the proxy exempt, then signs and
+# stores the record); then its sidecar Envoy in <pod>/proxy.
+start_pod() { # SERVICE WORKLOAD NODE SLOT [POLICY]
+    local service=$1 workload=$2 n=$3 slot=$4 policy=${5:-} pod id
+    pod=$(pod_of "$n" "$workload")
     pod_cgroup "$pod"
-    on "$n" register "$service" --workload "$service" --endpoint "$(ip_of "$n"):$inbound_port" \
-        --cgroup "$pod" --proxy-cgroup "$pod/proxy" --outbound "$outbound" --inbound-port "$app_port" \
-        > "$work/n$n/register-$service.txt" 2>&1 || fail "registering $service: $(cat "$work/n$n/register-$service.txt")"
-    registered+=("$n $service $service")
-    scripts/render-sidecar --mesh demo --workload "$service" --service "$service" \
-        --agent-socket "$work/n$n/agent.sock" --app "127.0.0.1:$app_port" --outbound "$outbound" \
-        --inbound "$(ip_of "$n"):$inbound_port" --admin-port "${admin#*:}" --wasm "$wasm" \
-        --access-log "$work/n$n/$service-outbound.access" ${policy:+--policy "$policy"} \
-        > "$work/n$n/$service-envoy.yaml"
-    spawn "envoy $service" "$(ns "$n")" "$pod/proxy" "$work/n$n/$service-envoy.log" \
-        "$envoy" -c "$work/n$n/$service-envoy.yaml" --concurrency 1 --disable-hot-restart \
-        --base-id "$(($$ % 100000 * 10 + n))" -l warn
-    retry_while "$last_pid" 300 on_node "$(ns "$n")" curl -sf "http://$admin/ready" ||
-        fail "$service's Envoy did not become ready"
-    echo "    $service on node $n: pod $pod, its sidecar ready"
+    id=$(on "$n" --json workload "$workload" | json 'v["id"]')
+    echo "$id workload $workload $service $n" >> "$work/ids"
+    on "$n" register "$service" --workload "$workload" --endpoint "$(ip_of "$n"):$(inbound_port "$slot")" \
+        --cgroup "$pod" --proxy-cgroup "$pod/proxy" --outbound "$(outbound_of "$slot")" \
+        --inbound-port "$(app_port "$slot")" > "$work/n$n/register-$workload.txt" 2>&1 ||
+        fail "registering $workload: $(cat "$work/n$n/register-$workload.txt")"
+    echo "$n $service $workload" >> "$work/registrations"
+    echo "$workload $service $n $slot" >> "$work/pods"
+    scripts/render-sidecar --mesh-root "$work/mesh/mesh.root" --workload "$workload" --service "$service" \
+        --agent-socket "$work/n$n/agent.sock" --app "127.0.0.1:$(app_port "$slot")" \
+        --outbound "$(outbound_of "$slot")" --inbound "$(ip_of "$n"):$(inbound_port "$slot")" \
+        --admin-port "$(admin_port "$slot")" --wasm "$wasm" \
+        --access-log "$work/n$n/$workload-outbound.access" ${policy:+--policy "$policy"} \
+        > "$work/n$n/$workload-envoy.yaml"
+    spawn "n$n pod $workload envoy" "$(ns "$n")" "$pod/proxy" "$work/n$n/$workload-envoy.log" \
+        "$envoy" -c "$work/n$n/$workload-envoy.yaml" --concurrency 1 --disable-hot-restart \
+        --base-id "$((base_id + n * 10 + slot))" -l warn
+    retry_while "$last_pid" 300 on_node "$(ns "$n")" curl -sf "http://127.0.0.1:$(admin_port "$slot")/ready" ||
+        fail "$workload's Envoy did not become ready"
+    echo "    $workload (service $service) on node $n: workload id $(short "$id"), pod $pod, its sidecar ready"
 }
 
-# An app in its pod, on the app port on every address, as a pod's server would be.
-start_app() { # service args...
-    local service=$1 n
-    shift
-    n=${node_of[$service]}
-    spawn "app $service" "$(ns "$n")" "$(pod_of "$n" "$service")/app" "$work/n$n/$service-app.log" \
-        python3 "$repo/scripts/demo-app.py" "$@" 0.0.0.0 "$app_port"
-    retry_while "$last_pid" 50 grep -q listening "$work/n$n/$service-app.log" || fail "$service's app did not start"
+# An app in its pod, on its app port on every address, as a pod's server would be.
+start_app() { # WORKLOAD NODE SLOT ARGS...
+    local workload=$1 n=$2 slot=$3
+    shift 3
+    spawn "n$n pod $workload app" "$(ns "$n")" "$(pod_of "$n" "$workload")/app" "$work/n$n/$workload-app.log" \
+        python3 "$repo/scripts/demo-app.py" "$@" 0.0.0.0 "$(app_port "$slot")"
+    retry_while "$last_pid" 50 grep -q listening "$work/n$n/$workload-app.log" || fail "$workload's app did not start"
 }
 
-step "pods: a cgroup each (app, proxy), registered with the capture, a sidecar Envoy"
-start_pod check '{"allow":[{"service":"handler"}]}'
-start_app check --role check
-start_pod handler '{"allow":[{"service":"client"}]}'
-start_app handler --role handler --upstream http://check
-start_pod client
-echo "    policies: check admits callers verified as 'handler', handler admits 'client'"
+# Registrations travel through the ring; waits until node N resolves SERVICE to COUNT.
+resolves() { on "$1" --json resolve "$2" --fresh | json 'len(v["instances"])' | grep -qx "$3"; }
 
-# Registrations travel through the ring; wait until the callers can resolve them.
-resolves() { on "$1" --json resolve "$2" --fresh | json 'len(v["instances"])' | grep -qv '^0$'; }
-for pair in "2 handler" "1 check" "3 handler" "1 client"; do
-    # shellcheck disable=SC2086 # node and service, as two words
-    retry 50 resolves $pair || fail "node ${pair% *} cannot resolve ${pair#* }"
-done
+pods() {
+    local pair
+    section "pods: a cgroup each (app, proxy), registered with the capture, a sidecar Envoy"
+    start_pod check check 3 0 '{"allow":[{"service":"handler"}]}'
+    start_app check 3 0 --role check
+    start_pod handler handler 1 0 '{"allow":[{"service":"client"}]}'
+    start_app handler 1 0 --role handler --upstream http://check
+    start_pod client client 2 0
+    echo "    policies: check admits callers verified as 'handler', handler admits 'client'"
+    for pair in "2 handler" "1 check" "3 handler" "1 client"; do
+        # shellcheck disable=SC2086 # node and service, as two words
+        retry 50 resolves $pair 1 || fail "node ${pair% *} cannot resolve ${pair#* }"
+    done
+}
 
 # --- the report ------------------------------------------------------------------------
-step "the ring: three agents, every message between them over the Themis channel"
-for n in 1 2 3; do
-    echo "    node $n: $(on "$n" --json status | json 'v["id"]+"  "+v["listen"]')"
-done
+report_ring() {
+    local n
+    section "the ring: three agents (node ids), every message between them over the Themis channel"
+    for n in 1 2 3; do on "$n" --json status > "$work/n$n/status.json"; done
+    report ring "$work"/n{1,2,3}/status.json | indent
+}
 
-step "services and their instances (themis resolve, on node 1)"
-declare -A id_of
-for service in check handler client; do
-    on 1 resolve "$service" | indent
-    id_of[$service]=$(on 1 --json resolve "$service" | json 'v["instances"][0]["id"]')
-done
+report_services() {
+    local service
+    section "services and their instances (themis resolve, on node 1; workload ids: the keys the sidecars hold)"
+    for service in check handler client; do
+        on 1 --json resolve "$service" > "$work/resolve-$service.json"
+        report resolve "$work/resolve-$service.json" | indent
+    done
+}
 
-step "the capture: what each agent attached to its pod (themis capture)"
-for n in 1 2 3; do
-    echo "    node $n:"
-    on "$n" capture | grep -v counters: | sed 's/^/      /'
-done
+report_capture() {
+    local n
+    section "the capture: what each agent attached to its pod (themis capture)"
+    for n in 1 2 3; do
+        echo "    node $n:"
+        on "$n" capture | grep -v counters: | sed 's/^/      /'
+    done
+}
 
-step "a request through the mesh: node 2's client runs curl http://handler/check?n=7"
-client_app=$(pod_of 2 client)/app
-answer=$work/answer.json
-code=$(in_pod "$(ns 2)" "$client_app" curl -s -m 20 -o "$answer" -w '%{http_code}' \
-    'http://handler/check?n=7') || true
-[[ $code == 200 ]] || fail "the client got HTTP $code: $(cat "$answer" 2> /dev/null)"
-python3 - "$answer" "${id_of[client]}" "${id_of[handler]}" "${id_of[check]}" << 'EOF' | indent
-import json, sys
-a = json.load(open(sys.argv[1]))
-client, handler, check = sys.argv[2:5]
-c = a["check"]
-print(f"200 from handler, which got the request from {a['peer_id']} (service {a['peer_service']})")
-print(f"handler called {c['url']}; its sidecar authenticated {c['peer_id']} (service {c['peer_service']})")
-print(f"check got the request from {c['answer']['peer_id']} (service {c['answer']['peer_service']})")
-print(f"check's answer: {json.dumps({k: c['answer'][k] for k in ('method', 'path', 'n', 'prime')})}")
-ok = (a["peer_id"], a["peer_service"]) == (client, "client") \
-    and (c["peer_id"], c["peer_service"]) == (check, "check") \
-    and (c["answer"]["peer_id"], c["answer"]["peer_service"]) == (handler, "handler")
-print("every id is the one the ring resolves for that service" if ok else "MISMATCH with the resolved ids")
-sys.exit(0 if ok else 1)
+# The call, with a marker in its body, while tcpdump records node 1's link to the
+# bridge (v1 in the fabric namespace): the marker crosses it twice, client -> handler
+# and handler -> check.
+call_through_mesh() {
+    local client_app marker path='/check?n=7' code
+    section "a request through the mesh: node 2's client runs curl -d <marker> http://handler$path"
+    marker="themis-demo-marker-$(head -c 6 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+    spawn "tcpdump" "$fab" - "$work/tcpdump.log" tcpdump -i v1 -n -s 0 --immediate-mode -U -w "$work/wire.pcap" tcp
+    retry_while "$last_pid" 50 grep -q "listening on" "$work/tcpdump.log" || fail "tcpdump did not start"
+    client_app=$(pod_of 2 client)/app
+    code=$(in_pod "$(ns 2)" "$client_app" curl -s -m 20 -o "$work/answer.json" -w '%{http_code}' \
+        -d "$marker" "http://handler$path") || true
+    sleep 0.5 # the last segments
+    # shellcheck disable=SC2046
+    stop_pids $(recorded_pids tcpdump)
+    [[ $code == 200 ]] || fail "the client got HTTP $code: $(cat "$work/answer.json" 2> /dev/null)"
+    echo "    what the apps saw (plain HTTP, on their own node's loopback):"
+    report answer "$work/answer.json" "$marker" | sed 's/^/      /' || fail "the apps saw other peers than the ring resolves"
+    echo "    on the wire: tcpdump on node 1's link to the bridge during that call:"
+    report wire "$work/wire.pcap" "$marker" "$path" | sed 's/^/      /' ||
+        fail "the capture holds the marker or the path, or no sealed request (tcpdump: $(paste -sd' ' "$work/tcpdump.log"))"
+}
+
+report_access_logs() {
+    local hop n service callee log
+    section "the sidecars' access logs: where each app meant to go (its original destination)"
+    for hop in "2 client handler" "1 handler check"; do
+        read -r n service callee <<< "$hop"
+        log=$work/n$n/$service-outbound.access
+        retry 25 test -s "$log" || fail "$service's sidecar logged nothing"
+        echo "    $service's sidecar (node $n):"
+        sed 's/^/      /' "$log"
+        grep -q "original_dst=${vip[$callee]}:80 " "$log" || fail "$service's sidecar did not get ${vip[$callee]}:80"
+    done
+}
+
+policy_denied() {
+    local code
+    section "the policy: the client calls check directly (check admits only 'handler')"
+    code=$(in_pod "$(ns 2)" "$(pod_of 2 client)/app" curl -s -m 20 -o "$work/denied.txt" -w '%{http_code}' \
+        'http://check/check?n=7') || true
+    echo "    HTTP $code: $(head -c 200 "$work/denied.txt")"
+    [[ $code == 403 ]] || fail "check's sidecar did not refuse the client"
+}
+
+bypass_refused() {
+    local rc=0
+    section "bypassing the sidecars: plain HTTP from node 2 straight to check's app ($(ip_of 3):$(app_port 0))"
+    on_node "$(ns 2)" curl -s -m 3 -o /dev/null "http://$(ip_of 3):$(app_port 0)/check?n=7" || rc=$?
+    case $rc in
+        0) fail "the app port answered a request that bypassed the sidecar" ;;
+        28) echo "    timed out (curl -m 3): the capture drops what comes to the app port from the network" ;;
+        7) echo "    refused: the app port takes only its own sidecar's connections" ;;
+        *) echo "    failed (curl exit $rc)" ;;
+    esac
+    echo "    while the mesh path above answered 200"
+}
+
+report_counters() {
+    local n
+    section "the capture's counters (themis capture)"
+    for n in 1 2 3; do
+        echo "    node $n: $(on "$n" capture | sed -n 's/^ *counters: //p')"
+    done
+    if ((${#fast_path[@]})); then
+        echo "    fast path on: fast_path_sockets counts the sockets it joined; $ONE_LINE_FAST_PATH"
+    else
+        echo "    (--fast-path: $ONE_LINE_FAST_PATH)"
+    fi
+}
+
+# --- a kept mesh ---------------------------------------------------------------------------
+keep_mesh() {
+    local me=scripts/demo.sh
+    {
+        echo "name=$name"
+        echo "work=$work"
+        echo "base_id=$base_id"
+        echo "fast_path=(${fast_path[*]})"
+    } > "$STATE"
+    keep_on_exit=1
+    section "the mesh keeps running (--keep); try:"
+    cat << EOF
+    $me pod client curl -s -d hello 'http://handler/check?n=7'   # a call, as the client app
+    $me node 1 themis resolve check              # node 1's agent: check's instances
+    $me node 1 themis ring                       # its place in the ring
+    $me node 3 curl -s 127.0.0.1:9464/metrics | grep '^themis_'           # agent metrics
+    $me node 3 curl -s 127.0.0.1:15000/stats | grep wasmcustom.themis   # check's sidecar
+    $me add-check                                # a second check instance (check-2, node 2)
+    $me calls 20                                 # 20 calls: which check instance answered
+    $me kill-node 3                              # node 3 dies (agent, check's pod)
+    $me calls 20                                 # calls fall back to check-2
+    $me node 1 curl -s 127.0.0.1:15000/stats | grep peer_unreachable   # handler's sidecar: fallbacks
+    $me --down                                   # remove everything
+
+    (pod runs a command as a process of the pod's app cgroup in the node's network
+    namespace, so the capture applies; node runs it in node N's network namespace with
+    THEMIS_SOCKET=$work/nN/agent.sock. Logs: $work/n*/)
 EOF
+}
 
-step "the sidecars' access logs: where each app meant to go (its original destination)"
-for hop in "2 client handler" "1 handler check"; do
-    read -r n service callee <<< "$hop"
-    log=$work/n$n/$service-outbound.access
-    retry 25 test -s "$log" || fail "$service's sidecar logged nothing"
-    echo "    $service's sidecar (node $n):"
-    sed 's/^/      /' "$log"
-    grep -q "original_dst=${vip[$callee]}:80 " "$log" || fail "$service's sidecar did not get ${vip[$callee]}:80"
-done
+load_state() {
+    [[ -f $STATE ]] || fail "no kept mesh ($STATE is missing): scripts/demo.sh --keep first"
+    # shellcheck disable=SC1090 # written by keep_mesh
+    source "$STATE"
+    set_names "$name"
+    binaries
+    full_ids=0
+}
 
-step "the policy: the client calls check directly (check admits only 'handler')"
-code=$(in_pod "$(ns 2)" "$client_app" curl -s -m 20 -o "$work/denied.txt" -w '%{http_code}' \
-    'http://check/check?n=7') || true
-echo "    HTTP $code: $(head -c 200 "$work/denied.txt")"
-[[ $code == 403 ]] || fail "check's sidecar did not refuse the client"
+pod_node() { # WORKLOAD -> "N SLOT"
+    local workload service n slot
+    while read -r workload service n slot; do
+        [[ $workload == "$1" ]] && { echo "$n $slot"; return; }
+    done < "$work/pods"
+    fail "no pod $1 (pods: $(cut -d' ' -f1 "$work/pods" | paste -sd' '))"
+}
 
-step "bypassing the sidecars: plain HTTP from node 2 straight to check's app ($(ip_of 3):$app_port)"
-rc=0
-on_node "$(ns 2)" curl -s -m 3 -o /dev/null "http://$(ip_of 3):$app_port/check?n=7" || rc=$?
-case $rc in
-    0) fail "the app port answered a request that bypassed the sidecar" ;;
-    28) echo "    timed out (curl -m 3): the capture drops what comes to the app port from the network" ;;
-    7) echo "    refused: the app port takes only its own sidecar's connections" ;;
-    *) echo "    failed (curl exit $rc)" ;;
+cmd_pod() { # WORKLOAD CMD...
+    local where
+    where=$(pod_node "$1")
+    in_pod "$(ns "${where% *}")" "$(pod_of "${where% *}" "$1")/app" "${@:2}"
+}
+
+cmd_node() { # N CMD...
+    [[ $1 =~ ^[123]$ ]] || fail "nodes are 1, 2 and 3"
+    on_node "$(ns "$1")" env THEMIS_SOCKET="$work/n$1/agent.sock" PATH="$(dirname "$themis"):$PATH" "${@:2}"
+}
+
+cmd_add_check() {
+    grep -q '^check-2 ' "$work/pods" && fail "check-2 is there already"
+    step "the operator grants check to node 2 (offline); node 2 registers a second check instance, check-2"
+    grant check 2
+    start_pod check check-2 2 1 '{"allow":[{"service":"handler"}]}'
+    start_app check-2 2 1 --role check
+    retry 50 resolves 1 check 2 || fail "node 1 does not resolve two check instances"
+    on 1 --json resolve check --fresh > "$work/resolve-check.json"
+    report resolve "$work/resolve-check.json" | indent
+    echo "    waiting for handler's sidecar to see it (it reuses a resolution for resolve_ttl_secs, 10 s)"
+    retry 100 answered_by check-2 || fail "handler's sidecar did not call check-2 within 20 s"
+    echo "    handler's sidecar now picks one of the two at random per call"
+}
+
+# Whether a call client -> handler -> check is answered by WORKLOAD's instance.
+answered_by() { # WORKLOAD
+    local id
+    id=$(awk -v w="$1" '$2 == "workload" && $3 == w { print $1 }' "$work/ids")
+    in_pod "$(ns 2)" "$(pod_of 2 client)/app" curl -s -m 5 'http://handler/check?n=1' |
+        json 'v["check"]["peer_id"]' | grep -qx "$id"
+}
+
+cmd_calls() { # [N]
+    local count=${1:-20} i dir
+    dir=$(mktemp -d "$work/calls.XXXXXX")
+    for i in $(seq "$count"); do
+        in_pod "$(ns 2)" "$(pod_of 2 client)/app" curl -s -m 20 -o "$dir/$i.json" "http://handler/check?n=$i" || true
+    done
+    echo "$count calls client -> handler -> check:"
+    report calls "$dir"/*.json
+    rm -rf "$dir"
+}
+
+cmd_kill_node() { # N
+    local n=$1 pids
+    [[ $n =~ ^[123]$ ]] || fail "nodes are 1, 2 and 3"
+    pids=$(recorded_pids "n$n *")
+    [[ -n $pids ]] || fail "node $n has nothing running"
+    # shellcheck disable=SC2086 # a list of pids
+    kill -KILL $pids
+    echo "    node $n: agent and pods killed (pids $(paste -sd' ' <<< "$pids")); its records expire from the ring within their TTL,"
+    echo "    and callers that try its instance first fall back to the next one"
+}
+
+cmd_down() {
+    local left
+    load_state
+    step "tearing down the kept mesh $name"
+    set +e # as in the exit trap: remove all that can be removed
+    teardown
+    set -e
+    left=$(
+        ip netns list | grep -F "$name" || true
+        ls -d /sys/fs/bpf/"$name"-* "$CGROUP_FS/$name" /etc/netns/"$name"-* 2> /dev/null || true
+    )
+    [[ -z $left ]] || fail "left behind: $left"
+    echo "    removed: processes, namespaces, /etc/netns entries, cgroups, bpffs pins, $work"
+}
+
+# --- main ----------------------------------------------------------------------------------
+run_demo() {
+    echo "scripts/demo.sh: a three-node Themis mesh with eBPF capture. The first run takes about 10 minutes on 2 cores (set-up, then a release build with cargo's progress); later runs about a minute."
+    ((EUID == 0)) || fail "the demo needs root (namespaces, cgroups, eBPF)"
+    if ((keep)) && [[ -f $STATE ]]; then
+        fail "a kept mesh is running ($STATE): scripts/demo.sh --down first"
+    fi
+    trap on_exit EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    set_up_machine
+    binaries
+    build
+    work=$(mktemp -d "/tmp/themis-demo-$$.XXXXXX")
+    set_names "themis-demo-$$"
+    base_id=$(($$ % 10000 * 100))
+    operator
+    nodes
+    agents
+    pods
+    report_ring
+    report_services
+    report_capture
+    call_through_mesh
+    report_access_logs
+    policy_denied
+    bypass_refused
+    report_counters
+    if ((keep)); then keep_mesh; else section "done"; fi
+}
+
+fast_path=()
+full_ids=0
+keep=0
+case "${1:-}" in
+    --down) cmd_down; exit ;;
+    pod | node | add-check | calls | kill-node)
+        command=${1//-/_}
+        shift
+        load_state
+        "cmd_$command" "$@"
+        exit
+        ;;
 esac
-echo "    while the mesh path above answered 200"
-
-step "the capture's counters (themis capture)"
-for n in 1 2 3; do
-    echo "    node $n: $(on "$n" capture | sed -n 's/^ *counters: //p')"
+while (($#)); do
+    case $1 in
+        --fast-path) fast_path=(--fast-path) ;;
+        --full-ids) full_ids=1 ;;
+        --keep) keep=1 ;;
+        -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "usage: $0 [--fast-path] [--full-ids] [--keep] | --down | pod|node|add-check|calls|kill-node ... (see --help)" >&2; exit 2 ;;
+    esac
+    shift
 done
-
-step "done"
+run_demo

@@ -8,13 +8,12 @@
 #
 # Nothing here touches the root namespace's interfaces, routes or firewall: every link
 # is created inside the namespaces (`ip -n`). Every process started here is recorded
-# in `pids`, so that the caller can stop exactly those.
+# in the file $PID_FILE as "PID START NAME" (START: its start time, so that a pid the
+# system has reused since is never mistaken for it), so that exactly those can be
+# stopped, also by a later run (scripts/demo.sh --down).
 
 # shellcheck disable=SC2034 # used by the scripts that source this
 CGROUP_FS=/sys/fs/cgroup/unified
-
-pids=()         # every process started with spawn, in order
-pid_names=()    # what each one is, for messages
 
 # Creates the fabric namespace FAB with a bridge, and one namespace per "NS=IP/LEN"
 # argument, joined to the bridge by a veth pair (vN in the fabric, eth0 in the node).
@@ -74,8 +73,8 @@ cgroup_remove() { # DIR
     return 1
 }
 
-# Starts CMD in the background in namespace NS, its output to LOG, and records its pid
-# (also in `last_pid`). With a cgroup CG, it runs there, with NS's /etc/hosts and a
+# Starts CMD in the background in namespace NS, its output to LOG, and records it in
+# $PID_FILE (its pid also in `last_pid`). With a cgroup CG, it runs there, with NS's /etc/hosts and a
 # clean environment: a pod's process. With CG = -, it only enters NS's network: a
 # node's daemon (it keeps the machine's /sys, where bpffs and the cgroups are mounted,
 # which `ip netns exec` would replace). Every step execs, so the pid is CMD's own.
@@ -89,8 +88,29 @@ spawn() { # NAME NS CG LOG CMD...
         "${pod_cmd[@]}" "$@" > "$log" 2>&1 &
     fi
     last_pid=$!
-    pids+=("$last_pid")
-    pid_names+=("$name")
+    echo "$last_pid $(pid_start "$last_pid") $name" >> "$PID_FILE"
+}
+
+# The start time of process PID (clock ticks since boot), or nothing if it is gone.
+pid_start() { # PID
+    local stat
+    stat=$(cat "/proc/$1/stat" 2> /dev/null) || return 0
+    stat=${stat##*) }
+    # shellcheck disable=SC2086 # split the fields
+    set -- $stat
+    echo "${20}"
+}
+
+# Prints the pids recorded in $PID_FILE whose name matches the glob PATTERN and which
+# are still the processes that were started (same start time).
+recorded_pids() { # PATTERN
+    local pid start name
+    [[ -f $PID_FILE ]] || return 0
+    while read -r pid start name; do
+        # shellcheck disable=SC2053 # a glob on purpose
+        [[ $name == $1 && -n $start && "$(pid_start "$pid")" == "$start" ]] && echo "$pid"
+    done < "$PID_FILE"
+    return 0
 }
 
 # Sets `pod_cmd` to the command prefix that runs a command as a process of pod cgroup
@@ -143,6 +163,7 @@ stop_pids() { # PID...
         running "$pid" && kill -KILL "$pid" 2> /dev/null
         wait "$pid" 2> /dev/null || true
     done
+    return 0
 }
 
 # Retries CMD (quietly) every 0.2 s, up to TRIES times.
