@@ -3,19 +3,23 @@
 # formatting and lints, the native suites, the core on wasm32-wasip1 and, under the
 # wasmtime CLI, on wasm32-wasip2 (the same vectors and attacks), the allocation check,
 # the end-to-end demo (three nodes in network namespaces with eBPF capture), and each
-# fuzz target for a bounded time.
+# fuzz target for a bounded time. The set-up and the demo run with Go hidden
+# (scripts/without-go.sh): neither may need it. As root.
 #
 #   scripts/test.sh                  everything
 #   FUZZ_SECONDS=60 scripts/test.sh  fuzz each target longer (default 15 s)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-scripts/setup.sh
-export PATH="$HOME/.cargo/bin:$PATH"
-FUZZ_SECONDS=${FUZZ_SECONDS:-15}
+# shellcheck source=scripts/lib/ui.sh
+source scripts/lib/ui.sh
 
 started=$SECONDS
-section() { printf '\n\033[1m==> [%d:%02d] %s\033[0m\n' $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)) "$*"; }
+section() { printf '\n'; step "[$(((SECONDS - started) / 60)):$(printf %02d $(((SECONDS - started) % 60)))] $*"; }
+
+section "set-up, as with Debian 12's Go 1.19 (the tests need no Go)"
+scripts/without-go.sh --old-go scripts/setup.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+FUZZ_SECONDS=${FUZZ_SECONDS:-15}
 
 section "formatting and lints"
 cargo fmt --all --check
@@ -39,8 +43,8 @@ CARGO_TARGET_WASM32_WASIP2_RUNNER="wasmtime run" \
 section "allocations per record on the in-place path (must be zero)"
 cargo run -q --release -p themis-benchmarks --bin alloc_count
 
-section "the demo: three nodes in network namespaces, agents in a ring, Envoy sidecars with the filter, eBPF capture, handler and check by plain URLs"
-scripts/demo.sh
+section "the demo, with no Go at all: three nodes in network namespaces, agents in a ring, Envoy sidecars with the filter, eBPF capture, handler and check by plain URLs, the sealed wire"
+scripts/without-go.sh scripts/demo.sh
 
 section "fuzz targets, ${FUZZ_SECONDS}s each"
 scripts/fuzz-smoke.sh "$FUZZ_SECONDS"
