@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The Themis scenario of run.sh: two nodes on loopback, each with a host agent and a
-# sidecar Envoy running the Themis filter (deploy/envoy/sidecar.yaml), handler on A
-# calling check on B, whose app is run.sh's fortio server ($APP_ADDR).
+# The Themis scenario of run.sh: two nodes on loopback, admitted to mesh "bench" by an
+# operator step, each with a host agent and a sidecar Envoy running the Themis filter
+# (deploy/envoy/sidecar.yaml), handler on A calling check on B, whose app is run.sh's
+# fortio server ($APP_ADDR).
 #
 #   themis-pair.sh build   build the agent and the filter (release)
 #   themis-pair.sh start   start both nodes in the background; print address= and host=
@@ -28,8 +29,14 @@ start)
     [[ -x $THEMIS && -f $WASM ]] || { echo "run: $0 build" >&2; exit 1; }
     mkdir -p "$DIR"
     on() { local n=$1; shift; "$THEMIS" --socket "$DIR/$n/agent.sock" "$@"; }
+    # The operator: mesh "bench", nodes a (handler) and b (check) admitted and granted.
+    "$THEMIS" mesh create bench --out "$DIR/mesh" > /dev/null
+    for node in a:handler b:check; do
+        "$THEMIS" node admit --mesh-dir "$DIR/mesh" --out "$DIR/${node%:*}" > /dev/null
+        "$THEMIS" service grant "${node#*:}" --mesh-dir "$DIR/mesh" --node "$DIR/${node%:*}" > /dev/null
+    done
     agent() { # name address [join]
-        "$THEMIS" agent --mesh bench --state-dir "$DIR/$1" --listen "$2:7101" --metrics off \
+        "$THEMIS" agent --state-dir "$DIR/$1" --listen "$2:7101" --metrics off \
             --stabilise-ms 250 ${3:+--join "$3"} > "$DIR/agent-$1.log" 2>&1 &
         echo $! >> "$DIR/pids"
         for _ in $(seq 100); do on "$1" status > /dev/null 2>&1 && return; sleep 0.1; done
@@ -46,7 +53,7 @@ start)
     on a register handler --workload handler --endpoint $A:15006 > /dev/null
     on b register check --workload check --endpoint $B:15006 > /dev/null
     sidecar() { # node workload address admin-port
-        scripts/render-sidecar --mesh bench --workload "$2" --service "$2" \
+        scripts/render-sidecar --mesh-root "$DIR/mesh/mesh.root" --workload "$2" --service "$2" \
             --agent-socket "$DIR/$1/agent.sock" --app "${APP_ADDR:-127.0.0.12:8080}" \
             --outbound "$3:15001" --inbound "$3:15006" --admin-port "$4" --wasm "$WASM" \
             > "$DIR/envoy-$1.yaml"
@@ -72,7 +79,7 @@ stop)
     rm -f "$DIR/pids"
     ;;
 *)
-    sed -n '2,12p' "$0" >&2
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' >&2
     exit 2
     ;;
 esac
