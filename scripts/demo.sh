@@ -2,7 +2,7 @@
 # The main job: a Themis mesh of three nodes on this one machine.
 #
 #   node 1 (10.77.0.1)  handler   its app calls http://check/check?n=… by plain URL
-#   node 2 (10.77.0.2)  client    curl http://handler/check?n=7
+#   node 2 (10.77.0.2)  client    curl -d <marker> http://handler/check?n=7
 #   node 3 (10.77.0.3)  check     answers with what it got, the caller's verified id too
 #
 # The mesh operator creates the mesh and admits the three nodes, offline. Each node is

@@ -42,6 +42,7 @@ started=$SECONDS
 
 # The first install of this run says how long a first run takes, once.
 installing() {
+    step "installing $*"
     if [[ -z ${told:-} ]]; then
         told=1
         if ((QUICK)); then
@@ -50,7 +51,6 @@ installing() {
             echo "    (a first set-up takes about 25 minutes on 2 cores, 20 of them building the wasmtime CLI; later runs take seconds)"
         fi
     fi
-    step "installing $*"
 }
 
 # ---- Debian packages -------------------------------------------------------------------
