@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the benchmark drivers (benchmarks/*/run.sh) and benchmarks/setup.sh:
 # logging, processes stopped by pid only, the work directory kept on failure, where
 # Fortio is. Callers of stop_pid and finish_tmp define PIDS=() and declare -A PID_NAME,
