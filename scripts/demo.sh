@@ -318,6 +318,34 @@ policy_denied() {
     [[ $code == 403 ]] || fail "check's sidecar did not refuse the client"
 }
 
+impostor_refused() {
+    local out
+    section "an impostor: node 2 is in the mesh (admitted) but granted only 'client'; it tries to serve 'check'"
+    if out=$(on 2 register check --workload evil --endpoint "$(ip_of 2):$(inbound_port 0)" 2>&1); then
+        fail "node 2 registered check without a grant: $out"
+    fi
+    echo "    node 2: themis register check -> refused:"
+    echo "      ${out#error: }" | fold -s -w 100 | sed '2,$s/^/      /'
+    echo "    what the ring holds for check, and why it is trusted (themis explain check, on node 1):"
+    on 1 --json explain check > "$work/explain.json"
+    python3 - "$work/explain.json" "$work/ids" <<'PY'
+import json, sys
+v = json.load(open(sys.argv[1]))
+labels = dict(line.split(" ", 1) for line in open(sys.argv[2]).read().split("\n") if line)
+def name(i):
+    parts = labels.get(i, "").split()
+    if parts[:1] == ["workload"]:
+        return f"workload {parts[1]} (node {parts[3]})"
+    return " ".join(parts) or (i[:16] + "…" if i else "?")
+print(f"      {v['answered']} of {v['replicas']} replica holders answered; checked against the mesh root")
+for x in v["values"]:
+    print(f"      {x['verdict'].upper():<10} {name(x['id'])} at {x['endpoint']}, endorsed by {name(x['endorser'])}: {x['reason']}")
+live = [i["id"] for i in v["instances"]]
+if len(live) != 1:
+    sys.exit(f"check resolves to {len(live)} instances")
+PY
+}
+
 bypass_refused() {
     local rc=0
     section "bypassing the sidecars: plain HTTP from node 2 straight to check's app ($(ip_of 3):$(app_port 0))"
@@ -487,6 +515,7 @@ run_demo() {
     call_through_mesh
     report_access_logs
     policy_denied
+    impostor_refused
     bypass_refused
     report_counters
     if ((keep)); then keep_mesh; else section "done"; fi

@@ -818,9 +818,17 @@ fn render_capture(v: &Value) -> String {
 
 fn render_resolved(v: &Value) -> String {
     let instances = v["instances"].as_array().cloned().unwrap_or_default();
-    let cached = if v["cached"] == true { ", cached" } else { "" };
+    let source = if v["cached"] == true {
+        "from this agent's resolution cache (--fresh asks the ring)".to_owned()
+    } else {
+        format!(
+            "fresh from the ring: {} of {} replica holders answered",
+            s(&v["answered"]),
+            s(&v["replicas"])
+        )
+    };
     let mut out = format!(
-        "{}: {} instance(s){cached}\n",
+        "{}: {} instance(s), {source}\n",
         s(&v["service"]),
         instances.len()
     );
@@ -832,10 +840,16 @@ fn render_resolved(v: &Value) -> String {
             .map(|(k, v)| format!("{k}={}", s(v)))
             .collect();
         out += &format!(
-            "  {:<21} {} {}\n",
+            "  {:<21} workload {}\n  {:<21} endorsed by node {}{}\n",
             s(&i["endpoint"]),
             s(&i["id"]),
-            meta.join(",")
+            "",
+            s(&i["endorser"]),
+            if meta.is_empty() {
+                String::new()
+            } else {
+                format!(", labels {}", meta.join(","))
+            },
         );
     }
     out
