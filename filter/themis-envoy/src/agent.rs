@@ -51,34 +51,49 @@ struct RawInstance {
 
 /// Reads `GET /v1/services/{service}`: each instance is taken from its record, verified
 /// against `trust`'s root and revocations for `service`; the id the agent printed
-/// must be the record's.
+/// must be the record's. One result per listed instance: a caller uses the good ones
+/// and counts the others (one bad record must not take the whole service down).
 pub fn parse_instances(
     body: &[u8],
     service: &str,
     trust: &Verifier<'_>,
-) -> Result<Vec<Instance>, AgentError> {
+) -> Result<Vec<Result<Instance, AgentError>>, AgentError> {
     let resolution: Resolution =
         serde_json::from_slice(body).map_err(|e| AgentError::Json(e.to_string()))?;
-    let mesh = &trust.root.mesh;
-    resolution
+    Ok(resolution
         .instances
         .into_iter()
-        .map(|raw| {
-            let id = PeerId::parse_in(&raw.id, mesh).map_err(|_| AgentError::KeyIdMismatch)?;
-            let value = hex::decode(&raw.record)
-                .map_err(|_| AgentError::NotEndorsed(themis_trust::TrustError::Malformed))?;
-            let instance = trust
-                .instance(&value, service)
-                .map_err(AgentError::NotEndorsed)?;
-            if instance.id != id {
-                return Err(AgentError::KeyIdMismatch);
-            }
-            let endpoint = instance
-                .endpoint
-                .ok_or(AgentError::NotEndorsed(themis_trust::TrustError::Expired))?;
-            Ok(Instance { id, endpoint })
-        })
-        .collect()
+        .map(|raw| verify_instance(raw, service, trust))
+        .collect())
+}
+
+fn verify_instance(
+    raw: RawInstance,
+    service: &str,
+    trust: &Verifier<'_>,
+) -> Result<Instance, AgentError> {
+    let id = PeerId::parse_in(&raw.id, &trust.root.mesh).map_err(|_| AgentError::KeyIdMismatch)?;
+    let value = hex::decode(&raw.record)
+        .map_err(|_| AgentError::NotEndorsed(themis_trust::TrustError::Malformed))?;
+    let instance = trust
+        .instance(&value, service)
+        .map_err(AgentError::NotEndorsed)?;
+    if instance.id != id {
+        return Err(AgentError::KeyIdMismatch);
+    }
+    let endpoint = instance
+        .endpoint
+        .ok_or(AgentError::NotEndorsed(themis_trust::TrustError::Expired))?;
+    Ok(Instance { id, endpoint })
+}
+
+/// The instances that verified; the others are logged and counted by the caller.
+pub fn endorsed(results: Vec<Result<Instance, AgentError>>) -> (Vec<Instance>, Vec<AgentError>) {
+    let (good, bad): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
+    (
+        good.into_iter().filter_map(Result::ok).collect(),
+        bad.into_iter().filter_map(Result::err).collect(),
+    )
 }
 
 #[derive(Deserialize)]
@@ -214,25 +229,37 @@ mod tests {
         let good = answer(&peer.printable_id(), &value(&root_key));
         assert_eq!(
             parse_instances(good.as_bytes(), "check", &trust).unwrap(),
-            vec![Instance {
+            vec![Ok(Instance {
                 id: peer.id(),
                 endpoint: "127.0.0.12:15006".parse().unwrap()
-            }]
+            })]
         );
         // Granted by someone other than the root: a confused or hostile agent's answer.
         let self_granted = answer(&peer.printable_id(), &value(&node));
         assert_eq!(
-            parse_instances(self_granted.as_bytes(), "check", &trust),
-            Err(AgentError::NotEndorsed(TrustError::NotFromRoot))
+            parse_instances(self_granted.as_bytes(), "check", &trust).unwrap(),
+            vec![Err(AgentError::NotEndorsed(TrustError::NotFromRoot))]
         );
+        // One bad record next to a good one: the good one is still used.
+        let mixed = good.replace(
+            "}],",
+            &format!(
+                r#"}},{{"id":"{}","record":"{}"}}],"#,
+                peer.printable_id(),
+                value(&node)
+            ),
+        );
+        let (usable, refused) =
+            endorsed(parse_instances(mixed.as_bytes(), "check", &trust).unwrap());
+        assert_eq!((usable.len(), refused.len()), (1, 1), "{mixed}");
         // The right record under another id.
         let swapped = answer(&node.printable_id(), &value(&root_key));
         assert_eq!(
-            parse_instances(swapped.as_bytes(), "check", &trust),
-            Err(AgentError::KeyIdMismatch)
+            parse_instances(swapped.as_bytes(), "check", &trust).unwrap(),
+            vec![Err(AgentError::KeyIdMismatch)]
         );
         // Asked for another service.
-        assert!(parse_instances(good.as_bytes(), "other", &trust).is_err());
+        assert!(parse_instances(good.as_bytes(), "other", &trust).unwrap()[0].is_err());
         // Revoked since.
         let revoke = |by: &Identity| {
             Signed::sign(
@@ -255,8 +282,8 @@ mod tests {
             revoked: &revoked,
         };
         assert_eq!(
-            parse_instances(good.as_bytes(), "check", &trust),
-            Err(AgentError::NotEndorsed(TrustError::Revoked))
+            parse_instances(good.as_bytes(), "check", &trust).unwrap(),
+            vec![Err(AgentError::NotEndorsed(TrustError::Revoked))]
         );
         let list = format!(
             r#"{{"revocations":[{{"id":"x","revocation":"{}"}}]}}"#,

@@ -48,6 +48,21 @@ struct Worker {
 type Shared = Rc<RefCell<Worker>>;
 
 impl Worker {
+    /// The instances of `service` whose records verified; the others are logged and
+    /// counted (`rejected.not_endorsed`).
+    fn keep_endorsed(
+        &self,
+        service: &str,
+        all: Vec<Result<Instance, agent::AgentError>>,
+    ) -> Vec<Instance> {
+        let (good, bad) = agent::endorsed(all);
+        for error in &bad {
+            self.metrics.count("rejected.not_endorsed");
+            warn!("themis: skipping an instance of {service}: {error}");
+        }
+        good
+    }
+
     /// A verifier for now, this mesh's root and the revocations in force.
     fn verifier(&self) -> Verifier<'_> {
         Verifier {
@@ -109,6 +124,7 @@ const COUNTERS: &[&str] = &[
     "rejected.malformed_envelope",
     "rejected.policy",
     "rejected.revoked",
+    "rejected.not_endorsed",
 ];
 
 impl Metrics {
@@ -739,6 +755,7 @@ impl Context for Outbound {
                     Some(200) => {
                         let w = self.worker.borrow();
                         agent::parse_instances(&body, &self.service, &w.verifier())
+                            .map(|all| w.keep_endorsed(&self.service, all))
                             .map_err(|e| e.to_string())
                     }
                     _ => Err(format!(
@@ -1003,9 +1020,9 @@ impl Inbound {
         let member = {
             let mut w = self.worker.borrow_mut();
             let instances = match status {
-                Some(200) => {
-                    agent::parse_instances(body, &claim, &w.verifier()).unwrap_or_default()
-                }
+                Some(200) => agent::parse_instances(body, &claim, &w.verifier())
+                    .map(|all| w.keep_endorsed(&claim, all))
+                    .unwrap_or_default(),
                 _ => Vec::new(),
             };
             let ids: Vec<PeerId> = instances.iter().map(|i| i.id).collect();

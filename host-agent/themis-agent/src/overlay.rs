@@ -454,7 +454,9 @@ impl Overlay {
         };
         if let Err(error) = self.trust.check_peer(&peer, &admission) {
             debug!(peer = %peer.printable(&self.mesh), %error, "refused a frame from an unadmitted peer");
-            return self.refuse(not_admitted(&error));
+            // Counted by reason here; the peer learns no more than "rejected".
+            self.metrics.frame_refused(not_admitted(&error));
+            return Frame::refused("rejected");
         }
         if listen.ip().is_unspecified() || listen.port() == 0 {
             return self.refuse("bad_listen_address");

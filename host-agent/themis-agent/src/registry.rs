@@ -234,6 +234,8 @@ pub struct Registry {
     config: RegistryConfig,
     saved: PathBuf,
     local: tokio::sync::Mutex<Local>,
+    /// Revocations this node keeps stored in the DHT (as encoded).
+    kept_revocations: tokio::sync::Mutex<std::collections::HashSet<Vec<u8>>>,
     /// Resolutions, with when and under which revocation generation they were made.
     cache: Mutex<HashMap<ServiceName, (Instant, u64, Resolution)>>,
     /// The eBPF loader, when the agent runs with `--capture`.
@@ -259,6 +261,7 @@ impl Registry {
             config,
             saved: state_dir.join("registrations.json"),
             local: Default::default(),
+            kept_revocations: Default::default(),
             cache: Default::default(),
             capture: None,
         }
@@ -390,10 +393,29 @@ impl Registry {
         endpoint: SocketAddr,
         metadata: Metadata,
     ) -> Result<(Registration, crate::overlay::Stored), RegistryError> {
+        self.register_if(service, workload, endpoint, metadata, None)
+            .await
+            .map(|done| done.expect("an unconditional registration always runs"))
+    }
+
+    /// [`Registry::register`], but with `expect: Some(serial)` only while the
+    /// registration is still the one with that serial (`None` returned otherwise):
+    /// a renewal must never bring back what a deregistration removed meanwhile.
+    async fn register_if(
+        &self,
+        service: ServiceName,
+        workload: WorkloadName,
+        endpoint: SocketAddr,
+        metadata: Metadata,
+        expect: Option<u64>,
+    ) -> Result<Option<(Registration, crate::overlay::Stored)>, RegistryError> {
         let (identity, _) = self.workload(&workload)?;
         let mut local = self.local.lock().await;
         let key = (service.clone(), workload.clone());
         let previous = local.get(&key).map(|(r, value)| (r.serial, value.clone()));
+        if expect.is_some() && previous.as_ref().map(|p| p.0) != expect {
+            return Ok(None);
+        }
         let serial = unix_millis().max(previous.as_ref().map_or(0, |p| p.0 + 1));
         let value = self.endorse(
             &service,
@@ -402,18 +424,29 @@ impl Registry {
             metadata.clone(),
             serial,
         )?;
-        if let Some((_, old)) = previous {
-            self.overlay.unstore(service.as_str().as_bytes(), old).await;
-        }
-        let stored = self
+        // The new record first (holders replace the old one with it); the old one is
+        // let go only once the new one is out, and a new one that failed is let go too,
+        // so nothing is re-stored that the registration no longer names.
+        let name = service.as_str().as_bytes();
+        let stored = match self
             .overlay
             .store(
-                service.as_str().as_bytes(),
+                name,
                 value.clone(),
                 self.config.replicas,
                 self.config.record_ttl,
             )
-            .await?;
+            .await
+        {
+            Ok(stored) => stored,
+            Err(error) => {
+                self.overlay.unstore(name, value).await;
+                return Err(error.into());
+            }
+        };
+        if let Some((_, old)) = previous {
+            self.overlay.unstore(name, old).await;
+        }
         let registration = Registration {
             service: service.clone(),
             workload,
@@ -432,7 +465,7 @@ impl Registry {
                 replicas: stored.replicas,
             });
         }
-        Ok((registration, stored))
+        Ok(Some((registration, stored)))
     }
 
     /// Signs fresh records for the local registrations whose record has passed half
@@ -448,20 +481,29 @@ impl Registry {
             .filter(|(r, _)| unix_millis().saturating_sub(r.serial) >= half)
             .map(|(r, _)| r.clone())
             .collect();
-        self.register_again(due, "could not renew a record").await
+        self.register_again(due, true, "could not renew a record")
+            .await
     }
 
     /// Registers each of `registrations` again (a fresh record each); returns how many
-    /// succeeded, logging the others with `failure`.
-    async fn register_again(&self, registrations: Vec<Registration>, failure: &str) -> usize {
+    /// succeeded, logging the others with `failure`. A renewal skips what changed
+    /// since the list was taken (deregistered, or registered again).
+    async fn register_again(
+        &self,
+        registrations: Vec<Registration>,
+        renewal: bool,
+        failure: &str,
+    ) -> usize {
         let mut done = 0;
         for r in registrations {
             let (service, workload) = (r.service.clone(), r.workload.clone());
+            let expect = renewal.then_some(r.serial);
             match self
-                .register(service, workload, r.endpoint, r.metadata)
+                .register_if(service, workload, r.endpoint, r.metadata, expect)
                 .await
             {
-                Ok(_) => done += 1,
+                Ok(Some(_)) => done += 1,
+                Ok(None) => {}
                 Err(error) => {
                     warn!(service = %r.service, workload = %r.workload, %error, "{failure}")
                 }
@@ -472,8 +514,8 @@ impl Registry {
 
     /// Withdraws `workload` from `service`: stops re-storing its record and stores a
     /// signed tombstone, so resolvers drop it at once rather than when it expires.
-    /// The tombstone lives a full record lifetime, so it outlasts every record it
-    /// cancels; replica holders refuse the older record while they hold it.
+    /// Holders keep the tombstone until the record it cancels has expired, and refuse
+    /// that older record meanwhile.
     pub async fn deregister(
         &self,
         service: ServiceName,
@@ -497,15 +539,19 @@ impl Registry {
             Metadata::new(),
             unix_millis().max(registration.serial + 1),
         )?;
-        // Stored once, not re-stored: it outlives the record it withdraws, which is no
-        // longer refreshed either.
+        // Stored once, not re-stored, and held only until the record it withdraws has
+        // expired everywhere (its not_after plus the clock-skew allowance): it outlives
+        // that record, and takes its endorser's slot no longer than needed.
+        let record_ttl = u64::try_from(self.config.record_ttl.as_millis()).unwrap_or(u64::MAX);
+        let hold = (registration.serial + record_ttl + themis_trust::MAX_CLOCK_SKEW_MS)
+            .saturating_sub(unix_millis());
         let stored = self
             .overlay
             .store(
                 name,
                 tombstone.clone(),
                 self.config.replicas,
-                self.config.record_ttl,
+                Duration::from_millis(hold.max(1)),
             )
             .await;
         self.overlay.unstore(name, tombstone).await;
@@ -701,7 +747,7 @@ impl Registry {
             },
             Err(_) => return 0,
         };
-        self.register_again(saved, "could not restore a registration")
+        self.register_again(saved, false, "could not restore a registration")
             .await
     }
 
@@ -709,14 +755,18 @@ impl Registry {
     /// stores the revocation in the DHT, where every agent's poll finds it.
     pub async fn publish_revocation(&self, bytes: Vec<u8>) -> Result<bool, RegistryError> {
         let new = self.trust.add_revocation(&bytes)?;
-        self.overlay
+        let stored = self
+            .overlay
             .store(
                 crate::trust::REVOCATIONS_NAME,
-                bytes,
+                bytes.clone(),
                 self.config.replicas,
                 REVOCATION_TTL,
             )
             .await?;
+        if stored.stored > 0 {
+            self.kept_revocations.lock().await.insert(bytes);
+        }
         Ok(new)
     }
 
@@ -726,26 +776,51 @@ impl Registry {
         let found = self
             .overlay
             .resolve(crate::trust::REVOCATIONS_NAME, self.config.replicas)
-            .await?;
+            .await;
+        // Every revocation found takes effect before anything waits on the network:
+        // the revocation bound depends on it.
         let mut new = 0;
-        for value in found.values {
-            match self.trust.add_revocation(&value) {
-                Ok(true) => {
-                    new += 1;
-                    self.overlay
-                        .store(
-                            crate::trust::REVOCATIONS_NAME,
-                            value,
-                            self.config.replicas,
-                            REVOCATION_TTL,
-                        )
-                        .await?;
-                }
+        for value in found.iter().flat_map(|f| &f.values) {
+            match self.trust.add_revocation(value) {
+                Ok(true) => new += 1,
                 Ok(false) => {}
                 Err(error) => self.metrics.record_refused(error.reason()),
             }
         }
+        self.keep_revocations().await;
+        found?;
         Ok(new)
+    }
+
+    /// Stores, from this node too, every revocation it knows and does not keep stored
+    /// yet (the DHT then re-stores them periodically): those found by a poll, and
+    /// those loaded from the state directory after a restart. A failed store is tried
+    /// again at the next poll.
+    async fn keep_revocations(&self) {
+        let known = self.trust.revocations();
+        let mut kept = self.kept_revocations.lock().await;
+        for (id, _, bytes) in known.iter() {
+            if kept.contains(bytes) {
+                continue;
+            }
+            let name = crate::trust::REVOCATIONS_NAME;
+            let k = self.config.replicas;
+            match self
+                .overlay
+                .store(name, bytes.to_vec(), k, REVOCATION_TTL)
+                .await
+            {
+                Ok(stored) if stored.stored > 0 => {
+                    kept.insert(bytes.to_vec());
+                }
+                Ok(_) => {
+                    tracing::debug!(%id, "no replica took a revocation yet; trying again at the next poll")
+                }
+                Err(error) => {
+                    tracing::debug!(%id, %error, "could not store a revocation; trying again at the next poll")
+                }
+            }
+        }
     }
 
     fn forget(&self, service: &ServiceName) {

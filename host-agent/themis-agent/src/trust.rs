@@ -119,9 +119,10 @@ pub struct MeshTrust {
     /// Where known revocations are saved (`None`: kept in memory only).
     revocations_file: Option<PathBuf>,
     revoked: RwLock<Revocations>,
-    /// Admissions verified, by peer: the hash of the credential bytes seen and the
-    /// admission's `not_after`.
-    admitted: Mutex<HashMap<PeerId, (u64, Option<u64>)>>,
+    /// Admissions verified, by peer: the hash of the credential bytes seen, the
+    /// admission's `not_after`, and the revocation generation it was verified under
+    /// (a revocation that arrives during a verification must not be missed).
+    admitted: Mutex<HashMap<PeerId, Admitted>>,
     /// Bumped at every new revocation; caches compare it.
     generation: AtomicU64,
     metrics: Arc<Metrics>,
@@ -320,14 +321,17 @@ impl MeshTrust {
     /// credential, then remembered until the next revocation.
     pub fn check_peer(&self, peer: &PeerId, admission: &[u8]) -> Result<(), TrustError> {
         let digest = fingerprint(admission);
+        let generation = self.generation();
         let cached = self
             .admitted
             .lock()
             .expect("never poisoned")
             .get(peer)
             .copied();
-        if let Some((seen, not_after)) = cached {
-            if seen == digest && not_after.is_none_or(|t| t > unix_millis()) {
+        if let Some((seen, not_after, verified_under)) = cached {
+            let current =
+                verified_under == generation && not_after.is_none_or(|t| t > unix_millis());
+            if seen == digest && current {
                 return Ok(());
             }
         }
@@ -336,7 +340,7 @@ impl MeshTrust {
         if admitted.len() >= ADMITTED_CACHE {
             admitted.clear();
         }
-        admitted.insert(*peer, (digest, verified.not_after));
+        admitted.insert(*peer, (digest, verified.not_after, generation));
         Ok(())
     }
 
@@ -374,6 +378,10 @@ impl MeshTrust {
         self.revoked.read().expect("never poisoned").contains(id)
     }
 }
+
+/// A verified admission, remembered: (hash of its bytes, its `not_after`, the
+/// revocation generation it was verified under).
+type Admitted = (u64, Option<u64>, u64);
 
 fn fingerprint(bytes: &[u8]) -> u64 {
     let digest = ring::digest::digest(&ring::digest::SHA256, bytes);

@@ -754,6 +754,12 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
         value: Vec<u8>,
         ttl_ms: Millis,
     ) -> Result<(), Rejection> {
+        if self
+            .store
+            .refresh(&key, &value, now, ttl_ms.min(self.config.max_ttl))
+        {
+            return Ok(());
+        }
         let placed = self.policy.0.place(&key, &value).and_then(|p| {
             let ttl = ttl_ms
                 .min(self.config.max_ttl)

@@ -17,6 +17,9 @@ struct Entry {
     version: u64,
     /// Node clock, ms; live while `expiry > now`.
     expiry: u64,
+    /// Node clock, ms: the latest expiry a refresh may give it (the policy's
+    /// `ttl_cap` when it was placed, e.g. a record's signed not-after).
+    deadline: u64,
 }
 
 /// Values by object id, then by `(owner, slot)`.
@@ -58,11 +61,21 @@ impl Store {
         expiry: u64,
         now: u64,
     ) -> Result<(), Rejection> {
+        let deadline = placement
+            .ttl_cap
+            .map_or(u64::MAX, |cap| now.saturating_add(cap));
         let set = self.map.entry(key).or_default();
         let before = set.len();
         set.retain(|_, e| e.expiry > now);
         self.count -= before - set.len();
-        let result = Self::offer(set, self.count, self.capacity, placement, value, expiry);
+        let result = Self::offer(
+            set,
+            self.count,
+            self.capacity,
+            placement,
+            value,
+            (expiry, deadline),
+        );
         if result == Ok(true) {
             self.count += 1;
         }
@@ -79,7 +92,7 @@ impl Store {
         capacity: usize,
         p: &Placement,
         value: Vec<u8>,
-        expiry: u64,
+        (expiry, deadline): (u64, u64),
     ) -> Result<bool, Rejection> {
         let id = (p.owner, p.slot);
         if let Some(held) = set.get_mut(&id) {
@@ -88,6 +101,7 @@ impl Store {
                     value,
                     version: p.version,
                     expiry,
+                    deadline,
                 };
             } else if p.version == held.version && held.value == value {
                 held.expiry = held.expiry.max(expiry);
@@ -114,9 +128,25 @@ impl Store {
                 value,
                 version: p.version,
                 expiry,
+                deadline,
             },
         );
         Ok(true)
+    }
+
+    /// A re-store of bytes already held and live under `key` (what owners send every
+    /// republish period): their expiry grows to `now + ttl`, never past the deadline
+    /// they were placed with. They were checked by the policy when placed, so this
+    /// costs a comparison instead of a verification. `false`: not held, place it.
+    pub(crate) fn refresh(&mut self, key: &Key, value: &[u8], now: u64, ttl: u64) -> bool {
+        let Some(held) = self.map.get_mut(key).and_then(|set| {
+            set.values_mut()
+                .find(|e| e.expiry > now && e.value == value)
+        }) else {
+            return false;
+        };
+        held.expiry = held.expiry.max(now.saturating_add(ttl).min(held.deadline));
+        true
     }
 
     /// The live values under `key`, in slot order.
@@ -194,6 +224,23 @@ mod tests {
             owner_limit,
             ttl_cap: None,
         }
+    }
+
+    #[test]
+    fn a_refresh_of_held_bytes_skips_the_policy_but_not_the_deadline() {
+        let mut s = Store::new(10);
+        let capped = Placement {
+            ttl_cap: Some(100),
+            ..slot(1, 1, 1, 4)
+        };
+        s.insert(K, &capped, b"record".to_vec(), 60, 0).unwrap();
+        // Held: refreshed in place, never past the deadline the policy gave it.
+        assert!(s.refresh(&K, b"record", 50, 1_000));
+        assert_eq!(s.get(&K, 99), vec![b"record".to_vec()]);
+        assert!(s.get(&K, 100).is_empty());
+        // Bytes not held, or held but expired: the caller must place them.
+        assert!(!s.refresh(&K, b"other", 50, 1_000));
+        assert!(!s.refresh(&K, b"record", 100, 1_000));
     }
 
     #[test]

@@ -888,11 +888,32 @@ fn render_revocations(v: &Value) -> String {
         out += &format!(
             "  {}  issued {}  {}\n",
             s(&r["id"]),
-            s(&r["issued_at"]),
+            ago(&r["issued_at"]),
             s(&r["reason"])
         );
     }
     out
+}
+
+/// A Unix-milliseconds timestamp as people read it: "12 s ago", "in 3 s" (clock skew).
+fn ago(v: &Value) -> String {
+    let Some(at) = v.as_u64() else {
+        return "-".into();
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let (secs, later) = (now.abs_diff(at) / 1000, at > now);
+    let amount = match secs {
+        0..=119 => format!("{secs} s"),
+        120..=7199 => format!("{} min", secs / 60),
+        _ => format!("{} h", secs / 3600),
+    };
+    if later {
+        format!("in {amount}")
+    } else {
+        format!("{amount} ago")
+    }
 }
 
 fn render_explanation(v: &Value) -> String {
@@ -914,7 +935,7 @@ fn render_explanation(v: &Value) -> String {
             s(&value["id"]),
             s(&value["endorser"]),
             s(&value["endpoint"]),
-            s(&value["issued_at"]),
+            ago(&value["issued_at"]),
             s(&value["reason"]),
         );
     }
