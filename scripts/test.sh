@@ -36,9 +36,12 @@ cargo build -q -p themis-core --release --target wasm32-wasip1
 cargo build -q -p themis-envoy --release --target wasm32-wasip1   # the filter's tests build it too
 echo "    ok"
 
-section "protocol core on wasm32-wasip2 under wasmtime $(wasmtime --version | cut -d' ' -f2): vectors, attacks, identities"
+section "protocol core and mesh trust on wasm32-wasip2 under wasmtime $(wasmtime --version | cut -d' ' -f2): vectors, attacks, identities, trust attacks"
 CARGO_TARGET_WASM32_WASIP2_RUNNER="wasmtime run" \
     cargo test -p themis-core --target wasm32-wasip2 --lib --test vectors --test adversarial --test identity
+# The mesh-trust attacks too: the filter and the component verify records with this code.
+CARGO_TARGET_WASM32_WASIP2_RUNNER="wasmtime run" \
+    cargo test -p themis-trust --target wasm32-wasip2 --test attacks
 
 section "allocations per record on the in-place path (must be zero)"
 cargo run -q --release -p themis-benchmarks --bin alloc_count
