@@ -13,13 +13,13 @@ mod common;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use common::{sample, scrape, Agent, Spawn, MESH};
+use common::{sample, Agent, Metered, MESH};
 use hyper::Method;
 use ring::digest;
 use ring::rand::{SecureRandom, SystemRandom};
@@ -102,66 +102,7 @@ impl Admitted {
     }
 }
 
-/// An agent with its metrics served on a port of its own.
-struct Metered {
-    agent: Agent,
-    metrics: SocketAddr,
-    /// The test's directory (the mesh and every node live under it).
-    root: PathBuf,
-}
-
 impl Metered {
-    /// Starts an agent with `common::FAST` timers and metrics on a free port, and waits
-    /// until it is in a ring.
-    fn spawn(root: &Path, name: &str, join: Option<&str>) -> Metered {
-        let (extra, metrics) = common::metered(&[]);
-        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-        let agent = Agent::spawn(
-            root,
-            name,
-            Spawn {
-                join,
-                extra: &extra,
-                ..Spawn::default()
-            },
-        );
-        agent.wait_joined();
-        Metered {
-            agent,
-            metrics,
-            root: root.to_owned(),
-        }
-    }
-
-    /// Where the agent accepts agent connections.
-    fn listen(&self) -> SocketAddr {
-        listen_of(&self.agent)
-    }
-
-    /// The agent's id.
-    fn peer_id(&self) -> PeerId {
-        PeerId::parse(&self.agent.id).unwrap().1
-    }
-
-    /// The Prometheus text, retrying while the metrics listener comes up.
-    fn scrape(&self) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match scrape(self.metrics) {
-                Ok(text) => return text,
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Err(e) => panic!("{}: no metrics at {}: {e}", self.agent.name, self.metrics),
-            }
-        }
-    }
-
-    /// One sample (0 when the series does not exist yet).
-    fn value(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
-        sample(&self.scrape(), name, labels)
-    }
-
     /// Waits until the sample reaches `at_least`; returns it.
     fn wait_at_least(&self, name: &str, labels: &[(&str, &str)], at_least: u64) -> u64 {
         let deadline = Instant::now() + COUNTER_WAIT;
@@ -187,10 +128,6 @@ impl Metered {
         let got = self.wait_at_least(name, labels, want);
         assert_eq!(got, want, "{}: {name}{labels:?}", self.agent.name);
     }
-}
-
-fn listen_of(agent: &Agent) -> SocketAddr {
-    agent.contact.split_once('@').unwrap().1.parse().unwrap()
 }
 
 fn key_of(agent: &Agent) -> Key {
@@ -342,7 +279,7 @@ fn register_and_resolve_work(agent: &Agent, service: &str) {
 #[test]
 fn junk_before_the_handshake_is_refused_and_counted() {
     let dir = common::workdir();
-    let a = Metered::spawn(dir.path(), "agent-0", None);
+    let a = Metered::spawn(dir.path(), "agent-0", None, &[]);
     let addr = a.listen();
     let rt = runtime();
 
@@ -436,7 +373,7 @@ fn junk_before_the_handshake_is_refused_and_counted() {
 #[test]
 fn handshakes_that_do_not_add_up_are_refused_by_reason() {
     let dir = common::workdir();
-    let a = Metered::spawn(dir.path(), "agent-0", None);
+    let a = Metered::spawn(dir.path(), "agent-0", None, &[]);
     let (addr, agent_id) = (a.listen(), a.peer_id());
     let rt = runtime();
     let (rng, config) = (SystemRandom::new(), HandshakeConfig::default());
@@ -529,7 +466,7 @@ fn handshakes_that_do_not_add_up_are_refused_by_reason() {
 #[test]
 fn an_authenticated_peer_sending_bad_frames_is_refused_frame_by_frame() {
     let dir = common::workdir();
-    let a = Metered::spawn(dir.path(), "agent-0", None);
+    let a = Metered::spawn(dir.path(), "agent-0", None, &[]);
     let rt = runtime();
     let peer = Admitted::new(dir.path(), "hostile");
     let dht = |listen, id, body| peer.dht(listen, id, body);
@@ -703,8 +640,8 @@ fn admission_by(
 #[test]
 fn unadmitted_peers_are_refused_by_reason_and_the_ring_is_unaffected() {
     let dir = common::workdir();
-    let x = Metered::spawn(dir.path(), "agent-0", None);
-    let y = Metered::spawn(dir.path(), "agent-1", Some(&x.agent.contact));
+    let x = Metered::spawn(dir.path(), "agent-0", None, &[]);
+    let y = Metered::spawn(dir.path(), "agent-1", Some(&x.agent.contact), &[]);
     common::wait_stable(&[&x.agent, &y.agent], Duration::from_secs(30));
     let rt = runtime();
     let mesh_key = common::mesh_key(dir.path());
@@ -906,8 +843,8 @@ fn fake_answer(
 #[test]
 fn a_peer_that_answers_lookups_without_progress_is_dropped() {
     let dir = common::workdir();
-    let x = Metered::spawn(dir.path(), "agent-0", None);
-    let y = Metered::spawn(dir.path(), "agent-1", Some(&x.agent.contact));
+    let x = Metered::spawn(dir.path(), "agent-0", None, &[]);
+    let y = Metered::spawn(dir.path(), "agent-1", Some(&x.agent.contact), &[]);
     common::wait_stable(&[&x.agent, &y.agent], Duration::from_secs(30));
 
     let fake = Admitted::new(dir.path(), "fake");
@@ -1095,7 +1032,7 @@ fn api_error(answer: Option<(u16, Value)>, status: u16, reason: &str, what: &str
 #[test]
 fn bad_api_requests_get_json_errors_and_the_cli_reports_them() {
     let dir = common::workdir();
-    let a = Metered::spawn(dir.path(), "agent-0", None);
+    let a = Metered::spawn(dir.path(), "agent-0", None, &[]);
     let agent = &a.agent;
     let put = |path: &str, body: Value| agent.call(Method::PUT, path, Some(&body));
     let endpoint = |e: &str| json!({ "endpoint": e });
@@ -1376,7 +1313,7 @@ fn chain(dir: &Path, service: &str) -> Vec<Signed> {
 #[test]
 fn stored_records_that_do_not_verify_are_refused_and_counted() {
     let dir = common::workdir();
-    let a = Metered::spawn(dir.path(), "agent-0", None);
+    let a = Metered::spawn(dir.path(), "agent-0", None, &[]);
     let agent = &a.agent;
 
     // Junk under a service name, through the debug API: refused before it is stored.

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{sample, scrape, Agent, Spawn, MESH};
+use common::{Agent, Spawn, MESH};
 use hyper::Method;
 use ring::rand::SystemRandom;
 use serde_json::{json, Value};
@@ -42,66 +42,7 @@ const K: u8 = 4;
 /// How long any outcome may take to show before a test gives up.
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// An agent with its metrics on a port of its own.
-struct Node {
-    agent: Agent,
-    metrics: SocketAddr,
-}
-
-impl Node {
-    /// Starts an agent (`common::FAST` timers, then `more`), waits until it has joined.
-    fn spawn(root: &Path, name: &str, join: Option<&str>, more: &[&str]) -> Node {
-        let (extra, metrics) = common::metered(more);
-        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-        let agent = Agent::spawn(
-            root,
-            name,
-            Spawn {
-                join,
-                extra: &extra,
-                ..Spawn::default()
-            },
-        );
-        agent.wait_joined();
-        Node { agent, metrics }
-    }
-
-    fn listen(&self) -> SocketAddr {
-        self.agent
-            .contact
-            .split_once('@')
-            .unwrap()
-            .1
-            .parse()
-            .unwrap()
-    }
-
-    fn peer_id(&self) -> PeerId {
-        PeerId::parse(&self.agent.id).unwrap().1
-    }
-
-    /// The Prometheus text, retrying while the metrics listener comes up.
-    fn scrape(&self) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match scrape(self.metrics) {
-                Ok(text) => return text,
-                Err(e) => {
-                    assert!(
-                        Instant::now() < deadline,
-                        "{}: metrics: {e}",
-                        self.agent.name
-                    );
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
-        }
-    }
-
-    fn value(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
-        sample(&self.scrape(), name, labels)
-    }
-}
+use common::Metered as Node;
 
 /// Starts `n` agents (the first creates the ring, the others join through it) with
 /// `more` flags, and waits until the ring is stable.

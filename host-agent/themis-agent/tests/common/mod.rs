@@ -515,3 +515,70 @@ pub fn hex_of(printable: &str) -> String {
     let (_, id) = themis_core::PeerId::parse(printable).unwrap();
     hex::encode(id.0)
 }
+
+/// An agent whose Prometheus metrics are on a free port, for tests that count refusals.
+pub struct Metered {
+    pub agent: Agent,
+    pub metrics: std::net::SocketAddr,
+    /// The test's directory (the mesh and every node live under it).
+    pub root: PathBuf,
+}
+
+impl Metered {
+    /// Starts an agent (`FAST` timers, then `more`) with metrics on a free port, and
+    /// waits until it is in a ring.
+    pub fn spawn(root: &Path, name: &str, join: Option<&str>, more: &[&str]) -> Metered {
+        let (extra, metrics) = metered(more);
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let agent = Agent::spawn(
+            root,
+            name,
+            Spawn {
+                join,
+                extra: &extra,
+                ..Spawn::default()
+            },
+        );
+        agent.wait_joined();
+        Metered {
+            agent,
+            metrics,
+            root: root.to_owned(),
+        }
+    }
+
+    /// Where the agent accepts agent connections.
+    pub fn listen(&self) -> std::net::SocketAddr {
+        self.agent
+            .contact
+            .split_once('@')
+            .unwrap()
+            .1
+            .parse()
+            .unwrap()
+    }
+
+    /// The agent's id.
+    pub fn peer_id(&self) -> themis_core::PeerId {
+        themis_core::PeerId::parse(&self.agent.id).unwrap().1
+    }
+
+    /// The Prometheus text, retrying while the metrics listener comes up.
+    pub fn scrape(&self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match scrape(self.metrics) {
+                Ok(text) => return text,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => panic!("{}: no metrics at {}: {e}", self.agent.name, self.metrics),
+            }
+        }
+    }
+
+    /// One sample (0 when the series does not exist yet).
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        sample(&self.scrape(), name, labels)
+    }
+}
