@@ -431,50 +431,37 @@ fn a_revoked_workload_node_or_authority_is_refused_whatever_its_serial() {
             Err(TrustError::Revoked)
         );
     }
-    // Revocations come only from the root, for this mesh.
+    // Revocations come only from the root, for this mesh, with a bounded reason.
+    let revocation = |by: &Identity, mesh_name: &str, reason: String| {
+        Signed::sign(
+            by,
+            REVOCATION_LABEL,
+            &Revocation {
+                mesh: mesh_name.into(),
+                id: w.id().0,
+                issued_at: NOW,
+                reason,
+            },
+        )
+        .encode()
+    };
     let mut revoked = Revocations::new();
-    let by_node = Signed::sign(
-        &node,
-        REVOCATION_LABEL,
-        &Revocation {
-            mesh: "demo".into(),
-            id: w.id().0,
-            issued_at: NOW,
-            reason: String::new(),
-        },
-    );
-    assert_eq!(
-        revoked.add(&mesh.root, &by_node.encode()),
-        Err(TrustError::NotFromRoot)
-    );
-    let other_mesh = Signed::sign(
-        &mesh.root_key,
-        REVOCATION_LABEL,
-        &Revocation {
-            mesh: "prod".into(),
-            id: w.id().0,
-            issued_at: NOW,
-            reason: String::new(),
-        },
-    );
-    assert_eq!(
-        revoked.add(&mesh.root, &other_mesh.encode()),
-        Err(TrustError::WrongMesh)
-    );
-    let long = Signed::sign(
-        &mesh.root_key,
-        REVOCATION_LABEL,
-        &Revocation {
-            mesh: "demo".into(),
-            id: w.id().0,
-            issued_at: NOW,
-            reason: "x".repeat(MAX_REASON_LEN + 1),
-        },
-    );
-    assert_eq!(
-        revoked.add(&mesh.root, &long.encode()),
-        Err(TrustError::TooLarge)
-    );
+    for (bytes, refused) in [
+        (
+            revocation(&node, "demo", String::new()),
+            TrustError::NotFromRoot,
+        ),
+        (
+            revocation(&mesh.root_key, "prod", String::new()),
+            TrustError::WrongMesh,
+        ),
+        (
+            revocation(&mesh.root_key, "demo", "x".repeat(MAX_REASON_LEN + 1)),
+            TrustError::TooLarge,
+        ),
+    ] {
+        assert_eq!(revoked.add(&mesh.root, &bytes), Err(refused));
+    }
     assert!(revoked.is_empty());
 }
 
