@@ -208,7 +208,7 @@ impl Metrics {
     }
 
     /// Counts an agent frame refused before reaching the DHT.
-    pub fn frame_refused(&self, reason: &'static str) {
+    pub fn frame_refused(&self, reason: &str) {
         self.frames_refused
             .get_or_create(&labels(&[("reason", reason)]))
             .inc();

@@ -455,7 +455,7 @@ impl Overlay {
         if let Err(error) = self.trust.check_peer(&peer, &admission) {
             debug!(peer = %peer.printable(&self.mesh), %error, "refused a frame from an unadmitted peer");
             // Counted by reason here; the peer learns no more than "rejected".
-            self.metrics.frame_refused(not_admitted(&error));
+            self.metrics.frame_refused(&not_admitted(&error));
             return Frame::refused("rejected");
         }
         if listen.ip().is_unspecified() || listen.port() == 0 {
@@ -508,20 +508,9 @@ impl Overlay {
     }
 }
 
-/// The metrics label of a frame refused for its admission.
-fn not_admitted(error: &themis_trust::TrustError) -> &'static str {
-    use themis_trust::TrustError::*;
-    match error {
-        Malformed => "not_admitted_malformed",
-        BadSignature => "not_admitted_bad_signature",
-        WrongMesh => "not_admitted_wrong_mesh",
-        NotFromRoot => "not_admitted_not_from_root",
-        WrongKey => "not_admitted_wrong_key",
-        Expired => "not_admitted_expired",
-        FromTheFuture => "not_admitted_from_the_future",
-        Revoked => "not_admitted_revoked",
-        _ => "not_admitted_other",
-    }
+/// The metrics label of a frame refused for its admission: `not_admitted_<reason>`.
+fn not_admitted(error: &themis_trust::TrustError) -> String {
+    format!("not_admitted_{}", error.reason())
 }
 
 fn view_of(mesh: &MeshName, peer: &Peer) -> PeerView {
@@ -745,7 +734,7 @@ impl Driver {
                     // Dropped: the node times the request out and routes around.
                     Err(error) => {
                         debug!(peer = %to.addr, %error, "dropped an answer from an unadmitted peer");
-                        metrics.frame_refused(not_admitted(&error));
+                        metrics.frame_refused(&not_admitted(&error));
                     }
                 },
                 Ok(Frame::Refused { reason }) => debug!(peer = %to.addr, reason, "refused"),

@@ -372,11 +372,6 @@ impl MeshTrust {
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Relaxed)
     }
-
-    /// Whether `id` is revoked.
-    pub fn is_revoked(&self, id: &PeerId) -> bool {
-        self.revoked.read().expect("never poisoned").contains(id)
-    }
 }
 
 /// A verified admission, remembered: (hash of its bytes, its `not_after`, the
