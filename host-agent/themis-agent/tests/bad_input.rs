@@ -1001,7 +1001,9 @@ fn raw_call(
         body.len()
     );
     s.write_all(head.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
+    // The agent may answer (413, say) and close before an oversize body is all
+    // written: the write then fails with EPIPE, and the answer is still there to read.
+    let _ = s.write_all(body);
     let mut out = Vec::new();
     s.read_to_end(&mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
