@@ -7,6 +7,7 @@
 //! * [`channel`]: the secure channel records (paper Fig. 3).
 //! * [`shared`]: a responder session served by threads that share no memory (Envoy's
 //!   workers).
+//! * [`stream`]: a sealed byte stream over one connection (the Envoy sidecars' wire).
 //! * [`wire`]: the versioned, size-bounded binary codec every message goes through.
 //!
 //! Nothing here owns a socket, a clock or a random number generator: randomness is
@@ -47,6 +48,7 @@ pub mod handshake;
 pub mod identity;
 mod keys;
 pub mod shared;
+pub mod stream;
 pub mod suite;
 pub mod wire;
 

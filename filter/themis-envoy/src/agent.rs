@@ -18,6 +18,8 @@ pub struct Instance {
     pub id: PeerId,
     /// The peer's inbound listener.
     pub endpoint: SocketAddr,
+    /// Its labels (e.g. `version`), as its record states them.
+    pub metadata: themis_trust::Metadata,
 }
 
 /// Why an agent answer was not usable.
@@ -84,7 +86,11 @@ fn verify_instance(
     let endpoint = instance
         .endpoint
         .ok_or(AgentError::NotEndorsed(themis_trust::TrustError::Expired))?;
-    Ok(Instance { id, endpoint })
+    Ok(Instance {
+        id,
+        endpoint,
+        metadata: instance.metadata,
+    })
 }
 
 /// The instances that verified; the others are logged and counted by the caller.
@@ -231,7 +237,8 @@ mod tests {
             parse_instances(good.as_bytes(), "check", &trust).unwrap(),
             vec![Ok(Instance {
                 id: peer.id(),
-                endpoint: "127.0.0.12:15006".parse().unwrap()
+                endpoint: "127.0.0.12:15006".parse().unwrap(),
+                metadata: Default::default(),
             })]
         );
         // Granted by someone other than the root: a confused or hostile agent's answer.

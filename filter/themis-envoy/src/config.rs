@@ -2,20 +2,37 @@
 //! Envoy accepts the plugin. It names clusters and policies, never key material: the
 //! workload's private key comes from the local agent.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Deserialize;
 use themis_core::{MeshName, PeerId};
 use themis_trust::MeshRoot;
 
-/// Which half of the sidecar this plugin instance is.
+/// Which part of the sidecar this plugin instance is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
-    /// On the listener the local app calls: resolves, seals and sends.
+    /// HTTP filter on the listener the local app calls: resolves the service and
+    /// picks the instance (by random, canary weight and health), for Envoy's router.
     Outbound,
-    /// On the listener peers call: opens, authorizes and forwards to the app.
+    /// Network filter of the internal listener the router connects through: runs the
+    /// key agreement with the picked instance and seals the byte stream.
+    Seal,
+    /// Network filter on the listener peers call: opens the stream in front of
+    /// Envoy's HTTP connection manager and decides the policy per connection.
     Inbound,
+}
+
+impl Role {
+    /// The name metrics and logs use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Outbound => "outbound",
+            Role::Seal => "seal",
+            Role::Inbound => "inbound",
+        }
+    }
 }
 
 /// The configuration as written (see `docs/FILTER.md`).
@@ -35,20 +52,26 @@ struct Raw {
     service: Option<String>,
     #[serde(default = "defaults::agent_cluster")]
     agent_cluster: String,
-    #[serde(default = "defaults::peer_cluster")]
-    peer_cluster: String,
-    #[serde(default = "defaults::destination_header")]
-    destination_header: String,
-    app_cluster: Option<String>,
     #[serde(default = "defaults::timeout_ms")]
     timeout_ms: u64,
     #[serde(default = "defaults::resolve_ttl_secs")]
     resolve_ttl_secs: u64,
-    #[serde(default = "defaults::session_ttl_secs")]
-    session_ttl_secs: u64,
+    #[serde(default = "defaults::down_secs")]
+    down_secs: u64,
     #[serde(default = "defaults::revocation_poll_secs")]
     revocation_poll_secs: u64,
     policy: Option<RawPolicy>,
+    #[serde(default)]
+    canary: Vec<RawCanary>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCanary {
+    service: String,
+    #[serde(rename = "match")]
+    matches: BTreeMap<String, String>,
+    weight_percent: u32,
 }
 
 #[derive(Debug, Deserialize)]
@@ -68,20 +91,14 @@ mod defaults {
     pub fn agent_cluster() -> String {
         "themis_agent".into()
     }
-    pub fn peer_cluster() -> String {
-        "themis_peers".into()
-    }
-    pub fn destination_header() -> String {
-        "x-envoy-original-dst-host".into()
-    }
     pub fn timeout_ms() -> u64 {
         5_000
     }
     pub fn resolve_ttl_secs() -> u64 {
         10
     }
-    pub fn session_ttl_secs() -> u64 {
-        600
+    pub fn down_secs() -> u64 {
+        10
     }
     pub fn revocation_poll_secs() -> u64 {
         5
@@ -101,26 +118,32 @@ pub struct Config {
     pub revocation_poll: Duration,
     /// The local workload (its key comes from the agent).
     pub workload: String,
-    /// The local workload's service, claimed in outbound requests.
+    /// The local workload's service, claimed on every connection it opens.
     pub service: Option<String>,
     /// The cluster that reaches the agent's Unix socket.
     pub agent_cluster: String,
-    /// Outbound: the `ORIGINAL_DST` cluster that reaches peers, routed by
-    /// [`Config::destination_header`].
-    pub peer_cluster: String,
-    /// The header the peer cluster routes by.
-    pub destination_header: String,
-    /// Inbound: the cluster of the local app.
-    pub app_cluster: String,
-    /// Limit on every call out (agent, peer, app).
+    /// Limit on every call to the agent.
     pub timeout: Duration,
-    /// How long a resolution is reused.
+    /// How long a resolution (and a verified caller service) is reused.
     pub resolve_ttl: Duration,
-    /// Outbound: a session is renewed after this long. Inbound: a session is kept
-    /// this long plus a grace period.
-    pub session_ttl: Duration,
+    /// Outbound: how long an instance whose connection failed is avoided.
+    pub down: Duration,
     /// Inbound: who may call. `None`: every authenticated peer of the mesh.
     pub policy: Option<Policy>,
+    /// Outbound: traffic splits by instance metadata.
+    pub canary: Vec<Canary>,
+}
+
+/// A canary release: `weight_percent` of the calls to `service` go to the instances
+/// whose metadata has every label of `matches`, the rest to the others.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Canary {
+    /// The service split.
+    pub service: String,
+    /// The labels that make an instance part of the canary.
+    pub matches: BTreeMap<String, String>,
+    /// 0..=100.
+    pub weight_percent: u32,
 }
 
 /// An allow list; a request is allowed if any rule matches.
@@ -230,43 +253,36 @@ impl Config {
             check_name("service", service)?;
         }
         check_nonempty("agent_cluster", &raw.agent_cluster)?;
-        check_nonempty("peer_cluster", &raw.peer_cluster)?;
-        check_nonempty("destination_header", &raw.destination_header)?;
-        if raw
-            .destination_header
-            .bytes()
-            .any(|b| b.is_ascii_uppercase())
-        {
-            return Err(invalid("destination_header", "header names are lower case"));
-        }
-        let app_cluster = match (raw.role, raw.app_cluster) {
-            (Role::Inbound, Some(app)) if !app.is_empty() => app,
-            (Role::Inbound, _) => {
-                return Err(invalid(
-                    "app_cluster",
-                    "the inbound role needs the cluster of the local app",
-                ))
-            }
-            (Role::Outbound, Some(_)) => {
-                return Err(invalid(
-                    "app_cluster",
-                    "only the inbound role forwards to the app",
-                ))
-            }
-            (Role::Outbound, None) => String::new(),
-        };
-        if raw.role == Role::Outbound && raw.policy.is_some() {
+        if raw.role != Role::Inbound && raw.policy.is_some() {
             return Err(invalid(
                 "policy",
                 "policies are enforced by the inbound role (the callee decides)",
             ));
         }
+        if raw.role != Role::Outbound && !raw.canary.is_empty() {
+            return Err(invalid("canary", "traffic splits are the outbound role's"));
+        }
         if !(1..=600_000).contains(&raw.timeout_ms) {
             return Err(invalid("timeout_ms", "must be between 1 and 600000"));
         }
-        if raw.session_ttl_secs == 0 {
-            return Err(invalid("session_ttl_secs", "must be at least 1"));
-        }
+        let canary = raw
+            .canary
+            .into_iter()
+            .map(|c| {
+                check_name("canary.service", &c.service)?;
+                if c.weight_percent > 100 {
+                    return Err(invalid("canary.weight_percent", "must be 0 to 100"));
+                }
+                if c.matches.is_empty() {
+                    return Err(invalid("canary.match", "name at least one label"));
+                }
+                Ok(Canary {
+                    service: c.service,
+                    matches: c.matches,
+                    weight_percent: c.weight_percent,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let policy = raw
             .policy
             .map(|p| {
@@ -297,13 +313,11 @@ impl Config {
             workload: raw.workload,
             service: raw.service,
             agent_cluster: raw.agent_cluster,
-            peer_cluster: raw.peer_cluster,
-            destination_header: raw.destination_header,
-            app_cluster,
             timeout: Duration::from_millis(raw.timeout_ms),
             resolve_ttl: Duration::from_secs(raw.resolve_ttl_secs),
-            session_ttl: Duration::from_secs(raw.session_ttl_secs),
+            down: Duration::from_secs(raw.down_secs),
             policy,
+            canary,
         })
     }
 }
@@ -332,14 +346,10 @@ mod tests {
         let out = parse(r#"{"role":"outbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"handler"}"#).unwrap();
         assert_eq!(out.role, Role::Outbound);
         assert_eq!(out.agent_cluster, "themis_agent");
-        assert_eq!(out.peer_cluster, "themis_peers");
-        assert_eq!(out.destination_header, "x-envoy-original-dst-host");
         assert_eq!(out.timeout, Duration::from_secs(5));
         assert!(out.policy.is_none());
-        let inbound =
-            parse(r#"{"role":"inbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"check","app_cluster":"app"}"#)
-                .unwrap();
-        assert_eq!(inbound.app_cluster, "app");
+        let canary = parse(r#"{"role":"outbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","canary":[{"service":"check","match":{"version":"v2"},"weight_percent":10}]}"#).unwrap();
+        assert_eq!(canary.canary[0].weight_percent, 10);
     }
 
     #[test]
@@ -368,12 +378,12 @@ mod tests {
                 "workload",
             ),
             (
-                r#"{"role":"inbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w"}"#,
-                "app_cluster",
+                r#"{"role":"outbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","canary":[{"service":"check","match":{"version":"v2"},"weight_percent":101}]}"#,
+                "weight_percent",
             ),
             (
-                r#"{"role":"outbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","app_cluster":"a"}"#,
-                "only the inbound",
+                r#"{"role":"seal","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","canary":[{"service":"check","match":{"version":"v2"},"weight_percent":1}]}"#,
+                "outbound role",
             ),
             (
                 r#"{"role":"outbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","timeout_ms":0}"#,
@@ -384,15 +394,15 @@ mod tests {
                 "enforced by the inbound",
             ),
             (
-                r#"{"role":"inbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","app_cluster":"a","policy":{"allow":[{}]}}"#,
+                r#"{"role":"inbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","policy":{"allow":[{}]}}"#,
                 "exactly one",
             ),
             (
-                r#"{"role":"inbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","app_cluster":"a","policy":{"allow":[{"id":"nope"}]}}"#,
+                r#"{"role":"inbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","policy":{"allow":[{"id":"nope"}]}}"#,
                 "policy.allow.id",
             ),
             (
-                r#"{"role":"inbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","app_cluster":"a","policy":{"allow":[{"service":"Bad Name"}]}}"#,
+                r#"{"role":"inbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","policy":{"allow":[{"service":"Bad Name"}]}}"#,
                 "policy.allow.service",
             ),
         ];
@@ -409,7 +419,7 @@ mod tests {
         let peer = themis_core::Identity::generate(mesh.clone(), &rng).unwrap();
         let other = themis_core::Identity::generate(mesh, &rng).unwrap();
         let json = format!(
-            r#"{{"role":"inbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"check","app_cluster":"app",
+            r#"{{"role":"inbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"check",
                 "policy":{{"allow":[{{"service":"handler"}},{{"id":"{}"}}]}}}}"#,
             peer.printable_id()
         );

@@ -1,25 +1,26 @@
-//! The Themis filter for Envoy (proxy-wasm, `wasm32-wasip1`): one module, two roles
-//! chosen by the plugin configuration.
+//! The Themis filter for Envoy (proxy-wasm, `wasm32-wasip1`): the channel seals the
+//! byte stream between sidecars, the way TLS sits under HTTP, and Envoy's own HTTP
+//! connection managers, router and `tcp_proxy` do everything else. One module, three
+//! roles chosen by the plugin configuration:
 //!
-//! * **outbound**, on the listener the local app calls: a request to
-//!   `http://<service>/…` is resolved through the local agent, one instance is picked
-//!   at random (the next one is tried if it fails), the key agreement with that
-//!   instance's id runs if there is no live session, and the whole request — method,
-//!   path, headers, body — travels sealed; so does the response.
-//! * **inbound**, on the listener peers call: only sealed requests of authenticated
-//!   peers pass; the app gets the original request plus the verified peer id and
-//!   service; a policy allows or denies by service or id.
+//! * **outbound** (HTTP filter, app-facing listener): `http://<service>/…` is resolved
+//!   through the local agent and verified against the mesh root; an instance is
+//!   picked (random, canary split by metadata, avoiding instances that just failed)
+//!   and named to the router, which connects through the internal listener;
+//! * **seal** (network filter, internal listener): the key agreement with the picked
+//!   instance's id, then every byte sealed;
+//! * **inbound** (network filter, peer-facing listener): opens the stream in front of
+//!   the stock HTTP connection manager, decides the policy once per connection and
+//!   hands the verified peer id and service over as filter state.
 //!
-//! The Envoy glue is [`proxy`] (Wasm only); everything it decides with is plain Rust
-//! tested natively: [`config`], [`envelope`], [`agent`], [`inbound`], [`outbound`].
-//! `docs/FILTER.md` is the operator's guide.
+//! The Envoy glue is `envoy` (Wasm only); everything it decides with is plain Rust
+//! tested natively: [`config`], [`agent`], [`route`], [`policy`] and
+//! [`themis_core::stream`]. `docs/FILTER.md` is the operator's guide.
 
 pub mod agent;
 pub mod config;
-pub mod envelope;
-pub mod inbound;
-pub mod outbound;
-pub mod protocol;
+pub mod policy;
+pub mod route;
 
 #[cfg(target_family = "wasm")]
-mod proxy;
+mod envoy;

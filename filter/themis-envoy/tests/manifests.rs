@@ -8,7 +8,7 @@ mod support;
 use serde::Deserialize;
 use serde_yaml::Value;
 use support::build::{filter_wasm, workspace};
-use support::envoy::{Envoy, Sidecar};
+use support::envoy::{AppProtocol, Envoy, Sidecar};
 use themis_envoy::config::{Config, Role};
 
 fn documents(path: &str) -> Vec<Value> {
@@ -115,6 +115,7 @@ fn envoy_loads_the_istio_filter_configuration() {
         dir.path(),
         "istio-config",
         &Sidecar {
+            app_protocol: AppProtocol::Http1,
             ip: "127.0.0.39",
             agent_socket: &dir.path().join("no-agent.sock"),
             app: "127.0.0.39:9".parse().unwrap(),

@@ -44,6 +44,20 @@ pub fn outbound_config(mesh_root: &str, workload: &str, service: &str) -> String
     )
 }
 
+/// The sealing role's configuration for a sidecar whose outbound role has `outbound`.
+fn seal_config_of(outbound: &str) -> String {
+    let mut config: serde_json::Value = match serde_json::from_str(outbound) {
+        Ok(config) => config,
+        // A deliberately broken configuration (the refusal tests): keep it broken.
+        Err(_) => return outbound.to_string(),
+    };
+    if let Some(map) = config.as_object_mut() {
+        map.insert("role".into(), "seal".into());
+        map.remove("canary");
+    }
+    config.to_string()
+}
+
 /// The plugin configuration of the inbound role, with an optional policy (JSON).
 pub fn inbound_config(
     mesh_root: &str,
@@ -53,12 +67,35 @@ pub fn inbound_config(
 ) -> String {
     let policy = policy.map_or(String::new(), |p| format!(r#","policy":{p}"#));
     format!(
-        r#"{{"role":"inbound","mesh_root":"{mesh_root}","workload":"{workload}","service":"{service}","app_cluster":"app","revocation_poll_secs":1{policy}}}"#
+        r#"{{"role":"inbound","mesh_root":"{mesh_root}","workload":"{workload}","service":"{service}","revocation_poll_secs":1{policy}}}"#
     )
+}
+
+/// What the app behind a sidecar speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AppProtocol {
+    Http1,
+    Http2,
+    Tcp,
+}
+
+impl AppProtocol {
+    /// The app cluster's protocol options, as `scripts/render-sidecar` writes them.
+    fn options(self) -> String {
+        let explicit = |o: &str| {
+            format!("typed_extension_protocol_options: {{envoy.extensions.upstreams.http.v3.HttpProtocolOptions: {{\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, explicit_http_config: {{{o}}}}}}}")
+        };
+        match self {
+            AppProtocol::Http1 => explicit("http_protocol_options: {}"),
+            AppProtocol::Http2 => explicit("http2_protocol_options: {}"),
+            AppProtocol::Tcp => "# tcp".to_string(),
+        }
+    }
 }
 
 /// What one sidecar is made of.
 pub struct Sidecar<'a> {
+    pub app_protocol: AppProtocol,
     /// The address both listeners bind (a free port each).
     pub ip: &'a str,
     pub agent_socket: &'a Path,
@@ -84,6 +121,10 @@ pub fn render(sidecar: &Sidecar<'_>) -> String {
         ("APP_PORT", sidecar.app.port().to_string()),
         ("OUTBOUND_CONFIG", sidecar.outbound_config.to_owned()),
         ("INBOUND_CONFIG", sidecar.inbound_config.to_owned()),
+        // The sealing filter is configured like the outbound one (same workload),
+        // without its routing options.
+        ("SEAL_CONFIG", seal_config_of(sidecar.outbound_config)),
+        ("APP_PROTOCOL_OPTIONS", sidecar.app_protocol.options()),
     ];
     let mut yaml = template;
     for (name, value) in values {
@@ -258,6 +299,19 @@ impl Envoy {
     }
 
     /// SIGTERM, a bounded wait, then SIGKILL (also done when it drops).
+    /// Waits until every worker's sealing and inbound filters hold the workload's key.
+    pub fn wait_identity(&self) {
+        wait_until("the filters to load the workload key", READY_LIMIT, || {
+            let stats = self.stats();
+            let loaded = |role: &str| {
+                stats
+                    .get(&format!("wasmcustom.themis.{role}.identity"))
+                    .copied()
+            };
+            (loaded("seal") >= Some(2) && loaded("inbound") >= Some(2)).then_some(())
+        });
+    }
+
     pub fn stop(&mut self) -> Option<ExitStatus> {
         self.process.stop()
     }

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::agent_harness::{Agent, Spawn};
 use super::app::App;
-use super::envoy::{inbound_config, mesh_root, outbound_config, Envoy, Sidecar};
+use super::envoy::{inbound_config, mesh_root, outbound_config, AppProtocol, Envoy, Sidecar};
 use super::http::{self, Response};
 
 /// Node A's address.
@@ -110,6 +110,7 @@ impl Mesh {
             root,
             "envoy-a",
             &Sidecar {
+                app_protocol: AppProtocol::Http1,
                 ip: IP_A,
                 agent_socket: &a.dir.join("agent.sock"),
                 app: closed_port(IP_A),
@@ -118,6 +119,8 @@ impl Mesh {
             },
         );
         let envoy_b = start_envoy_b(root, &b, "envoy-b", app.addr, policy);
+        envoy_a.wait_identity();
+        envoy_b.wait_identity();
         a.register("handler", "handler", &envoy_a.inbound.to_string());
         let mesh = Mesh {
             envoy_a,
@@ -233,6 +236,7 @@ fn start_envoy_b(
         root,
         name,
         &Sidecar {
+            app_protocol: AppProtocol::Http1,
             ip: IP_B,
             agent_socket: &b.dir.join("agent.sock"),
             app,

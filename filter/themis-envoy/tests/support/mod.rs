@@ -24,5 +24,4 @@ pub mod build;
 pub mod envoy;
 pub mod http;
 pub mod mesh;
-pub mod mitm;
 pub mod process;

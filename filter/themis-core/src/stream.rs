@@ -1,0 +1,446 @@
+//! A sealed byte stream over one transport connection, the way TLS sits under HTTP:
+//! the key agreement at its start, then stream-mode records in both directions.
+//!
+//! Sans-IO and shaped for proxies that can only rewrite bytes as they pass (Envoy's
+//! Wasm network filters): every call takes the bytes that arrived from one side and
+//! returns what goes on to each side. Neither end ever has to send unprompted except
+//! the initiator, which holds the app's first bytes until the key agreement is done:
+//!
+//! ```text
+//!  initiator                                           responder
+//!  app bytes ─▶ hold, send Hello ──────── 1 ─────────▶ respond, feed `preface` to the app
+//!                                                      app's answer ─▶ hold, send Reply
+//!  ◀─────────────────────────────────────── 2 ───────── (the app's first bytes wait)
+//!  send Confirm, Meta and the held bytes ─ 3 ─────────▶ confirm; Meta; strip `preface`
+//!  ◀═══════════════ records both ways (the responder's held bytes first) ══════════▶
+//! ```
+//!
+//! The responder feeds its app `preface` (the HTTP/2 connection preface between
+//! Themis sidecars) so that the app answers — with its SETTINGS frame — and gives the
+//! responder a write to carry message 2 on. The initiator's app sends the same
+//! preface first; the responder drops it, so the app sees it exactly once.
+//!
+//! A replay of a whole recorded connection gets a fresh message 2 and fails at
+//! message 3: nothing of it reaches the app. Any record that does not open ends the
+//! stream ([`Refusal`]); the driver closes the connection.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use ring::rand::SecureRandom;
+use serde::{Deserialize, Serialize};
+
+use crate::channel::{ChannelError, Session};
+use crate::handshake::{
+    self, AwaitingConfirm, AwaitingHelloReply, HandshakeConfig, HandshakeError,
+};
+use crate::identity::{Identity, PeerId};
+use crate::wire::{frame_len, WireError, RECORD_OVERHEAD};
+
+/// Plaintext per record, like TLS: a stream is sealed as it flows, never buffered
+/// whole.
+pub const MAX_CHUNK: usize = 16 * 1024;
+
+/// The HTTP/2 client connection preface: what a responder in front of an HTTP/2
+/// server feeds it when message 1 arrives.
+pub const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The longest service name a [`Meta`] may claim.
+pub const MAX_SERVICE_LEN: usize = 253;
+
+/// What the initiator tells the responder about itself in its first record.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Meta {
+    /// The service the initiator claims to be an instance of; the responder checks
+    /// the claim (the DHT must list the initiator's id for it) before believing it.
+    pub service: Option<String>,
+}
+
+impl Meta {
+    fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).unwrap_or_default()
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Meta, Refusal> {
+        let meta: Meta = postcard::from_bytes(bytes).map_err(|_| Refusal::Meta)?;
+        match &meta.service {
+            Some(s) if s.is_empty() || s.len() > MAX_SERVICE_LEN => Err(Refusal::Meta),
+            _ => Ok(meta),
+        }
+    }
+}
+
+/// Why a stream was ended. Every one closes the connection; [`Refusal::reason`] is
+/// the label it is counted by.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The bytes are not this protocol (plaintext, garbage, a message too large).
+    #[error("not a Themis stream: {0}")]
+    Malformed(WireError),
+    /// A handshake message was refused (bad signature, wrong peer, a replayed
+    /// connection's message 3, ...).
+    #[error("handshake refused: {0}")]
+    Handshake(HandshakeError),
+    /// A record was tampered with, replayed, reordered or forged.
+    #[error("record refused: {0}")]
+    Record(ChannelError),
+    /// A message out of turn (data before the handshake finished, a second Hello).
+    #[error("a {0} arrived out of turn")]
+    OutOfTurn(&'static str),
+    /// The initiator's first record is not a valid [`Meta`].
+    #[error("the connection's first record is not valid metadata")]
+    Meta,
+    /// The initiator's app did not start with the expected preface.
+    #[error("the stream does not start with the expected preface")]
+    Preface,
+}
+
+impl Refusal {
+    /// A short label for metrics and logs.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::Malformed(_) => "malformed",
+            Refusal::Handshake(_) => "handshake",
+            Refusal::Record(ChannelError::OutOfOrder { .. } | ChannelError::Replay(_)) => "replay",
+            Refusal::Record(_) => "tampered",
+            Refusal::OutOfTurn(_) => "out_of_turn",
+            Refusal::Meta => "meta",
+            Refusal::Preface => "preface",
+        }
+    }
+}
+
+/// Bytes for each side after one call.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Output {
+    /// Toward the peer (sealed).
+    pub to_peer: Vec<u8>,
+    /// Toward the local app (plaintext).
+    pub to_app: Vec<u8>,
+}
+
+/// Whole protocol messages out of a byte stream that arrives in arbitrary pieces.
+#[derive(Default)]
+struct Inbox {
+    buf: Vec<u8>,
+}
+
+impl Inbox {
+    /// Appends `data` and takes the next whole message, if there is one.
+    fn push(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+    }
+
+    fn next(&mut self) -> Result<Option<Vec<u8>>, Refusal> {
+        match frame_len(&self.buf).map_err(Refusal::Malformed)? {
+            Some(len) if len <= self.buf.len() => {
+                let rest = self.buf.split_off(len);
+                Ok(Some(core::mem::replace(&mut self.buf, rest)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+}
+
+/// Seals `data` into records of at most [`MAX_CHUNK`] bytes, appended to `out`.
+fn seal_into(session: &mut Session, data: &[u8], out: &mut Vec<u8>) -> Result<(), Refusal> {
+    out.reserve(data.len() + data.len().div_ceil(MAX_CHUNK) * RECORD_OVERHEAD);
+    for chunk in data.chunks(MAX_CHUNK) {
+        let (_, record) = session.seal(chunk, None).map_err(Refusal::Record)?;
+        out.extend_from_slice(&record);
+    }
+    Ok(())
+}
+
+/// Opens every whole record in `inbox`, appending the plaintext to `out`.
+fn open_all(session: &mut Session, inbox: &mut Inbox, out: &mut Vec<u8>) -> Result<(), Refusal> {
+    while let Some(mut record) = inbox.next()? {
+        let opened = session
+            .open_in_place(&mut record)
+            .map_err(Refusal::Record)?;
+        out.extend_from_slice(opened.payload);
+    }
+    Ok(())
+}
+
+enum InitiatorState {
+    AwaitingReply(AwaitingHelloReply),
+    Open(Session),
+    Closed,
+}
+
+/// The connecting end: its app writes first.
+pub struct StreamInitiator {
+    state: InitiatorState,
+    inbox: Inbox,
+    /// The app's bytes while the key agreement runs, with the [`Meta`] record's
+    /// plaintext in front.
+    held: Vec<u8>,
+    meta: Meta,
+}
+
+impl StreamInitiator {
+    /// Starts the key agreement with `peer`; returns the stream and message 1, to
+    /// send when the app's first bytes are held ([`StreamInitiator::from_app`]).
+    pub fn start(
+        me: &Identity,
+        peer: PeerId,
+        meta: Meta,
+        config: &HandshakeConfig,
+        rng: &dyn SecureRandom,
+    ) -> Result<(Self, Vec<u8>), HandshakeError> {
+        let (waiting, hello) = handshake::Initiator::start(me, peer, config, rng)?;
+        let stream = StreamInitiator {
+            state: InitiatorState::AwaitingReply(waiting),
+            inbox: Inbox::default(),
+            held: Vec::new(),
+            meta,
+        };
+        Ok((stream, hello))
+    }
+
+    /// The authenticated peer, once message 2 verified.
+    pub fn peer_id(&self) -> Option<PeerId> {
+        match &self.state {
+            InitiatorState::Open(s) => Some(s.info().peer_id),
+            _ => None,
+        }
+    }
+
+    /// True once the key agreement finished.
+    pub fn is_open(&self) -> bool {
+        matches!(self.state, InitiatorState::Open(_))
+    }
+
+    /// Bytes the app wrote: held until the session exists, then sealed.
+    pub fn from_app(&mut self, data: &[u8]) -> Result<Vec<u8>, Refusal> {
+        let mut to_peer = Vec::new();
+        match &mut self.state {
+            InitiatorState::AwaitingReply(_) => self.held.extend_from_slice(data),
+            InitiatorState::Open(session) => seal_into(session, data, &mut to_peer)?,
+            InitiatorState::Closed => return Err(Refusal::OutOfTurn("write after close")),
+        }
+        Ok(to_peer)
+    }
+
+    /// Bytes from the peer: message 2 (answered with message 3, the metadata and the
+    /// held bytes, sealed), then records.
+    pub fn from_peer(&mut self, data: &[u8]) -> Result<Output, Refusal> {
+        let result = self.step(data);
+        if result.is_err() {
+            self.state = InitiatorState::Closed;
+        }
+        result
+    }
+
+    fn step(&mut self, data: &[u8]) -> Result<Output, Refusal> {
+        self.inbox.push(data);
+        let mut out = Output::default();
+        if let InitiatorState::AwaitingReply(_) = self.state {
+            let Some(reply) = self.inbox.next()? else {
+                return Ok(out);
+            };
+            let InitiatorState::AwaitingReply(waiting) =
+                core::mem::replace(&mut self.state, InitiatorState::Closed)
+            else {
+                unreachable!("checked above")
+            };
+            let (mut session, confirm) = waiting
+                .read_hello_reply(&reply)
+                .map_err(Refusal::Handshake)?;
+            out.to_peer = confirm;
+            seal_into(&mut session, &self.meta.encode(), &mut out.to_peer)?;
+            let held = core::mem::take(&mut self.held);
+            seal_into(&mut session, &held, &mut out.to_peer)?;
+            self.state = InitiatorState::Open(session);
+        }
+        match &mut self.state {
+            InitiatorState::Open(session) => open_all(session, &mut self.inbox, &mut out.to_app)?,
+            _ => return Err(Refusal::OutOfTurn("record after close")),
+        }
+        Ok(out)
+    }
+}
+
+enum ResponderState {
+    AwaitingHello,
+    /// Message 2 is made; `reply` is `Some` until it rides on the app's first write.
+    AwaitingConfirm {
+        pending: AwaitingConfirm,
+        reply: Option<Vec<u8>>,
+    },
+    /// Confirmed; the first record (the [`Meta`]) not yet read.
+    AwaitingMeta(Session),
+    Open {
+        session: Session,
+        /// Bytes of the preface still to strip from the initiator's plaintext.
+        strip: usize,
+    },
+    Closed,
+}
+
+/// What the responder learnt when the initiator proved itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Established {
+    /// The authenticated initiator.
+    pub peer_id: PeerId,
+    /// What it says about itself (unverified claims).
+    pub meta: Meta,
+}
+
+/// The accepting end: its app answers the preface, and that write carries message 2.
+pub struct StreamResponder {
+    state: ResponderState,
+    inbox: Inbox,
+    /// The app's bytes while message 3 is awaited (sent sealed on its next write).
+    held: Vec<u8>,
+    preface: &'static [u8],
+    established: Option<Established>,
+}
+
+impl StreamResponder {
+    /// A responder that feeds its app `preface` when message 1 arrives.
+    pub fn new(preface: &'static [u8]) -> Self {
+        StreamResponder {
+            state: ResponderState::AwaitingHello,
+            inbox: Inbox::default(),
+            held: Vec::new(),
+            preface,
+            established: None,
+        }
+    }
+
+    /// The initiator, once it proved itself (message 3 and its metadata record).
+    pub fn established(&self) -> Option<&Established> {
+        self.established.as_ref()
+    }
+
+    /// Bytes from the peer. Message 1 is answered (as `me`) by feeding the app the
+    /// preface; message 3 confirms; records are opened for the app.
+    pub fn from_peer(
+        &mut self,
+        data: &[u8],
+        me: &Identity,
+        config: &HandshakeConfig,
+        rng: &dyn SecureRandom,
+    ) -> Result<Output, Refusal> {
+        let result = self.step(data, me, config, rng);
+        if result.is_err() {
+            self.state = ResponderState::Closed;
+        }
+        result
+    }
+
+    fn step(
+        &mut self,
+        data: &[u8],
+        me: &Identity,
+        config: &HandshakeConfig,
+        rng: &dyn SecureRandom,
+    ) -> Result<Output, Refusal> {
+        self.inbox.push(data);
+        let mut out = Output::default();
+        loop {
+            match &mut self.state {
+                ResponderState::AwaitingHello => {
+                    let Some(hello) = self.inbox.next()? else {
+                        return Ok(out);
+                    };
+                    let (pending, reply) =
+                        handshake::respond(me, &hello, config, rng).map_err(Refusal::Handshake)?;
+                    if !self.inbox.is_empty() {
+                        return Err(Refusal::OutOfTurn("message before the reply"));
+                    }
+                    self.state = ResponderState::AwaitingConfirm {
+                        pending,
+                        reply: Some(reply),
+                    };
+                    out.to_app.extend_from_slice(self.preface);
+                    return Ok(out);
+                }
+                ResponderState::AwaitingConfirm { reply, .. } => {
+                    if reply.is_some() {
+                        // Message 2 has not left yet: nothing can be valid so early.
+                        return match self.inbox.is_empty() {
+                            true => Ok(out),
+                            false => Err(Refusal::OutOfTurn("message before the reply")),
+                        };
+                    }
+                    let Some(confirm) = self.inbox.next()? else {
+                        return Ok(out);
+                    };
+                    let ResponderState::AwaitingConfirm { pending, .. } =
+                        core::mem::replace(&mut self.state, ResponderState::Closed)
+                    else {
+                        unreachable!("matched above")
+                    };
+                    let session = pending.read_confirm(&confirm).map_err(Refusal::Handshake)?;
+                    self.state = ResponderState::AwaitingMeta(session);
+                }
+                ResponderState::AwaitingMeta(session) => {
+                    let Some(mut record) = self.inbox.next()? else {
+                        return Ok(out);
+                    };
+                    let opened = session
+                        .open_in_place(&mut record)
+                        .map_err(Refusal::Record)?;
+                    let meta = Meta::decode(opened.payload)?;
+                    let peer_id = session.info().peer_id;
+                    self.established = Some(Established { peer_id, meta });
+                    let ResponderState::AwaitingMeta(session) =
+                        core::mem::replace(&mut self.state, ResponderState::Closed)
+                    else {
+                        unreachable!("matched above")
+                    };
+                    self.state = ResponderState::Open {
+                        session,
+                        strip: self.preface.len(),
+                    };
+                }
+                ResponderState::Open { session, strip } => {
+                    let start = out.to_app.len();
+                    open_all(session, &mut self.inbox, &mut out.to_app)?;
+                    if *strip > 0 {
+                        let got = &out.to_app[start..];
+                        let offset = self.preface.len() - *strip;
+                        let n = got.len().min(*strip);
+                        if got[..n] != self.preface[offset..offset + n] {
+                            return Err(Refusal::Preface);
+                        }
+                        out.to_app.drain(start..start + n);
+                        *strip -= n;
+                    }
+                    return Ok(out);
+                }
+                ResponderState::Closed => return Err(Refusal::OutOfTurn("record after close")),
+            }
+        }
+    }
+
+    /// Bytes the app wrote. Its first write carries message 2 (the bytes themselves
+    /// wait for message 3); once confirmed, everything is sealed.
+    pub fn from_app(&mut self, data: &[u8]) -> Result<Vec<u8>, Refusal> {
+        match &mut self.state {
+            ResponderState::AwaitingConfirm { reply, .. } => {
+                self.held.extend_from_slice(data);
+                Ok(reply.take().unwrap_or_default())
+            }
+            ResponderState::AwaitingHello | ResponderState::AwaitingMeta(_) => {
+                self.held.extend_from_slice(data);
+                Ok(Vec::new())
+            }
+            ResponderState::Open { session, .. } => {
+                let mut to_peer = Vec::new();
+                let held = core::mem::take(&mut self.held);
+                seal_into(session, &held, &mut to_peer)?;
+                seal_into(session, data, &mut to_peer)?;
+                Ok(to_peer)
+            }
+            ResponderState::Closed => Err(Refusal::OutOfTurn("write after close")),
+        }
+    }
+}

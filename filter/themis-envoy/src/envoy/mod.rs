@@ -1,0 +1,332 @@
+//! The proxy-wasm driver: Envoy's callbacks in, bytes and calls out. Every decision is
+//! made by the sans-IO parts ([`crate::route`], [`crate::policy`],
+//! [`themis_core::stream`]); these modules only move bytes between them and Envoy.
+//!
+//! * [`outbound`]: HTTP filter on the app-facing listener (pick an instance).
+//! * [`seal`]: network filter of the internal listener (initiator: seal the stream).
+//! * [`inbound`]: network filter on the peer-facing listener (responder: open it).
+
+mod inbound;
+mod outbound;
+mod seal;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use log::{error, info, warn};
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext, RootContext, StreamContext};
+use proxy_wasm::types::{ContextType, LogLevel, MetricType};
+use ring::rand::{SecureRandom, SystemRandom};
+use themis_core::Identity;
+use themis_trust::{Revocations, Verifier};
+
+use crate::agent::{self, Instance};
+use crate::config::{Config, Role};
+use crate::policy::Callers;
+use crate::route::Routes;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Info);
+    proxy_wasm::set_root_context(|_| Box::new(Root::default()));
+}}
+
+/// What one plugin's VM holds on one worker, shared by its root and stream contexts.
+struct Worker {
+    config: Config,
+    identity: Option<Rc<Identity>>,
+    /// Outbound: resolutions and health marks.
+    routes: Routes,
+    /// Inbound: callers' services, verified.
+    callers: Callers,
+    /// Root-signed revocations, fetched from the agent every `revocation_poll`.
+    revoked: Revocations,
+    metrics: Metrics,
+    rng: SystemRandom,
+}
+
+type Shared = Rc<RefCell<Worker>>;
+
+impl Worker {
+    /// A verifier for now, this mesh's root and the revocations in force.
+    fn verifier(&self) -> Verifier<'_> {
+        Verifier {
+            root: &self.config.mesh_root,
+            now_ms: now_ms(),
+            revoked: &self.revoked,
+        }
+    }
+
+    /// Reads an agent resolution of `service`: the instances whose records verified;
+    /// the others are logged and counted (`not_endorsed`).
+    fn verified_instances(
+        &self,
+        service: &str,
+        status: Option<u16>,
+        body: &[u8],
+    ) -> Option<Vec<Instance>> {
+        if status != Some(200) {
+            return None;
+        }
+        let all = match agent::parse_instances(body, service, &self.verifier()) {
+            Ok(all) => all,
+            Err(e) => {
+                warn!("themis: unusable resolution of {service}: {e}");
+                return None;
+            }
+        };
+        let (good, bad) = agent::endorsed(all);
+        for e in &bad {
+            self.metrics.count("not_endorsed");
+            warn!("themis: skipping an instance of {service}: {e}");
+        }
+        Some(good)
+    }
+
+    fn random(&self) -> u32 {
+        let mut bytes = [0u8; 4];
+        let _ = self.rng.fill(&mut bytes);
+        u32::from_le_bytes(bytes)
+    }
+
+    fn expires(&self) -> u64 {
+        now_ms() + self.config.resolve_ttl.as_millis() as u64
+    }
+}
+
+fn now_ms() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Counters and gauges, `themis.<role>.<name>` (Envoy adds `wasmcustom.`), defined on
+/// first use.
+struct Metrics {
+    role: &'static str,
+    ids: RefCell<HashMap<String, u32>>,
+}
+
+impl Metrics {
+    fn new(role: Role) -> Self {
+        Metrics {
+            role: role.as_str(),
+            ids: RefCell::default(),
+        }
+    }
+
+    fn id(&self, name: &str, kind: MetricType) -> Option<u32> {
+        if let Some(&id) = self.ids.borrow().get(name) {
+            return Some(id);
+        }
+        let id = hostcalls::define_metric(kind, &format!("themis.{}.{name}", self.role)).ok()?;
+        self.ids.borrow_mut().insert(name.to_string(), id);
+        Some(id)
+    }
+
+    fn count(&self, name: &str) {
+        if let Some(id) = self.id(name, MetricType::Counter) {
+            let _ = hostcalls::increment_metric(id, 1);
+        }
+    }
+
+    fn gauge(&self, name: &str, delta: i64) {
+        if let Some(id) = self.id(name, MetricType::Gauge) {
+            let _ = hostcalls::increment_metric(id, delta);
+        }
+    }
+}
+
+#[derive(Default)]
+struct Root {
+    worker: Option<Shared>,
+    key_call: Option<u32>,
+    revocations_call: Option<u32>,
+    /// When the revocations were last asked for (ms).
+    revocations_asked: u64,
+}
+
+impl Root {
+    fn fetch_key(&mut self) {
+        let Some(worker) = &self.worker else { return };
+        let w = worker.borrow();
+        if self.key_call.is_some() || w.identity.is_some() || w.config.role == Role::Outbound {
+            return;
+        }
+        let path = format!("/v1/workloads/{}/key", w.config.workload);
+        self.key_call = call_agent(self, &w.config, &path);
+    }
+
+    /// Asks the agent for the revocations it knows, every `revocation_poll`.
+    fn poll_revocations(&mut self) {
+        let Some(worker) = &self.worker else { return };
+        let now = now_ms();
+        let every = worker.borrow().config.revocation_poll.as_millis() as u64;
+        if self.revocations_call.is_some() || now < self.revocations_asked + every {
+            return;
+        }
+        self.revocations_asked = now;
+        self.revocations_call = call_agent(self, &worker.borrow().config, "/v1/revocations");
+    }
+
+    /// Installs a fresh revocation list; a new revocation drops cached resolutions
+    /// and caller checks, so the revoked key is not used from a cache either.
+    fn install_revocations(worker: &Shared, status: Option<u16>, body: &[u8]) {
+        let mut w = worker.borrow_mut();
+        if status != Some(200) {
+            return;
+        }
+        match agent::parse_revocations(body, &w.config.mesh_root) {
+            Ok(revocations) => {
+                if revocations.len() != w.revoked.len() {
+                    info!("themis: {} revocation(s) in force", revocations.len());
+                    w.routes.forget_all();
+                    w.callers.clear();
+                }
+                w.revoked = revocations;
+            }
+            Err(e) => warn!("themis: unusable revocations from the agent: {e}"),
+        }
+    }
+
+    fn install_key(worker: &Shared, status: Option<u16>, body: &[u8]) {
+        let mut w = worker.borrow_mut();
+        if status != Some(200) {
+            warn!(
+                "themis: the agent has no key for workload {} (status {status:?}: {})",
+                w.config.workload,
+                String::from_utf8_lossy(body)
+            );
+            return;
+        }
+        match agent::parse_identity(body, &w.config.workload, &w.config.mesh) {
+            Ok(identity) => {
+                info!(
+                    "themis: workload {} has id {}",
+                    w.config.workload,
+                    identity.printable_id()
+                );
+                w.identity = Some(Rc::new(identity));
+                // Per worker: the sidecar is ready once it equals the worker count.
+                w.metrics.gauge("identity", 1);
+            }
+            Err(e) => error!("themis: {e}"),
+        }
+    }
+}
+
+impl Context for Root {
+    fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
+        let Some(worker) = self.worker.clone() else {
+            return;
+        };
+        let (status, body) = call_response(self, body_size);
+        if self.key_call == Some(token) {
+            self.key_call = None;
+            Root::install_key(&worker, status, &body);
+            if worker.borrow().identity.is_some() {
+                self.set_tick_period(Duration::from_secs(1));
+            }
+        } else if self.revocations_call == Some(token) {
+            self.revocations_call = None;
+            Root::install_revocations(&worker, status, &body);
+        }
+    }
+}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _: usize) -> bool {
+        let bytes = self.get_plugin_configuration().unwrap_or_default();
+        let config = match Config::parse(&bytes) {
+            Ok(config) => config,
+            Err(e) => {
+                error!("{e}");
+                return false;
+            }
+        };
+        info!(
+            "themis {} filter for workload {} in mesh {}: configured",
+            config.role.as_str(),
+            config.workload,
+            config.mesh.as_str()
+        );
+        self.worker = Some(Rc::new(RefCell::new(Worker {
+            metrics: Metrics::new(config.role),
+            routes: Routes::new(config.canary.clone()),
+            config,
+            identity: None,
+            callers: Callers::default(),
+            revoked: Revocations::new(),
+            rng: SystemRandom::new(),
+        })));
+        // Quick ticks until the workload's key is loaded, then one a second.
+        self.set_tick_period(Duration::from_millis(100));
+        true
+    }
+
+    fn on_tick(&mut self) {
+        self.fetch_key();
+        self.poll_revocations();
+        if let Some(worker) = &self.worker {
+            let mut w = worker.borrow_mut();
+            let now = now_ms();
+            w.routes.expire(now);
+            w.callers.expire(now);
+        }
+    }
+
+    fn create_http_context(&self, _: u32) -> Option<Box<dyn HttpContext>> {
+        let worker = self.worker.clone()?;
+        Some(Box::new(outbound::Outbound::new(worker)))
+    }
+
+    fn create_stream_context(&self, _: u32) -> Option<Box<dyn StreamContext>> {
+        let worker = self.worker.clone()?;
+        let role = worker.borrow().config.role;
+        Some(match role {
+            Role::Inbound => Box::new(inbound::Inbound::new(worker)),
+            _ => Box::new(seal::Seal::new(worker)),
+        })
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        let role = self.worker.as_ref()?.borrow().config.role;
+        Some(match role {
+            Role::Outbound => ContextType::HttpContext,
+            Role::Seal | Role::Inbound => ContextType::StreamContext,
+        })
+    }
+}
+
+/// A GET to the local agent's API; `None` (logged) if Envoy refuses the call.
+fn call_agent(ctx: &dyn Context, config: &Config, path: &str) -> Option<u32> {
+    let headers = vec![
+        (":method", "GET"),
+        (":path", path),
+        (":authority", "themis-agent"),
+    ];
+    match ctx.dispatch_http_call(&config.agent_cluster, headers, None, vec![], config.timeout) {
+        Ok(token) => Some(token),
+        Err(status) => {
+            warn!(
+                "themis: cannot call the agent cluster {}: {status:?}",
+                config.agent_cluster
+            );
+            None
+        }
+    }
+}
+
+/// The status and body of the call that just answered.
+fn call_response(ctx: &dyn Context, body_size: usize) -> (Option<u16>, Vec<u8>) {
+    let status = ctx
+        .get_http_call_response_header(":status")
+        .and_then(|s| s.parse().ok());
+    let body = ctx
+        .get_http_call_response_body(0, body_size)
+        .unwrap_or_default();
+    (status, body)
+}

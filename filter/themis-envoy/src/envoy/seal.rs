@@ -1,0 +1,181 @@
+//! The initiator: the network filter of the internal listener between Envoy's router
+//! (downstream: the HTTP/2 codec of the connection pool) and `tcp_proxy` to the
+//! instance (upstream). The router's first bytes are held while the key agreement
+//! runs; message 3 and the held bytes leave through the read buffer retained by
+//! pausing (a Wasm network filter cannot write toward the upstream otherwise).
+
+use log::{info, warn};
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, StreamContext};
+use proxy_wasm::types::{Action, PeerType};
+use themis_core::stream::{Meta, Refusal, StreamInitiator};
+use themis_core::{HandshakeConfig, PeerId};
+
+use super::Shared;
+
+/// The filter state key the router's `set_filter_state` puts the expected id in.
+const EXPECTED_PEER: &str = "envoy.network.upstream_server_name";
+
+enum State {
+    /// Set up on the first bytes (needs the identity and the expected peer).
+    New,
+    /// Message 1 went out.
+    Handshaking(StreamInitiator),
+    Open(StreamInitiator),
+    Closed,
+}
+
+pub struct Seal {
+    worker: Shared,
+    state: State,
+}
+
+impl Seal {
+    pub fn new(worker: Shared) -> Self {
+        worker.borrow().metrics.count("connections");
+        worker.borrow().metrics.gauge("active", 1);
+        Seal {
+            worker,
+            state: State::New,
+        }
+    }
+
+    fn close(&mut self, reason: &str, detail: &str) {
+        self.worker
+            .borrow()
+            .metrics
+            .count(&format!("refused.{reason}"));
+        warn!("themis seal: closing the connection ({reason}): {detail}");
+        self.state = State::Closed;
+        self.close_downstream();
+        self.close_upstream();
+    }
+
+    fn refused(&mut self, refusal: Refusal) {
+        self.close(refusal.reason(), &refusal.to_string());
+    }
+
+    /// The id the router's pick says must answer.
+    fn expected_peer() -> Option<PeerId> {
+        let raw = hostcalls::get_property(vec!["filter_state", EXPECTED_PEER]).ok()??;
+        let bytes: [u8; 32] = hex::decode(raw).ok()?.try_into().ok()?;
+        Some(PeerId(bytes))
+    }
+
+    /// Starts the key agreement; returns message 1.
+    fn start(&mut self) -> Result<(StreamInitiator, Vec<u8>), (&'static str, String)> {
+        let w = self.worker.borrow();
+        let identity = w.identity.clone().ok_or((
+            "no_identity",
+            "the workload's key is not loaded yet".to_string(),
+        ))?;
+        let peer = Self::expected_peer().ok_or((
+            "no_peer",
+            "the connection names no expected peer".to_string(),
+        ))?;
+        if w.revoked.contains(&peer) {
+            return Err(("revoked", "the peer's id is revoked".to_string()));
+        }
+        let meta = Meta {
+            service: w.config.service.clone(),
+        };
+        StreamInitiator::start(&identity, peer, meta, &HandshakeConfig::default(), &w.rng)
+            .map_err(|e| ("handshake", e.to_string()))
+    }
+}
+
+impl Context for Seal {}
+
+impl StreamContext for Seal {
+    fn on_downstream_data(&mut self, size: usize, _end_of_stream: bool) -> Action {
+        let data = self.get_downstream_data(0, size).unwrap_or_default();
+        match std::mem::replace(&mut self.state, State::Closed) {
+            State::New => match self.start() {
+                Ok((mut stream, hello)) => {
+                    let _ = stream.from_app(&data);
+                    self.worker.borrow().metrics.count("handshakes");
+                    self.set_downstream_data(0, size, &hello);
+                    self.state = State::Handshaking(stream);
+                    // Paused, Envoy keeps the read buffer for this filter; resuming
+                    // (after this call) hands message 1 to tcp_proxy.
+                    self.resume_downstream();
+                    Action::Pause
+                }
+                Err((reason, detail)) => {
+                    self.set_downstream_data(0, size, &[]);
+                    self.close(reason, &detail);
+                    Action::Pause
+                }
+            },
+            State::Handshaking(mut stream) => {
+                let _ = stream.from_app(&data);
+                self.set_downstream_data(0, size, &[]);
+                self.state = State::Handshaking(stream);
+                Action::Pause
+            }
+            State::Open(mut stream) => match stream.from_app(&data) {
+                Ok(sealed) => {
+                    self.set_downstream_data(0, size, &sealed);
+                    self.state = State::Open(stream);
+                    Action::Continue
+                }
+                Err(refusal) => {
+                    self.set_downstream_data(0, size, &[]);
+                    self.refused(refusal);
+                    Action::Pause
+                }
+            },
+            State::Closed => {
+                self.set_downstream_data(0, size, &[]);
+                Action::Pause
+            }
+        }
+    }
+
+    fn on_upstream_data(&mut self, size: usize, _end_of_stream: bool) -> Action {
+        let data = self.get_upstream_data(0, size).unwrap_or_default();
+        let mut stream = match std::mem::replace(&mut self.state, State::Closed) {
+            State::Handshaking(stream) | State::Open(stream) => stream,
+            State::New | State::Closed => {
+                self.set_upstream_data(0, size, &[]);
+                self.close("out_of_turn", "the peer spoke first");
+                return Action::Continue;
+            }
+        };
+        let was_open = stream.is_open();
+        match stream.from_peer(&data) {
+            Ok(out) => {
+                self.set_upstream_data(0, size, &out.to_app);
+                if !out.to_peer.is_empty() {
+                    // Message 3 and the held bytes, through the retained read buffer.
+                    self.set_downstream_data(0, 0, &out.to_peer);
+                    self.resume_downstream();
+                }
+                if !was_open && stream.is_open() {
+                    info!(
+                        "themis seal: session with {}",
+                        hex::encode(stream.peer_id().map(|p| p.0).unwrap_or_default())
+                    );
+                    self.worker.borrow().metrics.count("established");
+                }
+                self.state = match stream.is_open() {
+                    true => State::Open(stream),
+                    false => State::Handshaking(stream),
+                };
+            }
+            Err(refusal) => {
+                self.set_upstream_data(0, size, &[]);
+                self.refused(refusal);
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_downstream_close(&mut self, _: PeerType) {}
+}
+
+impl Drop for Seal {
+    fn drop(&mut self) {
+        self.worker.borrow().metrics.gauge("active", -1);
+    }
+}

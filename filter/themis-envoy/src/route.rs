@@ -1,0 +1,231 @@
+//! Outbound routing, sans-IO: which instance a call to a service goes to. Resolutions
+//! are cached per worker; the pick is random among the instances the agent vouches
+//! for (and that verified here), split by canary weight, avoiding instances whose
+//! connection just failed (the fallback) unless none is left.
+
+use std::collections::HashMap;
+
+use themis_core::PeerId;
+
+use crate::agent::Instance;
+use crate::config::Canary;
+
+/// At most this many services are remembered per worker (an app calling many
+/// names must not grow the cache without bound).
+pub const MAX_SERVICES: usize = 1024;
+
+/// What to do with a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pick {
+    /// Send it here.
+    Instance(Instance),
+    /// The resolution is unknown or expired: ask the agent, then pick again.
+    Resolve,
+    /// The service has no usable instance.
+    NoInstance,
+}
+
+struct Resolved {
+    instances: Vec<Instance>,
+    expires_ms: u64,
+}
+
+/// One worker's resolutions and health marks.
+#[derive(Default)]
+pub struct Routes {
+    services: HashMap<String, Resolved>,
+    /// Instances to avoid until the time given (Unix ms).
+    down: HashMap<PeerId, u64>,
+    canary: Vec<Canary>,
+}
+
+impl Routes {
+    /// Routes with these traffic splits.
+    pub fn new(canary: Vec<Canary>) -> Self {
+        Routes {
+            canary,
+            ..Routes::default()
+        }
+    }
+
+    /// Picks an instance of `service` at `now_ms`; `random` is a fresh random number.
+    pub fn pick(&self, service: &str, now_ms: u64, random: u32) -> Pick {
+        let Some(resolved) = self.services.get(service).filter(|r| r.expires_ms > now_ms) else {
+            return Pick::Resolve;
+        };
+        let up: Vec<&Instance> = resolved
+            .instances
+            .iter()
+            .filter(|i| self.down.get(&i.id).is_none_or(|&until| until <= now_ms))
+            .collect();
+        // Every instance failed recently: try them anyway rather than fail for sure.
+        let candidates: Vec<&Instance> = match up.is_empty() {
+            true => resolved.instances.iter().collect(),
+            false => up,
+        };
+        if candidates.is_empty() {
+            return Pick::NoInstance;
+        }
+        let group = match self.canary.iter().find(|c| c.service == service) {
+            Some(split) => {
+                let (canary, stable): (Vec<&Instance>, Vec<&Instance>) =
+                    candidates.iter().partition(|i| {
+                        split
+                            .matches
+                            .iter()
+                            .all(|(k, v)| i.metadata.get(k) == Some(v))
+                    });
+                // The low 16 bits decide the group, the high 16 the instance in it.
+                let to_canary = (random & 0xffff) % 100 < split.weight_percent;
+                match (to_canary, canary.is_empty(), stable.is_empty()) {
+                    (true, false, _) | (false, false, true) => canary,
+                    _ => stable,
+                }
+            }
+            None => candidates,
+        };
+        let index = (random >> 16) as usize % group.len();
+        Pick::Instance(group[index].clone())
+    }
+
+    /// Remembers a resolution until `expires_ms`.
+    pub fn cache(&mut self, service: &str, instances: Vec<Instance>, expires_ms: u64) {
+        if self.services.len() >= MAX_SERVICES && !self.services.contains_key(service) {
+            let now = expires_ms.saturating_sub(1);
+            self.services.retain(|_, r| r.expires_ms > now);
+            if self.services.len() >= MAX_SERVICES {
+                // Still full of live entries: drop one; resolving it again is cheap.
+                if let Some(victim) = self.services.keys().next().cloned() {
+                    self.services.remove(&victim);
+                }
+            }
+        }
+        self.services.insert(
+            service.to_string(),
+            Resolved {
+                instances,
+                expires_ms,
+            },
+        );
+    }
+
+    /// The instance's connection failed: avoid it until `until_ms`.
+    pub fn mark_down(&mut self, id: PeerId, until_ms: u64) {
+        self.down.insert(id, until_ms);
+    }
+
+    /// Drops expired resolutions and health marks.
+    pub fn expire(&mut self, now_ms: u64) {
+        self.services.retain(|_, r| r.expires_ms > now_ms);
+        self.down.retain(|_, &mut until| until > now_ms);
+    }
+
+    /// Forgets every resolution (a revocation arrived: resolve again, verified anew).
+    pub fn forget_all(&mut self) {
+        self.services.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn instance(n: u8, version: &str) -> Instance {
+        Instance {
+            id: PeerId([n; 32]),
+            endpoint: format!("127.0.0.{n}:15006").parse().unwrap(),
+            metadata: BTreeMap::from([("version".to_string(), version.to_string())]),
+        }
+    }
+
+    fn split(weight_percent: u32) -> Routes {
+        Routes::new(vec![Canary {
+            service: "check".into(),
+            matches: BTreeMap::from([("version".to_string(), "v2".to_string())]),
+            weight_percent,
+        }])
+    }
+
+    #[test]
+    fn unknown_or_expired_services_are_resolved_first() {
+        let mut routes = Routes::default();
+        assert_eq!(routes.pick("check", 0, 0), Pick::Resolve);
+        routes.cache("check", vec![instance(1, "v1")], 100);
+        assert!(matches!(routes.pick("check", 99, 0), Pick::Instance(_)));
+        assert_eq!(routes.pick("check", 100, 0), Pick::Resolve);
+        routes.cache("check", vec![], 200);
+        assert_eq!(routes.pick("check", 150, 0), Pick::NoInstance);
+    }
+
+    #[test]
+    fn picks_spread_over_the_instances() {
+        let mut routes = Routes::default();
+        routes.cache("check", (1..=4).map(|n| instance(n, "v1")).collect(), 1000);
+        let mut seen = std::collections::HashSet::new();
+        for r in 0..64u32 {
+            if let Pick::Instance(i) = routes.pick("check", 0, r << 16) {
+                seen.insert(i.id);
+            }
+        }
+        assert_eq!(seen.len(), 4);
+    }
+
+    #[test]
+    fn the_canary_gets_its_weight_exactly_over_the_random_range() {
+        let mut routes = split(10);
+        routes.cache("check", vec![instance(1, "v1"), instance(2, "v2")], 1000);
+        let to_v2 = (0..100u32)
+            .filter(|&r| matches!(routes.pick("check", 0, r), Pick::Instance(i) if i.id == PeerId([2; 32])))
+            .count();
+        assert_eq!(to_v2, 10);
+        // Weight 0 sends nothing to the canary, 100 everything.
+        let mut none = split(0);
+        none.cache("check", vec![instance(1, "v1"), instance(2, "v2")], 1000);
+        assert!((0..100).all(
+            |r| matches!(none.pick("check", 0, r), Pick::Instance(i) if i.id == PeerId([1; 32]))
+        ));
+    }
+
+    #[test]
+    fn an_empty_side_of_a_split_falls_back_to_the_other() {
+        let mut routes = split(50);
+        routes.cache("check", vec![instance(1, "v1")], 1000);
+        assert!((0..100).all(|r| matches!(routes.pick("check", 0, r), Pick::Instance(_))));
+        let mut only_canary = split(50);
+        only_canary.cache("check", vec![instance(2, "v2")], 1000);
+        assert!((0..100).all(|r| matches!(only_canary.pick("check", 0, r), Pick::Instance(_))));
+    }
+
+    #[test]
+    fn failed_instances_are_avoided_until_their_mark_expires() {
+        let mut routes = Routes::default();
+        routes.cache("check", vec![instance(1, "v1"), instance(2, "v1")], 10_000);
+        routes.mark_down(PeerId([1; 32]), 500);
+        for r in 0..32u32 {
+            assert!(
+                matches!(routes.pick("check", 0, r << 16), Pick::Instance(i) if i.id == PeerId([2; 32]))
+            );
+        }
+        // All down: still try one rather than fail for sure.
+        routes.mark_down(PeerId([2; 32]), 500);
+        assert!(matches!(routes.pick("check", 0, 0), Pick::Instance(_)));
+        routes.expire(600);
+        let ids: std::collections::HashSet<_> = (0..32u32)
+            .filter_map(|r| match routes.pick("check", 600, r << 16) {
+                Pick::Instance(i) => Some(i.id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ids.len(), 2);
+    }
+
+    #[test]
+    fn the_cache_is_bounded() {
+        let mut routes = Routes::default();
+        for n in 0..(MAX_SERVICES + 10) {
+            routes.cache(&format!("s{n}"), vec![], 1000);
+        }
+        assert!(routes.services.len() <= MAX_SERVICES);
+    }
+}
