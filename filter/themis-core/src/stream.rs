@@ -35,7 +35,7 @@ use crate::handshake::{
     self, AwaitingConfirm, AwaitingHelloReply, HandshakeConfig, HandshakeError,
 };
 use crate::identity::{Identity, PeerId};
-use crate::wire::{frame_len, WireError, RECORD_OVERHEAD};
+use crate::wire::{frame_len, peek_kind, Kind, WireError, RECORD_OVERHEAD};
 
 /// Plaintext per record, like TLS: a stream is sealed as it flows, never buffered
 /// whole.
@@ -129,6 +129,19 @@ impl Inbox {
     /// Appends `data` and takes the next whole message, if there is one.
     fn push(&mut self, data: &[u8]) {
         self.buf.extend_from_slice(data);
+    }
+
+    /// The next message, which must be a `kind` handshake message: anything else is
+    /// refused by its first two bytes, before an unauthenticated peer can make us
+    /// buffer a record-sized frame.
+    fn next_handshake(&mut self, kind: Kind) -> Result<Option<Vec<u8>>, Refusal> {
+        if self.buf.len() >= 2 {
+            let got = peek_kind(&self.buf[..2]).map_err(Refusal::Malformed)?;
+            if got != kind {
+                return Err(Refusal::Malformed(WireError::UnexpectedKind { expected: kind, got }));
+            }
+        }
+        self.next()
     }
 
     fn next(&mut self) -> Result<Option<Vec<u8>>, Refusal> {
@@ -241,7 +254,7 @@ impl StreamInitiator {
         self.inbox.push(data);
         let mut out = Output::default();
         if let InitiatorState::AwaitingReply(_) = self.state {
-            let Some(reply) = self.inbox.next()? else {
+            let Some(reply) = self.inbox.next_handshake(Kind::HelloReply)? else {
                 return Ok(out);
             };
             let InitiatorState::AwaitingReply(waiting) =
@@ -347,7 +360,7 @@ impl StreamResponder {
         loop {
             match &mut self.state {
                 ResponderState::AwaitingHello => {
-                    let Some(hello) = self.inbox.next()? else {
+                    let Some(hello) = self.inbox.next_handshake(Kind::Hello)? else {
                         return Ok(out);
                     };
                     let (pending, reply) =
@@ -370,7 +383,7 @@ impl StreamResponder {
                             false => Err(Refusal::OutOfTurn("message before the reply")),
                         };
                     }
-                    let Some(confirm) = self.inbox.next()? else {
+                    let Some(confirm) = self.inbox.next_handshake(Kind::Confirm)? else {
                         return Ok(out);
                     };
                     let ResponderState::AwaitingConfirm { pending, .. } =
