@@ -419,6 +419,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
                     echo "$round themis skipped (benchmarks/envoy/themis-pair.sh not present)" >>"$TMP/results/status"
                 elif start_themis; then
                     measure "$round" themis "http://$THEMIS_ADDR/echo" "$THEMIS_HOST"
+                    log "  themis counters: $(REPO_ROOT=$ROOT THEMIS_BENCH_DIR=$TMP/themis bash "$THEMIS_SCRIPT" stats | tr '\n' ' ')"
                     stop_themis
                 else
                     stop_themis

@@ -6,6 +6,7 @@
 #
 #   themis-pair.sh build   build the agent and the filter (release)
 #   themis-pair.sh start   start both nodes in the background; print address= and host=
+#   themis-pair.sh stats   the Themis counters of both Envoys (handshakes, sessions, refusals)
 #   themis-pair.sh stop    stop what start started, by PID
 #
 # Environment (set by run.sh): THEMIS_BENCH_DIR, APP_ADDR, ENVOY, ENVOY_CONCURRENCY,
@@ -68,6 +69,14 @@ start)
     sidecar b check $B 15302
     echo "address=$A:15001"
     echo "host=check"
+    ;;
+stats)
+    for side in a:15301 b:15302; do
+        printf 'envoy %s: ' "${side%:*}"
+        curl -s -m 2 "127.0.0.1:${side#*:}/stats?filter=^wasmcustom\\.themis\\." \
+            | sed 's/^wasmcustom\.themis\.//' | grep -v ': 0$' | tr '\n' ' '
+        echo
+    done
     ;;
 stop)
     [[ -f $DIR/pids ]] || exit 0

@@ -169,6 +169,31 @@ def http_messages(stream):
         stream = rest[length:]
 
 
+# themis_core::wire: version 1, then the kind (1 Hello, 2 HelloReply, 3 Confirm,
+# 4 Record). A record's header is 30 bytes: version, kind, session id (8), sequence
+# number (8), reply-to (8), payload length (u32 LE); a 16-byte tag follows the payload.
+KINDS = {1: "hello", 2: "hello-reply", 3: "confirm", 4: "record"}
+
+
+def themis_frames(stream):
+    """The frames at the start of one direction of a sidecar-to-sidecar stream, as
+    (kind, length): handshake messages are sized by what follows them (a record or the
+    end), records by their header."""
+    frames, at = [], 0
+    while at + 2 <= len(stream) and stream[at] == 1 and stream[at + 1] in KINDS:
+        kind = KINDS[stream[at + 1]]
+        if kind == "record":
+            if at + 30 > len(stream):
+                break
+            length = 30 + struct.unpack_from("<I", stream, at + 26)[0] + 16
+        else:
+            nxt = stream.find(bytes([1, 4]), at + 2)
+            length = (nxt if nxt > 0 else len(stream)) - at
+        frames.append((kind, length))
+        at += length
+    return frames
+
+
 def wire(pcap, marker, path):
     raw = open(pcap, "rb").read()
     flows = collections.defaultdict(dict)  # (src, sport, dst, dport) -> {seq: payload}
@@ -194,24 +219,27 @@ def wire(pcap, marker, path):
         print(f"{secret!r} occurs {found} times in the capture (the apps above saw it in plain)")
     sealed = 0
     for (src, sport, dst, dport), segments in sorted(flows.items()):
-        if dport != 15006:
+        if 15006 not in (sport, dport):
             continue
         stream = b"".join(segments[s] for s in sorted(segments))
-        for start, headers, body in http_messages(stream):
-            hop = f"{node_of(src)} → {node_of(dst + ':' + str(dport))}"
-            if start.startswith("POST /.themis/v1/hello"):
-                print(f"{hop}: {start}: the handshake's first message ({len(body)} B, signed, not secret: keys, ids, the mesh name)")
-            elif start.startswith("POST /.themis/v1/request") and body:
-                sealed += 1
-                printable = sum(32 <= b < 127 for b in body) / len(body)
-                print(f"{hop}: {start}: the request, one sealed record of {len(body)} B (method, path, headers, body inside)")
-                print(f"    its last 24 bytes: {body[-24:].hex(' ')}")
-                noise = os.urandom(len(body))
-                print(f"    {entropy(body):.1f} bits of entropy per byte, {printable:.0%} printable "
-                      f"(as random bytes: {len(body)} of them from /dev/urandom give {entropy(noise):.1f} and "
-                      f"{sum(32 <= b < 127 for b in noise) / len(noise):.0%})")
+        hop = f"{node_of(src)} → {node_of(dst + ':' + str(dport))}"
+        kinds = themis_frames(stream)
+        if not kinds:
+            continue
+        records = [n for k, n in kinds if k == "record"]
+        sealed += len(records)
+        names = ", ".join(f"{k} ({n} B)" for k, n in kinds[:3])
+        print(f"{hop}: {len(stream)} B: {names}{', …' if len(kinds) > 3 else ''}; "
+              f"{len(records)} sealed records ({sum(records)} B)")
+        if records:
+            body = stream[-min(len(stream), 4096):]
+            printable = sum(32 <= b < 127 for b in body) / len(body)
+            noise = os.urandom(len(body))
+            print(f"    its last {len(body)} bytes: {entropy(body):.1f} bits of entropy per byte, {printable:.0%} printable "
+                  f"(as many bytes from /dev/urandom: {entropy(noise):.1f} and "
+                  f"{sum(32 <= b < 127 for b in noise) / len(noise):.0%})")
     if not sealed:
-        print("no sealed request between the sidecars in the capture")
+        print("no sealed record between the sidecars in the capture")
         return 1
     return 1 if hits else 0
 

@@ -169,6 +169,13 @@ impl StreamContext for Inbound {
         };
         match &self.gate {
             Gate::Allowed => {
+                // A revocation ends open connections too, at their next bytes.
+                let revoked = self.stream.established().is_some_and(|e| self.worker.borrow().revoked.contains(&e.peer_id));
+                if revoked {
+                    self.set_downstream_data(0, size, &[]);
+                    self.close("revoked", "the caller's id was revoked");
+                    return Action::Pause;
+                }
                 self.set_downstream_data(0, size, &out.to_app);
                 Action::Continue
             }

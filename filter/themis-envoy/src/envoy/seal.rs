@@ -113,6 +113,12 @@ impl StreamContext for Seal {
                 self.state = State::Handshaking(stream);
                 Action::Pause
             }
+            State::Open(stream) if stream.peer_id().is_some_and(|p| self.worker.borrow().revoked.contains(&p)) => {
+                // A revocation ends open connections too, at their next bytes.
+                self.set_downstream_data(0, size, &[]);
+                self.close("revoked", "the peer's id was revoked");
+                Action::Pause
+            }
             State::Open(mut stream) => match stream.from_app(&data) {
                 Ok(sealed) => {
                     self.set_downstream_data(0, size, &sealed);
