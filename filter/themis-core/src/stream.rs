@@ -35,7 +35,9 @@ use crate::handshake::{
     self, AwaitingConfirm, AwaitingHelloReply, HandshakeConfig, HandshakeError,
 };
 use crate::identity::{Identity, PeerId};
-use crate::wire::{frame_len, peek_kind, Kind, WireError, RECORD_OVERHEAD};
+use crate::wire::{
+    frame_len, peek_kind, Kind, WireError, RECORD_HEADER_LEN, RECORD_OVERHEAD, TAG_LEN,
+};
 
 /// Plaintext per record, like TLS: a stream is sealed as it flows, never buffered
 /// whole.
@@ -159,25 +161,40 @@ impl Inbox {
     }
 }
 
-/// Seals `data` into records of at most [`MAX_CHUNK`] bytes, appended to `out`.
+/// Seals `data` into records of at most [`MAX_CHUNK`] bytes, appended to `out` and
+/// sealed where they lie (no intermediate buffers).
 fn seal_into(session: &mut Session, data: &[u8], out: &mut Vec<u8>) -> Result<(), Refusal> {
     out.reserve(data.len() + data.len().div_ceil(MAX_CHUNK) * RECORD_OVERHEAD);
     for chunk in data.chunks(MAX_CHUNK) {
-        let (_, record) = session.seal(chunk, None).map_err(Refusal::Record)?;
-        out.extend_from_slice(&record);
+        let start = out.len();
+        out.resize(start + RECORD_HEADER_LEN, 0);
+        out.extend_from_slice(chunk);
+        out.resize(out.len() + TAG_LEN, 0);
+        session
+            .seal_in_place(&mut out[start..], None)
+            .map_err(Refusal::Record)?;
     }
     Ok(())
 }
 
-/// Opens every whole record in `inbox`, appending the plaintext to `out`.
+/// Opens every whole record in `inbox` where it lies, appending the plaintext to
+/// `out`; what is left is the start of the next record.
 fn open_all(session: &mut Session, inbox: &mut Inbox, out: &mut Vec<u8>) -> Result<(), Refusal> {
-    while let Some(mut record) = inbox.next()? {
-        let opened = session
-            .open_in_place(&mut record)
-            .map_err(Refusal::Record)?;
-        out.extend_from_slice(opened.payload);
-    }
-    Ok(())
+    let mut at = 0;
+    let result = loop {
+        let len = match frame_len(&inbox.buf[at..]) {
+            Ok(Some(len)) if at + len <= inbox.buf.len() => len,
+            Ok(_) => break Ok(()),
+            Err(e) => break Err(Refusal::Malformed(e)),
+        };
+        match session.open_in_place(&mut inbox.buf[at..at + len]) {
+            Ok(opened) => out.extend_from_slice(opened.payload),
+            Err(e) => break Err(Refusal::Record(e)),
+        }
+        at += len;
+    };
+    inbox.buf.drain(..at);
+    result
 }
 
 enum InitiatorState {

@@ -12,10 +12,12 @@ use proxy_wasm::types::{Action, PeerType};
 use themis_core::stream::{Established, StreamResponder, HTTP2_PREFACE};
 use themis_core::{HandshakeConfig, PeerId};
 
-use super::{call_agent, call_response, now_ms, Shared};
+use super::{call_agent, call_response, now_ms, Root, Shared};
 use crate::policy::{decide, Verdict};
 
 enum Gate {
+    /// The workload's key is being fetched (the sidecar just started); `raw` waits.
+    Keyless { call: u32, raw: Vec<u8> },
     /// The caller has not proved itself yet.
     Unknown,
     /// Waiting for the agent to resolve the caller's claimed service.
@@ -109,6 +111,23 @@ impl Inbound {
 
 impl Context for Inbound {
     fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
+        if let Gate::Keyless { call, .. } = &self.gate {
+            if *call != token {
+                return;
+            }
+            let Gate::Keyless { raw, .. } = std::mem::replace(&mut self.gate, Gate::Unknown) else {
+                return;
+            };
+            let (status, body) = call_response(self, body_size);
+            Root::install_key(&self.worker, status, &body);
+            if self.worker.borrow().identity.is_none() {
+                return self.close("no_identity", "the agent has no key for the workload");
+            }
+            if let Flow::Pass(bytes) = self.feed(&raw) {
+                self.release(&bytes);
+            }
+            return;
+        }
         let Gate::Verifying { call, claim } = std::mem::replace(&mut self.gate, Gate::Unknown)
         else {
             return;
@@ -133,77 +152,112 @@ impl Context for Inbound {
             return;
         };
         if self.authorize(&established) {
-            // Release what was held into the read buffer kept by pausing.
             let held = std::mem::take(&mut self.held);
-            self.set_downstream_data(0, 0, &held);
-            self.resume_downstream();
+            self.release(&held);
         }
     }
 }
 
-impl StreamContext for Inbound {
-    fn on_downstream_data(&mut self, size: usize, _end_of_stream: bool) -> Action {
-        let data = self.get_downstream_data(0, size).unwrap_or_default();
+/// What became of the bytes of one read.
+enum Flow {
+    /// These go on to the connection manager.
+    Pass(Vec<u8>),
+    /// Held (a decision or the workload's key is awaited) or dropped (closed).
+    Hold,
+}
+
+impl Inbound {
+    /// Runs bytes from the peer through the stream and the gate.
+    fn feed(&mut self, data: &[u8]) -> Flow {
+        if let Gate::Keyless { raw, .. } = &mut self.gate {
+            raw.extend_from_slice(data);
+            return Flow::Hold;
+        }
         if matches!(self.gate, Gate::Closed) {
-            self.set_downstream_data(0, size, &[]);
-            return Action::Pause;
+            return Flow::Hold;
         }
         let identity = self.worker.borrow().identity.clone();
         let Some(identity) = identity else {
-            self.set_downstream_data(0, size, &[]);
-            self.close("no_identity", "the workload's key is not loaded yet");
-            return Action::Pause;
+            // Just started: fetch the key for this connection and hold its bytes.
+            let path = format!("/v1/workloads/{}/key", self.worker.borrow().config.workload);
+            let call = call_agent(self, &self.worker.borrow().config, &path);
+            match call {
+                Some(call) => {
+                    self.gate = Gate::Keyless {
+                        call,
+                        raw: data.to_vec(),
+                    }
+                }
+                None => self.close("no_identity", "the workload's key cannot be fetched"),
+            }
+            return Flow::Hold;
         };
         let result = {
             let w = self.worker.borrow();
             self.stream
-                .from_peer(&data, &identity, &HandshakeConfig::default(), &w.rng)
+                .from_peer(data, &identity, &HandshakeConfig::default(), &w.rng)
         };
         let out = match result {
             Ok(out) => out,
             Err(refusal) => {
-                self.set_downstream_data(0, size, &[]);
                 self.close(refusal.reason(), &refusal.to_string());
-                return Action::Pause;
+                return Flow::Hold;
             }
         };
         match &self.gate {
             Gate::Allowed => {
                 // A revocation ends open connections too, at their next bytes.
-                let revoked = self.stream.established().is_some_and(|e| self.worker.borrow().revoked.contains(&e.peer_id));
+                let revoked = self
+                    .stream
+                    .established()
+                    .is_some_and(|e| self.worker.borrow().revoked.contains(&e.peer_id));
                 if revoked {
-                    self.set_downstream_data(0, size, &[]);
                     self.close("revoked", "the caller's id was revoked");
-                    return Action::Pause;
+                    return Flow::Hold;
                 }
-                self.set_downstream_data(0, size, &out.to_app);
-                Action::Continue
+                Flow::Pass(out.to_app)
             }
             Gate::Unknown => {
                 let Some(established) = self.stream.established().cloned() else {
                     // Before message 3 the only bytes for the app are our preface.
-                    self.set_downstream_data(0, size, &out.to_app);
-                    return Action::Continue;
+                    return Flow::Pass(out.to_app);
                 };
                 if !self.counted {
                     self.counted = true;
                     self.worker.borrow().metrics.count("established");
                 }
                 if self.authorize(&established) {
-                    self.set_downstream_data(0, size, &out.to_app);
-                    Action::Continue
+                    Flow::Pass(out.to_app)
                 } else {
                     self.held.extend_from_slice(&out.to_app);
-                    self.set_downstream_data(0, size, &[]);
-                    Action::Pause
+                    Flow::Hold
                 }
             }
             Gate::Verifying { .. } => {
                 self.held.extend_from_slice(&out.to_app);
-                self.set_downstream_data(0, size, &[]);
-                Action::Pause
+                Flow::Hold
             }
-            Gate::Closed => {
+            Gate::Keyless { .. } | Gate::Closed => Flow::Hold,
+        }
+    }
+
+    /// Hands bytes decided later to the connection manager, through the read buffer
+    /// Envoy kept for this filter when it paused.
+    fn release(&mut self, bytes: &[u8]) {
+        self.set_downstream_data(0, 0, bytes);
+        self.resume_downstream();
+    }
+}
+
+impl StreamContext for Inbound {
+    fn on_downstream_data(&mut self, size: usize, _end_of_stream: bool) -> Action {
+        let data = self.get_downstream_data(0, size).unwrap_or_default();
+        match self.feed(&data) {
+            Flow::Pass(bytes) => {
+                self.set_downstream_data(0, size, &bytes);
+                Action::Continue
+            }
+            Flow::Hold => {
                 self.set_downstream_data(0, size, &[]);
                 Action::Pause
             }

@@ -194,6 +194,9 @@ impl Root {
 
     fn install_key(worker: &Shared, status: Option<u16>, body: &[u8]) {
         let mut w = worker.borrow_mut();
+        if w.identity.is_some() {
+            return;
+        }
         if status != Some(200) {
             warn!(
                 "themis: the agent has no key for workload {} (status {status:?}: {})",

@@ -11,7 +11,7 @@ use proxy_wasm::types::{Action, PeerType};
 use themis_core::stream::{Meta, Refusal, StreamInitiator};
 use themis_core::{HandshakeConfig, PeerId};
 
-use super::Shared;
+use super::{call_agent, call_response, Root, Shared};
 
 /// The filter state key the router's `set_filter_state` puts the expected id in.
 const EXPECTED_PEER: &str = "envoy.network.upstream_server_name";
@@ -19,6 +19,8 @@ const EXPECTED_PEER: &str = "envoy.network.upstream_server_name";
 enum State {
     /// Set up on the first bytes (needs the identity and the expected peer).
     New,
+    /// The workload's key is being fetched (the sidecar just started); `held` waits.
+    Keyless { call: u32, held: Vec<u8> },
     /// Message 1 went out.
     Handshaking(StreamInitiator),
     Open(StreamInitiator),
@@ -84,29 +86,77 @@ impl Seal {
     }
 }
 
-impl Context for Seal {}
+impl Seal {
+    /// The first bytes: message 1 goes out in their place, they wait for message 2.
+    /// Returns message 1, or `None` if the connection was closed.
+    fn begin(&mut self, first: &[u8]) -> Option<Vec<u8>> {
+        match self.start() {
+            Ok((mut stream, hello)) => {
+                let _ = stream.from_app(first);
+                self.worker.borrow().metrics.count("handshakes");
+                self.state = State::Handshaking(stream);
+                Some(hello)
+            }
+            Err((reason, detail)) => {
+                self.close(reason, &detail);
+                None
+            }
+        }
+    }
+}
+
+impl Context for Seal {
+    fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
+        let State::Keyless { call, .. } = &self.state else {
+            return;
+        };
+        if *call != token {
+            return;
+        }
+        let State::Keyless { held, .. } = std::mem::replace(&mut self.state, State::New) else {
+            return;
+        };
+        let (status, body) = call_response(self, body_size);
+        Root::install_key(&self.worker, status, &body);
+        if let Some(hello) = self.begin(&held) {
+            // Into the read buffer Envoy kept for this filter when it paused.
+            self.set_downstream_data(0, 0, &hello);
+            self.resume_downstream();
+        }
+    }
+}
 
 impl StreamContext for Seal {
     fn on_downstream_data(&mut self, size: usize, _end_of_stream: bool) -> Action {
         let data = self.get_downstream_data(0, size).unwrap_or_default();
         match std::mem::replace(&mut self.state, State::Closed) {
-            State::New => match self.start() {
-                Ok((mut stream, hello)) => {
-                    let _ = stream.from_app(&data);
-                    self.worker.borrow().metrics.count("handshakes");
-                    self.set_downstream_data(0, size, &hello);
-                    self.state = State::Handshaking(stream);
-                    // Paused, Envoy keeps the read buffer for this filter; resuming
-                    // (after this call) hands message 1 to tcp_proxy.
+            State::New if self.worker.borrow().identity.is_none() => {
+                // Just started: fetch the key for this connection, hold its bytes.
+                let path = format!("/v1/workloads/{}/key", self.worker.borrow().config.workload);
+                let call = call_agent(self, &self.worker.borrow().config, &path);
+                self.set_downstream_data(0, size, &[]);
+                match call {
+                    Some(call) => self.state = State::Keyless { call, held: data },
+                    None => self.close("no_identity", "the workload's key cannot be fetched"),
+                }
+                Action::Pause
+            }
+            State::New => {
+                let hello = self.begin(&data).unwrap_or_default();
+                self.set_downstream_data(0, size, &hello);
+                // Paused, Envoy keeps the read buffer for this filter; resuming
+                // (after this call) hands message 1 to tcp_proxy.
+                if !hello.is_empty() {
                     self.resume_downstream();
-                    Action::Pause
                 }
-                Err((reason, detail)) => {
-                    self.set_downstream_data(0, size, &[]);
-                    self.close(reason, &detail);
-                    Action::Pause
-                }
-            },
+                Action::Pause
+            }
+            State::Keyless { call, mut held } => {
+                held.extend_from_slice(&data);
+                self.set_downstream_data(0, size, &[]);
+                self.state = State::Keyless { call, held };
+                Action::Pause
+            }
             State::Handshaking(mut stream) => {
                 let _ = stream.from_app(&data);
                 self.set_downstream_data(0, size, &[]);
@@ -142,7 +192,7 @@ impl StreamContext for Seal {
         let data = self.get_upstream_data(0, size).unwrap_or_default();
         let mut stream = match std::mem::replace(&mut self.state, State::Closed) {
             State::Handshaking(stream) | State::Open(stream) => stream,
-            State::New | State::Closed => {
+            State::New | State::Keyless { .. } | State::Closed => {
                 self.set_upstream_data(0, size, &[]);
                 self.close("out_of_turn", "the peer spoke first");
                 return Action::Continue;
