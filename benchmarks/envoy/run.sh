@@ -20,11 +20,14 @@ Runs, back to back in one invocation, Fortio against:
   mtls       same, but A -> B is mutual TLS 1.3 (throwaway CA, ECDSA P-256 certs, SAN checked)
   themis     a Themis pair started by benchmarks/envoy/themis-pair.sh (skipped if absent)
 
-For each scenario and each connection count (16 and 64): a latency run at 1000 requests/s
-(p50/p90/p99) and a max-throughput run (-qps 0), each preceded by a discarded 2 s warm-up.
-Requests are POSTs of 1 KB random payload to /echo. Everything listens on 127.0.0.0/8 only.
+For each scenario, body size (1 KB, 64 KB), pacing (Fortio's default and -uniform) and
+connection count (16 and 64): a latency run at 1000 requests/s (p50/p90/p99) and a
+max-throughput run (-qps 0), each after a discarded warm-up, with the pair's Envoy CPU
+seconds per 10,000 requests of the max run. Requests are HTTP/1.1 POSTs of a random
+payload to /echo. Rounds interleave the scenarios. Everything listens on 127.0.0.0/8.
 
-Progress goes to stderr; a Markdown table goes to stdout at the end.
+Progress goes to stderr; Markdown tables (medians over rounds) go to stdout at the end;
+every run is also one JSON object in the summary file (--summary).
 
 Options:
   --duration D       length of each measured run, Go duration syntax (default 10s)
@@ -35,6 +38,10 @@ Options:
   --scenarios LIST   comma-separated subset, in the order to run
                      (default direct,plaintext,mtls,themis)
   --connections LIST comma-separated connection counts (default 16,64)
+  --body-sizes LIST  comma-separated request body sizes in bytes (default 1024,65536)
+  --pacing LIST      comma-separated: default (Fortio's lockstep bursts), uniform
+                     (-uniform); default both
+  --summary FILE     machine-readable results (default benchmarks/envoy/summary.json)
   --fortio-arg ARG   extra argument for every `fortio load` (repeatable), e.g.
                      --fortio-arg -uniform
   --keep             keep the temporary directory (configs, certs, logs, Fortio JSON)
@@ -56,6 +63,9 @@ ROUNDS=1
 SCENARIOS=direct,plaintext,mtls,themis
 CONNECTIONS=16,64
 FORTIO_EXTRA=()
+BODY_SIZES=1024,65536
+PACINGS=default,uniform
+SUMMARY=$ROOT/benchmarks/envoy/summary.json
 KEEP=0
 SETUP=1
 QPS=1000
@@ -76,6 +86,12 @@ while (($#)); do
         --scenarios=*) SCENARIOS=${1#*=}; shift ;;
         --connections) CONNECTIONS=${2:?--connections needs a value}; shift 2 ;;
         --connections=*) CONNECTIONS=${1#*=}; shift ;;
+        --body-sizes) BODY_SIZES=${2:?--body-sizes needs a value}; shift 2 ;;
+        --body-sizes=*) BODY_SIZES=${1#*=}; shift ;;
+        --pacing) PACINGS=${2:?--pacing needs a value}; shift 2 ;;
+        --pacing=*) PACINGS=${1#*=}; shift ;;
+        --summary) SUMMARY=${2:?--summary needs a value}; shift 2 ;;
+        --summary=*) SUMMARY=${1#*=}; shift ;;
         --fortio-arg) FORTIO_EXTRA+=("${2:?--fortio-arg needs a value}"); shift 2 ;;
         --fortio-arg=*) FORTIO_EXTRA+=("${1#*=}"); shift ;;
         --keep) KEEP=1; shift ;;
@@ -94,6 +110,15 @@ done
 for c in "${CONN_LIST[@]}"; do
     [[ "$c" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: bad connection count: $c" >&2; exit 2; }
 done
+IFS=, read -r -a SIZE_LIST <<<"$BODY_SIZES"
+IFS=, read -r -a PACING_LIST <<<"$PACINGS"
+for b in "${SIZE_LIST[@]}"; do
+    [[ "$b" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: bad body size: $b" >&2; exit 2; }
+done
+for p in "${PACING_LIST[@]}"; do
+    case "$p" in default|uniform) ;; *) echo "run.sh: unknown pacing: $p" >&2; exit 2 ;; esac
+done
+PACING=default
 
 # shellcheck source=SCRIPTDIR/../lib.sh
 source "$HERE/../lib.sh"   # log, die, stop_pid, forget_pid, finish_tmp
@@ -341,6 +366,7 @@ fortio_load() {
     local json=$1 qps=$2 c=$3 dur=$4 url=$5 host=${6:-} rc=0 pid
     local args=(load -quiet -qps "$qps" -c "$c" -t "$dur" -payload-size "$PAYLOAD_SIZE"
         -p 50,90,99,99.9 "${FORTIO_EXTRA[@]}")
+    [[ "$PACING" == uniform ]] && args+=(-uniform)
     [[ -n "$host" ]] && args+=(-H "Host: $host")
     [[ -n "$json" ]] && args+=(-json "$json")
     : >"$TMP/logs/fortio-load.log"
@@ -355,19 +381,41 @@ fortio_load() {
     fi
 }
 
-# measure ROUND SCENARIO URL [HOST]
+# cpu_ticks PID...: user+system CPU time of the processes, in clock ticks.
+cpu_ticks() {
+    local pid total=0
+    for pid in "$@"; do
+        [[ -r /proc/$pid/stat ]] || continue
+        # utime and stime: fields 14 and 15, i.e. 12 and 13 after the ")" ending the name.
+        total=$((total + $(sed 's/.*) //' "/proc/$pid/stat" | awk '{print $12 + $13}')))
+    done
+    echo "$total"
+}
+
+# measure ROUND SCENARIO URL HOST ENVOY_PID...: every body size, pacing and connection
+# count; the runs are listed in $TMP/results/index (one line each).
 measure() {
-    local round=$1 scen=$2 url=$3 host=${4:-} c base
-    for c in "${CONN_LIST[@]}"; do
-        base=$TMP/results/r$round-$scen-c$c
-        log "  $scen c=$c: warm-up $WARMUP, then latency at $QPS qps for $DURATION"
-        fortio_load "" "$QPS" "$c" "$WARMUP" "$url" "$host"
-        fortio_load "$base-lat.json" "$QPS" "$c" "$DURATION" "$url" "$host"
-        log "  $scen c=$c: $(summary_line "$base-lat.json")"
-        log "  $scen c=$c: warm-up $WARMUP, then max throughput (-qps 0) for $DURATION"
-        fortio_load "" 0 "$c" "$WARMUP" "$url" "$host"
-        fortio_load "$base-max.json" 0 "$c" "$DURATION" "$url" "$host"
-        log "  $scen c=$c: $(summary_line "$base-max.json")"
+    local round=$1 scen=$2 url=$3 host=$4 c base before after; shift 4
+    local pids=("$@")
+    for PAYLOAD_SIZE in "${SIZE_LIST[@]}"; do
+        for PACING in "${PACING_LIST[@]}"; do
+            for c in "${CONN_LIST[@]}"; do
+                base=$TMP/results/r$round-$scen-b$PAYLOAD_SIZE-$PACING-c$c
+                log "  $scen ${PAYLOAD_SIZE} B, $PACING pacing, c=$c: latency at $QPS qps for $DURATION"
+                fortio_load "" "$QPS" "$c" "$WARMUP" "$url" "$host"
+                fortio_load "$base-lat.json" "$QPS" "$c" "$DURATION" "$url" "$host"
+                log "    $(summary_line "$base-lat.json")"
+                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n' "$base-lat.json" "$round" "$scen" "$c" \
+                    "$PAYLOAD_SIZE" "$PACING" latency >>"$TMP/results/index"
+                fortio_load "" 0 "$c" "$WARMUP" "$url" "$host"
+                before=$(cpu_ticks "${pids[@]}")
+                fortio_load "$base-max.json" 0 "$c" "$DURATION" "$url" "$host"
+                after=$(cpu_ticks "${pids[@]}")
+                log "    max: $(summary_line "$base-max.json")"
+                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$base-max.json" "$round" "$scen" "$c" \
+                    "$PAYLOAD_SIZE" "$PACING" max "$((${#pids[@]} ? after - before : 0))" >>"$TMP/results/index"
+            done
+        done
     done
 }
 
@@ -405,11 +453,11 @@ for ((round = 1; round <= ROUNDS; round++)); do
         log "round $round/$ROUNDS: $scen"
         case "$scen" in
             direct)
-                measure "$round" direct "http://$APP_ADDR/echo"
+                measure "$round" direct "http://$APP_ADDR/echo" ""
                 ;;
             plaintext|mtls)
                 start_pair "$scen"
-                measure "$round" "$scen" "http://$PAIR_ADDR/echo"
+                measure "$round" "$scen" "http://$PAIR_ADDR/echo" "" "$ENVOY_A_PID" "$ENVOY_B_PID"
                 pair_stats "$scen"
                 stop_pair
                 ;;
@@ -418,7 +466,8 @@ for ((round = 1; round <= ROUNDS; round++)); do
                     log "themis: skipped (benchmarks/envoy/themis-pair.sh not present)"
                     echo "$round themis skipped (benchmarks/envoy/themis-pair.sh not present)" >>"$TMP/results/status"
                 elif start_themis; then
-                    measure "$round" themis "http://$THEMIS_ADDR/echo" "$THEMIS_HOST"
+                    # Its Envoys: the 3rd and 4th processes themis-pair.sh started.
+                    measure "$round" themis "http://$THEMIS_ADDR/echo" "$THEMIS_HOST" $(sed -n '3,4p' "$TMP/themis/pids")
                     log "  themis counters: $(REPO_ROOT=$ROOT THEMIS_BENCH_DIR=$TMP/themis bash "$THEMIS_SCRIPT" stats | tr '\n' ' ')"
                     stop_themis
                 else
@@ -432,90 +481,92 @@ done
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---------------------------------------------------------------------------- report
-python3 - "$TMP/results" "$ROUNDS" "${SCENARIOS}" "${CONNECTIONS}" <<EOF
-import json, os, statistics, sys
+CLK_TCK=$(getconf CLK_TCK)
+python3 - "$TMP/results" "$ROUNDS" "$SCENARIOS" "$CLK_TCK" "$SUMMARY" <<'EOF'
+import collections, json, os, statistics, sys
 
-results, rounds = sys.argv[1], int(sys.argv[2])
-scenarios, conns = sys.argv[3].split(","), [int(c) for c in sys.argv[4].split(",")]
+results, rounds, scenarios, clk, summary_path = sys.argv[1:6]
+rounds, clk, scenarios = int(rounds), int(clk), scenarios.split(",")
 status = {}
-for line in open(os.path.join(results, "status")):
-    r, scen, msg = line.rstrip("\n").split(" ", 2)
-    status[(int(r), scen)] = msg
+if os.path.exists(os.path.join(results, "status")):
+    for line in open(os.path.join(results, "status")):
+        r, scen, msg = line.rstrip("\n").split(" ", 2)
+        status[(int(r), scen)] = msg
 
-def load(r, scen, c, kind):
-    path = os.path.join(results, "r%d-%s-c%d-%s.json" % (r, scen, c, kind))
-    if not os.path.exists(path):
-        return None
+runs = []
+index = os.path.join(results, "index")
+for line in open(index) if os.path.exists(index) else []:
+    path, r, scen, c, size, pacing, kind, ticks = line.rstrip("\n").split("\t")
     d = json.load(open(path))
+    p = {x["Percentile"]: x["Value"] * 1e3 for x in d["DurationHistogram"]["Percentiles"]}
     codes = d.get("RetCodes") or {}
-    return {
-        "p": {x["Percentile"]: x["Value"] * 1e3 for x in d["DurationHistogram"]["Percentiles"]},
-        "qps": d["ActualQPS"],
-        "bad": sum(v for k, v in codes.items() if not str(k).startswith("2")),
-    }
+    count = d["DurationHistogram"]["Count"]
+    cpu = int(ticks) / clk if ticks else None
+    runs.append({
+        "scenario": scen, "protocol": "http1", "body_bytes": int(size), "connections": int(c),
+        "pacing": pacing, "round": int(r), "kind": kind,
+        "p50_ms": round(p.get(50, 0), 3), "p90_ms": round(p.get(90, 0), 3), "p99_ms": round(p.get(99, 0), 3),
+        "qps": round(d["ActualQPS"], 1), "requests": count,
+        "errors": sum(v for k, v in codes.items() if not str(k).startswith("2")),
+        "envoy_cpu_s_per_10k": round(cpu / count * 10000, 3) if cpu is not None and count else None,
+    })
+with open(summary_path, "w") as f:
+    json.dump(runs, f, indent=1)
+    f.write("\n")
 
-def row(lat, mx, direct_p90):
-    cells = []
-    if lat:
-        cells += ["%.3f" % lat["p"][50], "%.3f" % lat["p"][90], "%.3f" % lat["p"][99], "%.1f" % lat["qps"]]
-    else:
-        cells += ["–"] * 4
-    cells.append("%.0f" % mx["qps"] if mx else "–")
-    if lat and direct_p90 is not None:
-        d = lat["p"][90] - direct_p90
-        cells.append("%+.3f ms (%+.0f %%)" % (d, 100 * d / direct_p90) if direct_p90 > 0 else "%+.3f ms" % d)
-    else:
-        cells.append("–")
-    cells.append(str((lat["bad"] if lat else 0) + (mx["bad"] if mx else 0)))
-    return cells
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
 
-HEAD = ("| scenario | conns | p50 ms | p90 ms | p99 ms | qps @ $QPS | max qps | p90 vs direct | errors |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+groups = collections.defaultdict(list)
+for run in runs:
+    groups[(run["body_bytes"], run["pacing"], run["scenario"], run["connections"], run["kind"])].append(run)
 
-def table(get):
-    print(HEAD)
-    for scen in scenarios:
-        for c in conns:
-            lat, mx = get(scen, c, "lat"), get(scen, c, "max")
-            if lat is None and mx is None:
-                continue
-            direct = get("direct", c, "lat")
-            dp90 = direct["p"][90] if direct and scen != "direct" else None
-            print("| " + " | ".join([scen, str(c)] + row(lat, mx, dp90)) + " |")
+def cell(v, fmt):
+    return "–" if v is None else fmt % v
 
-for r in range(1, rounds + 1):
-    print("### Round %d of %d" % (r, rounds) if rounds > 1 else "### Results")
-    print()
-    table(lambda s, c, k, r=r: load(r, s, c, k))
-    notes = [f"- {scen}: {msg}" for (rr, scen), msg in sorted(status.items()) if rr == r]
-    if notes:
+for size in sorted({r["body_bytes"] for r in runs}):
+    for pacing in sorted({r["pacing"] for r in runs}):
+        print("### %d B bodies, %s pacing (median of %d round%s)" % (size, pacing, rounds, "s" if rounds > 1 else ""))
         print()
-        print("\n".join(notes))
-    print()
-
-if rounds > 1:
-    def median(scen, c, kind):
-        xs = [x for x in (load(r, scen, c, kind) for r in range(1, rounds + 1)) if x]
-        if not xs:
-            return None
-        return {"p": {k: statistics.median(x["p"][k] for x in xs) for k in (50, 90, 99)},
-                "qps": statistics.median(x["qps"] for x in xs), "bad": sum(x["bad"] for x in xs)}
-    print("### Median over %d rounds (errors: sum)" % rounds)
-    print()
-    table(median)
+        print("| scenario | conns | p50 ms | p90 ms | p99 ms | max qps | max vs mtls | p90 vs mtls | Envoy CPU s / 10k req | errors |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for scen in scenarios:
+            for c in sorted({r["connections"] for r in runs}):
+                lat = groups.get((size, pacing, scen, c, "latency"), [])
+                mx = groups.get((size, pacing, scen, c, "max"), [])
+                if not lat and not mx:
+                    continue
+                p50, p90, p99 = (median([r[k] for r in lat]) for k in ("p50_ms", "p90_ms", "p99_ms"))
+                qmax = median([r["qps"] for r in mx])
+                cpu = median([r["envoy_cpu_s_per_10k"] for r in mx]) if scen != "direct" else None
+                mt_max = median([r["qps"] for r in groups.get((size, pacing, "mtls", c, "max"), [])])
+                mt_p90 = median([r["p90_ms"] for r in groups.get((size, pacing, "mtls", c, "latency"), [])])
+                ratio = "%.2f×" % (qmax / mt_max) if qmax and mt_max and scen != "mtls" else "–"
+                dp90 = "%+.3f ms" % (p90 - mt_p90) if p90 is not None and mt_p90 is not None and scen != "mtls" else "–"
+                errors = sum(r["errors"] for r in lat + mx)
+                print("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %d |" % (
+                    scen, c, cell(p50, "%.3f"), cell(p90, "%.3f"), cell(p99, "%.3f"), cell(qmax, "%.0f"),
+                    ratio, dp90, cell(cpu, "%.2f"), errors))
+        print()
+notes = ["- round %d, %s: %s" % (r, scen, msg) for (r, scen), msg in sorted(status.items())]
+if notes:
+    print("\n".join(notes))
     print()
 EOF
 
 cat <<EOF
-- p50/p90/p99: Fortio's latency percentiles at a fixed $QPS requests/s (\`-qps $QPS\`); "qps @ $QPS": what
-  was achieved there; "max qps": \`-qps 0\`; "errors": non-2xx responses and socket errors of both runs.
-- every run: POST of $PAYLOAD_SIZE random bytes to /echo of a fortio server, $DURATION after a discarded
-  $WARMUP warm-up. Fortio's default pacing (unless -uniform is passed): its c connections send in
-  lockstep, so a burst of c requests arrives every c/$QPS s.
-- Envoys: \`--concurrency 2\`, HTTP/1.1 with keep-alive pools, log level warn, no access logs;
+- p50/p90/p99: Fortio's latency percentiles at a fixed $QPS requests/s (\`-qps $QPS\`); "max qps": \`-qps 0\`;
+  "errors": non-2xx responses and socket errors of both runs; medians over the rounds.
+- "Envoy CPU s / 10k req": user+system CPU seconds of both Envoys of the pair during the max run,
+  per 10,000 requests.
+- every run: HTTP/1.1 POST of a random body to /echo of a fortio server, $DURATION after a discarded
+  $WARMUP warm-up. Default pacing: Fortio's c connections send in lockstep (a burst of c requests
+  every c/$QPS s); uniform: \`-uniform\`, requests spread evenly. Rounds interleave the scenarios.
+- Envoys: \`--concurrency 2\`, keep-alive pools, log level warn, no access logs;
   mtls = TLS 1.3, ECDSA P-256 certificates, client certificate required, SANs checked both ways.
+- machine-readable: \`${SUMMARY#"$ROOT"/}\` (one object per run).
 - command: \`$CMDLINE\`
-- fortio: \`$FORTIO load -quiet -qps {$QPS|0} -c {$(IFS=,; echo "${CONN_LIST[*]}")} -t $DURATION -payload-size $PAYLOAD_SIZE -p 50,90,99,99.9${FORTIO_EXTRA[*]:+ ${FORTIO_EXTRA[*]}} -json … URL\`
 - versions: Envoy $("$ENVOY" --version 2>/dev/null | sed -n 's/.*version: *//p' | head -n1 | cut -d/ -f2,4,5), Fortio $("$FORTIO" version 2>/dev/null)
 - started $STARTED_AT on $(nproc) cores; load average $LOAD_BEFORE before, $LOAD_AFTER after
 EOF
