@@ -21,10 +21,11 @@ Runs, back to back in one invocation, Fortio against:
   themis     a Themis pair started by benchmarks/envoy/themis-pair.sh (skipped if absent)
 
 For each scenario, body size (1 KB, 64 KB), pacing (Fortio's default and -uniform) and
-connection count (16 and 64): a latency run at 1000 requests/s (p50/p90/p99) and a
+connection count (16 and 64), over HTTP/1.1 and gRPC: a latency run at 1000 requests/s (p50/p90/p99) and a
 max-throughput run (-qps 0), each after a discarded warm-up, with the pair's Envoy CPU
 seconds per 10,000 requests of the max run. Requests are HTTP/1.1 POSTs of a random
-payload to /echo. Rounds interleave the scenarios. Everything listens on 127.0.0.0/8.
+payload to /echo, or gRPC pings (`fortio load -grpc -ping`, HTTP/2) of that payload to
+the fortio server's gRPC port. Rounds interleave the scenarios. Everything listens on 127.0.0.0/8.
 
 Progress goes to stderr; Markdown tables (medians over rounds) go to stdout at the end;
 every run is also one JSON object in the summary file (--summary).
@@ -38,6 +39,7 @@ Options:
   --scenarios LIST   comma-separated subset, in the order to run
                      (default direct,plaintext,mtls,themis)
   --connections LIST comma-separated connection counts (default 16,64)
+  --protocols LIST   comma-separated: http1, grpc (default both)
   --body-sizes LIST  comma-separated request body sizes in bytes (default 1024,65536)
   --pacing LIST      comma-separated: default (Fortio's lockstep bursts), uniform
                      (-uniform); default both
@@ -64,6 +66,8 @@ SCENARIOS=direct,plaintext,mtls,themis
 CONNECTIONS=16,64
 FORTIO_EXTRA=()
 BODY_SIZES=1024,65536
+PROTOCOLS=http1,grpc
+APP_GRPC_ADDR=127.0.0.12:8079
 PACINGS=default,uniform
 SUMMARY=$ROOT/benchmarks/envoy/summary.json
 KEEP=0
@@ -86,6 +90,8 @@ while (($#)); do
         --scenarios=*) SCENARIOS=${1#*=}; shift ;;
         --connections) CONNECTIONS=${2:?--connections needs a value}; shift 2 ;;
         --connections=*) CONNECTIONS=${1#*=}; shift ;;
+        --protocols) PROTOCOLS=${2:?--protocols needs a value}; shift 2 ;;
+        --protocols=*) PROTOCOLS=${1#*=}; shift ;;
         --body-sizes) BODY_SIZES=${2:?--body-sizes needs a value}; shift 2 ;;
         --body-sizes=*) BODY_SIZES=${1#*=}; shift ;;
         --pacing) PACINGS=${2:?--pacing needs a value}; shift 2 ;;
@@ -118,7 +124,12 @@ done
 for p in "${PACING_LIST[@]}"; do
     case "$p" in default|uniform) ;; *) echo "run.sh: unknown pacing: $p" >&2; exit 2 ;; esac
 done
+IFS=, read -r -a PROTOCOL_LIST <<<"$PROTOCOLS"
+for p in "${PROTOCOL_LIST[@]}"; do
+    case "$p" in http1|grpc) ;; *) echo "run.sh: unknown protocol: $p" >&2; exit 2 ;; esac
+done
 PACING=default
+PROTOCOL=http1
 
 # shellcheck source=SCRIPTDIR/../lib.sh
 source "$HERE/../lib.sh"   # log, die, stop_pid, forget_pid, finish_tmp
@@ -154,7 +165,7 @@ THEMIS_SCRIPT=$HERE/themis-pair.sh
 # at once; bounded by `timeout`.
 themis_pair() {
     local pid rc=0
-    THEMIS_BENCH_DIR=$TMP/themis APP_ADDR=$APP_ADDR ENVOY=$ENVOY FORTIO=$FORTIO \
+    THEMIS_BENCH_DIR=$TMP/themis APP_ADDR=$APP_ADDR APP_GRPC_ADDR=$APP_GRPC_ADDR ENVOY=$ENVOY FORTIO=$FORTIO \
         ENVOY_CONCURRENCY=2 REPO_ROOT=$ROOT \
         timeout 180 bash "$THEMIS_SCRIPT" "$1" &
     pid=$!
@@ -324,7 +335,7 @@ stop_pair() {
 #   themis-pair.sh stop   stops everything it started.
 # The runner then waits for one successful request through the pair and measures with
 # -H "Host: <host>". A missing script skips the scenario; a failing one marks it failed.
-THEMIS_ADDR= THEMIS_HOST=
+THEMIS_ADDR= THEMIS_HOST= THEMIS_GRPC_HOST=
 start_themis() {
     mkdir -p "$TMP/themis"
     THEMIS_STARTED=1
@@ -336,6 +347,7 @@ start_themis() {
     fi
     THEMIS_ADDR=$(sed -n 's/^address=//p' "$TMP/logs/themis-pair.out" | tail -n1)
     THEMIS_HOST=$(sed -n 's/^host=//p' "$TMP/logs/themis-pair.out" | tail -n1)
+    THEMIS_GRPC_HOST=$(sed -n 's/^grpc_host=//p' "$TMP/logs/themis-pair.out" | tail -n1)
     if [[ -z "$THEMIS_ADDR" ]]; then
         local line
         line=$(grep -E '^[[:space:]]*127\.[0-9.]+:[0-9]+' "$TMP/logs/themis-pair.out" | tail -n1 || true)
@@ -367,6 +379,7 @@ fortio_load() {
     local args=(load -quiet -qps "$qps" -c "$c" -t "$dur" -payload-size "$PAYLOAD_SIZE"
         -p 50,90,99,99.9 "${FORTIO_EXTRA[@]}")
     [[ "$PACING" == uniform ]] && args+=(-uniform)
+    [[ "$PROTOCOL" == grpc ]] && args+=(-grpc -ping)
     [[ -n "$host" ]] && args+=(-H "Host: $host")
     [[ -n "$json" ]] && args+=(-json "$json")
     : >"$TMP/logs/fortio-load.log"
@@ -392,30 +405,35 @@ cpu_ticks() {
     echo "$total"
 }
 
-# measure ROUND SCENARIO URL HOST ENVOY_PID...: every body size, pacing and connection
-# count; the runs are listed in $TMP/results/index (one line each).
+# measure ROUND SCENARIO HTTP_URL HTTP_HOST GRPC_TARGET GRPC_HOST ENVOY_PID...: every
+# protocol, body size, pacing and connection count; the runs are listed in
+# $TMP/results/index (one line each).
 measure() {
-    local round=$1 scen=$2 url=$3 host=$4 c base before after; shift 4
+    local round=$1 scen=$2 http_url=$3 http_host=$4 grpc_target=$5 grpc_host=$6 c base before after url host
+    shift 6
     local pids=("$@")
+    for PROTOCOL in "${PROTOCOL_LIST[@]}"; do
+    if [[ $PROTOCOL == grpc ]]; then url=$grpc_target host=$grpc_host; else url=$http_url host=$http_host; fi
     for PAYLOAD_SIZE in "${SIZE_LIST[@]}"; do
         for PACING in "${PACING_LIST[@]}"; do
             for c in "${CONN_LIST[@]}"; do
-                base=$TMP/results/r$round-$scen-b$PAYLOAD_SIZE-$PACING-c$c
-                log "  $scen ${PAYLOAD_SIZE} B, $PACING pacing, c=$c: latency at $QPS qps for $DURATION"
+                base=$TMP/results/r$round-$scen-$PROTOCOL-b$PAYLOAD_SIZE-$PACING-c$c
+                log "  $scen $PROTOCOL ${PAYLOAD_SIZE} B, $PACING pacing, c=$c: latency at $QPS qps for $DURATION"
                 fortio_load "" "$QPS" "$c" "$WARMUP" "$url" "$host"
                 fortio_load "$base-lat.json" "$QPS" "$c" "$DURATION" "$url" "$host"
                 log "    $(summary_line "$base-lat.json")"
-                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n' "$base-lat.json" "$round" "$scen" "$c" \
-                    "$PAYLOAD_SIZE" "$PACING" latency >>"$TMP/results/index"
+                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t\t%s\n' "$base-lat.json" "$round" "$scen" "$c" \
+                    "$PAYLOAD_SIZE" "$PACING" latency "$PROTOCOL" >>"$TMP/results/index"
                 fortio_load "" 0 "$c" "$WARMUP" "$url" "$host"
                 before=$(cpu_ticks "${pids[@]}")
                 fortio_load "$base-max.json" 0 "$c" "$DURATION" "$url" "$host"
                 after=$(cpu_ticks "${pids[@]}")
                 log "    max: $(summary_line "$base-max.json")"
-                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$base-max.json" "$round" "$scen" "$c" \
-                    "$PAYLOAD_SIZE" "$PACING" max "$((${#pids[@]} ? after - before : 0))" >>"$TMP/results/index"
+                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$base-max.json" "$round" "$scen" "$c" \
+                    "$PAYLOAD_SIZE" "$PACING" max "$((${#pids[@]} ? after - before : 0))" "$PROTOCOL" >>"$TMP/results/index"
             done
         done
+    done
     done
 }
 
@@ -425,7 +443,8 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 p = {x["Percentile"]: x["Value"] * 1e3 for x in d["DurationHistogram"]["Percentiles"]}
 codes = d.get("RetCodes") or {}
-bad = sum(v for k, v in codes.items() if not str(k).startswith("2"))
+# HTTP: 2xx; gRPC ping: SERVING.
+bad = sum(v for k, v in codes.items() if not (str(k).startswith("2") or k == "SERVING"))
 print("%.1f qps, p50 %.3f ms, p90 %.3f ms, p99 %.3f ms, %d non-2xx/errors, %d sockets for %d connections"
       % (d["ActualQPS"], p.get(50, 0), p.get(90, 0), p.get(99, 0), bad, d.get("SocketCount", 0), d["NumThreads"]))
 EOF
@@ -441,7 +460,7 @@ log "scenarios ${SCENARIO_LIST[*]}, connections ${CONN_LIST[*]}, $ROUNDS round(s
 
 log "starting the app: fortio server on $APP_ADDR"
 start_bg "fortio server (app)" "$TMP/logs/app.log" "$FORTIO" server -http-port "$APP_ADDR" \
-    -grpc-port disabled -redirect-port disabled -tcp-port disabled -udp-port disabled \
+    -grpc-port "$APP_GRPC_ADDR" -redirect-port disabled -tcp-port disabled -udp-port disabled \
     -ui-path '' -loglevel warning
 APP_PID=$LAST_PID
 wait_request "http://$APP_ADDR/echo" "" app "$TMP/logs/app.log" || die "the app (fortio server) is not answering on $APP_ADDR"
@@ -453,11 +472,11 @@ for ((round = 1; round <= ROUNDS; round++)); do
         log "round $round/$ROUNDS: $scen"
         case "$scen" in
             direct)
-                measure "$round" direct "http://$APP_ADDR/echo" ""
+                measure "$round" direct "http://$APP_ADDR/echo" "" "$APP_GRPC_ADDR" ""
                 ;;
             plaintext|mtls)
                 start_pair "$scen"
-                measure "$round" "$scen" "http://$PAIR_ADDR/echo" "" "$ENVOY_A_PID" "$ENVOY_B_PID"
+                measure "$round" "$scen" "http://$PAIR_ADDR/echo" "" "$PAIR_ADDR" "" "$ENVOY_A_PID" "$ENVOY_B_PID"
                 pair_stats "$scen"
                 stop_pair
                 ;;
@@ -466,8 +485,10 @@ for ((round = 1; round <= ROUNDS; round++)); do
                     log "themis: skipped (benchmarks/envoy/themis-pair.sh not present)"
                     echo "$round themis skipped (benchmarks/envoy/themis-pair.sh not present)" >>"$TMP/results/status"
                 elif start_themis; then
-                    # Its Envoys: the 3rd and 4th processes themis-pair.sh started.
-                    measure "$round" themis "http://$THEMIS_ADDR/echo" "$THEMIS_HOST" $(sed -n '3,4p' "$TMP/themis/pids")
+                    # Its Envoys: the 3rd to 5th processes themis-pair.sh started (A, B for
+                    # HTTP/1.1 and B for gRPC; the idle one adds next to nothing).
+                    measure "$round" themis "http://$THEMIS_ADDR/echo" "$THEMIS_HOST" "$THEMIS_ADDR" "$THEMIS_GRPC_HOST" \
+                        $(sed -n '3,5p' "$TMP/themis/pids")
                     log "  themis counters: $(REPO_ROOT=$ROOT THEMIS_BENCH_DIR=$TMP/themis bash "$THEMIS_SCRIPT" stats | tr '\n' ' ')"
                     stop_themis
                 else
@@ -496,18 +517,18 @@ if os.path.exists(os.path.join(results, "status")):
 runs = []
 index = os.path.join(results, "index")
 for line in open(index) if os.path.exists(index) else []:
-    path, r, scen, c, size, pacing, kind, ticks = line.rstrip("\n").split("\t")
+    path, r, scen, c, size, pacing, kind, ticks, protocol = line.rstrip("\n").split("\t")
     d = json.load(open(path))
     p = {x["Percentile"]: x["Value"] * 1e3 for x in d["DurationHistogram"]["Percentiles"]}
     codes = d.get("RetCodes") or {}
     count = d["DurationHistogram"]["Count"]
     cpu = int(ticks) / clk if ticks else None
     runs.append({
-        "scenario": scen, "protocol": "http1", "body_bytes": int(size), "connections": int(c),
+        "scenario": scen, "protocol": protocol, "body_bytes": int(size), "connections": int(c),
         "pacing": pacing, "round": int(r), "kind": kind,
         "p50_ms": round(p.get(50, 0), 3), "p90_ms": round(p.get(90, 0), 3), "p99_ms": round(p.get(99, 0), 3),
         "qps": round(d["ActualQPS"], 1), "requests": count,
-        "errors": sum(v for k, v in codes.items() if not str(k).startswith("2")),
+        "errors": sum(v for k, v in codes.items() if not (str(k).startswith("2") or k == "SERVING")),
         "envoy_cpu_s_per_10k": round(cpu / count * 10000, 3) if cpu is not None and count else None,
     })
 with open(summary_path, "w") as f:
@@ -520,28 +541,29 @@ def median(xs):
 
 groups = collections.defaultdict(list)
 for run in runs:
-    groups[(run["body_bytes"], run["pacing"], run["scenario"], run["connections"], run["kind"])].append(run)
+    groups[(run["protocol"], run["body_bytes"], run["pacing"], run["scenario"], run["connections"], run["kind"])].append(run)
 
 def cell(v, fmt):
     return "–" if v is None else fmt % v
 
-for size in sorted({r["body_bytes"] for r in runs}):
-    for pacing in sorted({r["pacing"] for r in runs}):
-        print("### %d B bodies, %s pacing (median of %d round%s)" % (size, pacing, rounds, "s" if rounds > 1 else ""))
+for protocol, size, pacing in sorted({(r["protocol"], r["body_bytes"], r["pacing"]) for r in runs}):
+    if True:
+        print("### %s, %d B bodies, %s pacing (median of %d round%s)" % (
+            "gRPC" if protocol == "grpc" else "HTTP/1.1", size, pacing, rounds, "s" if rounds > 1 else ""))
         print()
         print("| scenario | conns | p50 ms | p90 ms | p99 ms | max qps | max vs mtls | p90 vs mtls | Envoy CPU s / 10k req | errors |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for scen in scenarios:
             for c in sorted({r["connections"] for r in runs}):
-                lat = groups.get((size, pacing, scen, c, "latency"), [])
-                mx = groups.get((size, pacing, scen, c, "max"), [])
+                lat = groups.get((protocol, size, pacing, scen, c, "latency"), [])
+                mx = groups.get((protocol, size, pacing, scen, c, "max"), [])
                 if not lat and not mx:
                     continue
                 p50, p90, p99 = (median([r[k] for r in lat]) for k in ("p50_ms", "p90_ms", "p99_ms"))
                 qmax = median([r["qps"] for r in mx])
                 cpu = median([r["envoy_cpu_s_per_10k"] for r in mx]) if scen != "direct" else None
-                mt_max = median([r["qps"] for r in groups.get((size, pacing, "mtls", c, "max"), [])])
-                mt_p90 = median([r["p90_ms"] for r in groups.get((size, pacing, "mtls", c, "latency"), [])])
+                mt_max = median([r["qps"] for r in groups.get((protocol, size, pacing, "mtls", c, "max"), [])])
+                mt_p90 = median([r["p90_ms"] for r in groups.get((protocol, size, pacing, "mtls", c, "latency"), [])])
                 ratio = "%.2f×" % (qmax / mt_max) if qmax and mt_max and scen != "mtls" else "–"
                 dp90 = "%+.3f ms" % (p90 - mt_p90) if p90 is not None and mt_p90 is not None and scen != "mtls" else "–"
                 errors = sum(r["errors"] for r in lat + mx)
@@ -560,7 +582,8 @@ cat <<EOF
   "errors": non-2xx responses and socket errors of both runs; medians over the rounds.
 - "Envoy CPU s / 10k req": user+system CPU seconds of both Envoys of the pair during the max run,
   per 10,000 requests.
-- every run: HTTP/1.1 POST of a random body to /echo of a fortio server, $DURATION after a discarded
+- every run: HTTP/1.1 POST of a random body to /echo of a fortio server, or a gRPC ping
+  carrying it (\`-grpc -ping\`) to its gRPC port, $DURATION after a discarded
   $WARMUP warm-up. Default pacing: Fortio's c connections send in lockstep (a burst of c requests
   every c/$QPS s); uniform: \`-uniform\`, requests spread evenly. Rounds interleave the scenarios.
 - Envoys: \`--concurrency 2\`, keep-alive pools, log level warn, no access logs;

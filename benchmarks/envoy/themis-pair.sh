@@ -9,8 +9,8 @@
 #   themis-pair.sh stats   the Themis counters of both Envoys (handshakes, sessions, refusals)
 #   themis-pair.sh stop    stop what start started, by PID
 #
-# Environment (set by run.sh): THEMIS_BENCH_DIR, APP_ADDR, ENVOY, ENVOY_CONCURRENCY,
-# REPO_ROOT.
+# Environment (set by run.sh): THEMIS_BENCH_DIR, APP_ADDR, APP_GRPC_ADDR, ENVOY,
+# ENVOY_CONCURRENCY, REPO_ROOT. gRPC calls go to service `ping` (fortio's gRPC port).
 set -euo pipefail
 ROOT=${REPO_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
 cd "$ROOT"
@@ -32,8 +32,8 @@ start)
     on() { local n=$1; shift; "$THEMIS" --socket "$DIR/$n/agent.sock" "$@"; }
     # The operator: mesh "bench", nodes a (handler) and b (check) admitted and granted.
     "$THEMIS" mesh create bench --out "$DIR/mesh" > /dev/null
-    for node in a:handler b:check; do
-        "$THEMIS" node admit --mesh-dir "$DIR/mesh" --out "$DIR/${node%:*}" > /dev/null
+    for node in a:handler b:check b:ping; do
+        [[ -d $DIR/${node%:*} ]] || "$THEMIS" node admit --mesh-dir "$DIR/mesh" --out "$DIR/${node%:*}" > /dev/null
         "$THEMIS" service grant "${node#*:}" --mesh-dir "$DIR/mesh" --node "$DIR/${node%:*}" > /dev/null
     done
     agent() { # name address [join]
@@ -53,25 +53,31 @@ start)
     on b workload check > /dev/null
     on a register handler --workload handler --endpoint $A:15006 > /dev/null
     on b register check --workload check --endpoint $B:15006 > /dev/null
-    sidecar() { # node workload address admin-port
+    # gRPC: fortio's ping service, behind a sidecar of its own (HTTP/2 to the app).
+    on b workload ping > /dev/null
+    on b register ping --workload ping --endpoint $B:15016 > /dev/null
+    sidecar() { # node workload address admin-port app outbound-port inbound-port app-protocol
         scripts/render-sidecar --mesh-root "$DIR/mesh/mesh.root" --workload "$2" --service "$2" \
-            --agent-socket "$DIR/$1/agent.sock" --app "${APP_ADDR:-127.0.0.12:8080}" \
-            --outbound "$3:15001" --inbound "$3:15006" --admin-port "$4" --wasm "$WASM" \
-            > "$DIR/envoy-$1.yaml"
-        "${ENVOY:-.venv/bin/envoy}" -c "$DIR/envoy-$1.yaml" --concurrency "${ENVOY_CONCURRENCY:-2}" \
+            --agent-socket "$DIR/$1/agent.sock" --app "$5" --app-protocol "$8" \
+            --outbound "$3:$6" --inbound "$3:$7" --admin-port "$4" --wasm "$WASM" \
+            > "$DIR/envoy-$2.yaml"
+        "${ENVOY:-.venv/bin/envoy}" -c "$DIR/envoy-$2.yaml" --concurrency "${ENVOY_CONCURRENCY:-2}" \
             --disable-hot-restart --base-id $((4000 + $4 % 1000)) -l warn \
-            > "$DIR/envoy-$1.log" 2>&1 &
+            > "$DIR/envoy-$2.log" 2>&1 &
         echo $! >> "$DIR/pids"
         for _ in $(seq 100); do curl -sf "127.0.0.1:$4/ready" > /dev/null && return; sleep 0.1; done
         echo "envoy $1 did not become ready" >&2; exit 1
     }
-    sidecar a handler $A 15301
-    sidecar b check $B 15302
+    # pids 3 and 4 are the measured pair (run.sh reads its CPU time).
+    sidecar a handler $A 15301 "$A:8080" 15001 15006 http1
+    sidecar b check $B 15302 "${APP_ADDR:-127.0.0.12:8080}" 15001 15006 http1
+    sidecar b ping $B 15303 "${APP_GRPC_ADDR:-127.0.0.12:8079}" 15011 15016 http2
     echo "address=$A:15001"
     echo "host=check"
+    echo "grpc_host=ping"
     ;;
 stats)
-    for side in a:15301 b:15302; do
+    for side in a:15301 b:15302 b-ping:15303; do
         printf 'envoy %s: ' "${side%:*}"
         curl -s -m 2 "127.0.0.1:${side#*:}/stats?filter=^wasmcustom\\.themis\\." \
             | sed 's/^wasmcustom\.themis\.//' | grep -v ': 0$' | tr '\n' ' '
