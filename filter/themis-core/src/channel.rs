@@ -457,7 +457,7 @@ impl Ordering {
 
 /// The sliding anti-replay window of a datagram receiver: any number above the
 /// highest seen, or one within [`REPLAY_WINDOW`] below it that was not seen yet.
-/// Public so that a host can keep it in a shared store (see [`crate::shared`]).
+/// Public so that a host can keep it outside the session (fixed-size encoding).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReplayWindow {
     highest: u64,

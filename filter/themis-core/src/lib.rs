@@ -5,8 +5,6 @@
 //!   their printable form and the private key file.
 //! * [`handshake`]: the three-message authenticated key agreement (paper Fig. 2).
 //! * [`channel`]: the secure channel records (paper Fig. 3).
-//! * [`shared`]: a responder session served by threads that share no memory (Envoy's
-//!   workers).
 //! * [`stream`]: a sealed byte stream over one connection (the Envoy sidecars' wire).
 //! * [`wire`]: the versioned, size-bounded binary codec every message goes through.
 //!
@@ -47,7 +45,6 @@ pub mod channel;
 pub mod handshake;
 pub mod identity;
 mod keys;
-pub mod shared;
 pub mod stream;
 pub mod suite;
 pub mod wire;

@@ -233,6 +233,12 @@ impl StreamInitiator {
         Ok((stream, hello))
     }
 
+    /// True if the peer's bytes stop inside a message: at the end of the stream,
+    /// a truncation (nothing of the partial message was delivered).
+    pub fn is_mid_message(&self) -> bool {
+        !self.inbox.is_empty()
+    }
+
     /// The authenticated peer, once message 2 verified.
     pub fn peer_id(&self) -> Option<PeerId> {
         match &self.state {
@@ -342,6 +348,12 @@ impl StreamResponder {
             preface,
             established: None,
         }
+    }
+
+    /// True if the peer's bytes stop inside a message: at the end of the stream,
+    /// a truncation (nothing of the partial message was delivered).
+    pub fn is_mid_message(&self) -> bool {
+        !self.inbox.is_empty()
     }
 
     /// The initiator, once it proved itself (message 3 and its metadata record).

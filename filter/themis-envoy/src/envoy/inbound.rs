@@ -250,9 +250,14 @@ impl Inbound {
 }
 
 impl StreamContext for Inbound {
-    fn on_downstream_data(&mut self, size: usize, _end_of_stream: bool) -> Action {
+    fn on_downstream_data(&mut self, size: usize, end_of_stream: bool) -> Action {
         let data = self.get_downstream_data(0, size).unwrap_or_default();
-        match self.feed(&data) {
+        let flow = self.feed(&data);
+        if end_of_stream && self.stream.is_mid_message() && !matches!(self.gate, Gate::Closed) {
+            // Cut inside a record: nothing of it was delivered; say so.
+            self.close("truncated", "the peer's stream ends inside a message");
+        }
+        match flow {
             Flow::Pass(bytes) => {
                 self.set_downstream_data(0, size, &bytes);
                 Action::Continue
@@ -276,7 +281,15 @@ impl StreamContext for Inbound {
         Action::Continue
     }
 
-    fn on_downstream_close(&mut self, _: PeerType) {}
+    fn on_downstream_close(&mut self, peer: PeerType) {
+        // The peer closed inside a message (without a half-close, Envoy reports the
+        // end of the stream as a close): nothing of the partial message was delivered.
+        if peer == PeerType::Remote && self.stream.is_mid_message() && !matches!(self.gate, Gate::Closed) {
+            self.worker.borrow().metrics.count("refused.truncated");
+            warn!("themis inbound: the peer's stream ended inside a message (truncated)");
+            self.gate = Gate::Closed;
+        }
+    }
 }
 
 impl Drop for Inbound {

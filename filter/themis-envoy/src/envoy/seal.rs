@@ -188,7 +188,7 @@ impl StreamContext for Seal {
         }
     }
 
-    fn on_upstream_data(&mut self, size: usize, _end_of_stream: bool) -> Action {
+    fn on_upstream_data(&mut self, size: usize, end_of_stream: bool) -> Action {
         let data = self.get_upstream_data(0, size).unwrap_or_default();
         let mut stream = match std::mem::replace(&mut self.state, State::Closed) {
             State::Handshaking(stream) | State::Open(stream) => stream,
@@ -200,6 +200,12 @@ impl StreamContext for Seal {
         };
         let was_open = stream.is_open();
         match stream.from_peer(&data) {
+            Ok(_) if end_of_stream && stream.is_mid_message() => {
+                // Cut inside a record: nothing of it was delivered; say so.
+                self.set_upstream_data(0, size, &[]);
+                self.close("truncated", "the peer's stream ends inside a message");
+                return Action::Continue;
+            }
             Ok(out) => {
                 self.set_upstream_data(0, size, &out.to_app);
                 if !out.to_peer.is_empty() {

@@ -1,42 +1,78 @@
-//! A man in the middle between Envoy A and Envoy B: a TCP proxy that reads the
-//! client-to-server direction as HTTP/1.1 requests (Envoy pools and reuses upstream
-//! connections, so every request on a connection is parsed), records the
-//! `/.themis/v1/request` exchanges, and tampers with their body in the current mode.
-//! The server-to-client direction is copied as it is.
+//! A man in the middle between Envoy A's sealing listener and Envoy B's inbound
+//! listener: a TCP proxy that sees only the sealed stream. It splits the A→B
+//! direction into Themis messages (`themis_core::wire::frame_len`: Hello, Confirm,
+//! then records, the first of which is the Meta record) and, when armed, tampers
+//! once with one record; B→A is copied as it is. Every byte of every connection is
+//! recorded, both directions, for [`replay`].
 
-use std::io::{BufReader, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
-use themis_core::wire::RECORD_HEADER_LEN;
-use themis_envoy::protocol::path;
+use themis_core::wire::{frame_len, peek_kind, Kind, RECORD_HEADER_LEN};
 
-use super::http::{self, Framing};
+use super::process::wait_until;
 
-/// What the proxy does to the body of a request exchange.
+/// How long [`replay`] waits for an answer or for the close.
+const REPLAY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the proxy does to the A→B stream. A tampering mode acts once, on the first
+/// record of a connection whose index (0: the Meta record, right after Confirm) is at
+/// least the one given, then the proxy passes again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// Forward as it is (and record it).
+    /// Forward as it is.
     Pass,
-    /// Flip one bit in the middle of the ciphertext.
-    Flip,
-    /// Drop the last bytes.
-    Truncate,
-    /// Swap two 8-byte chunks of the ciphertext.
-    Reorder,
+    /// Flip one bit in the middle of the record's ciphertext.
+    Flip(usize),
+    /// Forward the record without its last bytes, then close toward B.
+    Truncate(usize),
+    /// Swap the record with the next one.
+    Reorder(usize),
+    /// Send these bytes instead of the record.
+    Inject(usize, &'static [u8]),
 }
+
+impl Mode {
+    fn from(self) -> Option<usize> {
+        match self {
+            Mode::Pass => None,
+            Mode::Flip(n) | Mode::Truncate(n) | Mode::Reorder(n) | Mode::Inject(n, _) => Some(n),
+        }
+    }
+}
+
+/// The bytes of one proxied connection.
+#[derive(Debug, Clone, Default)]
+pub struct Connection {
+    /// What went to B (after any tampering), in order.
+    pub to_b: Vec<u8>,
+    /// What B sent back.
+    pub to_a: Vec<u8>,
+    /// Both directions are finished.
+    pub ended: bool,
+}
+
+#[derive(Default)]
+struct Log {
+    conn: Connection,
+    /// Directions still running (2, then 1, then 0: ended).
+    open: u8,
+}
+
+type Shared<T> = Arc<Mutex<T>>;
 
 #[derive(Default)]
 struct State {
     mode: Mutex<Option<Mode>>,
-    /// Raw bytes (head and body) of every request exchange forwarded untouched.
-    recorded: Mutex<Vec<Vec<u8>>>,
-    /// Request exchanges changed so far.
+    connections: Mutex<Vec<Shared<Log>>>,
+    /// Records changed so far.
     tampered: AtomicUsize,
     stop: AtomicBool,
-    /// Every socket, to shut down when the proxy stops.
+    /// The live sockets, to shut down on [`Mitm::disconnect`] and on drop.
     sockets: Mutex<Vec<TcpStream>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -53,7 +89,6 @@ impl Mitm {
         let listener = TcpListener::bind((ip, 0)).expect("binding the proxy");
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(State::default());
-        *state.mode.lock().unwrap() = Some(Mode::Pass);
         let shared = state.clone();
         let accept = std::thread::spawn(move || {
             for client in listener.incoming() {
@@ -65,19 +100,24 @@ impl Mitm {
                     let _ = client.shutdown(Shutdown::Both);
                     continue;
                 };
-                {
-                    let mut sockets = shared.sockets.lock().unwrap();
-                    sockets.push(client.try_clone().unwrap());
-                    sockets.push(server.try_clone().unwrap());
-                }
-                let (c, s) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                let st = shared.clone();
-                let up = std::thread::spawn(move || client_to_server(c, s, &st));
-                let down = std::thread::spawn(move || {
-                    let (mut server, mut client) = (server, client);
-                    let _ = std::io::copy(&mut server, &mut client);
-                    let _ = client.shutdown(Shutdown::Write);
-                });
+                let log = Arc::new(Mutex::new(Log {
+                    open: 2,
+                    ..Log::default()
+                }));
+                shared.connections.lock().unwrap().push(log.clone());
+                shared
+                    .sockets
+                    .lock()
+                    .unwrap()
+                    .extend([client.try_clone().unwrap(), server.try_clone().unwrap()]);
+                let (c, s, l, st) = (
+                    client.try_clone().unwrap(),
+                    server.try_clone().unwrap(),
+                    log.clone(),
+                    shared.clone(),
+                );
+                let up = std::thread::spawn(move || a_to_b(c, s, &l, &st));
+                let down = std::thread::spawn(move || b_to_a(server, client, &log));
                 shared.threads.lock().unwrap().extend([up, down]);
             }
         });
@@ -88,18 +128,32 @@ impl Mitm {
         }
     }
 
+    /// Arms a tampering mode (or disarms it with [`Mode::Pass`]).
     pub fn set_mode(&self, mode: Mode) {
         *self.state.mode.lock().unwrap() = Some(mode);
     }
 
-    /// The request exchanges forwarded untouched so far, oldest first.
-    pub fn recorded(&self) -> Vec<Vec<u8>> {
-        self.state.recorded.lock().unwrap().clone()
-    }
-
-    /// How many request exchanges were tampered with so far.
+    /// How many records were tampered with so far.
     pub fn tampered(&self) -> usize {
         self.state.tampered.load(Ordering::SeqCst)
+    }
+
+    /// Every connection so far, oldest first.
+    pub fn connections(&self) -> Vec<Connection> {
+        let all = self.state.connections.lock().unwrap();
+        all.iter().map(|l| l.lock().unwrap().conn.clone()).collect()
+    }
+
+    /// Closes every live connection (both ends see it) and waits until they ended.
+    pub fn disconnect(&self) {
+        for socket in self.state.sockets.lock().unwrap().drain(..) {
+            let _ = socket.shutdown(Shutdown::Both);
+        }
+        wait_until(
+            "the proxied connections to end",
+            Duration::from_secs(10),
+            || self.connections().iter().all(|c| c.ended).then_some(()),
+        );
     }
 }
 
@@ -121,74 +175,155 @@ impl Drop for Mitm {
     }
 }
 
-/// Reads requests from the client and forwards them, tampering as told.
-fn client_to_server(client: TcpStream, mut server: TcpStream, state: &State) {
-    let mut reader = BufReader::new(client);
-    loop {
-        let mut raw = Vec::new();
-        let Ok(Some(line)) = http::read_line(&mut reader, &mut raw) else {
+fn finish(log: &Mutex<Log>) {
+    let mut log = log.lock().unwrap();
+    log.open -= 1;
+    log.conn.ended = log.open == 0;
+}
+
+fn b_to_a(mut server: TcpStream, mut client: TcpStream, log: &Mutex<Log>) {
+    let mut buf = [0u8; 16 * 1024];
+    while let Ok(n @ 1..) = server.read(&mut buf) {
+        log.lock().unwrap().conn.to_a.extend_from_slice(&buf[..n]);
+        if client.write_all(&buf[..n]).is_err() {
             break;
-        };
-        let Ok(headers) = http::read_headers(&mut reader, &mut raw) else {
-            break;
-        };
-        let head_len = raw.len();
-        let Ok(framing) = http::framing(&headers, Framing::Length(0)) else {
-            break;
-        };
-        let Ok(body) = http::read_body(&mut reader, framing, &mut raw) else {
-            break;
-        };
-        let is_request = line.split(' ').nth(1) == Some(path::REQUEST);
-        let mode = state.mode.lock().unwrap().unwrap_or(Mode::Pass);
-        let out = if !is_request || mode == Mode::Pass {
-            if is_request {
-                state.recorded.lock().unwrap().push(raw.clone());
+        }
+    }
+    let _ = client.shutdown(Shutdown::Write);
+    finish(log);
+}
+
+/// Reads A's messages, one at a time, and forwards them, tampering when armed.
+fn a_to_b(mut client: TcpStream, mut server: TcpStream, log: &Mutex<Log>, state: &State) {
+    let mut send = |bytes: &[u8]| {
+        log.lock().unwrap().conn.to_b.extend_from_slice(bytes);
+        server.write_all(bytes).is_ok()
+    };
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    // Records seen on this connection, and one held back to be reordered.
+    let mut records = 0;
+    let mut held: Option<Vec<u8>> = None;
+    'read: while let Ok(n @ 1..) = client.read(&mut chunk) {
+        buf.extend_from_slice(&chunk[..n]);
+        while let Ok(Some(len)) = frame_len(&buf) {
+            if len > buf.len() {
+                break;
             }
-            raw
-        } else {
-            state.tampered.fetch_add(1, Ordering::SeqCst);
-            rebuild(&raw[..head_len], &headers, &tamper(body, mode))
-        };
-        if server.write_all(&out).is_err() {
-            break;
+            let mut frame: Vec<u8> = buf.drain(..len).collect();
+            if peek_kind(&frame).ok() != Some(Kind::Record) {
+                if !send(&frame) {
+                    break 'read;
+                }
+                continue;
+            }
+            let index = records;
+            records += 1;
+            if let Some(first) = held.take() {
+                // The swap: this record first, then the one held back.
+                if !send(&frame) || !send(&first) {
+                    break 'read;
+                }
+                continue;
+            }
+            let mode = {
+                let mut armed = state.mode.lock().unwrap();
+                match armed.and_then(Mode::from) {
+                    Some(from) if index >= from => armed.take().unwrap(),
+                    _ => Mode::Pass,
+                }
+            };
+            if mode != Mode::Pass {
+                state.tampered.fetch_add(1, Ordering::SeqCst);
+            }
+            let sent = match mode {
+                Mode::Pass => send(&frame),
+                Mode::Flip(_) => {
+                    let middle = RECORD_HEADER_LEN + (frame.len() - RECORD_HEADER_LEN) / 2;
+                    frame[middle] ^= 0x01;
+                    send(&frame)
+                }
+                Mode::Truncate(_) => {
+                    send(&frame[..frame.len() - 10]);
+                    break 'read;
+                }
+                Mode::Reorder(_) => {
+                    held = Some(frame);
+                    true
+                }
+                Mode::Inject(_, bytes) => send(bytes),
+            };
+            if !sent {
+                break 'read;
+            }
+        }
+        if frame_len(&buf).is_err() {
+            // Not Themis: pass it on as it is.
+            if !send(&std::mem::take(&mut buf)) {
+                break;
+            }
         }
     }
     let _ = server.shutdown(Shutdown::Write);
+    finish(log);
 }
 
-fn tamper(mut body: Vec<u8>, mode: Mode) -> Vec<u8> {
-    let h = RECORD_HEADER_LEN;
-    assert!(
-        body.len() >= h + 32,
-        "a request record of {} bytes is shorter than expected",
-        body.len()
-    );
-    let middle = h + (body.len() - h) / 2;
-    match mode {
-        Mode::Pass => {}
-        Mode::Flip => body[middle] ^= 0x01,
-        Mode::Truncate => body.truncate(body.len() - 10),
-        Mode::Reorder => {
-            let (first, second) = body[h..h + 16].split_at_mut(8);
-            first.swap_with_slice(second);
-        }
-    }
-    body
+/// What came back from a [`replay`].
+#[derive(Debug)]
+pub struct Replayed {
+    /// Every byte the server sent.
+    pub answer: Vec<u8>,
+    /// The server closed the connection (rather than going quiet).
+    pub closed: bool,
 }
 
-/// The request head with the body's framing replaced by a content-length.
-fn rebuild(head: &[u8], headers: &[(String, String)], body: &[u8]) -> Vec<u8> {
-    let head = String::from_utf8_lossy(head);
-    let request_line = head.lines().next().unwrap_or_default();
-    let mut out = format!("{request_line}\r\n");
-    for (name, value) in headers {
-        if name != "content-length" && name != "transfer-encoding" {
-            out.push_str(&format!("{name}: {value}\r\n"));
+/// Opens a new connection to `target` and sends `bytes`: all at once, or `paced`
+/// like the original initiator (the Hello, then the rest once the server answered).
+pub fn replay(target: SocketAddr, bytes: &[u8], paced: bool) -> Replayed {
+    let mut stream = TcpStream::connect_timeout(&target, REPLAY_TIMEOUT).unwrap();
+    stream.set_read_timeout(Some(REPLAY_TIMEOUT)).unwrap();
+    let split = match paced {
+        true => frame_len(bytes).ok().flatten().unwrap_or(bytes.len()),
+        false => bytes.len(),
+    };
+    let mut answer = Vec::new();
+    // Writes may fail once the server closed: what it did is in what it answered.
+    let _ = stream.write_all(&bytes[..split]);
+    let closed = if split < bytes.len() {
+        match read_some(&mut stream, &mut answer) {
+            Some(true) => true,
+            _ => {
+                let _ = stream.write_all(&bytes[split..]);
+                read_to_close(&mut stream, &mut answer)
+            }
+        }
+    } else {
+        read_to_close(&mut stream, &mut answer)
+    };
+    Replayed { answer, closed }
+}
+
+/// Reads once; `Some(closed)`, `None` on a timeout.
+fn read_some(stream: &mut TcpStream, answer: &mut Vec<u8>) -> Option<bool> {
+    let mut buf = [0u8; 16 * 1024];
+    match stream.read(&mut buf) {
+        Ok(0) => Some(true),
+        Ok(n) => {
+            answer.extend_from_slice(&buf[..n]);
+            Some(false)
+        }
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => None,
+        Err(_) => Some(true),
+    }
+}
+
+/// Reads until the server closes (`true`) or goes quiet (`false`).
+fn read_to_close(stream: &mut TcpStream, answer: &mut Vec<u8>) -> bool {
+    loop {
+        match read_some(stream, answer) {
+            Some(true) => return true,
+            Some(false) => continue,
+            None => return false,
         }
     }
-    out.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
-    let mut bytes = out.into_bytes();
-    bytes.extend_from_slice(body);
-    bytes
 }
