@@ -10,5 +10,8 @@
 
 #[cfg(target_family = "wasm")]
 mod component;
+/// The tool's HTTP/2 client (sans-IO, so its tests run natively too).
+#[cfg_attr(not(target_family = "wasm"), allow(dead_code))]
+mod http2;
 #[cfg(target_family = "wasm")]
 mod tool;

@@ -1,7 +1,11 @@
 //! The component as a tool for people, run by `wasmtime run` through `wasi:cli/run`:
 //! create and show identities, check that a key is the key of an id, and act as a mesh
 //! client outside Envoy: resolve a service through an agent and call it over the
-//! Themis channel.
+//! Themis channel — either with the native message-per-record exchange, or (`--http`)
+//! over the sealed byte stream the Envoy sidecars speak (`themis_core::stream`), with
+//! HTTP/2 inside it ([`http2`]).
+
+use crate::http2;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -11,6 +15,7 @@ use clap::{Parser, Subcommand};
 use ring::rand::SecureRandom;
 use ring::rand::SystemRandom;
 use themis_core::handshake::Initiator;
+use themis_core::stream::{Meta, StreamInitiator};
 use themis_core::{wire, HandshakeConfig, Identity, MeshName, PeerId, Session};
 use themis_trust::{MeshRoot, Revocations, Verifier};
 
@@ -30,7 +35,11 @@ enum Command {
     #[command(subcommand)]
     Id(IdCommand),
     /// Resolve a service through an agent and send it each message over the Themis
-    /// channel, printing each answer. Needs `wasmtime run -S inherit-network`.
+    /// channel, printing each answer; or, with `--http`, make one HTTP request to it
+    /// through its Envoy sidecar. Needs `wasmtime run -S inherit-network`.
+    ///
+    /// With `--http`, the response's status line and headers go to stderr and its body
+    /// to stdout; a status other than 2xx exits 1.
     Call {
         /// The service name.
         service: String,
@@ -44,8 +53,23 @@ enum Command {
         /// instances it endorses for the service are called.
         #[arg(long)]
         mesh_root: String,
-        /// The messages, one sealed request each.
-        #[arg(required = true)]
+        /// Speak HTTP/2 in the sealed stream to the instance's sidecar (its inbound
+        /// listener) instead of sending messages: `--http GET /path`.
+        #[arg(long, num_args = 2, value_names = ["METHOD", "PATH"])]
+        http: Option<Vec<String>>,
+        /// The request body (with --http).
+        #[arg(long, requires = "http")]
+        body: Option<String>,
+        /// A request header `name:value` (with --http); may be repeated.
+        #[arg(long = "header", value_name = "NAME:VALUE", requires = "http")]
+        headers: Vec<String>,
+        /// The service this client claims to be an instance of (with --http): sent in
+        /// the stream's metadata, and believed by the sidecar only if the DHT lists
+        /// this client's id for it. None by default.
+        #[arg(long = "service", value_name = "SERVICE", requires = "http")]
+        claim: Option<String>,
+        /// The messages, one sealed request each (without --http).
+        #[arg(required_unless_present = "http", conflicts_with = "http")]
         messages: Vec<String>,
     },
 }
@@ -107,11 +131,37 @@ fn run(command: Command) -> Result<(), String> {
             agent,
             key,
             mesh_root,
+            http,
+            body,
+            headers,
+            claim,
             messages,
         } => {
+            if http.is_none() && (body.is_some() || !headers.is_empty() || claim.is_some()) {
+                return Err("--body, --header and --service go with --http".into());
+            }
             let root: MeshRoot = mesh_root.parse().map_err(|e| format!("--mesh-root: {e}"))?;
             let me = load(&key, root.mesh.clone())?;
-            return call(&service, agent, &me, &root, &messages);
+            let Some(http) = http else {
+                return call(&service, agent, &me, &root, &messages);
+            };
+            let [method, path] =
+                <[String; 2]>::try_from(http).map_err(|_| "--http takes a method and a path")?;
+            let mut parsed = Vec::new();
+            for header in headers {
+                let (name, value) = header
+                    .split_once(':')
+                    .ok_or_else(|| format!("--header {header:?}: expected name:value"))?;
+                parsed.push((name.to_owned(), value.to_owned()));
+            }
+            let request = http2::Request {
+                method,
+                path,
+                authority: service.clone(),
+                headers: parsed,
+                body: body.map(String::into_bytes),
+            };
+            return call_http(&service, agent, &me, &root, &request, claim);
         }
     };
     match command {
@@ -187,6 +237,25 @@ fn unix_millis() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// [`resolve`], in random order (load balancing, and the next one if one fails).
+fn resolve_shuffled(
+    agent: SocketAddr,
+    service: &str,
+    root: &MeshRoot,
+) -> Result<Vec<Instance>, String> {
+    let mut instances = resolve(agent, service, root)?;
+    if instances.is_empty() {
+        return Err(format!("{service} has no instances"));
+    }
+    let rng = ring::rand::SystemRandom::new();
+    for i in (1..instances.len()).rev() {
+        let mut r = [0u8; 4];
+        rng.fill(&mut r).map_err(|_| "no randomness")?;
+        instances.swap(i, u32::from_le_bytes(r) as usize % (i + 1));
+    }
+    Ok(instances)
 }
 
 /// Resolves `service` through the agent and keeps the instances whose records the
@@ -286,16 +355,7 @@ fn call(
     root: &MeshRoot,
     messages: &[String],
 ) -> Result<(), String> {
-    let mut instances = resolve(agent, service, root)?;
-    if instances.is_empty() {
-        return Err(format!("{service} has no instances"));
-    }
-    let rng = ring::rand::SystemRandom::new();
-    for i in (1..instances.len()).rev() {
-        let mut r = [0u8; 4];
-        rng.fill(&mut r).map_err(|_| "no randomness")?;
-        instances.swap(i, u32::from_le_bytes(r) as usize % (i + 1));
-    }
+    let instances = resolve_shuffled(agent, service, root)?;
     let mut failures = Vec::new();
     for instance in &instances {
         let (mut stream, mut buf, mut session) = match connect(me, instance) {
@@ -335,4 +395,191 @@ fn call(
         "no instance of {service} could be reached: {}",
         failures.join("; ")
     ))
+}
+
+/// How long a call waits for the peer before giving up on it.
+const HTTP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Why one instance did not answer.
+enum Failure {
+    /// Before the key agreement finished: the next instance may be tried.
+    Unreached(String),
+    /// After it: the request may have reached the service, it is not sent again.
+    Failed(String),
+}
+
+/// `call --http`: resolves `service`, then tries its instances in random order until
+/// one's sidecar completes the key agreement; makes the request over HTTP/2 inside
+/// the sealed stream and prints the response.
+fn call_http(
+    service: &str,
+    agent: SocketAddr,
+    me: &Identity,
+    root: &MeshRoot,
+    request: &http2::Request,
+    claim: Option<String>,
+) -> Result<(), String> {
+    if let Some(claim) = &claim {
+        if claim.is_empty() || claim.len() > themis_core::stream::MAX_SERVICE_LEN {
+            return Err(format!("--service {claim:?} is not a service name"));
+        }
+    }
+    let instances = resolve_shuffled(agent, service, root)?;
+    let mut failures = Vec::new();
+    for instance in &instances {
+        match exchange(me, instance, request, claim.clone()) {
+            Ok(status) if (200..300).contains(&status) => return Ok(()),
+            Ok(status) => return Err(format!("{service} answered {status}")),
+            Err(Failure::Failed(e)) => return Err(e),
+            Err(Failure::Unreached(e)) => {
+                eprintln!(
+                    "{} at {}: {e}; trying the next instance",
+                    instance.id.printable(me.mesh()),
+                    instance.endpoint
+                );
+                failures.push(e);
+            }
+        }
+    }
+    Err(format!(
+        "no instance of {service} could be reached: {}",
+        failures.join("; ")
+    ))
+}
+
+/// One request to one instance: the stream's key agreement as the initiator (the
+/// request's first bytes held until it finishes), then HTTP/2 until the response
+/// ends. Returns the status.
+fn exchange(
+    me: &Identity,
+    instance: &Instance,
+    request: &http2::Request,
+    claim: Option<String>,
+) -> Result<u16, Failure> {
+    let unreached = |e: String| Failure::Unreached(e);
+    let mut tcp = TcpStream::connect(instance.endpoint).map_err(|e| unreached(e.to_string()))?;
+    // Not every WASI host supports socket timeouts: without one, a silent peer waits.
+    let _ = tcp.set_read_timeout(Some(HTTP_TIMEOUT));
+    let rng = SystemRandom::new();
+    let meta = Meta { service: claim };
+    let (mut stream, hello) =
+        StreamInitiator::start(me, instance.id, meta, &HandshakeConfig::default(), &rng)
+            .map_err(|e| unreached(e.to_string()))?;
+    let (mut client, first) =
+        http2::Client::start(request).map_err(|e| Failure::Failed(e.to_string()))?;
+    // Held until message 2 verified; sealed behind message 3 and the metadata.
+    stream
+        .from_app(&first)
+        .map_err(|e| unreached(e.to_string()))?;
+    tcp.write_all(&hello)
+        .map_err(|e| unreached(e.to_string()))?;
+
+    let mut stdout = std::io::stdout().lock();
+    let mut status = None;
+    let mut chunk = vec![0u8; 32 * 1024];
+    while !client.is_done() {
+        let opened = stream.is_open();
+        let fail = |e: String| match opened {
+            true => Failure::Failed(e),
+            false => Failure::Unreached(e),
+        };
+        let n = match tcp.read(&mut chunk) {
+            Ok(0) if !opened => {
+                return Err(unreached(
+                    "the peer closed the connection during the key agreement (it is not the \
+                     id resolved, or it refused us)"
+                        .into(),
+                ))
+            }
+            Ok(0) => {
+                let mut why = String::from(
+                    "the connection closed before the response was complete (refused by the \
+                     instance's policy?)",
+                );
+                if let Some((code, debug)) = client.goaway() {
+                    why += &format!(
+                        "; the server went away with {}{}{}",
+                        http2::code_name(code),
+                        if debug.is_empty() { "" } else { ": " },
+                        String::from_utf8_lossy(debug)
+                    );
+                }
+                return Err(Failure::Failed(why));
+            }
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(fail(format!("no answer within {HTTP_TIMEOUT:?}")))
+            }
+            Err(e) => return Err(fail(e.to_string())),
+        };
+        let out = stream
+            .from_peer(&chunk[..n])
+            .map_err(|e| fail(format!("the sealed stream failed: {e}")))?;
+        if !opened && stream.is_open() {
+            eprintln!(
+                "authenticated {} at {}",
+                instance.id.printable(me.mesh()),
+                instance.endpoint
+            );
+        }
+        let mut to_peer = out.to_peer;
+        if !out.to_app.is_empty() {
+            let (reply, events) = match client.receive(&out.to_app) {
+                Ok(answer) => answer,
+                Err(e) => {
+                    if let Some(goaway) = e.goaway() {
+                        if let Ok(sealed) = stream.from_app(&goaway) {
+                            let _ = tcp.write_all(&sealed);
+                        }
+                    }
+                    return Err(Failure::Failed(e.to_string()));
+                }
+            };
+            if !reply.is_empty() {
+                let sealed = stream
+                    .from_app(&reply)
+                    .map_err(|e| Failure::Failed(e.to_string()))?;
+                to_peer.extend_from_slice(&sealed);
+            }
+            for event in events {
+                match event {
+                    http2::Event::Informational { status, headers } => {
+                        print_head(&format!("HTTP/2 {status}"), &headers)
+                    }
+                    http2::Event::Response { status: s, headers } => {
+                        print_head(&format!("HTTP/2 {s}"), &headers);
+                        status = Some(s);
+                    }
+                    http2::Event::Data(data) => stdout
+                        .write_all(&data)
+                        .map_err(|e| Failure::Failed(format!("stdout: {e}")))?,
+                    http2::Event::Trailers(trailers) => print_head("trailers:", &trailers),
+                    http2::Event::End => {}
+                }
+            }
+        }
+        if !to_peer.is_empty() {
+            tcp.write_all(&to_peer).map_err(|e| fail(e.to_string()))?;
+        }
+    }
+    let _ = stdout.flush();
+    // A polite end; the connection closes when `tcp` drops.
+    if let Ok(sealed) = stream.from_app(&client.goodbye()) {
+        let _ = tcp.write_all(&sealed);
+    }
+    status.ok_or_else(|| Failure::Failed("the response ended without a status".into()))
+}
+
+/// A status line (or a heading) and header lines, on stderr.
+fn print_head(first: &str, headers: &[(String, String)]) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{first}");
+    for (name, value) in headers {
+        let _ = writeln!(err, "{name}: {value}");
+    }
 }

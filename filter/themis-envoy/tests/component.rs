@@ -1,0 +1,253 @@
+//! The component's mesh client (`wasmtime run themis_component.wasm call --http …`)
+//! against a real Envoy sidecar: the tool resolves `check` through agent A, verifies
+//! the records against the mesh root, connects to Envoy B's inbound listener, runs the
+//! stream's key agreement as the initiator with the instance's id, and speaks HTTP/2
+//! inside the sealed stream; Envoy B's connection manager hands the request to the
+//! echo app with the tool's authenticated id.
+//!
+//! The component is built (release, wasm32-wasip2) with the same nested `cargo build`
+//! as the filter (`support::build`); `wasmtime` is the one `scripts/setup.sh` installs.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use support::app::seen_header;
+use support::build::{cargo_build, target_dir};
+use support::mesh::{random_hex, Mesh, IP_A};
+
+/// How long one run of the tool may take.
+const TOOL_LIMIT: Duration = Duration::from_secs(60);
+
+/// The component, built once.
+fn component() -> PathBuf {
+    cargo_build(&[
+        "-p",
+        "themis-component",
+        "--release",
+        "--target",
+        "wasm32-wasip2",
+    ]);
+    let path = target_dir().join("wasm32-wasip2/release/themis_component.wasm");
+    assert!(
+        path.is_file(),
+        "{} is missing after the build",
+        path.display()
+    );
+    path
+}
+
+fn wasmtime() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(|home| Path::new(&home).join(".cargo/bin/wasmtime"))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| "wasmtime".into())
+}
+
+/// The agents of the harness serve their API on a Unix socket only (no
+/// `--resolve-listen`), which WASI cannot reach: this forwards a loopback TCP port to
+/// agent A's socket, whose `GET /v1/services/…` and `GET /v1/revocations` are the
+/// handlers the resolve listener serves. One thread per connection, for the test's
+/// life.
+fn forward_to_unix(socket: PathBuf) -> SocketAddr {
+    let listener = TcpListener::bind((IP_A, 0)).unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming().flatten() {
+            let Ok(unix) = UnixStream::connect(&socket) else {
+                continue;
+            };
+            let (mut tcp_in, mut unix_out) = (tcp.try_clone().unwrap(), unix.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut tcp_in, &mut unix_out);
+                let _ = unix_out.shutdown(Shutdown::Write);
+            });
+            let (mut unix_in, mut tcp_out) = (unix, tcp);
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut unix_in, &mut tcp_out);
+                let _ = tcp_out.shutdown(Shutdown::Both);
+            });
+        }
+    });
+    addr
+}
+
+struct Run {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+/// `wasmtime run --dir . -S inherit-network <component> <args>` in `dir`, killed if it
+/// takes longer than [`TOOL_LIMIT`].
+fn run_tool(component: &Path, dir: &Path, args: &[&str]) -> Run {
+    let (out, err) = (dir.join("tool.stdout"), dir.join("tool.stderr"));
+    let mut child = Command::new(wasmtime())
+        .current_dir(dir)
+        .args(["run", "--dir", ".", "-S", "inherit-network"])
+        .arg(component)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "running {} (scripts/setup.sh installs it): {e}",
+                wasmtime().display()
+            )
+        });
+    let deadline = Instant::now() + TOOL_LIMIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the tool did not finish within {TOOL_LIMIT:?}; stderr:\n{}",
+                std::fs::read_to_string(&err).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Run {
+        status,
+        stdout: std::fs::read_to_string(out).unwrap_or_default(),
+        stderr: std::fs::read_to_string(err).unwrap_or_default(),
+    }
+}
+
+/// A check that the forwarder works the way the tool uses it (HTTP/1.1, close).
+fn agent_answers(addr: SocketAddr) -> bool {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return false;
+    };
+    let _ = s.write_all(b"GET /v1/status HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    answer.starts_with("HTTP/1.1 200")
+}
+
+#[test]
+fn the_wasmtime_tool_calls_a_service_through_its_envoy_sidecar_over_http2() {
+    let component = component();
+    let mesh = Mesh::standard();
+
+    // The tool's identity: a workload of node A (its key from agent A's key store), a
+    // member of the mesh like any other; Envoy B's default policy admits every
+    // authenticated member.
+    let (code, out, err) = mesh.a.cli(&["--json", "workload", "tool"]);
+    assert_eq!(code, 0, "themis workload tool: {out}{err}");
+    let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let tool_id = answer["id"].as_str().expect("an id").to_owned();
+    let work = mesh.dir.path().join("tool");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::copy(mesh.a.dir.join("workloads/tool.key"), work.join("tool.key")).unwrap();
+    let mesh_root = support::envoy::mesh_root(mesh.dir.path());
+    let agent = forward_to_unix(mesh.a.dir.join("agent.sock"));
+    assert!(agent_answers(agent), "the forwarder to agent A's API");
+
+    let marker = format!("TOOLMARK-{}", random_hex(12));
+    let agent = agent.to_string();
+    let run = run_tool(
+        &component,
+        &work,
+        &[
+            "call",
+            "check",
+            "--http",
+            "POST",
+            "/echo?from=tool",
+            "--body",
+            &marker,
+            "--header",
+            "x-custom: custom-value",
+            "--header",
+            "x-themis-peer-id: forged",
+            "--key",
+            "tool.key",
+            "--mesh-root",
+            &mesh_root,
+            "--agent",
+            &agent,
+        ],
+    );
+    let context = format!(
+        "status {:?}\n--- stdout:\n{}\n--- stderr:\n{}\n{}",
+        run.status,
+        run.stdout,
+        run.stderr,
+        mesh.logs()
+    );
+    assert_eq!(run.status.code(), Some(0), "{context}");
+
+    // The response: status and headers on stderr, the app's JSON body on stdout.
+    assert!(run.stderr.contains("HTTP/2 200"), "{context}");
+    assert!(run.stderr.contains("x-app: echo"), "{context}");
+    assert!(
+        run.stderr
+            .contains(&format!("authenticated {}", mesh.check_id)),
+        "the tool says whom it authenticated: {context}"
+    );
+    let echo: serde_json::Value = serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| panic!("the body is the echo's JSON ({e}): {context}"));
+    assert!(run.stdout.contains(&marker), "{context}");
+    assert_eq!(echo["marker"], mesh.app_marker.as_str(), "{context}");
+
+    // What the app saw: the request, and the tool's authenticated id (never the
+    // forged one), no service (the tool claimed none).
+    assert_eq!(echo["method"], "POST", "{echo}");
+    assert_eq!(echo["path"], "/echo?from=tool", "{echo}");
+    assert_eq!(echo["body"], marker.as_str(), "{echo}");
+    assert_eq!(seen_header(&echo, "x-custom"), ["custom-value"], "{echo}");
+    assert_eq!(
+        seen_header(&echo, "x-themis-peer-id"),
+        [tool_id.as_str()],
+        "{echo}"
+    );
+    assert!(
+        seen_header(&echo, "x-themis-peer-service").is_empty(),
+        "{echo}"
+    );
+    assert!(!echo.to_string().contains("forged"), "{echo}");
+    assert_eq!(mesh.app.count(), 1);
+
+    // A GET without a body, on the same sidecar: a second connection, a second key
+    // agreement.
+    let run = run_tool(
+        &component,
+        &work,
+        &[
+            "call",
+            "check",
+            "--http",
+            "GET",
+            "/second",
+            "--key",
+            "tool.key",
+            "--mesh-root",
+            &mesh_root,
+            "--agent",
+            &agent,
+        ],
+    );
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "{}\n{}",
+        run.stderr,
+        mesh.logs()
+    );
+    let echo: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(echo["method"], "GET", "{echo}");
+    assert_eq!(echo["path"], "/second", "{echo}");
+    assert_eq!(echo["body_len"], 0, "{echo}");
+    assert_eq!(mesh.app.count(), 2);
+}
