@@ -43,6 +43,9 @@ use crate::wire::{
 /// whole.
 pub const MAX_CHUNK: usize = 16 * 1024;
 
+/// The largest record a stream accepts: [`MAX_CHUNK`] of payload.
+pub const MAX_RECORD_LEN: usize = MAX_CHUNK + RECORD_OVERHEAD;
+
 /// The HTTP/2 client connection preface: what a responder in front of an HTTP/2
 /// server feeds it when message 1 arrives.
 pub const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -183,6 +186,13 @@ fn open_all(session: &mut Session, inbox: &mut Inbox, out: &mut Vec<u8>) -> Resu
     let mut at = 0;
     let result = loop {
         let len = match frame_len(&inbox.buf[at..]) {
+            // Records here carry at most MAX_CHUNK: a peer cannot make us hold more.
+            Ok(Some(len)) if len > MAX_RECORD_LEN => {
+                break Err(Refusal::Malformed(WireError::TooLarge {
+                    len,
+                    max: MAX_RECORD_LEN,
+                }))
+            }
             Ok(Some(len)) if at + len <= inbox.buf.len() => len,
             Ok(_) => break Ok(()),
             Err(e) => break Err(Refusal::Malformed(e)),
