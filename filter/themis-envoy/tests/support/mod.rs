@@ -20,8 +20,11 @@ macro_rules! env {
 #[path = "../../../../host-agent/themis-agent/tests/common/mod.rs"]
 pub mod agent_harness;
 pub mod app;
+pub mod apps;
 pub mod build;
 pub mod envoy;
 pub mod http;
 pub mod mesh;
+pub mod mitm;
+pub mod pair;
 pub mod process;

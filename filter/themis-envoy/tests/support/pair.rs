@@ -1,0 +1,676 @@
+//! The topology of `tests/protocols.rs`: two agents (node A 127.0.0.31 with workload
+//! `handler`, node B 127.0.0.32 with whatever workloads a test needs), sidecar
+//! Envoys rendered from `deploy/envoy/sidecar.yaml` with the additions
+//! `scripts/render-sidecar` makes (TCP listeners, canary splits), and packet captures
+//! of what travels between the sidecars.
+//!
+//! Unlike [`super::envoy::Envoy`], a [`Proxy`] starts on a rendered configuration the
+//! test may have extended, and it can fix the outbound port in advance (a TCP
+//! listener's tunnel cluster must name it).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::agent_harness::{Agent, Spawn};
+use super::envoy::{inbound_config, mesh_root, outbound_config, render, AppProtocol, Sidecar};
+use super::http;
+use super::mesh::{closed_port, tempdir, IP_A, IP_B};
+use super::process::{on_path, wait_until, Process};
+
+/// How long Envoy gets to become ready (V8 compiles the filter per worker).
+const READY_LIMIT: Duration = Duration::from_secs(60);
+/// How long the DHT gets to make a registration resolvable.
+const RESOLVE_LIMIT: Duration = Duration::from_secs(30);
+
+/// A base id no other Envoy of this test process uses (the upper half of the range
+/// `Envoy` of support/envoy.rs takes from, should both ever run in one process).
+fn base_id() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    std::process::id() * 64 + 32 + NEXT.fetch_add(1, Ordering::SeqCst) % 32
+}
+
+/// `GET path` on an admin listener; panics unless it answers 200.
+pub fn admin_get(admin: SocketAddr, path: &str) -> http::Response {
+    let r = http::request(admin, "GET", path, &[("host", "admin")], b"");
+    assert_eq!(r.status, 200, "admin {path}: {r}");
+    r
+}
+
+/// Every counter and gauge in an admin `/stats`, by name.
+pub fn stats_of(admin: SocketAddr) -> BTreeMap<String, u64> {
+    admin_get(admin, "/stats")
+        .text()
+        .lines()
+        .filter_map(|line| {
+            let (name, value) = line.split_once(": ")?;
+            Some((name.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Envoy's `server.memory_allocated` (bytes its allocator has handed out).
+pub fn memory_allocated(admin: SocketAddr) -> u64 {
+    *stats_of(admin)
+        .get("server.memory_allocated")
+        .expect("Envoy reports server.memory_allocated")
+}
+
+/// A process's resident set (VmRSS), bytes; 0 if it cannot be read.
+pub fn rss(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+pub const MIB: u64 = 1024 * 1024;
+
+/// One Envoy process on a configuration given as text.
+pub struct Proxy {
+    pub name: String,
+    pub admin: SocketAddr,
+    pub outbound: SocketAddr,
+    pub inbound: SocketAddr,
+    /// The TCP services' listeners, by service.
+    pub tcp: BTreeMap<String, SocketAddr>,
+    process: Process,
+}
+
+impl Proxy {
+    /// Starts Envoy on `yaml` and waits until it is ready.
+    pub fn start(dir: &Path, name: &str, yaml: &str) -> Proxy {
+        let config = dir.join(format!("{name}.yaml"));
+        std::fs::write(&config, yaml).unwrap();
+        let admin_file = dir.join(format!("{name}.admin"));
+        let mut command = Command::new(super::envoy::envoy_binary());
+        command
+            .arg("-c")
+            .arg(&config)
+            .args(["--concurrency", "2", "--disable-hot-restart"])
+            .args(["--base-id", &base_id().to_string()])
+            .arg("--admin-address-path")
+            .arg(&admin_file)
+            .args(["-l", "warn", "--component-log-level", "wasm:info"]);
+        let mut process = Process::spawn(name, command, &dir.join(format!("{name}.log")));
+        let alive = |process: &mut Process| {
+            if let Some(status) = process.exited() {
+                panic!(
+                    "{name} exited ({status}) while starting:\n{}",
+                    process.log_tail(40)
+                );
+            }
+        };
+        let admin: SocketAddr = wait_until(&format!("{name}'s admin address"), READY_LIMIT, || {
+            alive(&mut process);
+            std::fs::read_to_string(&admin_file)
+                .ok()
+                .and_then(|text| text.trim().parse().ok())
+        });
+        wait_until(&format!("{name} to be ready"), READY_LIMIT, || {
+            alive(&mut process);
+            let ready = http::exchange(
+                admin,
+                b"GET /ready HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n",
+            );
+            ready.ok().filter(|r| r.status == 200)
+        });
+        let listeners = admin_get(admin, "/listeners?format=json").json();
+        let all = listeners["listener_statuses"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let address_of = |entry: &Value| -> SocketAddr {
+            let socket = &entry["local_address"]["socket_address"];
+            format!(
+                "{}:{}",
+                socket["address"].as_str().unwrap(),
+                socket["port_value"].as_u64().unwrap()
+            )
+            .parse()
+            .unwrap()
+        };
+        let port_of = |listener: &str| -> SocketAddr {
+            let entry = all
+                .iter()
+                .find(|l| l["name"] == listener)
+                .unwrap_or_else(|| panic!("{name} has no listener {listener}: {listeners}"));
+            address_of(entry)
+        };
+        let tcp = all
+            .iter()
+            .filter_map(|l| {
+                let service = l["name"].as_str()?.strip_prefix("themis_tcp_")?;
+                Some((service.to_owned(), address_of(l)))
+            })
+            .collect();
+        Proxy {
+            name: name.to_owned(),
+            admin,
+            outbound: port_of("themis_outbound"),
+            inbound: port_of("themis_inbound"),
+            tcp,
+            process,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    pub fn stats(&self) -> BTreeMap<String, u64> {
+        stats_of(self.admin)
+    }
+
+    /// One stat, 0 if Envoy has none of that name (counters appear when first used).
+    pub fn stat(&self, name: &str) -> u64 {
+        self.stats().get(name).copied().unwrap_or(0)
+    }
+
+    /// The stats whose names contain `part`, one per line (for failure messages).
+    pub fn stats_matching(&self, part: &str) -> String {
+        self.stats()
+            .iter()
+            .filter(|(n, v)| n.contains(part) && **v != 0)
+            .map(|(n, v)| format!("{n}: {v}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    pub fn memory(&self) -> u64 {
+        memory_allocated(self.admin)
+    }
+
+    /// Waits until every worker's sealing and inbound filters hold the workload's key.
+    pub fn wait_identity(&self) {
+        wait_until(
+            &format!("{}'s filters to load the workload key", self.name),
+            READY_LIMIT,
+            || {
+                let stats = self.stats();
+                let loaded = |role: &str| {
+                    stats
+                        .get(&format!("wasmcustom.themis.{role}.identity"))
+                        .copied()
+                };
+                (loaded("seal") >= Some(2) && loaded("inbound") >= Some(2)).then_some(())
+            },
+        );
+    }
+
+    pub fn log_tail(&self, n: usize) -> String {
+        self.process.log_tail(n)
+    }
+
+    pub fn stop(&mut self) {
+        self.process.stop();
+    }
+}
+
+/// What one sidecar is: whose, where, in front of what, with which additions.
+pub struct Spec<'a> {
+    pub name: &'a str,
+    pub ip: &'a str,
+    pub agent: &'a Agent,
+    pub workload: &'a str,
+    pub service: &'a str,
+    pub app: SocketAddr,
+    pub app_protocol: AppProtocol,
+    /// Traffic splits for the outbound role (JSON array), as `--canary` takes them.
+    pub canary: Option<Value>,
+    /// TCP services that get a listener of their own (`--tcp SERVICE=IP:PORT`; the
+    /// port is chosen here).
+    pub tcp: &'a [&'a str],
+}
+
+/// `scripts/render-sidecar`'s `add_tcp_listeners`, on a rendered configuration: a
+/// listener per TCP service whose tcp_proxy tunnels each connection as an HTTP/2
+/// CONNECT to `<service>:<port>` through the outbound listener (at `outbound`), and
+/// the cluster that reaches that listener.
+pub fn add_tcp_listeners(
+    yaml: &str,
+    services: &[(&str, SocketAddr)],
+    outbound: SocketAddr,
+) -> String {
+    let mut listeners = String::new();
+    for (service, listen) in services {
+        let (host, port) = (listen.ip(), listen.port());
+        listeners += &format!(
+            r#"  - name: themis_tcp_{service}
+    address: {{socket_address: {{address: {host}, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.tcp_proxy
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy
+          stat_prefix: themis_tcp_{service}
+          cluster: themis_outbound_self
+          tunneling_config: {{hostname: "{service}:{port}"}}
+"#
+        );
+    }
+    let cluster = format!(
+        r#"  - name: themis_outbound_self
+    type: STATIC
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: themis_outbound_self
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}}}]}}]
+"#,
+        outbound.ip(),
+        outbound.port()
+    );
+    let (head, tail) = yaml
+        .split_once("  clusters:\n")
+        .expect("the template has a clusters section");
+    format!("{head}{listeners}  clusters:\n{cluster}{tail}")
+}
+
+/// Makes the router's pool to the sealing listener (cluster `themis_seal`) use each
+/// connection for one request only: every call is a new sealed connection, with its
+/// own key agreement.
+pub fn one_request_per_sealed_connection(yaml: &str) -> String {
+    let anchor = "explicit_http_config: {http2_protocol_options: {allow_connect: true}}\n    transport_socket:";
+    assert_eq!(
+        yaml.matches(anchor).count(),
+        1,
+        "the themis_seal cluster's protocol options are not where they were"
+    );
+    yaml.replace(
+        anchor,
+        "explicit_http_config: {http2_protocol_options: {allow_connect: true}}\n        \
+         common_http_protocol_options: {max_requests_per_connection: 1}\n    transport_socket:",
+    )
+}
+
+/// Fixes the outbound listener's port of a rendered configuration (the tests' render
+/// leaves every port 0).
+fn fix_outbound_port(yaml: &str, outbound: SocketAddr) -> String {
+    let at = yaml
+        .find("- name: themis_outbound\n")
+        .expect("the template has the themis_outbound listener");
+    let zero = format!("address: {}, port_value: 0}}", outbound.ip());
+    let offset = yaml[at..]
+        .find(&zero)
+        .expect("the outbound listener's address follows its name");
+    let fixed = format!(
+        "address: {}, port_value: {}}}",
+        outbound.ip(),
+        outbound.port()
+    );
+    format!(
+        "{}{}{}",
+        &yaml[..at + offset],
+        fixed,
+        &yaml[at + offset + zero.len()..]
+    )
+}
+
+/// The two nodes. Proxies and apps a test starts must drop before this does
+/// (declare them after it).
+pub struct Nodes {
+    pub a: Agent,
+    pub b: Agent,
+    pub mesh_root: String,
+    pub handler_id: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl Nodes {
+    /// Agents A and B in one ring, workload `handler` created on A.
+    pub fn start() -> Nodes {
+        let dir = tempdir();
+        let root = dir.path();
+        let a = Agent::spawn(
+            root,
+            "agent-a",
+            Spawn {
+                listen: &format!("{IP_A}:0"),
+                ..Spawn::default()
+            },
+        );
+        let b = Agent::spawn(
+            root,
+            "agent-b",
+            Spawn {
+                listen: &format!("{IP_B}:0"),
+                join: Some(&a.contact),
+                ..Spawn::default()
+            },
+        );
+        a.wait_joined();
+        b.wait_joined();
+        let handler_id = workload(&a, "handler");
+        Nodes {
+            mesh_root: mesh_root(root),
+            a,
+            b,
+            handler_id,
+            dir,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Renders and starts a sidecar (without waiting for its key: see
+    /// [`Proxy::wait_identity`]).
+    pub fn sidecar(&self, spec: &Spec<'_>) -> Proxy {
+        self.sidecar_edited(spec, |yaml| yaml.to_owned())
+    }
+
+    /// [`Nodes::sidecar`] on a configuration `edit` changed (after the additions).
+    pub fn sidecar_edited(&self, spec: &Spec<'_>, edit: impl Fn(&str) -> String) -> Proxy {
+        let mut outbound: Value = serde_json::from_str(&outbound_config(
+            &self.mesh_root,
+            spec.workload,
+            spec.service,
+        ))
+        .unwrap();
+        if let Some(canary) = &spec.canary {
+            outbound["canary"] = canary.clone();
+        }
+        let mut yaml = render(&Sidecar {
+            app_protocol: spec.app_protocol,
+            ip: spec.ip,
+            agent_socket: &spec.agent.dir.join("agent.sock"),
+            app: spec.app,
+            outbound_config: &outbound.to_string(),
+            inbound_config: &inbound_config(&self.mesh_root, spec.workload, spec.service, None),
+        });
+        if !spec.tcp.is_empty() {
+            let outbound = closed_port(spec.ip);
+            yaml = fix_outbound_port(&yaml, outbound);
+            let services: Vec<(&str, SocketAddr)> = spec
+                .tcp
+                .iter()
+                .map(|s| (*s, closed_port(spec.ip)))
+                .collect();
+            yaml = add_tcp_listeners(&yaml, &services, outbound);
+        }
+        Proxy::start(self.path(), spec.name, &edit(&yaml))
+    }
+
+    /// Envoy A: `handler`'s sidecar (no app behind it), registered as `handler` (node
+    /// B verifies callers' services through the DHT) once its key is loaded.
+    pub fn envoy_a(&self, canary: Option<Value>, tcp: &[&str]) -> Proxy {
+        self.envoy_a_edited(canary, tcp, |yaml| yaml.to_owned())
+    }
+
+    /// [`Nodes::envoy_a`] on a configuration `edit` changed.
+    pub fn envoy_a_edited(
+        &self,
+        canary: Option<Value>,
+        tcp: &[&str],
+        edit: impl Fn(&str) -> String,
+    ) -> Proxy {
+        let proxy = self.sidecar_edited(
+            &Spec {
+                name: "envoy-a",
+                ip: IP_A,
+                agent: &self.a,
+                workload: "handler",
+                service: "handler",
+                app: closed_port(IP_A),
+                app_protocol: AppProtocol::Http1,
+                canary,
+                tcp,
+            },
+            edit,
+        );
+        proxy.wait_identity();
+        register(&self.a, "handler", "handler", proxy.inbound, None);
+        self.wait_resolves(&self.b, "handler", &[proxy.inbound]);
+        proxy
+    }
+
+    /// A sidecar on node B for `workload` (created here if new) in front of `app`,
+    /// registered as an instance of `service` (with `metadata`) once its key is
+    /// loaded; returns when node A resolves it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn envoy_b(
+        &self,
+        name: &str,
+        ip: &str,
+        workload_name: &str,
+        service: &str,
+        app: SocketAddr,
+        app_protocol: AppProtocol,
+        metadata: Option<Value>,
+    ) -> (Proxy, String) {
+        let id = workload(&self.b, workload_name);
+        let proxy = self.sidecar(&Spec {
+            name,
+            ip,
+            agent: &self.b,
+            workload: workload_name,
+            service,
+            app,
+            app_protocol,
+            canary: None,
+            tcp: &[],
+        });
+        proxy.wait_identity();
+        register(&self.b, service, workload_name, proxy.inbound, metadata);
+        self.wait_resolves(&self.a, service, &[proxy.inbound]);
+        (proxy, id)
+    }
+
+    /// Waits until `agent` resolves `service` to (at least) these endpoints.
+    pub fn wait_resolves(&self, agent: &Agent, service: &str, endpoints: &[SocketAddr]) {
+        let deadline = Instant::now() + RESOLVE_LIMIT;
+        loop {
+            let answer = agent.resolve(service);
+            let found: Vec<String> = answer
+                .as_ref()
+                .and_then(|a| a["instances"].as_array())
+                .map(|all| {
+                    all.iter()
+                        .filter_map(|i| i["endpoint"].as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if endpoints.iter().all(|e| found.contains(&e.to_string())) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not resolve {service} to {endpoints:?} within {RESOLVE_LIMIT:?}; \
+                 last answer: {answer:?}\n--- agent-a:\n{}\n--- agent-b:\n{}",
+                agent.name,
+                self.a.log_tail(),
+                self.b.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.b.terminate();
+            self.a.terminate();
+        }
+    }
+}
+
+/// Creates `name` on `agent` with the `themis` tool (once); returns its printable id.
+pub fn workload(agent: &Agent, name: &str) -> String {
+    let (code, out, err) = agent.cli(&["--json", "workload", name]);
+    assert_eq!(code, 0, "themis workload {name}: {out}{err}");
+    let answer: Value = serde_json::from_str(&out).expect("themis --json workload is JSON");
+    answer["id"].as_str().expect("an id").to_owned()
+}
+
+/// Registers `workload` as an instance of `service` at `endpoint`, with `metadata`
+/// (`{"version":"v2"}`...), granting the service to the node first.
+pub fn register(
+    agent: &Agent,
+    service: &str,
+    workload: &str,
+    endpoint: SocketAddr,
+    metadata: Option<Value>,
+) {
+    agent.grant(service);
+    let mut body = json!({ "endpoint": endpoint.to_string() });
+    if let Some(metadata) = metadata {
+        body["metadata"] = metadata;
+    }
+    let path = format!("/v1/services/{service}/instances/{workload}");
+    let (status, answer) = agent
+        .call(hyper::Method::PUT, &path, Some(&body))
+        .expect("the agent answers");
+    assert_eq!(status, 200, "{}: register {service}: {answer}", agent.name);
+}
+
+/// A tcpdump on `lo` of the TCP traffic of some ports, written to a file.
+pub struct Capture {
+    pub path: PathBuf,
+    process: Process,
+}
+
+impl Capture {
+    /// Starts capturing (and waits until tcpdump listens).
+    pub fn start(dir: &Path, name: &str, ports: &[u16]) -> Capture {
+        let tcpdump = on_path("tcpdump")
+            .or_else(|| Some(PathBuf::from("/usr/bin/tcpdump")).filter(|p| p.is_file()))
+            .expect("tcpdump is not installed: run scripts/setup.sh");
+        let path = dir.join(format!("{name}.pcap"));
+        let filter = ports
+            .iter()
+            .map(|p| format!("tcp port {p}"))
+            .collect::<Vec<_>>()
+            .join(" or ");
+        let mut command = Command::new(tcpdump);
+        // -B: a 64 MiB kernel buffer, so a fast stream is captured without drops.
+        command
+            .args([
+                "-i",
+                "lo",
+                "-U",
+                "--immediate-mode",
+                "-n",
+                "-s",
+                "0",
+                "-B",
+                "65536",
+                "-w",
+            ])
+            .arg(&path)
+            .arg(filter);
+        let mut process = Process::spawn(name, command, &dir.join(format!("{name}.log")));
+        wait_until(
+            &format!("{name} to listen"),
+            Duration::from_secs(15),
+            || {
+                if let Some(status) = process.exited() {
+                    panic!("{name} exited ({status}): {}", process.log());
+                }
+                process.log().contains("listening on").then_some(())
+            },
+        );
+        Capture { path, process }
+    }
+
+    /// Stops tcpdump (it writes out what it holds); returns what it captured and how
+    /// many packets the kernel dropped.
+    pub fn finish(mut self) -> Captured {
+        // Packets written with -U, but give the last ones a moment to arrive.
+        std::thread::sleep(Duration::from_millis(300));
+        let status = self.process.stop().expect("tcpdump ran");
+        let log = self.process.log();
+        assert!(
+            status.success() || status.code().is_none(),
+            "tcpdump: {status}: {log}"
+        );
+        let number_before = |what: &str| -> u64 {
+            log.lines()
+                .find(|l| l.contains(what))
+                .and_then(|l| l.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        Captured {
+            bytes: std::fs::metadata(&self.path).map_or(0, |m| m.len()),
+            packets: number_before("packets captured"),
+            dropped: number_before("packets dropped by kernel"),
+            path: self.path,
+        }
+    }
+}
+
+/// A finished capture.
+pub struct Captured {
+    pub path: PathBuf,
+    pub bytes: u64,
+    pub packets: u64,
+    pub dropped: u64,
+}
+
+impl Captured {
+    /// How many packets hold `marker` as it is (grep -c: lines of the binary file,
+    /// 0 exactly when it is nowhere).
+    pub fn count(&self, marker: &str) -> usize {
+        let out = Command::new("grep")
+            .args(["-c", "-a", "-F", "-e", marker])
+            .arg(&self.path)
+            .env("LC_ALL", "C")
+            .output()
+            .expect("running grep");
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    }
+
+    /// Asserts the capture holds real traffic (at least `min_bytes`, nothing dropped)
+    /// and none of the markers.
+    pub fn assert_sealed(&self, min_bytes: u64, markers: &[&str]) {
+        assert!(
+            self.bytes >= min_bytes,
+            "the capture {} holds {} bytes ({} packets), less than the {min_bytes} that travelled",
+            self.path.display(),
+            self.bytes,
+            self.packets
+        );
+        assert_eq!(
+            self.dropped, 0,
+            "tcpdump dropped packets: the capture proves nothing"
+        );
+        for marker in markers {
+            assert_eq!(
+                self.count(marker),
+                0,
+                "{marker} is readable on the wire between the Envoys ({})",
+                self.path.display()
+            );
+        }
+    }
+
+    /// Asserts the markers are readable (the positive control: the app's side of
+    /// the sidecar carries plaintext, and the capture method sees it).
+    pub fn assert_plain(&self, markers: &[&str]) {
+        for marker in markers {
+            assert!(
+                self.count(marker) > 0,
+                "{marker} is not in the app-side capture {}: the capture method is broken",
+                self.path.display()
+            );
+        }
+    }
+}
