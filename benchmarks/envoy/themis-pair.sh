@@ -28,6 +28,8 @@ build)
     ;;
 start)
     [[ -x $THEMIS && -f $WASM ]] || { echo "run: $0 build" >&2; exit 1; }
+    # A fresh mesh each start (run.sh starts the pair once per round in the same DIR).
+    rm -rf "$DIR/mesh" "$DIR/a" "$DIR/b" "$DIR"/*.log "$DIR"/*.yaml
     mkdir -p "$DIR"
     on() { local n=$1; shift; "$THEMIS" --socket "$DIR/$n/agent.sock" "$@"; }
     # The operator: mesh "bench", nodes a (handler) and b (check) admitted and granted.
