@@ -11,7 +11,7 @@
 #[cfg(target_family = "wasm")]
 mod component;
 /// The tool's HTTP/2 client (sans-IO, so its tests run natively too).
-#[cfg_attr(not(target_family = "wasm"), allow(dead_code))]
+#[cfg_attr(not(target_family = "wasm"), allow(dead_code, unused_imports))]
 mod http2;
 #[cfg(target_family = "wasm")]
 mod tool;

@@ -143,7 +143,10 @@ impl Inbox {
         if self.buf.len() >= 2 {
             let got = peek_kind(&self.buf[..2]).map_err(Refusal::Malformed)?;
             if got != kind {
-                return Err(Refusal::Malformed(WireError::UnexpectedKind { expected: kind, got }));
+                return Err(Refusal::Malformed(WireError::UnexpectedKind {
+                    expected: kind,
+                    got,
+                }));
             }
         }
         self.next()
@@ -207,6 +210,9 @@ fn open_all(session: &mut Session, inbox: &mut Inbox, out: &mut Vec<u8>) -> Resu
     result
 }
 
+// The session is the state for most of a connection's life: boxing it would only add
+// an allocation per connection.
+#[allow(clippy::large_enum_variant)]
 enum InitiatorState {
     AwaitingReply(AwaitingHelloReply),
     Open(Session),
@@ -312,6 +318,7 @@ impl StreamInitiator {
     }
 }
 
+#[allow(clippy::large_enum_variant)] // as InitiatorState
 enum ResponderState {
     AwaitingHello,
     /// Message 2 is made; `reply` is `Some` until it rides on the app's first write.

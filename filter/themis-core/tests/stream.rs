@@ -287,7 +287,7 @@ impl Link {
     }
 
     /// Bytes over the wire to the responder, piece by piece, up to its refusal.
-    fn to_resp(&mut self, bytes: &[u8]) -> Result<(), Refusal> {
+    fn deliver_to_resp(&mut self, bytes: &[u8]) -> Result<(), Refusal> {
         self.i2r.extend_from_slice(bytes);
         for piece in self.cut.pieces(bytes) {
             let out = self
@@ -303,7 +303,7 @@ impl Link {
     }
 
     /// Bytes over the wire to the initiator; returns what it answers.
-    fn to_init(&mut self, bytes: &[u8]) -> Result<Vec<u8>, Refusal> {
+    fn deliver_to_init(&mut self, bytes: &[u8]) -> Result<Vec<u8>, Refusal> {
         self.r2i.extend_from_slice(bytes);
         let mut answer = Vec::new();
         for piece in self.cut.pieces(bytes) {
@@ -316,14 +316,14 @@ impl Link {
 
     fn init_writes(&mut self, data: &[u8]) -> Result<(), Refusal> {
         let sealed = self.init.from_app(data)?;
-        self.to_resp(&sealed)
+        self.deliver_to_resp(&sealed)
     }
 
     /// The responder's app writes; whatever the initiator answers goes back.
     fn resp_writes(&mut self, data: &[u8]) -> Result<(), Refusal> {
         let sealed = self.resp.from_app(data)?;
-        let answer = self.to_init(&sealed)?;
-        self.to_resp(&answer)
+        let answer = self.deliver_to_init(&sealed)?;
+        self.deliver_to_resp(&answer)
     }
 
     /// The initiator's app writes `first` (held, message 1 goes out), the responder
@@ -335,7 +335,7 @@ impl Link {
             "held until the key agreement is done"
         );
         let hello = self.hello.clone();
-        self.to_resp(&hello)?;
+        self.deliver_to_resp(&hello)?;
         assert_eq!(
             self.resp_app, HTTP2_PREFACE,
             "message 1 gets the app the preface, nothing else"
@@ -432,7 +432,7 @@ fn a_large_stream_flows_both_ways_whatever_the_cuts() {
 
         assert!(link.init.from_app(&a1).unwrap().is_empty());
         let hello = link.hello.clone();
-        link.to_resp(&hello).unwrap();
+        link.deliver_to_resp(&hello).unwrap();
         assert_eq!(link.resp_app, HTTP2_PREFACE);
         // The app may write again before message 2: still held, still nothing sent.
         assert!(link.init.from_app(a2).unwrap().is_empty());
@@ -935,13 +935,13 @@ fn reflected_messages_and_records_are_refused() {
     // Handshake messages sent back to their sender.
     let mut link = Link::pair(Split::Whole);
     let hello = link.hello.clone();
-    let refusal = link.to_init(&hello).unwrap_err();
+    let refusal = link.deliver_to_init(&hello).unwrap_err();
     // Refused by its kind already (a Hello where a HelloReply must come).
     assert_eq!(refusal.reason(), "malformed", "{refusal:?}");
     let mut link = Link::pair(Split::Whole);
-    link.to_resp(&hello).unwrap();
+    link.deliver_to_resp(&hello).unwrap();
     let reply = link.resp.from_app(SETTINGS).unwrap();
-    let refusal = link.to_resp(&reply).unwrap_err();
+    let refusal = link.deliver_to_resp(&reply).unwrap_err();
     assert!(
         ["handshake", "malformed"].contains(&refusal.reason()),
         "{refusal:?}"
@@ -970,7 +970,7 @@ fn records_of_another_connection_are_refused() {
         .unwrap();
     let from_one = frames(&one.i2r_after_hello())[3].to_vec();
     assert_eq!(seq(&from_one), 3);
-    let refusal = two.to_resp(&from_one).unwrap_err();
+    let refusal = two.deliver_to_resp(&from_one).unwrap_err();
     assert_eq!(refusal.reason(), "tampered", "{refusal:?}");
     assert_eq!(two.resp_app, cat(&[HTTP2_PREFACE, b"second"]));
 }
@@ -996,7 +996,9 @@ fn plaintext_is_not_the_protocol() {
         // As message 2, to the initiator.
         let mut link = Link::pair(split);
         assert!(link.init.from_app(HTTP2_PREFACE).unwrap().is_empty());
-        let refusal = link.to_init(b"HTTP/1.1 200 OK\r\n\r\n").unwrap_err();
+        let refusal = link
+            .deliver_to_init(b"HTTP/1.1 200 OK\r\n\r\n")
+            .unwrap_err();
         assert_eq!(refusal.reason(), "malformed", "{split:?}");
         assert_init_closed(&mut link.init, b"");
     }
@@ -1006,7 +1008,7 @@ fn plaintext_is_not_the_protocol() {
         let mut link = Link::pair(split);
         link.connect(&cat(&[HTTP2_PREFACE, b"one"]), SETTINGS)
             .unwrap();
-        let refusal = link.to_resp(get).unwrap_err();
+        let refusal = link.deliver_to_resp(get).unwrap_err();
         assert_eq!(refusal.reason(), "malformed", "{split:?}");
         assert_eq!(link.resp_app, cat(&[HTTP2_PREFACE, b"one"]));
         assert_resp_closed(&mut link.resp, b"");
@@ -1014,7 +1016,9 @@ fn plaintext_is_not_the_protocol() {
         let mut link = Link::pair(split);
         link.connect(HTTP2_PREFACE, SETTINGS).unwrap();
         link.resp_writes(b"one").unwrap();
-        let refusal = link.to_init(b"HTTP/1.1 200 OK\r\n\r\nforged").unwrap_err();
+        let refusal = link
+            .deliver_to_init(b"HTTP/1.1 200 OK\r\n\r\nforged")
+            .unwrap_err();
         assert_eq!(refusal.reason(), "malformed", "{split:?}");
         assert_eq!(link.init_app, cat(&[SETTINGS, b"one"]));
         assert_init_closed(&mut link.init, b"");
@@ -1129,9 +1133,16 @@ fn a_huge_record_is_refused_at_its_header() {
             let mut link = Link::pair(split);
             link.connect(HTTP2_PREFACE, SETTINGS).unwrap();
             // Only the header: the refusal must not wait for the body.
-            let refusal = link.to_resp(&header(session, next, len)).unwrap_err();
+            let refusal = link
+                .deliver_to_resp(&header(session, next, len))
+                .unwrap_err();
             assert!(
-                matches!(refusal, Refusal::Malformed(WireError::TooLarge { .. } | WireError::UnexpectedKind { .. })),
+                matches!(
+                    refusal,
+                    Refusal::Malformed(
+                        WireError::TooLarge { .. } | WireError::UnexpectedKind { .. }
+                    )
+                ),
                 "{len}: {refusal:?}"
             );
             assert_resp_closed(&mut link.resp, b"");
@@ -1139,7 +1150,7 @@ fn a_huge_record_is_refused_at_its_header() {
             // The initiator, waiting for message 2.
             let mut link = Link::pair(split);
             assert!(link.init.from_app(HTTP2_PREFACE).unwrap().is_empty());
-            let refusal = link.to_init(&header(session, 1, len)).unwrap_err();
+            let refusal = link.deliver_to_init(&header(session, 1, len)).unwrap_err();
             assert!(matches!(
                 refusal,
                 Refusal::Malformed(WireError::TooLarge { .. } | WireError::UnexpectedKind { .. })
@@ -1148,7 +1159,7 @@ fn a_huge_record_is_refused_at_its_header() {
 
             // A responder waiting for message 1.
             let mut link = Link::pair(split);
-            let refusal = link.to_resp(&header(session, 1, len)).unwrap_err();
+            let refusal = link.deliver_to_resp(&header(session, 1, len)).unwrap_err();
             assert_eq!(refusal.reason(), "malformed");
         }
     }
@@ -1168,7 +1179,9 @@ fn a_hello_longer_than_the_limit_is_refused_by_then() {
     );
     assert!(matches!(
         fed.refused,
-        Some(Refusal::Malformed(WireError::TooLarge { .. } | WireError::UnexpectedKind { .. }))
+        Some(Refusal::Malformed(
+            WireError::TooLarge { .. } | WireError::UnexpectedKind { .. }
+        ))
     ));
     assert!(fed.to_app.is_empty());
     // Refused once MAX_HANDSHAKE_LEN bytes are buffered, not later.
@@ -1187,7 +1200,9 @@ fn a_hello_longer_than_the_limit_is_refused_by_then() {
     );
     assert!(matches!(
         fed.refused,
-        Some(Refusal::Malformed(WireError::TooLarge { .. } | WireError::UnexpectedKind { .. }))
+        Some(Refusal::Malformed(
+            WireError::TooLarge { .. } | WireError::UnexpectedKind { .. }
+        ))
     ));
 
     for split in [Split::Whole, Split::Random(12)] {
@@ -1279,9 +1294,12 @@ fn after_a_refusal_the_genuine_bytes_are_refused_too() {
     let sealed = link.init.from_app(b"two").unwrap();
     let mut forged = sealed.clone();
     *forged.last_mut().unwrap() ^= 1;
-    assert_eq!(link.to_resp(&forged).unwrap_err().reason(), "tampered");
+    assert_eq!(
+        link.deliver_to_resp(&forged).unwrap_err().reason(),
+        "tampered"
+    );
     for _ in 0..3 {
-        assert!(link.to_resp(&sealed).is_err());
+        assert!(link.deliver_to_resp(&sealed).is_err());
         assert!(link.resp.from_app(b"reply").is_err());
     }
     assert_eq!(link.resp_app, before);
@@ -1292,9 +1310,12 @@ fn after_a_refusal_the_genuine_bytes_are_refused_too() {
     let sealed = link.resp.from_app(b"one").unwrap();
     let mut forged = sealed.clone();
     forged[40] ^= 0x80;
-    assert_eq!(link.to_init(&forged).unwrap_err().reason(), "tampered");
+    assert_eq!(
+        link.deliver_to_init(&forged).unwrap_err().reason(),
+        "tampered"
+    );
     for _ in 0..3 {
-        assert!(link.to_init(&sealed).is_err());
+        assert!(link.deliver_to_init(&sealed).is_err());
         assert!(link.init.from_app(b"request").is_err());
     }
     assert!(link.init_app.is_empty());
@@ -1309,19 +1330,19 @@ fn a_record_before_the_handshake_is_refused_at_its_header() {
     let mut waiting = Vec::new();
 
     let mut link = Link::pair(Split::Whole);
-    if link.to_resp(&record).is_ok() {
+    if link.deliver_to_resp(&record).is_ok() {
         waiting.push("responder awaiting message 1");
     }
     let mut link = Link::pair(Split::Whole);
     let hello = link.hello.clone();
-    link.to_resp(&hello).unwrap();
+    link.deliver_to_resp(&hello).unwrap();
     link.resp.from_app(SETTINGS).unwrap();
-    if link.to_resp(&record).is_ok() {
+    if link.deliver_to_resp(&record).is_ok() {
         waiting.push("responder awaiting message 3");
     }
     let mut link = Link::pair(Split::Whole);
     assert!(link.init.from_app(HTTP2_PREFACE).unwrap().is_empty());
-    if link.to_init(&record).is_ok() {
+    if link.deliver_to_init(&record).is_ok() {
         waiting.push("initiator awaiting message 2");
     }
     assert!(

@@ -18,29 +18,11 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use support::app::seen_header;
-use support::build::{cargo_build, target_dir};
-use support::mesh::{random_hex, Mesh, IP_A};
+use support::build::release_wasm;
+use support::mesh::{create_workload, random_hex, Mesh, IP_A};
 
 /// How long one run of the tool may take.
 const TOOL_LIMIT: Duration = Duration::from_secs(60);
-
-/// The component, built once.
-fn component() -> PathBuf {
-    cargo_build(&[
-        "-p",
-        "themis-component",
-        "--release",
-        "--target",
-        "wasm32-wasip2",
-    ]);
-    let path = target_dir().join("wasm32-wasip2/release/themis_component.wasm");
-    assert!(
-        path.is_file(),
-        "{} is missing after the build",
-        path.display()
-    );
-    path
-}
 
 fn wasmtime() -> PathBuf {
     std::env::var_os("HOME")
@@ -124,6 +106,26 @@ fn run_tool(component: &Path, dir: &Path, args: &[&str]) -> Run {
     }
 }
 
+/// What every call of the tool names: `call check --http METHOD PATH`, then `http`
+/// (the rest of the request), then the key, the mesh root and the agent to resolve
+/// through.
+struct Caller<'a> {
+    component: &'a Path,
+    work: &'a Path,
+    mesh_root: &'a str,
+    agent: &'a str,
+}
+
+impl Caller<'_> {
+    fn call(&self, http: &[&str]) -> Run {
+        let mut args = vec!["call", "check", "--http"];
+        args.extend_from_slice(http);
+        args.extend_from_slice(&["--key", "tool.key", "--mesh-root", self.mesh_root]);
+        args.extend_from_slice(&["--agent", self.agent]);
+        run_tool(self.component, self.work, &args)
+    }
+}
+
 /// A check that the forwarder works the way the tool uses it (HTTP/1.1, close).
 fn agent_answers(addr: SocketAddr) -> bool {
     let Ok(mut s) = TcpStream::connect(addr) else {
@@ -137,16 +139,13 @@ fn agent_answers(addr: SocketAddr) -> bool {
 
 #[test]
 fn the_wasmtime_tool_calls_a_service_through_its_envoy_sidecar_over_http2() {
-    let component = component();
+    let component = release_wasm("themis-component", "wasm32-wasip2");
     let mesh = Mesh::standard();
 
     // The tool's identity: a workload of node A (its key from agent A's key store), a
     // member of the mesh like any other; Envoy B's default policy admits every
     // authenticated member.
-    let (code, out, err) = mesh.a.cli(&["--json", "workload", "tool"]);
-    assert_eq!(code, 0, "themis workload tool: {out}{err}");
-    let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let tool_id = answer["id"].as_str().expect("an id").to_owned();
+    let tool_id = create_workload(&mesh.a, "tool");
     let work = mesh.dir.path().join("tool");
     std::fs::create_dir_all(&work).unwrap();
     std::fs::copy(mesh.a.dir.join("workloads/tool.key"), work.join("tool.key")).unwrap();
@@ -156,29 +155,22 @@ fn the_wasmtime_tool_calls_a_service_through_its_envoy_sidecar_over_http2() {
 
     let marker = format!("TOOLMARK-{}", random_hex(12));
     let agent = agent.to_string();
-    let run = run_tool(
-        &component,
-        &work,
-        &[
-            "call",
-            "check",
-            "--http",
-            "POST",
-            "/echo?from=tool",
-            "--body",
-            &marker,
-            "--header",
-            "x-custom: custom-value",
-            "--header",
-            "x-themis-peer-id: forged",
-            "--key",
-            "tool.key",
-            "--mesh-root",
-            &mesh_root,
-            "--agent",
-            &agent,
-        ],
-    );
+    let tool = Caller {
+        component: &component,
+        work: &work,
+        mesh_root: &mesh_root,
+        agent: &agent,
+    };
+    let run = tool.call(&[
+        "POST",
+        "/echo?from=tool",
+        "--body",
+        &marker,
+        "--header",
+        "x-custom: custom-value",
+        "--header",
+        "x-themis-peer-id: forged",
+    ]);
     let context = format!(
         "status {:?}\n--- stdout:\n{}\n--- stderr:\n{}\n{}",
         run.status,
@@ -221,23 +213,7 @@ fn the_wasmtime_tool_calls_a_service_through_its_envoy_sidecar_over_http2() {
 
     // A GET without a body, on the same sidecar: a second connection, a second key
     // agreement.
-    let run = run_tool(
-        &component,
-        &work,
-        &[
-            "call",
-            "check",
-            "--http",
-            "GET",
-            "/second",
-            "--key",
-            "tool.key",
-            "--mesh-root",
-            &mesh_root,
-            "--agent",
-            &agent,
-        ],
-    );
+    let run = tool.call(&["GET", "/second"]);
     assert_eq!(
         run.status.code(),
         Some(0),

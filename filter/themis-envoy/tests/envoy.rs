@@ -18,7 +18,6 @@ mod support;
 
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -29,7 +28,7 @@ use support::mesh::{
     closed_port, random_hex, tempdir, Mesh, IP_A, IP_B, IP_DEAD, IP_EVIL, IP_MITM,
 };
 use support::mitm::{self, Mitm, Mode};
-use support::process::{on_path, wait_until, Process};
+use support::process::{installed, wait_until, Process};
 
 use support::agent_harness::MESH;
 
@@ -87,6 +86,20 @@ fn wait_refused(mesh: &Mesh, reason: &str, before: u64, what: &str) {
     }
 }
 
+/// The app learnt who called from the inbound filter: `handler`'s id and service.
+fn assert_caller_is_handler(mesh: &Mesh, echo: &serde_json::Value) {
+    assert_eq!(
+        seen_header(echo, header::PEER_ID),
+        [mesh.handler_id.as_str()],
+        "{echo}"
+    );
+    assert_eq!(
+        seen_header(echo, header::PEER_SERVICE),
+        ["handler"],
+        "{echo}"
+    );
+}
+
 /// A body that is not a repetition of a short pattern (so a reordering shows).
 fn varied_body(len: usize) -> Vec<u8> {
     let mut x: u32 = 0x1234_5678;
@@ -121,16 +134,7 @@ fn handler_calls_check_by_name() {
     assert_eq!(seen_header(&echo, "x-custom"), ["custom-value-1"], "{echo}");
     assert_eq!(seen_header(&echo, "content-type"), ["text/plain"], "{echo}");
     // The app learns who called, from the filter only: the forged value is gone.
-    assert_eq!(
-        seen_header(&echo, header::PEER_ID),
-        [mesh.handler_id.as_str()],
-        "{echo}"
-    );
-    assert_eq!(
-        seen_header(&echo, header::PEER_SERVICE),
-        ["handler"],
-        "{echo}"
-    );
+    assert_caller_is_handler(&mesh, &echo);
     assert!(
         !echo["headers"].to_string().contains("forged"),
         "the forged peer id reached the app: {echo}"
@@ -246,16 +250,7 @@ fn forged_themis_headers_never_reach_the_callee() {
         !echo["headers"].to_string().contains(&forged),
         "a forged header reached the app: {echo}"
     );
-    assert_eq!(
-        seen_header(&echo, header::PEER_ID),
-        [mesh.handler_id.as_str()],
-        "{echo}"
-    );
-    assert_eq!(
-        seen_header(&echo, header::PEER_SERVICE),
-        ["handler"],
-        "{echo}"
-    );
+    assert_caller_is_handler(&mesh, &echo);
     let themis: Vec<&str> = echo["headers"]
         .as_array()
         .unwrap()
@@ -271,11 +266,6 @@ fn forged_themis_headers_never_reach_the_callee() {
     );
     assert!(trap.accept().is_err(), "the forged destination was called");
     assert_eq!(mesh.app.count(), 1);
-}
-
-/// tcpdump, installed by scripts/setup.sh.
-fn tcpdump_binary() -> PathBuf {
-    on_path("tcpdump").expect("tcpdump is not installed: run scripts/setup.sh")
 }
 
 fn count(haystack: &[u8], needle: &[u8]) -> usize {
@@ -296,7 +286,7 @@ fn marker_of(alphabet: &[u8], len: usize) -> String {
 
 #[test]
 fn capture_holds_no_plaintext() {
-    let tcpdump = tcpdump_binary();
+    let tcpdump = installed("tcpdump");
     let mesh = Mesh::standard();
     let dir = mesh.dir.path();
     let capture = dir.join("inbound.pcap");
@@ -307,11 +297,8 @@ fn capture_holds_no_plaintext() {
         .arg(&capture)
         .arg(format!("tcp port {port}"));
     let mut dump = Process::spawn("tcpdump", command, &dir.join("tcpdump.log"));
-    wait_until("tcpdump to listen", Duration::from_secs(15), || {
-        if let Some(status) = dump.exited() {
-            panic!("tcpdump exited ({status}): {}", dump.log());
-        }
-        dump.log().contains("listening on").then_some(())
+    dump.wait_running("tcpdump to listen", Duration::from_secs(15), |p| {
+        p.log().contains("listening on").then_some(())
     });
 
     // Between the sidecars the stream is HTTP/2, whose HPACK would Huffman-code a

@@ -74,15 +74,7 @@ fn grpc_unary_streams_and_trailers() {
         &["--marker", &trailer_marker],
     );
     let envoy_a = nodes.envoy_a(None, &[]);
-    let (envoy_b, _) = nodes.envoy_b(
-        "envoy-b",
-        IP_B,
-        "check",
-        "check",
-        server.addr,
-        AppProtocol::Http2,
-        None,
-    );
+    let envoy_b = nodes.envoy_b_serving("check", server.addr, AppProtocol::Http2);
     let between = Capture::start(dir, "between", &[envoy_b.inbound.port()]);
     let app_side = Capture::start(dir, "app-side", &[server.addr.port()]);
 
@@ -112,37 +104,25 @@ fn grpc_unary_streams_and_trailers() {
         )
     };
 
+    // Every check fails with the client's answers and the logs.
+    let expect = |got: &Value, want: &Value| assert_eq!(got, want, "{}", context());
+    let trailer = json!(trailer_marker);
+
     // Unary: the message, the request metadata and the caller's service (set by
     // Envoy B from the sealed connection) reached the server; its trailers came back.
-    assert_eq!(out["unary"]["code"], "OK", "{}", context());
-    assert_eq!(
-        out["unary"]["response"],
-        format!("unary:hello {marker}|{marker}|handler"),
-        "{}",
-        context()
-    );
-    assert_eq!(
-        out["unary"]["trailing"]["x-trailer-marker"],
-        trailer_marker.as_str(),
-        "{}",
-        context()
-    );
+    expect(&out["unary"]["code"], &json!("OK"));
+    let unary = format!("unary:hello {marker}|{marker}|handler");
+    expect(&out["unary"]["response"], &json!(unary));
+    expect(&out["unary"]["trailing"]["x-trailer-marker"], &trailer);
     // Server streaming: five messages in order, then the trailers.
     let expected: Vec<Value> = (0..5)
         .map(|i| json!(format!("stream {i}:s-{marker}")))
         .collect();
-    assert_eq!(
-        out["server_stream"]["responses"],
-        json!(expected),
-        "{}",
-        context()
-    );
-    assert_eq!(out["server_stream"]["code"], "OK", "{}", context());
-    assert_eq!(
-        out["server_stream"]["trailing"]["x-trailer-marker"],
-        trailer_marker.as_str(),
-        "{}",
-        context()
+    expect(&out["server_stream"]["responses"], &json!(expected));
+    expect(&out["server_stream"]["code"], &json!("OK"));
+    expect(
+        &out["server_stream"]["trailing"]["x-trailer-marker"],
+        &trailer,
     );
     // That nothing holds a stream back is shown without a clock below: each bidi
     // message is sent only after the previous answer came back.
@@ -150,22 +130,15 @@ fn grpc_unary_streams_and_trailers() {
     let expected: Vec<Value> = (0..6)
         .map(|i| json!(format!("bidi:b{i}-{marker}")))
         .collect();
-    assert_eq!(out["bidi"]["responses"], json!(expected), "{}", context());
-    assert_eq!(out["bidi"]["code"], "OK", "{}", context());
+    expect(&out["bidi"]["responses"], &json!(expected));
+    expect(&out["bidi"]["code"], &json!("OK"));
     // A non-OK status, its message and its trailing metadata.
-    assert_eq!(out["fail"]["code"], "FAILED_PRECONDITION", "{}", context());
-    assert_eq!(
-        out["fail"]["details"],
-        format!("failed f-{marker}"),
-        "{}",
-        context()
+    expect(&out["fail"]["code"], &json!("FAILED_PRECONDITION"));
+    expect(
+        &out["fail"]["details"],
+        &json!(format!("failed f-{marker}")),
     );
-    assert_eq!(
-        out["fail"]["trailing"]["x-fail-marker"],
-        trailer_marker.as_str(),
-        "{}",
-        context()
-    );
+    expect(&out["fail"]["trailing"]["x-fail-marker"], &trailer);
     assert_eq!(
         envoy_b.stat("wasmcustom.themis.inbound.allowed"),
         1,
@@ -193,15 +166,7 @@ fn websocket_echo() {
     let marker = format!("WSMARK{}", random_hex(8));
     let server = PyServer::start(dir, "ws-server", "ws_echo.py", IP_B, &[]);
     let envoy_a = nodes.envoy_a(None, &[]);
-    let (envoy_b, _) = nodes.envoy_b(
-        "envoy-b",
-        IP_B,
-        "check",
-        "check",
-        server.addr,
-        AppProtocol::Http1,
-        None,
-    );
+    let envoy_b = nodes.envoy_b_serving("check", server.addr, AppProtocol::Http1);
     let between = Capture::start(dir, "between", &[envoy_b.inbound.port()]);
     let app_side = Capture::start(dir, "app-side", &[server.addr.port()]);
 
@@ -265,15 +230,7 @@ fn upload_256_mib_streams_in_flat_memory() {
     let marker = format!("UPMARK{}", random_hex(8));
     let sink = Sink::start(IP_B);
     let envoy_a = nodes.envoy_a(None, &[]);
-    let (envoy_b, _) = nodes.envoy_b(
-        "envoy-b",
-        IP_B,
-        "check",
-        "check",
-        sink.addr,
-        AppProtocol::Http1,
-        None,
-    );
+    let envoy_b = nodes.envoy_b_serving("check", sink.addr, AppProtocol::Http1);
     // A small upload first: connections, pools and the filters' state exist before
     // the start is measured.
     let (r, sent) = upload(envoy_a.outbound, "check", MIB, &marker);
@@ -369,15 +326,7 @@ fn redis_over_a_tcp_tunnel() {
     let dir = nodes.path();
     let redis = Redis::start(dir, IP_B);
     let envoy_a = nodes.envoy_a(None, &["redis"]);
-    let (envoy_b, _) = nodes.envoy_b(
-        "envoy-b",
-        IP_B,
-        "redis",
-        "redis",
-        redis.addr,
-        AppProtocol::Tcp,
-        None,
-    );
+    let envoy_b = nodes.envoy_b_serving("redis", redis.addr, AppProtocol::Tcp);
     let listener: SocketAddr = *envoy_a
         .tcp
         .get("redis")
@@ -608,15 +557,7 @@ fn memory_over_many_connections(churn: Churn) {
         true => nodes.envoy_a_edited(None, &[], one_request_per_sealed_connection),
         false => nodes.envoy_a(None, &[]),
     };
-    let (envoy_b, _) = nodes.envoy_b(
-        "envoy-b",
-        IP_B,
-        "check",
-        "check",
-        app.addr,
-        AppProtocol::Http1,
-        None,
-    );
+    let envoy_b = nodes.envoy_b_serving("check", app.addr, AppProtocol::Http1);
     let path = format!("/PATHMARK{}", random_hex(8));
     let threads = 4;
     let label = if churn.sealed_each {
@@ -735,4 +676,68 @@ fn memory_stays_flat_over_many_sealed_connections() {
         budget: Duration::from_secs(150),
         sealed_each: true,
     });
+}
+
+/// A server-speaks-first protocol (SMTP, MySQL, …): the server greets before the
+/// client sends a byte. The TCP listener's tunnel (HTTP/2 CONNECT) is opened by Envoy A
+/// as soon as the client connects, so the key agreement runs and the greeting reaches
+/// a client that has sent nothing yet.
+#[test]
+fn a_server_that_speaks_first_is_heard() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    let _serial = serial();
+    let nodes = Nodes::start();
+    let dir = nodes.path();
+    let banner = format!("220 BANNERMARK{} ready", random_hex(8));
+    let server = TcpListener::bind((IP_B, 0)).unwrap();
+    let app = server.local_addr().unwrap();
+    let greeting = banner.clone();
+    // One connection: greet, then answer one line.
+    let served = std::thread::spawn(move || {
+        let (mut socket, _) = server.accept().unwrap();
+        socket
+            .write_all(format!("{greeting}\r\n").as_bytes())
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(socket.try_clone().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        socket
+            .write_all(format!("250 got {}", line).as_bytes())
+            .unwrap();
+        line
+    });
+    let envoy_a = nodes.envoy_a(None, &["banner"]);
+    let envoy_b = nodes.envoy_b_serving("banner", app, AppProtocol::Tcp);
+    let listener = *envoy_a
+        .tcp
+        .get("banner")
+        .expect("Envoy A's banner listener");
+    let between = Capture::start(dir, "between", &[envoy_b.inbound.port()]);
+
+    let client = TcpStream::connect(listener).unwrap();
+    // A guard against a hang, not a measurement.
+    client
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut reader = BufReader::new(client.try_clone().unwrap());
+    let mut first = String::new();
+    reader.read_line(&mut first).unwrap_or_else(|e| {
+        panic!(
+            "no greeting before the client spoke: {e}\n{}",
+            logs(&[&envoy_a, &envoy_b])
+        )
+    });
+    assert_eq!(first.trim_end(), banner, "{}", logs(&[&envoy_a, &envoy_b]));
+    let question = format!("HELO QUESTMARK{}\r\n", random_hex(8));
+    (&client).write_all(question.as_bytes()).unwrap();
+    let mut answer = String::new();
+    reader.read_line(&mut answer).unwrap();
+    assert_eq!(answer, format!("250 got {question}"));
+    assert_eq!(served.join().unwrap(), question);
+
+    let between = between.finish();
+    between.assert_sealed(64, &[&banner, question.trim_end()]);
 }

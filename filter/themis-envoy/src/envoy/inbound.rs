@@ -17,7 +17,10 @@ use crate::policy::{decide, Verdict};
 
 enum Gate {
     /// The workload's key is being fetched (the sidecar just started); `raw` waits.
-    Keyless { call: u32, raw: Vec<u8> },
+    Keyless {
+        call: u32,
+        raw: Vec<u8>,
+    },
     /// The caller has not proved itself yet.
     Unknown,
     /// Waiting for the agent to resolve the caller's claimed service.
@@ -284,7 +287,10 @@ impl StreamContext for Inbound {
     fn on_downstream_close(&mut self, peer: PeerType) {
         // The peer closed inside a message (without a half-close, Envoy reports the
         // end of the stream as a close): nothing of the partial message was delivered.
-        if peer == PeerType::Remote && self.stream.is_mid_message() && !matches!(self.gate, Gate::Closed) {
+        if peer == PeerType::Remote
+            && self.stream.is_mid_message()
+            && !matches!(self.gate, Gate::Closed)
+        {
             self.worker.borrow().metrics.count("refused.truncated");
             warn!("themis inbound: the peer's stream ended inside a message (truncated)");
             self.gate = Gate::Closed;

@@ -20,7 +20,10 @@ enum State {
     /// Set up on the first bytes (needs the identity and the expected peer).
     New,
     /// The workload's key is being fetched (the sidecar just started); `held` waits.
-    Keyless { call: u32, held: Vec<u8> },
+    Keyless {
+        call: u32,
+        held: Vec<u8>,
+    },
     /// Message 1 went out.
     Handshaking(StreamInitiator),
     Open(StreamInitiator),
@@ -163,7 +166,11 @@ impl StreamContext for Seal {
                 self.state = State::Handshaking(stream);
                 Action::Pause
             }
-            State::Open(stream) if stream.peer_id().is_some_and(|p| self.worker.borrow().revoked.contains(&p)) => {
+            State::Open(stream)
+                if stream
+                    .peer_id()
+                    .is_some_and(|p| self.worker.borrow().revoked.contains(&p)) =>
+            {
                 // A revocation ends open connections too, at their next bytes.
                 self.set_downstream_data(0, size, &[]);
                 self.close("revoked", "the peer's id was revoked");

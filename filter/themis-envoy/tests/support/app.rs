@@ -3,6 +3,7 @@
 //! a marker of its own, and counts the requests it received.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,16 +15,22 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use serde_json::json;
 
-pub struct App {
+/// An HTTP/1.1 server on a runtime of its own (the tests' threads block), stopped
+/// when it drops.
+pub struct Http1Server {
     pub addr: SocketAddr,
-    count: Arc<AtomicUsize>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
-impl App {
-    /// Listens on `ip` (a free port); `marker` goes into every response body.
-    pub fn start(ip: &str, marker: &str) -> App {
-        let listener = std::net::TcpListener::bind((ip, 0)).expect("binding the app");
+impl Http1Server {
+    /// Listens on `ip` (a free port); `handle` answers every request.
+    pub fn start<F, A>(ip: &str, handle: F) -> Http1Server
+    where
+        F: Fn(Request<Incoming>) -> A + Clone + Send + Sync + 'static,
+        A: Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send + 'static,
+    {
+        let listener = std::net::TcpListener::bind((ip, 0))
+            .unwrap_or_else(|e| panic!("binding an HTTP server on {ip}: {e}"));
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -31,41 +38,58 @@ impl App {
             .enable_all()
             .build()
             .unwrap();
-        let count = Arc::new(AtomicUsize::new(0));
-        let marker: Arc<str> = marker.into();
-        let counter = count.clone();
         runtime.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             while let Ok((stream, _)) = listener.accept().await {
-                let (count, marker) = (counter.clone(), marker.clone());
+                let service = hyper::service::service_fn(handle.clone());
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |request| {
-                        echo(request, count.clone(), marker.clone())
-                    });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
                 });
             }
         });
-        App {
+        Http1Server {
             addr,
-            count,
             runtime: Some(runtime),
+        }
+    }
+}
+
+impl Drop for Http1Server {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+pub struct App {
+    pub addr: SocketAddr,
+    count: Arc<AtomicUsize>,
+    /// Serves until the app drops.
+    server: Http1Server,
+}
+
+impl App {
+    /// Listens on `ip` (a free port); `marker` goes into every response body.
+    pub fn start(ip: &str, marker: &str) -> App {
+        let count = Arc::new(AtomicUsize::new(0));
+        let marker: Arc<str> = marker.into();
+        let counter = count.clone();
+        let server = Http1Server::start(ip, move |request| {
+            echo(request, counter.clone(), marker.clone())
+        });
+        App {
+            addr: server.addr,
+            count,
+            server,
         }
     }
 
     /// How many requests arrived so far.
     pub fn count(&self) -> usize {
         self.count.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for App {
-    fn drop(&mut self) {
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
-        }
     }
 }
 

@@ -6,7 +6,7 @@
 use std::convert::Infallible;
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -14,32 +14,26 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 
-use super::build::workspace;
+use super::app::Http1Server;
+use super::build::venv_binary;
 use super::http;
-use super::process::{on_path, wait_until, Process};
+use super::process::{installed, Process};
 
 /// How long a client script may run.
 const CLIENT_LIMIT: Duration = Duration::from_secs(90);
 
-/// The virtualenv's Python, with grpcio and websockets.
-pub fn python() -> PathBuf {
-    let path = workspace().join(".venv/bin/python3");
-    assert!(
-        path.is_file(),
-        "{} is missing: run scripts/setup.sh",
-        path.display()
+/// `python3 -u tests/apps/<name>`, by the `.venv`'s Python (it has grpcio and
+/// websockets); unbuffered, so the log shows what the script said as it says it.
+fn python_script(name: &str) -> Command {
+    let mut command = Command::new(venv_binary("python3"));
+    command.arg("-u").arg(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/apps")
+            .join(name),
     );
-    path
-}
-
-/// A helper script under tests/apps/.
-pub fn script(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/apps")
-        .join(name)
+    command
 }
 
 /// A server script that prints `listening <port>` once it accepts connections.
@@ -50,26 +44,15 @@ pub struct PyServer {
 
 impl PyServer {
     pub fn start(dir: &Path, name: &str, script_name: &str, ip: &str, args: &[&str]) -> PyServer {
-        let mut command = Command::new(python());
-        command
-            .arg("-u")
-            .arg(script(script_name))
-            .args(["server", "--listen", ip])
-            .args(args);
+        let mut command = python_script(script_name);
+        command.args(["server", "--listen", ip]).args(args);
         let mut process = Process::spawn(name, command, &dir.join(format!("{name}.log")));
-        let port: u16 = wait_until(
-            &format!("{name} to listen"),
-            Duration::from_secs(30),
-            || {
-                if let Some(status) = process.exited() {
-                    panic!("{name} exited ({status}):\n{}", process.log());
-                }
-                process
-                    .log()
+        let port: u16 =
+            process.wait_running(&format!("{name} to listen"), Duration::from_secs(30), |p| {
+                p.log()
                     .lines()
                     .find_map(|l| l.strip_prefix("listening ")?.trim().parse().ok())
-            },
-        );
+            });
         PyServer {
             addr: SocketAddr::new(ip.parse().unwrap(), port),
             process,
@@ -86,14 +69,8 @@ impl PyServer {
 pub fn run_client(dir: &Path, name: &str, script_name: &str, args: &[&str]) -> Value {
     let out = dir.join(format!("{name}.json"));
     let _ = std::fs::remove_file(&out);
-    let mut command = Command::new(python());
-    command
-        .arg("-u")
-        .arg(script(script_name))
-        .arg("client")
-        .args(args)
-        .arg("--out")
-        .arg(&out);
+    let mut command = python_script(script_name);
+    command.arg("client").args(args).arg("--out").arg(&out);
     let mut process = Process::spawn(name, command, &dir.join(format!("{name}.log")));
     let status = process.wait_exit(CLIENT_LIMIT);
     let log = process.log();
@@ -111,41 +88,16 @@ pub fn run_client(dir: &Path, name: &str, script_name: &str, args: &[&str]) -> V
 /// `{"bytes": n, "sha256": hex}`.
 pub struct Sink {
     pub addr: SocketAddr,
-    runtime: Option<tokio::runtime::Runtime>,
+    /// Serves until the sink drops.
+    server: Http1Server,
 }
 
 impl Sink {
     pub fn start(ip: &str) -> Sink {
-        let listener = std::net::TcpListener::bind((ip, 0)).expect("binding the sink");
-        listener.set_nonblocking(true).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.spawn(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(sink);
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
+        let server = Http1Server::start(ip, sink);
         Sink {
-            addr,
-            runtime: Some(runtime),
-        }
-    }
-}
-
-impl Drop for Sink {
-    fn drop(&mut self) {
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
+            addr: server.addr,
+            server,
         }
     }
 }
@@ -256,33 +208,23 @@ pub struct Redis {
     process: Process,
 }
 
-pub fn redis_binary(name: &str) -> PathBuf {
-    on_path(name)
-        .or_else(|| Some(PathBuf::from("/usr/bin").join(name)).filter(|p| p.is_file()))
-        .unwrap_or_else(|| panic!("{name} is not installed: run scripts/setup.sh"))
-}
-
 impl Redis {
     pub fn start(dir: &Path, ip: &str) -> Redis {
         let addr = super::mesh::closed_port(ip);
         let data = dir.join("redis");
         std::fs::create_dir_all(&data).unwrap();
-        let mut command = Command::new(redis_binary("redis-server"));
+        let mut command = Command::new(installed("redis-server"));
         command
             .args(["--bind", ip, "--port", &addr.port().to_string()])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .args(["--protected-mode", "no", "--dir"])
             .arg(&data);
         let mut process = Process::spawn("redis-server", command, &dir.join("redis-server.log"));
-        wait_until(
+        process.wait_running(
             "redis-server to accept connections",
             Duration::from_secs(20),
-            || {
-                if let Some(status) = process.exited() {
-                    panic!("redis-server exited ({status}):\n{}", process.log());
-                }
-                process
-                    .log()
+            |p| {
+                p.log()
                     .contains("Ready to accept connections")
                     .then_some(())
             },
@@ -301,7 +243,7 @@ pub fn redis_cli(addr: SocketAddr, args: &[&str], stdin: Option<&[u8]>) -> (i32,
     let mut command = Command::new("timeout");
     command
         .arg("30")
-        .arg(redis_binary("redis-cli"))
+        .arg(installed("redis-cli"))
         .args(["-h", &addr.ip().to_string(), "-p", &addr.port().to_string()])
         .args(args)
         .stdout(std::process::Stdio::piped())

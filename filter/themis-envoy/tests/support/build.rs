@@ -50,25 +50,32 @@ pub fn cargo_build(args: &[&str]) {
     assert!(status.success(), "cargo build {args:?} failed");
 }
 
+/// `path`, which must be a file; `missing` says what to do about it otherwise.
+fn present(path: PathBuf, missing: &str) -> PathBuf {
+    assert!(path.is_file(), "{} is missing{missing}", path.display());
+    path
+}
+
+/// A program of the workspace's `.venv` (Envoy; Python with grpcio and websockets),
+/// which `scripts/setup.sh` fills.
+pub fn venv_binary(name: &str) -> PathBuf {
+    present(
+        workspace().join(".venv/bin").join(name),
+        ": run scripts/setup.sh",
+    )
+}
+
+/// Builds `package` (release, for the wasm `target`) and returns its module.
+pub fn release_wasm(package: &str, target: &str) -> PathBuf {
+    cargo_build(&["-p", package, "--release", "--target", target]);
+    let module = format!("{target}/release/{}.wasm", package.replace('-', "_"));
+    present(target_dir().join(module), " after the build")
+}
+
 /// The filter module, built once.
 pub fn filter_wasm() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        cargo_build(&[
-            "-p",
-            "themis-envoy",
-            "--release",
-            "--target",
-            "wasm32-wasip1",
-        ]);
-        let path = target_dir().join("wasm32-wasip1/release/themis_envoy.wasm");
-        assert!(
-            path.is_file(),
-            "{} is missing after the build",
-            path.display()
-        );
-        path
-    })
+    PATH.get_or_init(|| release_wasm("themis-envoy", "wasm32-wasip1"))
 }
 
 /// The `themis` binary (agent and tool), built once.
@@ -76,12 +83,7 @@ pub fn themis_binary() -> &'static str {
     static PATH: OnceLock<String> = OnceLock::new();
     PATH.get_or_init(|| {
         cargo_build(&["-p", "themis-agent", "--bin", "themis"]);
-        let path = target_dir().join("debug/themis");
-        assert!(
-            path.is_file(),
-            "{} is missing after the build",
-            path.display()
-        );
+        let path = present(target_dir().join("debug/themis"), " after the build");
         path.to_str().expect("a UTF-8 target directory").to_owned()
     })
 }

@@ -10,23 +10,12 @@ use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use super::build::{filter_wasm, workspace};
+use super::build::{filter_wasm, venv_binary, workspace};
 use super::http;
 use super::process::{wait_until, Process};
 
 /// How long Envoy gets to become ready (the filter is compiled by V8 per worker).
 const READY_LIMIT: Duration = Duration::from_secs(60);
-
-/// The Envoy installed by `scripts/setup.sh`.
-pub fn envoy_binary() -> PathBuf {
-    let path = workspace().join(".venv/bin/envoy");
-    assert!(
-        path.is_file(),
-        "Envoy is not installed at {}: run scripts/setup.sh",
-        path.display()
-    );
-    path
-}
 
 /// The mesh root of the test mesh whose agents live under `root` (the harness
 /// creates it with the first agent).
@@ -159,7 +148,8 @@ fn placeholder_in(text: &str) -> Option<&str> {
     })
 }
 
-/// A base id no other Envoy on this machine uses: from this process's pid.
+/// A base id no other Envoy on this machine uses: from this process's pid (every
+/// Envoy of the tests starts here, so one counter keeps them apart).
 fn base_id() -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::SeqCst);
@@ -173,16 +163,17 @@ pub struct Envoy {
     pub outbound: SocketAddr,
     /// The listener peers call.
     pub inbound: SocketAddr,
+    /// Every listener's address, by name (those a test added among them).
+    pub listeners: BTreeMap<String, SocketAddr>,
     process: Process,
 }
 
-/// Starts Envoy on a rendered configuration, without waiting for anything.
-fn spawn(dir: &Path, name: &str, sidecar: &Sidecar<'_>) -> (Process, PathBuf) {
-    let envoy = envoy_binary();
+/// Starts Envoy on a configuration (rendered YAML), without waiting for anything.
+fn spawn(dir: &Path, name: &str, yaml: &str) -> (Process, PathBuf) {
     let config = dir.join(format!("{name}.yaml"));
-    std::fs::write(&config, render(sidecar)).unwrap();
+    std::fs::write(&config, yaml).unwrap();
     let admin_file = dir.join(format!("{name}.admin"));
-    let mut command = Command::new(envoy);
+    let mut command = Command::new(venv_binary("envoy"));
     command
         .arg("-c")
         .arg(&config)
@@ -196,55 +187,42 @@ fn spawn(dir: &Path, name: &str, sidecar: &Sidecar<'_>) -> (Process, PathBuf) {
 }
 
 impl Envoy {
-    /// Starts Envoy and waits until it is ready.
+    /// Starts Envoy on `sidecar`, rendered, and waits until it is ready.
     pub fn start(dir: &Path, name: &str, sidecar: &Sidecar<'_>) -> Envoy {
-        let (mut process, admin_file) = spawn(dir, name, sidecar);
-        let admin: SocketAddr = wait_until(&format!("{name}'s admin address"), READY_LIMIT, || {
-            if let Some(status) = process.exited() {
-                panic!(
-                    "{name} exited ({status}) while starting:\n{}",
-                    process.log_tail(40)
-                );
-            }
-            std::fs::read_to_string(&admin_file)
-                .ok()
-                .and_then(|text| text.trim().parse().ok())
-        });
-        wait_until(&format!("{name} to be ready"), READY_LIMIT, || {
-            if let Some(status) = process.exited() {
-                panic!(
-                    "{name} exited ({status}) while starting:\n{}",
-                    process.log_tail(40)
-                );
-            }
+        Envoy::start_yaml(dir, name, &render(sidecar))
+    }
+
+    /// Starts Envoy on a rendered configuration (which the test may have extended)
+    /// and waits until it is ready.
+    pub fn start_yaml(dir: &Path, name: &str, yaml: &str) -> Envoy {
+        let (mut process, admin_file) = spawn(dir, name, yaml);
+        let admin: SocketAddr =
+            process.wait_running(&format!("{name}'s admin address"), READY_LIMIT, |_| {
+                std::fs::read_to_string(&admin_file)
+                    .ok()
+                    .and_then(|text| text.trim().parse().ok())
+            });
+        process.wait_running(&format!("{name} to be ready"), READY_LIMIT, |_| {
             let ready = http::exchange(
                 admin,
                 b"GET /ready HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n",
             );
             ready.ok().filter(|r| r.status == 200)
         });
-        let listeners = admin_get(admin, "/listeners?format=json").json();
+        let listeners = listeners_of(admin);
         let port_of = |listener: &str| -> SocketAddr {
-            let entry = listeners["listener_statuses"]
-                .as_array()
-                .and_then(|all| all.iter().find(|l| l["name"] == listener))
-                .unwrap_or_else(|| panic!("{name} has no listener {listener}: {listeners}"));
-            let socket = &entry["local_address"]["socket_address"];
-            format!(
-                "{}:{}",
-                socket["address"].as_str().unwrap(),
-                socket["port_value"].as_u64().unwrap()
-            )
-            .parse()
-            .unwrap()
+            let address = *listeners
+                .get(listener)
+                .unwrap_or_else(|| panic!("{name} has no listener {listener}: {listeners:?}"));
+            assert_ne!(address.port(), 0, "{name}: {listeners:?}");
+            address
         };
         let (outbound, inbound) = (port_of("themis_outbound"), port_of("themis_inbound"));
-        assert_ne!(outbound.port(), 0, "{name}: {listeners}");
-        assert_ne!(inbound.port(), 0, "{name}: {listeners}");
         Envoy {
             admin,
             outbound,
             inbound,
+            listeners,
             process,
         }
     }
@@ -257,7 +235,7 @@ impl Envoy {
         sidecar: &Sidecar<'_>,
         limit: Duration,
     ) -> (Option<ExitStatus>, String) {
-        let (mut process, _) = spawn(dir, name, sidecar);
+        let (mut process, _) = spawn(dir, name, &render(sidecar));
         let status = process.wait_exit(limit);
         let status = status.or_else(|| {
             process.stop();
@@ -268,14 +246,7 @@ impl Envoy {
 
     /// Every counter and gauge in the admin `/stats`, by name.
     pub fn stats(&self) -> BTreeMap<String, u64> {
-        admin_get(self.admin, "/stats")
-            .text()
-            .lines()
-            .filter_map(|line| {
-                let (name, value) = line.split_once(": ")?;
-                Some((name.to_owned(), value.trim().parse().ok()?))
-            })
-            .collect()
+        stats_of(self.admin)
     }
 
     /// One stat; panics (listing the Themis stats) if Envoy has no such stat.
@@ -298,10 +269,10 @@ impl Envoy {
         }
     }
 
-    /// SIGTERM, a bounded wait, then SIGKILL (also done when it drops).
     /// Waits until every worker's sealing and inbound filters hold the workload's key.
     pub fn wait_identity(&self) {
-        wait_until("the filters to load the workload key", READY_LIMIT, || {
+        let what = format!("{}'s filters to load the workload key", self.name());
+        wait_until(&what, READY_LIMIT, || {
             let stats = self.stats();
             let loaded = |role: &str| {
                 stats
@@ -312,6 +283,16 @@ impl Envoy {
         });
     }
 
+    /// The name it was started with (its files' and failure messages').
+    pub fn name(&self) -> &str {
+        self.process.name()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// SIGTERM, a bounded wait, then SIGKILL (also done when it drops).
     pub fn stop(&mut self) -> Option<ExitStatus> {
         self.process.stop()
     }
@@ -322,8 +303,38 @@ impl Envoy {
     }
 }
 
-fn admin_get(admin: SocketAddr, path: &str) -> http::Response {
+/// `GET path` on an admin listener; panics unless it answers 200.
+pub fn admin_get(admin: SocketAddr, path: &str) -> http::Response {
     let r = http::request(admin, "GET", path, &[("host", "admin")], b"");
     assert_eq!(r.status, 200, "admin {path}: {r}");
     r
+}
+
+/// Every counter and gauge in an admin `/stats`, by name.
+pub fn stats_of(admin: SocketAddr) -> BTreeMap<String, u64> {
+    admin_get(admin, "/stats")
+        .text()
+        .lines()
+        .filter_map(|line| {
+            let (name, value) = line.split_once(": ")?;
+            Some((name.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Every listener's socket address, by name, from the admin API (the ports the
+/// kernel chose); internal listeners, which have none, are left out.
+fn listeners_of(admin: SocketAddr) -> BTreeMap<String, SocketAddr> {
+    let listeners = admin_get(admin, "/listeners?format=json").json();
+    let all = listeners["listener_statuses"].as_array();
+    all.into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            let socket = &entry["local_address"]["socket_address"];
+            let ip: std::net::IpAddr = socket["address"].as_str()?.parse().ok()?;
+            let port = u16::try_from(socket["port_value"].as_u64()?).ok()?;
+            let name = entry["name"].as_str()?.to_owned();
+            Some((name, SocketAddr::new(ip, port)))
+        })
+        .collect()
 }

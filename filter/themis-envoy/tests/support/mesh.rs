@@ -66,8 +66,33 @@ pub struct Mesh {
     pub dir: tempfile::TempDir,
 }
 
+/// Agents A (on [`IP_A`], which creates the test mesh under `root`) and B (on
+/// [`IP_B`], admitted to it and joining A's ring), once both have joined.
+pub fn two_agents(root: &Path) -> (Agent, Agent) {
+    let a = Agent::spawn(
+        root,
+        "agent-a",
+        Spawn {
+            listen: &format!("{IP_A}:0"),
+            ..Spawn::default()
+        },
+    );
+    let b = Agent::spawn(
+        root,
+        "agent-b",
+        Spawn {
+            listen: &format!("{IP_B}:0"),
+            join: Some(&a.contact),
+            ..Spawn::default()
+        },
+    );
+    a.wait_joined();
+    b.wait_joined();
+    (a, b)
+}
+
 /// Creates `workload` on `agent` with the `themis` tool; returns its printable id.
-fn create_workload(agent: &Agent, workload: &str) -> String {
+pub fn create_workload(agent: &Agent, workload: &str) -> String {
     let (code, out, err) = agent.cli(&["--json", "workload", workload]);
     assert_eq!(code, 0, "themis workload {workload}: {out}{err}");
     let answer: Value = serde_json::from_str(&out).expect("themis --json workload is JSON");
@@ -82,25 +107,7 @@ impl Mesh {
     pub fn start(policy: Option<&str>) -> Mesh {
         let dir = tempdir();
         let root = dir.path();
-        let a = Agent::spawn(
-            root,
-            "agent-a",
-            Spawn {
-                listen: &format!("{IP_A}:0"),
-                ..Spawn::default()
-            },
-        );
-        let b = Agent::spawn(
-            root,
-            "agent-b",
-            Spawn {
-                listen: &format!("{IP_B}:0"),
-                join: Some(&a.contact),
-                ..Spawn::default()
-            },
-        );
-        a.wait_joined();
-        b.wait_joined();
+        let (a, b) = two_agents(root);
         let handler_id = create_workload(&a, "handler");
         let check_id = create_workload(&b, "check");
         let app_marker = format!("RESPMARK-{}", random_hex(12));

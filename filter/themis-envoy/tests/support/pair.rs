@@ -4,55 +4,27 @@
 //! `scripts/render-sidecar` makes (TCP listeners, canary splits), and packet captures
 //! of what travels between the sidecars.
 //!
-//! Unlike [`super::envoy::Envoy`], a [`Proxy`] starts on a rendered configuration the
-//! test may have extended, and it can fix the outbound port in advance (a TCP
+//! A [`Proxy`] is a [`super::envoy::Envoy`] started on a rendered configuration the
+//! test may have extended, whose outbound port can be fixed in advance (a TCP
 //! listener's tunnel cluster must name it).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::agent_harness::{Agent, Spawn};
-use super::envoy::{inbound_config, mesh_root, outbound_config, render, AppProtocol, Sidecar};
-use super::http;
-use super::mesh::{closed_port, tempdir, IP_A, IP_B};
-use super::process::{on_path, wait_until, Process};
+use super::agent_harness::Agent;
+use super::envoy::{
+    inbound_config, mesh_root, outbound_config, render, stats_of, AppProtocol, Envoy, Sidecar,
+};
+use super::mesh::{closed_port, create_workload, tempdir, two_agents, IP_A, IP_B};
+use super::process::{installed, Process};
 
-/// How long Envoy gets to become ready (V8 compiles the filter per worker).
-const READY_LIMIT: Duration = Duration::from_secs(60);
 /// How long the DHT gets to make a registration resolvable.
 const RESOLVE_LIMIT: Duration = Duration::from_secs(30);
-
-/// A base id no other Envoy of this test process uses (the upper half of the range
-/// `Envoy` of support/envoy.rs takes from, should both ever run in one process).
-fn base_id() -> u32 {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    std::process::id() * 64 + 32 + NEXT.fetch_add(1, Ordering::SeqCst) % 32
-}
-
-/// `GET path` on an admin listener; panics unless it answers 200.
-pub fn admin_get(admin: SocketAddr, path: &str) -> http::Response {
-    let r = http::request(admin, "GET", path, &[("host", "admin")], b"");
-    assert_eq!(r.status, 200, "admin {path}: {r}");
-    r
-}
-
-/// Every counter and gauge in an admin `/stats`, by name.
-pub fn stats_of(admin: SocketAddr) -> BTreeMap<String, u64> {
-    admin_get(admin, "/stats")
-        .text()
-        .lines()
-        .filter_map(|line| {
-            let (name, value) = line.split_once(": ")?;
-            Some((name.to_owned(), value.trim().parse().ok()?))
-        })
-        .collect()
-}
 
 /// Envoy's `server.memory_allocated` (bytes its allocator has handed out).
 pub fn memory_allocated(admin: SocketAddr) -> u64 {
@@ -76,7 +48,8 @@ pub fn rss(pid: u32) -> u64 {
 
 pub const MIB: u64 = 1024 * 1024;
 
-/// One Envoy process on a configuration given as text.
+/// One Envoy process on a configuration given as text: an [`Envoy`] (which starts
+/// it) and the listeners of its TCP services.
 pub struct Proxy {
     pub name: String,
     pub admin: SocketAddr,
@@ -84,92 +57,37 @@ pub struct Proxy {
     pub inbound: SocketAddr,
     /// The TCP services' listeners, by service.
     pub tcp: BTreeMap<String, SocketAddr>,
-    process: Process,
+    envoy: Envoy,
 }
 
 impl Proxy {
     /// Starts Envoy on `yaml` and waits until it is ready.
     pub fn start(dir: &Path, name: &str, yaml: &str) -> Proxy {
-        let config = dir.join(format!("{name}.yaml"));
-        std::fs::write(&config, yaml).unwrap();
-        let admin_file = dir.join(format!("{name}.admin"));
-        let mut command = Command::new(super::envoy::envoy_binary());
-        command
-            .arg("-c")
-            .arg(&config)
-            .args(["--concurrency", "2", "--disable-hot-restart"])
-            .args(["--base-id", &base_id().to_string()])
-            .arg("--admin-address-path")
-            .arg(&admin_file)
-            .args(["-l", "warn", "--component-log-level", "wasm:info"]);
-        let mut process = Process::spawn(name, command, &dir.join(format!("{name}.log")));
-        let alive = |process: &mut Process| {
-            if let Some(status) = process.exited() {
-                panic!(
-                    "{name} exited ({status}) while starting:\n{}",
-                    process.log_tail(40)
-                );
-            }
-        };
-        let admin: SocketAddr = wait_until(&format!("{name}'s admin address"), READY_LIMIT, || {
-            alive(&mut process);
-            std::fs::read_to_string(&admin_file)
-                .ok()
-                .and_then(|text| text.trim().parse().ok())
-        });
-        wait_until(&format!("{name} to be ready"), READY_LIMIT, || {
-            alive(&mut process);
-            let ready = http::exchange(
-                admin,
-                b"GET /ready HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n",
-            );
-            ready.ok().filter(|r| r.status == 200)
-        });
-        let listeners = admin_get(admin, "/listeners?format=json").json();
-        let all = listeners["listener_statuses"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        let address_of = |entry: &Value| -> SocketAddr {
-            let socket = &entry["local_address"]["socket_address"];
-            format!(
-                "{}:{}",
-                socket["address"].as_str().unwrap(),
-                socket["port_value"].as_u64().unwrap()
-            )
-            .parse()
-            .unwrap()
-        };
-        let port_of = |listener: &str| -> SocketAddr {
-            let entry = all
-                .iter()
-                .find(|l| l["name"] == listener)
-                .unwrap_or_else(|| panic!("{name} has no listener {listener}: {listeners}"));
-            address_of(entry)
-        };
-        let tcp = all
+        let envoy = Envoy::start_yaml(dir, name, yaml);
+        let tcp = envoy
+            .listeners
             .iter()
-            .filter_map(|l| {
-                let service = l["name"].as_str()?.strip_prefix("themis_tcp_")?;
-                Some((service.to_owned(), address_of(l)))
+            .filter_map(|(listener, address)| {
+                let service = listener.strip_prefix("themis_tcp_")?;
+                Some((service.to_owned(), *address))
             })
             .collect();
         Proxy {
             name: name.to_owned(),
-            admin,
-            outbound: port_of("themis_outbound"),
-            inbound: port_of("themis_inbound"),
+            admin: envoy.admin,
+            outbound: envoy.outbound,
+            inbound: envoy.inbound,
             tcp,
-            process,
+            envoy,
         }
     }
 
     pub fn pid(&self) -> u32 {
-        self.process.pid()
+        self.envoy.pid()
     }
 
     pub fn stats(&self) -> BTreeMap<String, u64> {
-        stats_of(self.admin)
+        self.envoy.stats()
     }
 
     /// One stat, 0 if Envoy has none of that name (counters appear when first used).
@@ -193,27 +111,15 @@ impl Proxy {
 
     /// Waits until every worker's sealing and inbound filters hold the workload's key.
     pub fn wait_identity(&self) {
-        wait_until(
-            &format!("{}'s filters to load the workload key", self.name),
-            READY_LIMIT,
-            || {
-                let stats = self.stats();
-                let loaded = |role: &str| {
-                    stats
-                        .get(&format!("wasmcustom.themis.{role}.identity"))
-                        .copied()
-                };
-                (loaded("seal") >= Some(2) && loaded("inbound") >= Some(2)).then_some(())
-            },
-        );
+        self.envoy.wait_identity();
     }
 
     pub fn log_tail(&self, n: usize) -> String {
-        self.process.log_tail(n)
+        self.envoy.log_tail(n)
     }
 
     pub fn stop(&mut self) {
-        self.process.stop();
+        self.envoy.stop();
     }
 }
 
@@ -334,26 +240,8 @@ impl Nodes {
     pub fn start() -> Nodes {
         let dir = tempdir();
         let root = dir.path();
-        let a = Agent::spawn(
-            root,
-            "agent-a",
-            Spawn {
-                listen: &format!("{IP_A}:0"),
-                ..Spawn::default()
-            },
-        );
-        let b = Agent::spawn(
-            root,
-            "agent-b",
-            Spawn {
-                listen: &format!("{IP_B}:0"),
-                join: Some(&a.contact),
-                ..Spawn::default()
-            },
-        );
-        a.wait_joined();
-        b.wait_joined();
-        let handler_id = workload(&a, "handler");
+        let (a, b) = two_agents(root);
+        let handler_id = create_workload(&a, "handler");
         Nodes {
             mesh_root: mesh_root(root),
             a,
@@ -452,7 +340,7 @@ impl Nodes {
         app_protocol: AppProtocol,
         metadata: Option<Value>,
     ) -> (Proxy, String) {
-        let id = workload(&self.b, workload_name);
+        let id = create_workload(&self.b, workload_name);
         let proxy = self.sidecar(&Spec {
             name,
             ip,
@@ -468,6 +356,13 @@ impl Nodes {
         register(&self.b, service, workload_name, proxy.inbound, metadata);
         self.wait_resolves(&self.a, service, &[proxy.inbound]);
         (proxy, id)
+    }
+
+    /// The usual Envoy B: `envoy-b` on node B's address, for a workload named like
+    /// the `service` it is an instance of, in front of `app`.
+    pub fn envoy_b_serving(&self, service: &str, app: SocketAddr, protocol: AppProtocol) -> Proxy {
+        let (proxy, _) = self.envoy_b("envoy-b", IP_B, service, service, app, protocol, None);
+        proxy
     }
 
     /// Waits until `agent` resolves `service` to (at least) these endpoints.
@@ -509,14 +404,6 @@ impl Drop for Nodes {
     }
 }
 
-/// Creates `name` on `agent` with the `themis` tool (once); returns its printable id.
-pub fn workload(agent: &Agent, name: &str) -> String {
-    let (code, out, err) = agent.cli(&["--json", "workload", name]);
-    assert_eq!(code, 0, "themis workload {name}: {out}{err}");
-    let answer: Value = serde_json::from_str(&out).expect("themis --json workload is JSON");
-    answer["id"].as_str().expect("an id").to_owned()
-}
-
 /// Registers `workload` as an instance of `service` at `endpoint`, with `metadata`
 /// (`{"version":"v2"}`...), granting the service to the node first.
 pub fn register(
@@ -547,9 +434,7 @@ pub struct Capture {
 impl Capture {
     /// Starts capturing (and waits until tcpdump listens).
     pub fn start(dir: &Path, name: &str, ports: &[u16]) -> Capture {
-        let tcpdump = on_path("tcpdump")
-            .or_else(|| Some(PathBuf::from("/usr/bin/tcpdump")).filter(|p| p.is_file()))
-            .expect("tcpdump is not installed: run scripts/setup.sh");
+        let tcpdump = installed("tcpdump");
         let path = dir.join(format!("{name}.pcap"));
         let filter = ports
             .iter()
@@ -574,16 +459,9 @@ impl Capture {
             .arg(&path)
             .arg(filter);
         let mut process = Process::spawn(name, command, &dir.join(format!("{name}.log")));
-        wait_until(
-            &format!("{name} to listen"),
-            Duration::from_secs(15),
-            || {
-                if let Some(status) = process.exited() {
-                    panic!("{name} exited ({status}): {}", process.log());
-                }
-                process.log().contains("listening on").then_some(())
-            },
-        );
+        process.wait_running(&format!("{name} to listen"), Duration::from_secs(15), |p| {
+            p.log().contains("listening on").then_some(())
+        });
         Capture { path, process }
     }
 

@@ -33,6 +33,14 @@ pub fn on_path(name: &str) -> Option<PathBuf> {
     })
 }
 
+/// A program `scripts/setup.sh` installs from Debian: on `PATH`, else in `/usr/bin`
+/// (which a test runner's `PATH` may lack).
+pub fn installed(name: &str) -> PathBuf {
+    on_path(name)
+        .or_else(|| Some(PathBuf::from("/usr/bin").join(name)).filter(|p| p.is_file()))
+        .unwrap_or_else(|| panic!("{name} is not installed: run scripts/setup.sh"))
+}
+
 /// One running child process.
 pub struct Process {
     name: String,
@@ -84,6 +92,26 @@ impl Process {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// [`wait_until`] `check` gives a value, failing at once (with the end of the
+    /// log) if the process exits meanwhile, rather than after the whole `limit`.
+    pub fn wait_running<T>(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        mut check: impl FnMut(&Process) -> Option<T>,
+    ) -> T {
+        wait_until(what, limit, || {
+            if let Some(status) = self.exited() {
+                panic!(
+                    "{} exited ({status}) while waiting for {what}:\n{}",
+                    self.name,
+                    self.log_tail(40)
+                );
+            }
+            check(self)
+        })
     }
 
     /// SIGTERM, a bounded wait, then SIGKILL; returns how it exited.
