@@ -36,7 +36,7 @@ cargo build -q -p themis-core --release --target wasm32-wasip1
 cargo build -q -p themis-envoy --release --target wasm32-wasip1   # the filter's tests build it too
 echo "    ok"
 
-X
+section "protocol core and mesh trust on wasm32-wasip2 under wasmtime $(wasmtime --version | cut -d' ' -f2): vectors, attacks, identities, sealed streams, trust attacks"
 CARGO_TARGET_WASM32_WASIP2_RUNNER="wasmtime run" \
     cargo test -p themis-core --target wasm32-wasip2 --lib --test vectors --test adversarial --test identity --test stream
 # The mesh-trust attacks too: the filter and the component verify records with this code.
