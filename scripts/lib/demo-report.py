@@ -187,8 +187,9 @@ def themis_frames(stream):
                 break
             length = 30 + struct.unpack_from("<I", stream, at + 26)[0] + 16
         else:
-            nxt = stream.find(bytes([1, 4]), at + 2)
-            length = (nxt if nxt > 0 else len(stream)) - at
+            # Up to the next message: a Confirm after a Hello, else the first record.
+            starts = [i for i in (stream.find(bytes([1, k]), at + 2) for k in (3, 4)) if i > 0]
+            length = (min(starts) if starts else len(stream)) - at
         frames.append((kind, length))
         at += length
     return frames
