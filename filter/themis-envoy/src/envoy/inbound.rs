@@ -12,7 +12,7 @@ use proxy_wasm::types::{Action, PeerType};
 use themis_core::stream::{Established, StreamResponder, HTTP2_PREFACE};
 use themis_core::{HandshakeConfig, PeerId};
 
-use super::{call_agent, call_response, now_ms, Root, Shared};
+use super::{call_agent, call_agent_for_key, call_response, now_ms, Root, Shared};
 use crate::policy::{decide, Verdict};
 
 enum Gate {
@@ -182,8 +182,7 @@ impl Inbound {
         let identity = self.worker.borrow().identity.clone();
         let Some(identity) = identity else {
             // Just started: fetch the key for this connection and hold its bytes.
-            let path = format!("/v1/workloads/{}/key", self.worker.borrow().config.workload);
-            let call = call_agent(self, &self.worker.borrow().config, &path);
+            let call = call_agent_for_key(self, &self.worker.borrow().config);
             match call {
                 Some(call) => {
                     self.gate = Gate::Keyless {

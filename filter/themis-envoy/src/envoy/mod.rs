@@ -156,8 +156,7 @@ impl Root {
         if self.key_call.is_some() || w.identity.is_some() || w.config.role == Role::Outbound {
             return;
         }
-        let path = format!("/v1/workloads/{}/key", w.config.workload);
-        self.key_call = call_agent(self, &w.config, &path);
+        self.key_call = call_agent_for_key(self, &w.config);
     }
 
     /// Asks the agent for the revocations it knows, every `revocation_poll`.
@@ -321,6 +320,15 @@ fn call_agent(ctx: &dyn Context, config: &Config, path: &str) -> Option<u32> {
             None
         }
     }
+}
+
+/// Asks the agent for the workload's key (answered by [`Root::install_key`]).
+fn call_agent_for_key(ctx: &dyn Context, config: &Config) -> Option<u32> {
+    call_agent(
+        ctx,
+        config,
+        &format!("/v1/workloads/{}/key", config.workload),
+    )
 }
 
 /// The status and body of the call that just answered.

@@ -11,7 +11,7 @@ use proxy_wasm::types::{Action, PeerType};
 use themis_core::stream::{Meta, Refusal, StreamInitiator};
 use themis_core::{HandshakeConfig, PeerId};
 
-use super::{call_agent, call_response, Root, Shared};
+use super::{call_agent_for_key, call_response, Root, Shared};
 
 /// The filter state key the router's `set_filter_state` puts the expected id in.
 const EXPECTED_PEER: &str = "envoy.network.upstream_server_name";
@@ -135,8 +135,7 @@ impl StreamContext for Seal {
         match std::mem::replace(&mut self.state, State::Closed) {
             State::New if self.worker.borrow().identity.is_none() => {
                 // Just started: fetch the key for this connection, hold its bytes.
-                let path = format!("/v1/workloads/{}/key", self.worker.borrow().config.workload);
-                let call = call_agent(self, &self.worker.borrow().config, &path);
+                let call = call_agent_for_key(self, &self.worker.borrow().config);
                 self.set_downstream_data(0, size, &[]);
                 match call {
                     Some(call) => self.state = State::Keyless { call, held: data },
