@@ -85,7 +85,9 @@
 //! the ring connected through `r - 1` adjacent failures; each object is stored under
 //! `k + 1` independent ids, so it survives until its owner re-stores it as long as one
 //! replica holder lives. A node that loses every contact joins again through the
-//! bootstrap node it first joined through (and reports [`Event::Joined`] again).
+//! bootstrap node it first joined through (and reports [`Event::Joined`] again, or
+//! [`Event::JoinFailed`]: it is then idle, and the operations it had in flight complete
+//! as their requests time out).
 //!
 //! # Notes for drivers
 //!

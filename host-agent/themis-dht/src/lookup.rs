@@ -111,8 +111,12 @@ impl<A: Clone> Lookup<A> {
         // `(q, q]` is the whole ring: a peer naming itself claims to be alone.
         let joining = matches!(self.purpose, Purpose::Join);
         let verdict = match answer {
+            // A join looks up the joiner's own id, which no node in the ring has yet:
+            // naming it would make the joiner its own successor, alone but "joined".
             Response::Responsible { node }
-                if in_half_open(&self.key, q, &node.id) && (node.id != *q || joining) =>
+                if in_half_open(&self.key, q, &node.id)
+                    && (node.id != *q || joining)
+                    && !(joining && node.id == self.key) =>
             {
                 return Ok(Some(node))
             }
@@ -197,6 +201,32 @@ mod tests {
         assert_eq!(
             find.on_answer(&c(10), Response::Responsible { node: c(10) }),
             Err(Rejection::BadResponsible)
+        );
+    }
+
+    #[test]
+    fn a_join_never_finds_the_joiner_itself() {
+        // Found by the dht_node fuzz target: a bootstrap answering our join with our
+        // own id made us report `Joined` with ourselves as successor, alone.
+        let me = c(100);
+        let mut join = Lookup::new(me.id, Purpose::Join, vec![c(10), c(20)]);
+        assert_eq!(join.next_candidate().unwrap().addr, 20);
+        assert_eq!(
+            join.on_answer(&c(20), Response::Responsible { node: me.clone() }),
+            Err(Rejection::BadResponsible)
+        );
+        // The lookup goes on with the others.
+        assert_eq!(join.next_candidate().unwrap().addr, 10);
+        assert_eq!(
+            join.on_answer(&c(10), Response::Responsible { node: c(110) }),
+            Ok(Some(c(110)))
+        );
+        // Outside a join, a key's responsible node may well be the asker itself.
+        let mut find = Lookup::new(me.id, Purpose::Find(crate::OpId(1)), vec![c(20)]);
+        assert_eq!(find.next_candidate().unwrap().addr, 20);
+        assert_eq!(
+            find.on_answer(&c(20), Response::Responsible { node: me.clone() }),
+            Ok(Some(me))
         );
     }
 

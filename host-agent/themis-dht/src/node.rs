@@ -449,7 +449,9 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
 
     /// Fires request timeouts and due maintenance.
     pub fn handle_timeout(&mut self, now: Millis) {
-        if matches!(self.state, State::Left | State::Idle) {
+        // An idle node still times out what it has in flight: a node whose rejoin
+        // failed may have operations waiting on requests, and each must complete.
+        if self.state == State::Left {
             return;
         }
         let expired: Vec<u64> = self

@@ -235,3 +235,81 @@ fn still_works(sim: &mut Sim, a: usize) {
     assert!(matches!(&got[0], Event::Resolved { values, .. } if values == &[b"v".to_vec()]));
     assert_eq!(sim.ring_errors(), 0);
 }
+
+/// Found by the `dht_node` fuzz target: a bootstrap that answers our join with our own
+/// id (directly, or by pointing us back at ourselves) made us report `Joined` with
+/// ourselves as successor, alone in a "ring". The join now fails instead.
+#[test]
+fn a_join_answered_with_our_own_id_fails() {
+    let me = Contact {
+        id: Key([0x80; 32]),
+        addr: 1usize,
+    };
+    let boot = Contact {
+        id: Key([0x03; 32]),
+        addr: 2usize,
+    };
+    for answer in [
+        Response::Responsible { node: me.clone() },
+        Response::Closer { node: me.clone() },
+    ] {
+        let mut n = Node::new(me.clone(), Config::default());
+        n.join(0, boot.clone()).unwrap();
+        // The bootstrap is asked again after a bad answer; it keeps giving it.
+        while let Some((to, msg)) = n.poll_transmit() {
+            assert_eq!(to, boot);
+            let Message::Request { id, .. } = msg else {
+                panic!("a join sends requests only")
+            };
+            let body = answer.clone();
+            n.handle(1, boot.clone(), Message::Response { id, body });
+        }
+        assert_eq!(n.poll_event(), Some(Event::JoinFailed));
+        assert!(!n.is_joined());
+        if matches!(answer, Response::Responsible { .. }) {
+            assert_eq!(n.stats().rejected(Rejection::BadResponsible), 1);
+        }
+    }
+}
+
+/// Found by the `dht_node` fuzz target: a node that lost every contact, rejoined and
+/// failed went idle, and an idle node ignored `handle_timeout`, so an operation still
+/// waiting on a request then was never reported. Its requests now time out as usual.
+#[test]
+fn operations_complete_after_a_failed_rejoin() {
+    let contact = |b: u8, addr: usize| Contact {
+        id: Key([b; 32]),
+        addr,
+    };
+    let (me, boot, succ) = (contact(0x80, 1), contact(0x03, 2), contact(0x90, 3));
+    let mut n = Node::new(me, Config::default());
+    let request_to = |n: &mut Node<usize>, to: &Contact<usize>| loop {
+        match n.poll_transmit() {
+            Some((c, Message::Request { id, .. })) if &c == to => return id,
+            Some(_) => continue,
+            None => panic!("no request to {to:?}"),
+        }
+    };
+    n.join(0, boot.clone()).unwrap();
+    let id = request_to(&mut n, &boot);
+    let body = Response::Responsible { node: succ.clone() };
+    n.handle(0, boot.clone(), Message::Response { id, body });
+    assert!(matches!(n.poll_event(), Some(Event::Joined { .. })));
+    n.handle_timeout(0); // stabilise: GetNeighbours to our successor
+    let _ = request_to(&mut n, &succ);
+    // A find that waits on our successor until 1010.
+    let op = n.find(10, Key([0x20; 32])).unwrap();
+    let _ = request_to(&mut n, &succ);
+    // At 1000 the successor has not answered GetNeighbours: we are cut off and rejoin
+    // through the bootstrap, which refuses; the node is idle again.
+    n.handle_timeout(1000);
+    let id = request_to(&mut n, &boot);
+    let body = Response::Rejected;
+    n.handle(1001, boot.clone(), Message::Response { id, body });
+    assert_eq!(n.poll_event(), Some(Event::JoinFailed));
+    assert!(!n.is_joined());
+    // The find still times out and is reported.
+    assert!(n.poll_timeout().is_some_and(|t| t <= 1010));
+    n.handle_timeout(1010);
+    assert!(matches!(n.poll_event(), Some(Event::NotFound { op: o, .. }) if o == op));
+}
