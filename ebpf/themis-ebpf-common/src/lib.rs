@@ -49,7 +49,9 @@ pub struct WorkloadConfig {
     pub _pad1: u32,
     /// The proxy's cgroup id (also in `EXEMPT_CGROUPS`), kept for the loader's clean-up.
     pub proxy_cgroup: u64,
-    /// App ports that accept TCP only from loopback, i.e. via the local proxy; 0 = unused.
+    /// App ports that accept TCP and UDP only from loopback, i.e. via the local proxy;
+    /// 0 = unused. A workload with at least one is *protected*: the ingress program
+    /// also limits what else it takes from outside the node (docs/CAPTURE.md).
     pub inbound_ports: [u16; MAX_PORTS],
     /// Destination ports never captured; 0 = unused.
     pub exclude_ports: [u16; MAX_PORTS],
@@ -113,11 +115,26 @@ pub mod stats {
     pub const ORIGINAL_DST_ANSWERED: u32 = 3;
     /// `SO_ORIGINAL_DST` asked for a connection without a record.
     pub const ORIGINAL_DST_MISSED: u32 = 4;
-    /// Packets to an inbound port from outside the node, dropped.
+    /// TCP packets to an inbound port from outside the node (IPv6 extension headers
+    /// walked), dropped.
     pub const INBOUND_DROPPED: u32 = 5;
     /// Sockets added to the fast path's sockhash.
     pub const FAST_PATH_SOCKETS: u32 = 6;
-    pub const COUNT: u32 = 7;
+    /// UDP (and UDP-Lite) datagrams to an inbound port from outside the node, dropped.
+    pub const INBOUND_UDP_DROPPED: u32 = 7;
+    /// ICMP/ICMPv6 messages to a protected workload from outside the node, dropped:
+    /// everything but errors, echo replies and IPv6 neighbour discovery.
+    pub const INBOUND_ICMP_DROPPED: u32 = 8;
+    /// Other protocols (ESP, SCTP, raw IP, no next header, ...) to a protected
+    /// workload from outside the node, dropped.
+    pub const INBOUND_OTHER_DROPPED: u32 = 9;
+    /// Fragments (IPv4, or IPv6 with a fragment header that is not atomic) to a
+    /// protected workload from outside the node, dropped.
+    pub const INBOUND_FRAGMENT_DROPPED: u32 = 10;
+    /// Packets to a protected workload from outside the node whose headers could not be
+    /// followed (too many IPv6 extension headers, truncated), dropped.
+    pub const INBOUND_MALFORMED_DROPPED: u32 = 11;
+    pub const COUNT: u32 = 12;
     pub const NAMES: [&str; COUNT as usize] = [
         "captured",
         "excluded",
@@ -126,6 +143,11 @@ pub mod stats {
         "original_dst_missed",
         "inbound_dropped",
         "fast_path_sockets",
+        "inbound_udp_dropped",
+        "inbound_icmp_dropped",
+        "inbound_other_dropped",
+        "inbound_fragment_dropped",
+        "inbound_malformed_dropped",
     ];
 }
 

@@ -7,8 +7,10 @@
 //!   connections join the sockhash;
 //! - `original_dst` (cgroup/getsockopt): answers `SO_ORIGINAL_DST` from that record,
 //!   so Envoy's stock `original_dst` listener filter works unchanged;
-//! - `inbound` (cgroup_skb/ingress): the app's ports take TCP only from loopback, i.e.
-//!   through the local proxy;
+//! - `inbound` (cgroup_skb/ingress): the app's ports take TCP and UDP only from
+//!   loopback, i.e. through the local proxy; a protected workload takes from the
+//!   network no other protocol but ICMP errors, echo replies and neighbour discovery
+//!   (IPv6 extension headers walked, fragments and unparseable chains dropped);
 //! - `fast_path_msg` (sk_msg): data between two local sockets in the sockhash goes
 //!   socket to socket, without the TCP/IP stack.
 //!
@@ -422,53 +424,206 @@ pub fn original_dst(ctx: SockoptContext) -> i32 {
 }
 
 /// cgroup_skb: 1 passes the packet, 0 drops it.
+const PASS: i32 = 1;
+const DROP: i32 = 0;
+
+const IPPROTO_TCP_U8: u8 = IPPROTO_TCP as u8;
+const IPPROTO_HOPOPTS: u8 = 0;
+const IPPROTO_ICMP: u8 = 1;
+const IPPROTO_UDP: u8 = 17;
+const IPPROTO_ROUTING: u8 = 43;
+const IPPROTO_FRAGMENT: u8 = 44;
+const IPPROTO_AH: u8 = 51;
+const IPPROTO_ICMPV6: u8 = 58;
+const IPPROTO_DSTOPTS: u8 = 60;
+const IPPROTO_UDPLITE: u8 = 136;
+/// Most IPv6 extension headers followed before the transport header; a longer chain
+/// is dropped. The kernel itself accepts at most 8 options per header, and real
+/// traffic has one or two headers.
+const MAX_IPV6_EXT_HEADERS: u32 = 8;
+
+/// The ingress rule for a protected workload (one with inbound ports), for packets
+/// from outside the node (a non-loopback source) to any of its sockets:
+///
+/// - TCP to an inbound port: dropped (`inbound_dropped`); other TCP ports pass;
+/// - UDP/UDP-Lite to an inbound port: dropped (`inbound_udp_dropped`); other UDP
+///   ports pass (replies to the workload's own DNS and QUIC clients);
+/// - ICMP: errors (destination unreachable, time exceeded, parameter problem, IPv6
+///   packet too big), echo replies and IPv6 neighbour discovery (133-137) pass, the
+///   rest (echo requests, ...) is dropped (`inbound_icmp_dropped`);
+/// - any other protocol, ESP included (its payload cannot be seen): dropped
+///   (`inbound_other_dropped`);
+/// - fragments: dropped (`inbound_fragment_dropped`); an IPv6 atomic fragment
+///   (offset 0, no more fragments) is a whole packet and is judged by what it carries;
+/// - IPv6 extension headers (hop-by-hop, routing, fragment, destination options, AH)
+///   are walked to the transport header; a chain longer than
+///   `MAX_IPV6_EXT_HEADERS` or a truncated header is dropped
+///   (`inbound_malformed_dropped`).
+///
+/// Everything from loopback (the local proxy) and everything to other sockets
+/// (unregistered, exempt, or a workload without inbound ports) passes.
 #[cgroup_skb(ingress)]
 pub fn inbound(ctx: SkBuffContext) -> i32 {
-    inbound_verdict(&ctx).unwrap_or(1)
+    if from_loopback(&ctx) {
+        return PASS;
+    }
+    // The receiving socket's workload, as for connects but from the packet's socket.
+    // SAFETY: the skb context the kernel passed.
+    let config =
+        match owner(|level| unsafe { bpf_skb_ancestor_cgroup_id(ctx.as_ptr() as *mut _, level) }) {
+            Owner::Workload(config) if any_port(&config.inbound_ports) => config,
+            _ => return PASS,
+        };
+    // A packet whose headers cannot be followed is never passed to a protected workload.
+    let (verdict, reason) =
+        protected_verdict(&ctx, config).unwrap_or((DROP, stats::INBOUND_MALFORMED_DROPPED));
+    if verdict == DROP {
+        count(reason);
+    }
+    verdict
 }
 
+/// The packet's source is on loopback: it comes from this node (the local proxy).
 #[inline(always)]
-fn inbound_verdict(ctx: &SkBuffContext) -> Result<i32, i64> {
+fn from_loopback(ctx: &SkBuffContext) -> bool {
     // cgroup_skb sees the packet from its IP header.
-    let first: u8 = ctx.load(0)?;
-    let (source_is_local, tcp_offset) = match first >> 4 {
-        4 => {
-            if ctx.load::<u8>(9)? != IPPROTO_TCP as u8 {
-                return Ok(1);
-            }
-            let source = u32::from_be(ctx.load::<u32>(12)?);
-            (source >> 24 == 127, usize::from(first & 0x0f) * 4)
-        }
-        6 => {
-            // Extension headers are not followed: TCP must be the next header.
-            if ctx.load::<u8>(6)? != IPPROTO_TCP as u8 {
-                return Ok(1);
-            }
-            let source: [u32; 4] = ctx.load(8)?;
+    match ctx.load::<u8>(0).map(|first| first >> 4) {
+        Ok(4) => ctx
+            .load::<u32>(12)
+            .is_ok_and(|source| u32::from_be(source) >> 24 == 127),
+        Ok(6) => ctx.load::<[u32; 4]>(8).is_ok_and(|source| {
             let loopback = source == [0, 0, 0, u32::to_be(1)];
             let mapped_loopback = source[0] == 0
                 && source[1] == 0
                 && source[2] == u32::to_be(0xffff)
                 && u32::from_be(source[3]) >> 24 == 127;
-            (loopback || mapped_loopback, 40)
-        }
-        _ => return Ok(1),
-    };
-    if source_is_local {
-        return Ok(1);
+            loopback || mapped_loopback
+        }),
+        _ => false,
     }
-    let port = u16::from_be(ctx.load::<u16>(tcp_offset + 2)?);
-    // The receiving socket's workload, as for connects but from the packet's socket.
-    // SAFETY: the skb context the kernel passed.
-    let socket_owner =
-        owner(|level| unsafe { bpf_skb_ancestor_cgroup_id(ctx.as_ptr() as *mut _, level) });
-    let protected = matches!(socket_owner, Owner::Workload(config)
-        if port_listed(&config.inbound_ports, port));
-    if protected {
-        count(stats::INBOUND_DROPPED);
-        Ok(0)
-    } else {
-        Ok(1)
+}
+
+#[inline(always)]
+fn any_port(ports: &[u16]) -> bool {
+    let mut i = 0;
+    while i < ports.len() {
+        if ports[i] != 0 {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// The verdict for a packet from outside the node to a protected workload, and the
+/// counter of a drop. An error (a header beyond the packet) is the caller's to drop.
+#[inline(always)]
+fn protected_verdict(ctx: &SkBuffContext, config: &WorkloadConfig) -> Result<(i32, u32), i64> {
+    let first: u8 = ctx.load(0)?;
+    let (protocol, offset) = match first >> 4 {
+        4 => {
+            // Flags and fragment offset: "more fragments" or a non-zero offset.
+            if u16::from_be(ctx.load::<u16>(6)?) & 0x3fff != 0 {
+                return Ok((DROP, stats::INBOUND_FRAGMENT_DROPPED));
+            }
+            (ctx.load::<u8>(9)?, usize::from(first & 0x0f) * 4)
+        }
+        6 => match ipv6_transport(ctx)? {
+            Ipv6Transport::Header(protocol, offset) => (protocol, offset),
+            Ipv6Transport::Fragment => return Ok((DROP, stats::INBOUND_FRAGMENT_DROPPED)),
+            Ipv6Transport::TooLong => return Ok((DROP, stats::INBOUND_MALFORMED_DROPPED)),
+        },
+        _ => return Ok((DROP, stats::INBOUND_OTHER_DROPPED)),
+    };
+    let verdict = match protocol {
+        IPPROTO_TCP_U8 => {
+            let port = u16::from_be(ctx.load::<u16>(offset + 2)?);
+            if port_listed(&config.inbound_ports, port) {
+                (DROP, stats::INBOUND_DROPPED)
+            } else {
+                (PASS, 0)
+            }
+        }
+        IPPROTO_UDP | IPPROTO_UDPLITE => {
+            let port = u16::from_be(ctx.load::<u16>(offset + 2)?);
+            if port_listed(&config.inbound_ports, port) {
+                (DROP, stats::INBOUND_UDP_DROPPED)
+            } else {
+                (PASS, 0)
+            }
+        }
+        IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+            let kind: u8 = ctx.load(offset)?;
+            let needed = if protocol == IPPROTO_ICMP {
+                // echo reply, destination unreachable (with "fragmentation needed"),
+                // time exceeded, parameter problem
+                matches!(kind, 0 | 3 | 11 | 12)
+            } else {
+                // destination unreachable, packet too big, time exceeded, parameter
+                // problem, echo reply, neighbour discovery (RS, RA, NS, NA, redirect)
+                matches!(kind, 1..=4 | 129 | 133..=137)
+            };
+            if needed {
+                (PASS, 0)
+            } else {
+                (DROP, stats::INBOUND_ICMP_DROPPED)
+            }
+        }
+        _ => (DROP, stats::INBOUND_OTHER_DROPPED),
+    };
+    Ok(verdict)
+}
+
+/// Where an IPv6 packet's transport header is, past its extension headers.
+enum Ipv6Transport {
+    /// The protocol (next header) and its offset from the IPv6 header.
+    Header(u8, usize),
+    /// A fragment header of a real fragment: this one may carry no transport header.
+    Fragment,
+    /// More than `MAX_IPV6_EXT_HEADERS` extension headers.
+    TooLong,
+}
+
+/// Walks the IPv6 extension headers (RFC 8200 §4; AH: RFC 4302): hop-by-hop, routing
+/// and destination options are `(len + 1) * 8` bytes, fragment 8, AH `(len + 2) * 4`.
+/// Any other next header (ESP, no next header, an unknown one) ends the walk: the
+/// caller judges it by its protocol number.
+#[inline(always)]
+fn ipv6_transport(ctx: &SkBuffContext) -> Result<Ipv6Transport, i64> {
+    let mut next: u8 = ctx.load(6)?;
+    let mut offset: usize = 40;
+    let mut walked = 0;
+    while walked < MAX_IPV6_EXT_HEADERS {
+        match next {
+            IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => {
+                let header: [u8; 2] = ctx.load(offset)?;
+                next = header[0];
+                offset += (usize::from(header[1]) + 1) * 8;
+            }
+            IPPROTO_FRAGMENT => {
+                let header: [u8; 4] = ctx.load(offset)?;
+                // The offset (13 bits) and the M flag: only an atomic fragment is a
+                // whole packet.
+                if u16::from_be_bytes([header[2], header[3]]) & 0xfff9 != 0 {
+                    return Ok(Ipv6Transport::Fragment);
+                }
+                next = header[0];
+                offset += 8;
+            }
+            IPPROTO_AH => {
+                let header: [u8; 2] = ctx.load(offset)?;
+                next = header[0];
+                offset += (usize::from(header[1]) + 2) * 4;
+            }
+            _ => return Ok(Ipv6Transport::Header(next, offset)),
+        }
+        walked += 1;
+    }
+    match next {
+        IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_FRAGMENT | IPPROTO_AH => {
+            Ok(Ipv6Transport::TooLong)
+        }
+        _ => Ok(Ipv6Transport::Header(next, offset)),
     }
 }
 
