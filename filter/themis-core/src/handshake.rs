@@ -23,7 +23,8 @@ use ring::rand::SecureRandom;
 use ring::{digest, hmac};
 
 use crate::channel::{ChannelMode, Session, SessionInfo};
-use crate::identity::{Identity, MeshName, PeerId};
+use crate::guard::{Freshness, HelloGuard, HelloKey};
+use crate::identity::{Identity, MeshName, PeerId, PublicIdentity};
 use crate::keys::SessionKeys;
 use crate::suite::{Suite, SuiteSet};
 use crate::wire::{
@@ -100,6 +101,10 @@ pub enum HandshakeError {
     /// The signature does not verify under the sender's public key.
     #[error("the handshake signature is invalid")]
     BadSignature,
+    /// The signature a delegated signer (the node agent) returned for one of our own
+    /// messages does not verify under our own public key: nothing is sent.
+    #[error("the signature the signer returned for our own message is invalid")]
+    BadOwnSignature,
     /// The initiator offered no suite the responder accepts.
     #[error("no cipher suite in common")]
     NoCommonSuite,
@@ -122,19 +127,44 @@ pub enum HandshakeError {
     /// The configuration offers no suite.
     #[error("the handshake configuration offers no cipher suite")]
     NoSuitesConfigured,
+    /// Message 1's timestamp is outside the responder's freshness window (an old
+    /// capture, or a clock off by more than the window).
+    #[error("the hello is stale: its timestamp is outside the freshness window")]
+    Stale,
+    /// Message 1 was seen already within the freshness window: refused before any
+    /// public-key work.
+    #[error("the hello was replayed")]
+    Replayed,
+}
+
+impl From<Freshness> for HandshakeError {
+    fn from(f: Freshness) -> Self {
+        match f {
+            Freshness::Stale => HandshakeError::Stale,
+            Freshness::Replayed => HandshakeError::Replayed,
+        }
+    }
 }
 
 /// Signature digests, domain-separated per message.
-mod digests {
+pub(crate) mod digests {
     use super::*;
 
-    pub(super) fn hello(body_bytes: &[u8]) -> [u8; 32] {
+    pub(crate) fn hello(body_bytes: &[u8]) -> [u8; 32] {
         finish(&[b"themis/1 hello signature", body_bytes])
     }
 
     pub(super) fn hello_reply(hello_bytes: &[u8], body_bytes: &[u8]) -> [u8; 32] {
-        let hello_hash = finish(&[hello_bytes]);
-        finish(&[b"themis/1 hello-reply signature", &hello_hash, body_bytes])
+        hello_reply_hashed(&hello_hash(hello_bytes), body_bytes)
+    }
+
+    /// The hash of message 1 that message 2's signature covers.
+    pub(super) fn hello_hash(hello_bytes: &[u8]) -> [u8; 32] {
+        finish(&[hello_bytes])
+    }
+
+    pub(super) fn hello_reply_hashed(hello_hash: &[u8; 32], body_bytes: &[u8]) -> [u8; 32] {
+        finish(&[b"themis/1 hello-reply signature", hello_hash, body_bytes])
     }
 
     pub(super) fn transcript(hello_bytes: &[u8], reply_bytes: &[u8]) -> [u8; 32] {
@@ -163,11 +193,19 @@ mod verified {
     }
 
     /// Checks message 1 for `me`, and returns the verified share and offered suites.
+    /// Freshness and replay are checked first, with no public-key work; the Hello is
+    /// remembered only once its signature verified.
     pub(super) fn hello(
-        me: &Identity,
+        me: &PublicIdentity,
         signed: &wire::Signed<'_, Hello<'_>>,
+        guard: &mut HelloGuard,
+        now_ms: u64,
     ) -> Result<(Share, SuiteSet, u64), HandshakeError> {
         let body = &signed.message.body;
+        let digest = digests::hello(signed.body_bytes);
+        let mut key: HelloKey = [0; 16];
+        key.copy_from_slice(&digest[..16]);
+        guard.check(body.timestamp_ms, &key, now_ms)?;
         if body.mesh != me.mesh().as_str() {
             return Err(HandshakeError::WrongMesh);
         }
@@ -178,7 +216,6 @@ mod verified {
         if peer_id.0 != body.initiator_id {
             return Err(HandshakeError::KeyIdMismatch);
         }
-        let digest = digests::hello(signed.body_bytes);
         if !crate::identity::verify_signature(
             &body.initiator_key,
             &digest,
@@ -186,6 +223,7 @@ mod verified {
         ) {
             return Err(HandshakeError::BadSignature);
         }
+        guard.remember(body.timestamp_ms, key, now_ms);
         if body.records_per_key < MIN_RECORDS_PER_KEY {
             return Err(HandshakeError::BadRekeyInterval);
         }
@@ -283,15 +321,35 @@ fn confirm_mac(confirm_key: &[u8; 32], transcript_hash: &[u8; 32]) -> hmac::Tag 
 pub struct Initiator;
 
 impl Initiator {
-    /// Starts a handshake from `me` to the peer with id `peer`. Draws 64 bytes from
-    /// `rng`: the ephemeral X25519 key, then the nonce. Returns the state to keep and
-    /// message 1 to send.
+    /// Starts a handshake from `me` to the peer with id `peer` at `now_ms` (Unix
+    /// milliseconds, signed into message 1: the responder refuses a Hello outside its
+    /// freshness window). Draws 64 bytes from `rng`: the ephemeral X25519 key, then
+    /// the nonce. Returns the state to keep and message 1 to send.
     pub fn start(
         me: &Identity,
         peer: PeerId,
         config: &HandshakeConfig,
+        now_ms: u64,
         rng: &dyn SecureRandom,
     ) -> Result<(AwaitingHelloReply, Vec<u8>), HandshakeError> {
+        let pending = Self::start_unsigned(me.public(), peer, config, now_ms, rng)?;
+        let signature = me.sign(&pending.digest);
+        Ok(pending.attach(&signature))
+    }
+
+    /// [`Initiator::start`] without the private key: message 1 is made but not signed.
+    /// The returned [`PendingHello`] says what to sign ([`PendingHello::to_sign`], for a
+    /// delegated signer such as the node agent, which runs [`sign_message`]); its
+    /// [`PendingHello::finish`] takes the signature, checks it and yields what `start`
+    /// does. Draws the same 64 bytes from `rng`, so with the same `rng` both paths
+    /// send the same bytes.
+    pub fn start_unsigned(
+        me: &PublicIdentity,
+        peer: PeerId,
+        config: &HandshakeConfig,
+        now_ms: u64,
+        rng: &dyn SecureRandom,
+    ) -> Result<PendingHello, HandshakeError> {
         if config.suites.is_empty() {
             return Err(HandshakeError::NoSuitesConfigured);
         }
@@ -308,20 +366,183 @@ impl Initiator {
             responder_id: peer.0,
             ephemeral: share,
             nonce,
+            timestamp_ms: now_ms,
         };
-        let mut hello = wire::encode(&body);
-        let signature = Signature(me.sign(&digests::hello(&hello)));
-        hello.extend_from_slice(&wire::encode(&signature));
-        let state = AwaitingHelloReply {
+        let body = wire::encode(&body);
+        Ok(PendingHello {
+            digest: digests::hello(&body),
+            body,
+            signer: me.clone(),
             ephemeral,
-            hello: hello.clone(),
             offered,
-            local_id: me.id(),
-            mesh: me.mesh().clone(),
             peer_id: peer,
             config: config.clone(),
+        })
+    }
+}
+
+/// What a delegated signer is asked to sign: a handshake message body (and, for
+/// message 2, the hash of the message 1 it answers). The signer does not sign these
+/// bytes as they are: [`signing_digest`] checks that the body is a Themis handshake
+/// message of the signer's own identity and computes the domain-separated digest the
+/// protocol signs, so the signer is never a general signing oracle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToSign {
+    /// [`Kind::Hello`] or [`Kind::HelloReply`].
+    pub kind: Kind,
+    /// The encoded message body (everything but the signature).
+    pub body: Vec<u8>,
+    /// For [`Kind::HelloReply`]: SHA-256 of the whole message 1 it answers.
+    pub hello_hash: Option<[u8; 32]>,
+}
+
+/// Why a delegated signer refused to sign.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SigningError {
+    /// Only message 1 and message 2 are signed.
+    #[error("only Hello and HelloReply messages are signed, not {0:?}")]
+    Kind(Kind),
+    /// The body does not decode as the body of the kind named (or is longer than a
+    /// handshake message may be, or of another protocol version).
+    #[error("the body is not a {kind:?} body: {error}")]
+    Malformed {
+        /// The kind asked for.
+        kind: Kind,
+        /// Why it did not decode.
+        error: WireError,
+    },
+    /// The body names another key, id or mesh than the signer's own.
+    #[error("the message is not the signer's own: it names another key, id or mesh")]
+    NotMine,
+    /// A HelloReply is signed together with the hash of the Hello it answers; a Hello
+    /// with none.
+    #[error("a HelloReply needs the hash of the Hello it answers, and a Hello takes none")]
+    HelloHash,
+}
+
+impl SigningError {
+    /// A short label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SigningError::Kind(_) => "kind",
+            SigningError::Malformed { .. } => "malformed",
+            SigningError::NotMine => "not_mine",
+            SigningError::HelloHash => "hello_hash",
+        }
+    }
+}
+
+/// Decodes exactly one `T` body of `kind` (version, kind, size bound, no trailing bytes).
+fn decode_body<'a, T: serde::Deserialize<'a>>(
+    bytes: &'a [u8],
+    kind: Kind,
+) -> Result<T, SigningError> {
+    let malformed = |error| SigningError::Malformed { kind, error };
+    match wire::peek_kind(bytes).map_err(malformed)? {
+        got if got == kind => {}
+        got => {
+            return Err(malformed(WireError::UnexpectedKind {
+                expected: kind,
+                got,
+            }))
+        }
+    }
+    let (body, rest) = postcard::take_from_bytes::<T>(bytes).map_err(|e| malformed(e.into()))?;
+    if !rest.is_empty() {
+        return Err(malformed(WireError::TrailingBytes(rest.len())));
+    }
+    Ok(body)
+}
+
+/// The digest `signer` must sign for `request`, after checking that the body is a
+/// handshake message of `signer`'s own: a Hello in `signer`'s mesh from `signer`'s key
+/// and id, or a HelloReply from `signer`'s key (with the hash of the Hello it
+/// answers). This is what the node agent runs before it signs for a workload's
+/// sidecar; the digests are the protocol's, domain-separated per message kind, so no
+/// other statement (a registry record, a grant) can be obtained this way.
+pub fn signing_digest(signer: &PublicIdentity, request: &ToSign) -> Result<[u8; 32], SigningError> {
+    match (request.kind, &request.hello_hash) {
+        (Kind::Hello, None) => {
+            let body: HelloBody<'_> = decode_body(&request.body, Kind::Hello)?;
+            if body.mesh != signer.mesh().as_str()
+                || body.initiator_key != *signer.public_key()
+                || body.initiator_id != signer.id().0
+            {
+                return Err(SigningError::NotMine);
+            }
+            Ok(digests::hello(&request.body))
+        }
+        (Kind::HelloReply, Some(hello_hash)) => {
+            let body: HelloReplyBody = decode_body(&request.body, Kind::HelloReply)?;
+            if body.responder_key != *signer.public_key() {
+                return Err(SigningError::NotMine);
+            }
+            Ok(digests::hello_reply_hashed(hello_hash, &request.body))
+        }
+        (Kind::Hello | Kind::HelloReply, _) => Err(SigningError::HelloHash),
+        (other, _) => Err(SigningError::Kind(other)),
+    }
+}
+
+/// Signs `request` as `me` after [`signing_digest`]'s checks: the delegated signer's
+/// whole job (the node agent signing for a workload's sidecar).
+pub fn sign_message(me: &Identity, request: &ToSign) -> Result<[u8; 64], SigningError> {
+    Ok(me.sign(&signing_digest(me.public(), request)?))
+}
+
+/// Message 1 made but not yet signed ([`Initiator::start_unsigned`]).
+pub struct PendingHello {
+    ephemeral: EphemeralPrivateKey,
+    body: Vec<u8>,
+    digest: [u8; 32],
+    signer: PublicIdentity,
+    offered: SuiteSet,
+    peer_id: PeerId,
+    config: HandshakeConfig,
+}
+
+impl PendingHello {
+    /// What the signer must sign.
+    pub fn to_sign(&self) -> ToSign {
+        ToSign {
+            kind: Kind::Hello,
+            body: self.body.clone(),
+            hello_hash: None,
+        }
+    }
+
+    /// The id this handshake is meant to reach.
+    pub fn peer_id(&self) -> PeerId {
+        self.peer_id
+    }
+
+    /// Takes the signature over [`PendingHello::to_sign`], checks it under our own
+    /// public key (a confused or lying signer cannot make us send a message that
+    /// fails at the peer), and returns the state to keep and message 1 to send.
+    pub fn finish(
+        self,
+        signature: &[u8; 64],
+    ) -> Result<(AwaitingHelloReply, Vec<u8>), HandshakeError> {
+        if !self.signer.verifies(&self.digest, signature) {
+            return Err(HandshakeError::BadOwnSignature);
+        }
+        Ok(self.attach(signature))
+    }
+
+    /// Message 1 with `signature` (checked by the caller, or made with our own key).
+    fn attach(self, signature: &[u8; 64]) -> (AwaitingHelloReply, Vec<u8>) {
+        let mut hello = self.body;
+        hello.extend_from_slice(&wire::encode(&Signature(*signature)));
+        let state = AwaitingHelloReply {
+            ephemeral: self.ephemeral,
+            hello: hello.clone(),
+            offered: self.offered,
+            local_id: self.signer.id(),
+            mesh: self.signer.mesh().clone(),
+            peer_id: self.peer_id,
+            config: self.config,
         };
-        Ok((state, hello))
+        (state, hello)
     }
 }
 
@@ -376,18 +597,42 @@ impl AwaitingHelloReply {
     }
 }
 
-/// Answers message 1 as `me`. Draws 64 bytes from `rng` (ephemeral key, then nonce).
-/// Returns the state to keep and message 2 to send. A replayed message 1 gets a fresh
-/// reply, but its sender cannot complete message 3 without the initiator's ephemeral
-/// secret, so it never yields a confirmed session.
+/// Answers message 1 as `me` at `now_ms` (Unix milliseconds). Draws 64 bytes from
+/// `rng` (ephemeral key, then nonce). Returns the state to keep and message 2 to send.
+///
+/// `guard` refuses, before any public-key work, a Hello outside its freshness window
+/// ([`HandshakeError::Stale`]) or seen already within it ([`HandshakeError::Replayed`]),
+/// and learns each Hello whose signature verifies. A replay the guard does not
+/// remember (another guard's, or one forgotten when full) gets a fresh reply, but its
+/// sender cannot complete message 3 without the initiator's ephemeral secret, so it
+/// never yields a confirmed session.
 pub fn respond(
     me: &Identity,
     hello_bytes: &[u8],
     config: &HandshakeConfig,
+    guard: &mut HelloGuard,
+    now_ms: u64,
     rng: &dyn SecureRandom,
 ) -> Result<(AwaitingConfirm, Vec<u8>), HandshakeError> {
+    let pending = respond_unsigned(me.public(), hello_bytes, config, guard, now_ms, rng)?;
+    let signature = me.sign(&pending.digest);
+    pending.attach(&signature)
+}
+
+/// [`respond`] without the private key: message 1 is checked and message 2 made but
+/// not signed. The returned [`PendingReply`] says what to sign
+/// ([`PendingReply::to_sign`]); [`PendingReply::finish`] takes the signature, checks
+/// it and yields what `respond` does. Same draws from `rng` as `respond`.
+pub fn respond_unsigned(
+    me: &PublicIdentity,
+    hello_bytes: &[u8],
+    config: &HandshakeConfig,
+    guard: &mut HelloGuard,
+    now_ms: u64,
+    rng: &dyn SecureRandom,
+) -> Result<PendingReply, HandshakeError> {
     let signed = Hello::decode(hello_bytes)?;
-    let (share, offered, initiator_records_per_key) = verified::hello(me, &signed)?;
+    let (share, offered, initiator_records_per_key) = verified::hello(me, &signed, guard, now_ms)?;
     let suite = offered
         .pick(config.suites)
         .ok_or(HandshakeError::NoCommonSuite)?;
@@ -406,29 +651,89 @@ pub fn respond(
         ephemeral: my_share,
         nonce,
     };
-    let mut reply = wire::encode(&body);
-    let signature = Signature(me.sign(&digests::hello_reply(hello_bytes, &reply)));
-    reply.extend_from_slice(&wire::encode(&signature));
-    let transcript_hash = digests::transcript(hello_bytes, &reply);
-    let keys = verified::agree(ephemeral, &share, &transcript_hash)?;
-    let info = SessionInfo {
-        session_id: keys.session_id,
+    let body = wire::encode(&body);
+    let hello_hash = digests::hello_hash(hello_bytes);
+    Ok(PendingReply {
+        digest: digests::hello_reply_hashed(&hello_hash, &body),
+        hello_hash,
+        hello: hello_bytes.to_vec(),
+        body,
+        signer: me.clone(),
+        ephemeral,
+        share,
         suite,
-        role: Role::Responder,
-        local_id: me.id(),
-        peer_id: share.peer_id,
-        peer_public_key: share.peer_key,
-        mesh: me.mesh().clone(),
-    };
-    Ok((
-        AwaitingConfirm {
-            info,
-            keys,
-            config: agreed,
-            transcript_hash,
-        },
-        reply,
-    ))
+        config: agreed,
+    })
+}
+
+/// Message 1 verified and message 2 made, not yet signed ([`respond_unsigned`]). No
+/// key is derived before the signature is back (the transcript covers it).
+pub struct PendingReply {
+    ephemeral: EphemeralPrivateKey,
+    share: verified::Share,
+    suite: Suite,
+    config: HandshakeConfig,
+    hello: Vec<u8>,
+    hello_hash: [u8; 32],
+    body: Vec<u8>,
+    digest: [u8; 32],
+    signer: PublicIdentity,
+}
+
+impl PendingReply {
+    /// What the signer must sign.
+    pub fn to_sign(&self) -> ToSign {
+        ToSign {
+            kind: Kind::HelloReply,
+            body: self.body.clone(),
+            hello_hash: Some(self.hello_hash),
+        }
+    }
+
+    /// The initiator whose message 1 verified (not yet confirmed: message 1 may be a
+    /// replay).
+    pub fn peer_id(&self) -> PeerId {
+        self.share.peer_id
+    }
+
+    /// Takes the signature over [`PendingReply::to_sign`], checks it under our own
+    /// public key, and returns the state to keep and message 2 to send.
+    pub fn finish(
+        self,
+        signature: &[u8; 64],
+    ) -> Result<(AwaitingConfirm, Vec<u8>), HandshakeError> {
+        if !self.signer.verifies(&self.digest, signature) {
+            return Err(HandshakeError::BadOwnSignature);
+        }
+        self.attach(signature)
+    }
+
+    /// Message 2 with `signature` (checked by the caller, or made with our own key),
+    /// and the keys.
+    fn attach(self, signature: &[u8; 64]) -> Result<(AwaitingConfirm, Vec<u8>), HandshakeError> {
+        let mut reply = self.body;
+        reply.extend_from_slice(&wire::encode(&Signature(*signature)));
+        let transcript_hash = digests::transcript(&self.hello, &reply);
+        let keys = verified::agree(self.ephemeral, &self.share, &transcript_hash)?;
+        let info = SessionInfo {
+            session_id: keys.session_id,
+            suite: self.suite,
+            role: Role::Responder,
+            local_id: self.signer.id(),
+            peer_id: self.share.peer_id,
+            peer_public_key: self.share.peer_key,
+            mesh: self.signer.mesh().clone(),
+        };
+        Ok((
+            AwaitingConfirm {
+                info,
+                keys,
+                config: self.config,
+                transcript_hash,
+            },
+            reply,
+        ))
+    }
 }
 
 /// The responder after sending message 2: keys exist but are unusable until the

@@ -216,64 +216,26 @@ pub enum KeyFileError {
     Random,
 }
 
-/// A workload's or node's identity: its key pair, its mesh and the id they give.
-pub struct Identity {
-    key_pair: Ed25519KeyPair,
-    seed: Zeroizing<[u8; 32]>,
+/// The public half of an identity: its public key, mesh and id, without the private
+/// key. A sidecar whose agent keeps the private key runs the handshake with this and
+/// asks the agent for each signature (`handshake::Initiator::start_unsigned`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct PublicIdentity {
     public_key: [u8; PUBLIC_KEY_LEN],
     mesh: MeshName,
     id: PeerId,
 }
 
-impl Identity {
-    /// Creates a new identity in `mesh` from 32 bytes of `rng` (the Ed25519 seed).
-    pub fn generate(mesh: MeshName, rng: &dyn SecureRandom) -> Result<Self, KeyFileError> {
-        let mut seed = Zeroizing::new([0u8; 32]);
-        rng.fill(seed.as_mut()).map_err(|_| KeyFileError::Random)?;
-        Ok(Self::from_seed(mesh, seed))
-    }
-
-    fn from_seed(mesh: MeshName, seed: Zeroizing<[u8; 32]>) -> Self {
-        let key_pair =
-            Ed25519KeyPair::from_seed_unchecked(seed.as_ref()).expect("any 32 bytes are a seed");
-        let mut public_key = [0u8; PUBLIC_KEY_LEN];
-        public_key.copy_from_slice(key_pair.public_key().as_ref());
+impl PublicIdentity {
+    /// The public identity of `public_key` in `mesh` (its id is derived, so it always
+    /// matches the key).
+    pub fn new(public_key: [u8; PUBLIC_KEY_LEN], mesh: MeshName) -> Self {
         let id = PeerId::derive(&public_key, mesh.as_str());
-        Identity {
-            key_pair,
-            seed,
+        PublicIdentity {
             public_key,
             mesh,
             id,
         }
-    }
-
-    /// Loads an identity from the text of a key file: PEM `PRIVATE KEY`, PKCS#8 v1
-    /// or v2 (RFC 8410), as written by [`Identity::to_key_file`] or by
-    /// `openssl genpkey -algorithm ed25519`.
-    pub fn from_key_file(mesh: MeshName, pem: &str) -> Result<Self, KeyFileError> {
-        let pair = KeypairBytes::from_pkcs8_pem(pem.trim())
-            .map_err(|e| KeyFileError::Format(e.to_string()))?;
-        let identity = Self::from_seed(mesh, Zeroizing::new(pair.secret_key));
-        match pair.public_key {
-            Some(public) if public.to_bytes() != identity.public_key => {
-                Err(KeyFileError::KeyMismatch)
-            }
-            _ => Ok(identity),
-        }
-    }
-
-    /// The key file text for this identity (PEM `PRIVATE KEY`, PKCS#8 v1, readable by
-    /// `openssl pkey`). Secret: write it with mode 0600.
-    pub fn to_key_file(&self) -> Zeroizing<String> {
-        let pair = KeypairBytes {
-            secret_key: *self.seed,
-            public_key: None,
-        };
-        let pem = pair
-            .to_pkcs8_pem(ed25519::pkcs8::spki::der::pem::LineEnding::LF)
-            .expect("encoding a 32-byte seed cannot fail");
-        Zeroizing::new(pem.as_str().to_string())
     }
 
     /// This identity's id.
@@ -296,7 +258,105 @@ impl Identity {
         self.id.printable(&self.mesh)
     }
 
-    /// Signs a 32-byte transcript digest.
+    /// True if `sig` is this identity's signature over the 32-byte handshake digest.
+    pub(crate) fn verifies(&self, digest: &[u8; 32], sig: &[u8; 64]) -> bool {
+        verify_signature(&self.public_key, digest, sig)
+    }
+}
+
+impl fmt::Debug for PublicIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PublicIdentity")
+            .field("mesh", &self.mesh)
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+/// A workload's or node's identity: its key pair, its mesh and the id they give.
+pub struct Identity {
+    key_pair: Ed25519KeyPair,
+    seed: Zeroizing<[u8; 32]>,
+    public: PublicIdentity,
+}
+
+impl Identity {
+    /// Creates a new identity in `mesh` from 32 bytes of `rng` (the Ed25519 seed).
+    pub fn generate(mesh: MeshName, rng: &dyn SecureRandom) -> Result<Self, KeyFileError> {
+        let mut seed = Zeroizing::new([0u8; 32]);
+        rng.fill(seed.as_mut()).map_err(|_| KeyFileError::Random)?;
+        Ok(Self::from_seed(mesh, seed))
+    }
+
+    fn from_seed(mesh: MeshName, seed: Zeroizing<[u8; 32]>) -> Self {
+        let key_pair =
+            Ed25519KeyPair::from_seed_unchecked(seed.as_ref()).expect("any 32 bytes are a seed");
+        let mut public_key = [0u8; PUBLIC_KEY_LEN];
+        public_key.copy_from_slice(key_pair.public_key().as_ref());
+        Identity {
+            key_pair,
+            seed,
+            public: PublicIdentity::new(public_key, mesh),
+        }
+    }
+
+    /// Loads an identity from the text of a key file: PEM `PRIVATE KEY`, PKCS#8 v1
+    /// or v2 (RFC 8410), as written by [`Identity::to_key_file`] or by
+    /// `openssl genpkey -algorithm ed25519`.
+    pub fn from_key_file(mesh: MeshName, pem: &str) -> Result<Self, KeyFileError> {
+        let pair = KeypairBytes::from_pkcs8_pem(pem.trim())
+            .map_err(|e| KeyFileError::Format(e.to_string()))?;
+        let identity = Self::from_seed(mesh, Zeroizing::new(pair.secret_key));
+        match pair.public_key {
+            Some(public) if public.to_bytes() != identity.public.public_key => {
+                Err(KeyFileError::KeyMismatch)
+            }
+            _ => Ok(identity),
+        }
+    }
+
+    /// The key file text for this identity (PEM `PRIVATE KEY`, PKCS#8 v1, readable by
+    /// `openssl pkey`). Secret: write it with mode 0600.
+    pub fn to_key_file(&self) -> Zeroizing<String> {
+        let pair = KeypairBytes {
+            secret_key: *self.seed,
+            public_key: None,
+        };
+        let pem = pair
+            .to_pkcs8_pem(ed25519::pkcs8::spki::der::pem::LineEnding::LF)
+            .expect("encoding a 32-byte seed cannot fail");
+        Zeroizing::new(pem.as_str().to_string())
+    }
+
+    /// This identity's id.
+    pub fn id(&self) -> PeerId {
+        self.public.id
+    }
+
+    /// This identity's mesh.
+    pub fn mesh(&self) -> &MeshName {
+        &self.public.mesh
+    }
+
+    /// The Ed25519 public key.
+    pub fn public_key(&self) -> &[u8; PUBLIC_KEY_LEN] {
+        &self.public.public_key
+    }
+
+    /// The printable id, e.g. `demo1…`.
+    pub fn printable_id(&self) -> String {
+        self.public.printable_id()
+    }
+
+    /// The public half: what a sidecar needs to run a handshake whose signatures
+    /// someone else (its agent) makes.
+    pub fn public(&self) -> &PublicIdentity {
+        &self.public
+    }
+
+    /// Signs a 32-byte handshake digest. Only the handshake calls this, and a delegated
+    /// signer (the agent) reaches it only through [`crate::handshake::sign_message`],
+    /// which computes the digest itself from a checked message body.
     pub(crate) fn sign(&self, digest: &[u8; 32]) -> [u8; 64] {
         let mut sig = [0u8; 64];
         sig.copy_from_slice(self.key_pair.sign(digest).as_ref());
@@ -345,8 +405,8 @@ impl fmt::Debug for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Never print the private key.
         f.debug_struct("Identity")
-            .field("mesh", &self.mesh)
-            .field("id", &self.id)
+            .field("mesh", &self.public.mesh)
+            .field("id", &self.public.id)
             .finish()
     }
 }

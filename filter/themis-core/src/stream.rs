@@ -20,8 +20,10 @@
 //! responder a write to carry message 2 on. The initiator's app sends the same
 //! preface first; the responder drops it, so the app sees it exactly once.
 //!
-//! A replay of a whole recorded connection gets a fresh message 2 and fails at
-//! message 3: nothing of it reaches the app. Any record that does not open ends the
+//! A replayed message 1 is refused by the responder's [`HelloGuard`] before any
+//! public-key work (`stale` outside the freshness window, `replay` within it); a
+//! replay the guard does not remember (another worker's guard, or one forgotten when
+//! full) gets a fresh message 2 and fails at message 3: nothing of it reaches the app. Any record that does not open ends the
 //! stream ([`Refusal`]); the driver closes the connection.
 
 use alloc::string::String;
@@ -31,10 +33,12 @@ use ring::rand::SecureRandom;
 use serde::{Deserialize, Serialize};
 
 use crate::channel::{ChannelError, Session};
+use crate::guard::HelloGuard;
 use crate::handshake::{
-    self, AwaitingConfirm, AwaitingHelloReply, HandshakeConfig, HandshakeError,
+    self, AwaitingConfirm, AwaitingHelloReply, HandshakeConfig, HandshakeError, PendingHello,
+    PendingReply, ToSign,
 };
-use crate::identity::{Identity, PeerId};
+use crate::identity::{Identity, PeerId, PublicIdentity};
 use crate::wire::{
     frame_len, peek_kind, Kind, WireError, RECORD_HEADER_LEN, RECORD_OVERHEAD, TAG_LEN,
 };
@@ -82,8 +86,8 @@ pub enum Refusal {
     /// The bytes are not this protocol (plaintext, garbage, a message too large).
     #[error("not a Themis stream: {0}")]
     Malformed(WireError),
-    /// A handshake message was refused (bad signature, wrong peer, a replayed
-    /// connection's message 3, ...).
+    /// A handshake message was refused (bad signature, wrong peer, a stale or replayed
+    /// Hello, a replayed connection's message 3, ...).
     #[error("handshake refused: {0}")]
     Handshake(HandshakeError),
     /// A record was tampered with, replayed, reordered or forged.
@@ -105,6 +109,8 @@ impl Refusal {
     pub fn reason(&self) -> &'static str {
         match self {
             Refusal::Malformed(_) => "malformed",
+            Refusal::Handshake(HandshakeError::Stale) => "stale",
+            Refusal::Handshake(HandshakeError::Replayed) => "replay",
             Refusal::Handshake(_) => "handshake",
             Refusal::Record(ChannelError::OutOfOrder { .. } | ChannelError::Replay(_)) => "replay",
             Refusal::Record(_) => "tampered",
@@ -214,6 +220,8 @@ fn open_all(session: &mut Session, inbox: &mut Inbox, out: &mut Vec<u8>) -> Resu
 // an allocation per connection.
 #[allow(clippy::large_enum_variant)]
 enum InitiatorState {
+    /// Message 1 is made; its signature is being asked for (delegated signing).
+    AwaitingSignature(PendingHello),
     AwaitingReply(AwaitingHelloReply),
     Open(Session),
     Closed,
@@ -237,9 +245,10 @@ impl StreamInitiator {
         peer: PeerId,
         meta: Meta,
         config: &HandshakeConfig,
+        now_ms: u64,
         rng: &dyn SecureRandom,
     ) -> Result<(Self, Vec<u8>), HandshakeError> {
-        let (waiting, hello) = handshake::Initiator::start(me, peer, config, rng)?;
+        let (waiting, hello) = handshake::Initiator::start(me, peer, config, now_ms, rng)?;
         let stream = StreamInitiator {
             state: InitiatorState::AwaitingReply(waiting),
             inbox: Inbox::default(),
@@ -247,6 +256,47 @@ impl StreamInitiator {
             meta,
         };
         Ok((stream, hello))
+    }
+
+    /// [`StreamInitiator::start`] without the private key: message 1 waits for its
+    /// signature ([`StreamInitiator::to_sign`], then [`StreamInitiator::signed`]).
+    /// Meanwhile the app's bytes are held as usual; the peer may not speak yet.
+    pub fn start_unsigned(
+        me: &PublicIdentity,
+        peer: PeerId,
+        meta: Meta,
+        config: &HandshakeConfig,
+        now_ms: u64,
+        rng: &dyn SecureRandom,
+    ) -> Result<Self, HandshakeError> {
+        let pending = handshake::Initiator::start_unsigned(me, peer, config, now_ms, rng)?;
+        Ok(StreamInitiator {
+            state: InitiatorState::AwaitingSignature(pending),
+            inbox: Inbox::default(),
+            held: Vec::new(),
+            meta,
+        })
+    }
+
+    /// What the delegated signer must sign, while message 1 waits for it.
+    pub fn to_sign(&self) -> Option<ToSign> {
+        match &self.state {
+            InitiatorState::AwaitingSignature(pending) => Some(pending.to_sign()),
+            _ => None,
+        }
+    }
+
+    /// The signer's answer: checked under our own key, it completes message 1, which
+    /// is returned (to send now). A bad signature ends the stream.
+    pub fn signed(&mut self, signature: &[u8; 64]) -> Result<Vec<u8>, Refusal> {
+        let InitiatorState::AwaitingSignature(pending) =
+            core::mem::replace(&mut self.state, InitiatorState::Closed)
+        else {
+            return Err(Refusal::OutOfTurn("signature"));
+        };
+        let (waiting, hello) = pending.finish(signature).map_err(Refusal::Handshake)?;
+        self.state = InitiatorState::AwaitingReply(waiting);
+        Ok(hello)
     }
 
     /// True if the peer's bytes stop inside a message: at the end of the stream,
@@ -272,7 +322,9 @@ impl StreamInitiator {
     pub fn from_app(&mut self, data: &[u8]) -> Result<Vec<u8>, Refusal> {
         let mut to_peer = Vec::new();
         match &mut self.state {
-            InitiatorState::AwaitingReply(_) => self.held.extend_from_slice(data),
+            InitiatorState::AwaitingSignature(_) | InitiatorState::AwaitingReply(_) => {
+                self.held.extend_from_slice(data)
+            }
             InitiatorState::Open(session) => seal_into(session, data, &mut to_peer)?,
             InitiatorState::Closed => return Err(Refusal::OutOfTurn("write after close")),
         }
@@ -292,6 +344,13 @@ impl StreamInitiator {
     fn step(&mut self, data: &[u8]) -> Result<Output, Refusal> {
         self.inbox.push(data);
         let mut out = Output::default();
+        if let InitiatorState::AwaitingSignature(_) = self.state {
+            // Message 1 has not left yet: the peer has nothing to answer.
+            return match self.inbox.is_empty() {
+                true => Ok(out),
+                false => Err(Refusal::OutOfTurn("message before the hello")),
+            };
+        }
         if let InitiatorState::AwaitingReply(_) = self.state {
             let Some(reply) = self.inbox.next_handshake(Kind::HelloReply)? else {
                 return Ok(out);
@@ -321,6 +380,9 @@ impl StreamInitiator {
 #[allow(clippy::large_enum_variant)] // as InitiatorState
 enum ResponderState {
     AwaitingHello,
+    /// Message 1 verified and message 2 made; its signature is being asked for
+    /// (delegated signing). The app is fed the preface only once it is signed.
+    AwaitingSignature(PendingReply),
     /// Message 2 is made; `reply` is `Some` until it rides on the app's first write.
     AwaitingConfirm {
         pending: AwaitingConfirm,
@@ -334,6 +396,14 @@ enum ResponderState {
         strip: usize,
     },
     Closed,
+}
+
+/// Who signs the responder's message 2: its own key, or a delegated signer asked
+/// through [`StreamResponder::to_sign`].
+#[derive(Clone, Copy)]
+enum Signer<'a> {
+    Own(&'a Identity),
+    Delegated(&'a PublicIdentity),
 }
 
 /// What the responder learnt when the initiator proved itself.
@@ -378,27 +448,93 @@ impl StreamResponder {
         self.established.as_ref()
     }
 
-    /// Bytes from the peer. Message 1 is answered (as `me`) by feeding the app the
-    /// preface; message 3 confirms; records are opened for the app.
+    /// Bytes from the peer at `now_ms` (Unix milliseconds). Message 1 is checked
+    /// against `guard` (freshness window, replay cache: before any public-key work)
+    /// and answered (as `me`) by feeding the app the preface; message 3 confirms;
+    /// records are opened for the app.
     pub fn from_peer(
         &mut self,
         data: &[u8],
         me: &Identity,
         config: &HandshakeConfig,
+        guard: &mut HelloGuard,
+        now_ms: u64,
         rng: &dyn SecureRandom,
     ) -> Result<Output, Refusal> {
-        let result = self.step(data, me, config, rng);
+        let result = self.step(data, Signer::Own(me), config, guard, now_ms, rng);
         if result.is_err() {
             self.state = ResponderState::Closed;
         }
         result
     }
 
+    /// [`StreamResponder::from_peer`] without the private key: when message 1 has
+    /// verified, message 2 waits for its signature ([`StreamResponder::to_sign`],
+    /// then [`StreamResponder::signed`], which feeds the app the preface). Meanwhile
+    /// the peer may not speak (it has nothing to answer yet).
+    pub fn from_peer_unsigned(
+        &mut self,
+        data: &[u8],
+        me: &PublicIdentity,
+        config: &HandshakeConfig,
+        guard: &mut HelloGuard,
+        now_ms: u64,
+        rng: &dyn SecureRandom,
+    ) -> Result<Output, Refusal> {
+        let result = self.step(data, Signer::Delegated(me), config, guard, now_ms, rng);
+        if result.is_err() {
+            self.state = ResponderState::Closed;
+        }
+        result
+    }
+
+    /// What the delegated signer must sign, while message 2 waits for it.
+    pub fn to_sign(&self) -> Option<ToSign> {
+        match &self.state {
+            ResponderState::AwaitingSignature(pending) => Some(pending.to_sign()),
+            _ => None,
+        }
+    }
+
+    /// The signer's answer: checked under our own key, it completes message 2, which
+    /// rides on the app's first write; the app is fed the preface (in the output) so
+    /// that it writes. (If the app wrote already while the signature was awaited,
+    /// message 2 is in the output's `to_peer` instead.) A bad signature ends the
+    /// stream.
+    pub fn signed(&mut self, signature: &[u8; 64]) -> Result<Output, Refusal> {
+        let ResponderState::AwaitingSignature(pending) =
+            core::mem::replace(&mut self.state, ResponderState::Closed)
+        else {
+            return Err(Refusal::OutOfTurn("signature"));
+        };
+        let (pending, reply) = pending.finish(signature).map_err(Refusal::Handshake)?;
+        let mut out = self.replied(pending, reply);
+        if !self.held.is_empty() {
+            out.to_peer = self.from_app(&[])?;
+        }
+        Ok(out)
+    }
+
+    /// Message 2 is ready: it waits for the app's first write, which the preface
+    /// prompts.
+    fn replied(&mut self, pending: AwaitingConfirm, reply: Vec<u8>) -> Output {
+        self.state = ResponderState::AwaitingConfirm {
+            pending,
+            reply: Some(reply),
+        };
+        Output {
+            to_app: self.preface.to_vec(),
+            ..Output::default()
+        }
+    }
+
     fn step(
         &mut self,
         data: &[u8],
-        me: &Identity,
+        me: Signer<'_>,
         config: &HandshakeConfig,
+        guard: &mut HelloGuard,
+        now_ms: u64,
         rng: &dyn SecureRandom,
     ) -> Result<Output, Refusal> {
         self.inbox.push(data);
@@ -409,17 +545,34 @@ impl StreamResponder {
                     let Some(hello) = self.inbox.next_handshake(Kind::Hello)? else {
                         return Ok(out);
                     };
+                    let me = match me {
+                        Signer::Own(me) => me,
+                        Signer::Delegated(public) => {
+                            let pending = handshake::respond_unsigned(
+                                public, &hello, config, guard, now_ms, rng,
+                            )
+                            .map_err(Refusal::Handshake)?;
+                            if !self.inbox.is_empty() {
+                                return Err(Refusal::OutOfTurn("message before the reply"));
+                            }
+                            self.state = ResponderState::AwaitingSignature(pending);
+                            return Ok(out);
+                        }
+                    };
                     let (pending, reply) =
-                        handshake::respond(me, &hello, config, rng).map_err(Refusal::Handshake)?;
+                        handshake::respond(me, &hello, config, guard, now_ms, rng)
+                            .map_err(Refusal::Handshake)?;
                     if !self.inbox.is_empty() {
                         return Err(Refusal::OutOfTurn("message before the reply"));
                     }
-                    self.state = ResponderState::AwaitingConfirm {
-                        pending,
-                        reply: Some(reply),
+                    return Ok(self.replied(pending, reply));
+                }
+                ResponderState::AwaitingSignature(_) => {
+                    // Message 2 has not left yet: nothing can be valid so early.
+                    return match self.inbox.is_empty() {
+                        true => Ok(out),
+                        false => Err(Refusal::OutOfTurn("message before the reply")),
                     };
-                    out.to_app.extend_from_slice(self.preface);
-                    return Ok(out);
                 }
                 ResponderState::AwaitingConfirm { reply, .. } => {
                     if reply.is_some() {
@@ -488,7 +641,9 @@ impl StreamResponder {
                 self.held.extend_from_slice(data);
                 Ok(reply.take().unwrap_or_default())
             }
-            ResponderState::AwaitingHello | ResponderState::AwaitingMeta(_) => {
+            ResponderState::AwaitingHello
+            | ResponderState::AwaitingSignature(_)
+            | ResponderState::AwaitingMeta(_) => {
                 self.held.extend_from_slice(data);
                 Ok(Vec::new())
             }

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_big_array::BigArray;
 
 /// The protocol version every message carries first.
-pub const PROTOCOL_VERSION: u8 = 1;
+/// Version 2: message 1 carries `timestamp_ms`.
+pub const PROTOCOL_VERSION: u8 = 2;
 /// The longest handshake message accepted (the largest one is about 290 bytes).
 pub const MAX_HANDSHAKE_LEN: usize = 512;
 /// The largest record payload: 1 MiB.
@@ -211,6 +212,9 @@ pub struct HelloBody<'a> {
     pub ephemeral: [u8; 32],
     /// The initiator's fresh nonce.
     pub nonce: [u8; 32],
+    /// When the initiator sent it, Unix milliseconds: the responder refuses a Hello
+    /// outside its freshness window before any public-key work ([`crate::guard`]).
+    pub timestamp_ms: u64,
 }
 
 /// Message 1 with its signature over the body.
@@ -389,8 +393,9 @@ mod tests {
 
     #[test]
     fn peek_rejects_unknown_versions_and_kinds() {
-        assert_eq!(peek_kind(&[2, 1]), Err(WireError::UnsupportedVersion(2)));
-        assert_eq!(peek_kind(&[1, 9]), Err(WireError::UnknownKind(9)));
+        assert_eq!(peek_kind(&[1, 1]), Err(WireError::UnsupportedVersion(1)));
+        assert_eq!(peek_kind(&[3, 1]), Err(WireError::UnsupportedVersion(3)));
+        assert_eq!(peek_kind(&[2, 9]), Err(WireError::UnknownKind(9)));
         assert_eq!(peek_kind(&[1]), Err(WireError::Truncated));
         assert_eq!(peek_kind(&[]), Err(WireError::Truncated));
     }

@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{handshake, handshake_with, identity, open, with_lenient_rng, with_rng, Transcript};
+use common::{
+    handshake, handshake_with, identity, open, with_lenient_rng, with_rng, Transcript, NOW_MS,
+};
 use ring::digest;
 use ring::signature::Ed25519KeyPair;
 use themis_core::handshake::{self, Initiator};
@@ -14,9 +16,10 @@ use themis_core::wire::{
     self, Hello, HelloBody, HelloReply, HelloReplyBody, Kind, Signature, WireError,
     MAX_HANDSHAKE_LEN, MAX_RECORD_PAYLOAD, RECORD_HEADER_LEN, RECORD_OVERHEAD,
 };
+use themis_core::HelloGuard;
 use themis_core::{
     AwaitingConfirm, AwaitingHelloReply, ChannelError, ChannelMode, HandshakeConfig,
-    HandshakeError, Identity, PeerId, Suite,
+    HandshakeError, Identity, PeerId, Suite, PROTOCOL_VERSION,
 };
 
 const MESH: &str = "adversary";
@@ -67,7 +70,7 @@ fn craft_reply(hello: &[u8], body: &HelloReplyBody, signer: u8) -> Vec<u8> {
 /// Alice's state after sending a hello to `to`, deterministic for a given salt.
 fn alice_starts(to: PeerId, config: &HandshakeConfig, salt: u8) -> (AwaitingHelloReply, Vec<u8>) {
     with_rng(&[&[salt; 32], &[salt ^ 0x11; 32]], |rng| {
-        Initiator::start(&alice(), to, config, rng)
+        Initiator::start(&alice(), to, config, NOW_MS, rng)
     })
     .unwrap()
 }
@@ -79,7 +82,7 @@ fn respond_as(
     salt: u8,
 ) -> Result<(AwaitingConfirm, Vec<u8>), HandshakeError> {
     with_lenient_rng(&[&[salt ^ 0x22; 32], &[salt ^ 0x33; 32]], |rng| {
-        handshake::respond(who, hello, config, rng)
+        handshake::respond(who, hello, config, &mut HelloGuard::default(), NOW_MS, rng)
     })
 }
 
@@ -107,7 +110,7 @@ fn a_replayed_hello_never_yields_a_confirmed_session() {
     // ... nor one with the right session id and a guessed MAC.
     let (pending, _) = respond_as(&bob(), &t.hello, &config(), 0x99).unwrap();
     let guess = wire::Confirm {
-        version: 1,
+        version: PROTOCOL_VERSION,
         kind: Kind::Confirm as u8,
         session_id: pending.session_id(),
         mac: [0; 32],
@@ -274,12 +277,12 @@ fn every_byte_of_every_handshake_message_is_protected() {
 fn tampering_with_the_version_and_kind_bytes_is_named() {
     let t = handshake(&alice(), &bob()).2;
     let mut hello = t.hello.clone();
-    hello[0] = 2;
+    hello[0] = 1; // version 1's Hello had no timestamp
     assert_eq!(
         respond_as(&bob(), &hello, &config(), 0).err(),
-        Some(HandshakeError::Wire(WireError::UnsupportedVersion(2)))
+        Some(HandshakeError::Wire(WireError::UnsupportedVersion(1)))
     );
-    hello[0] = 1;
+    hello[0] = PROTOCOL_VERSION;
     hello[1] = 77;
     assert_eq!(
         respond_as(&bob(), &hello, &config(), 0).err(),
@@ -308,7 +311,9 @@ fn every_byte_of_a_record_is_protected_and_failures_change_nothing() {
     };
     assert_eq!(
         open(&mut b, &flip(0)),
-        Err(ChannelError::Wire(WireError::UnsupportedVersion(0)))
+        Err(ChannelError::Wire(WireError::UnsupportedVersion(
+            PROTOCOL_VERSION ^ 0x01
+        )))
     );
     assert_eq!(
         open(&mut b, &flip(1)),
@@ -494,7 +499,7 @@ fn oversize_input_is_rejected() {
 fn a_peer_of_another_mesh_is_rejected() {
     let stranger = identity("other-mesh", ALICE);
     let (_, hello) = with_rng(&[&[1; 32], &[2; 32]], |rng| {
-        Initiator::start(&stranger, bob().id(), &config(), rng)
+        Initiator::start(&stranger, bob().id(), &config(), NOW_MS, rng)
     })
     .unwrap();
     assert_eq!(
@@ -542,7 +547,7 @@ fn a_message_meant_for_another_id_is_rejected() {
 
     // Bob's genuine reply to Mallory, delivered to Alice who is waiting for Bob.
     let (_, mallory_hello) = with_rng(&[&[1; 32], &[2; 32]], |rng| {
-        Initiator::start(&mallory(), bob().id(), &config(), rng)
+        Initiator::start(&mallory(), bob().id(), &config(), NOW_MS, rng)
     })
     .unwrap();
     let (_, reply_to_mallory) = respond_as(&bob(), &mallory_hello, &config(), 0).unwrap();
@@ -626,7 +631,7 @@ fn no_common_suite_is_reported() {
         ..config()
     };
     let started = with_rng(&[], |rng| {
-        Initiator::start(&alice(), bob().id(), &none, rng)
+        Initiator::start(&alice(), bob().id(), &none, NOW_MS, rng)
     });
     assert_eq!(started.err(), Some(HandshakeError::NoSuitesConfigured));
 }

@@ -11,7 +11,7 @@ mod common;
 
 use std::sync::OnceLock;
 
-use common::{handshake_with, open, with_lenient_rng, Transcript};
+use common::{handshake_with, open, with_lenient_rng, Transcript, NOW_MS};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::{select, subsequence, Index};
@@ -20,6 +20,7 @@ use themis_core::wire::{
     self, Confirm, Hello, HelloReply, Kind, RecordHeader, RECORD_HEADER_LEN, RECORD_OVERHEAD,
     TAG_LEN,
 };
+use themis_core::HelloGuard;
 use themis_core::{
     AwaitingConfirm, AwaitingHelloReply, ChannelError, ChannelMode, HandshakeConfig, Identity,
     MeshName, PeerId, Session, Suite,
@@ -60,7 +61,13 @@ fn sessions(config: &HandshakeConfig) -> (Session, Session, Transcript) {
 /// Alice's deterministic message 1 to bob, and the state waiting for the answer.
 fn start() -> (AwaitingHelloReply, Vec<u8>) {
     with_lenient_rng(&[&[SALT; 32], &[SALT ^ 0x11; 32]], |rng| {
-        Initiator::start(alice(), bob().id(), &HandshakeConfig::default(), rng)
+        Initiator::start(
+            alice(),
+            bob().id(),
+            &HandshakeConfig::default(),
+            NOW_MS,
+            rng,
+        )
     })
     .expect("alice starts")
 }
@@ -68,7 +75,14 @@ fn start() -> (AwaitingHelloReply, Vec<u8>) {
 /// Bob's deterministic answer to `hello`.
 fn respond(hello: &[u8]) -> Result<(AwaitingConfirm, Vec<u8>), themis_core::HandshakeError> {
     with_lenient_rng(&[&[SALT ^ 0x22; 32], &[SALT ^ 0x33; 32]], |rng| {
-        handshake::respond(bob(), hello, &HandshakeConfig::default(), rng)
+        handshake::respond(
+            bob(),
+            hello,
+            &HandshakeConfig::default(),
+            &mut HelloGuard::default(),
+            NOW_MS,
+            rng,
+        )
     })
 }
 
@@ -568,10 +582,10 @@ fn printable_ids_are_canonical() {
 #[test]
 fn frame_len_bounds_complete_handshake_messages() {
     // Version, kind, suites, records per key (varint 16), a mesh name of 600 bytes,
-    // five 32-byte fields, signature.
-    let mut hello = vec![1, 1, 3, 16, 0xd8, 0x04];
+    // five 32-byte fields, the timestamp (varint 1), signature.
+    let mut hello = vec![wire::PROTOCOL_VERSION, 1, 3, 16, 0xd8, 0x04];
     hello.extend([b'a'; 600]);
-    hello.extend([0; 5 * 32 + 64]);
+    hello.extend([0; 5 * 32 + 1 + 64]);
     assert!(matches!(
         wire::frame_len(&hello[..600]),
         Err(wire::WireError::TooLarge { .. })

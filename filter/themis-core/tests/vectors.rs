@@ -1,5 +1,5 @@
 //! Known-answer tests: handshakes and records made with fixed keys and randomness,
-//! checked into `tests/vectors/v1.json`. The same test runs natively and, compiled to
+//! checked into `tests/vectors/v2.json`. The same test runs natively and, compiled to
 //! `wasm32-wasip2`, under wasmtime (`scripts/test.sh`), so every target must produce
 //! the same bytes.
 //!
@@ -12,9 +12,10 @@ use common::{with_rng, Transcript};
 use ring::digest;
 use serde::{Deserialize, Serialize};
 use themis_core::handshake::{self, Initiator};
+use themis_core::HelloGuard;
 use themis_core::{ChannelMode, HandshakeConfig, Identity, MeshName, PeerId, Session, Suite};
 
-const VECTORS: &str = include_str!("vectors/v1.json");
+const VECTORS: &str = include_str!("vectors/v2.json");
 
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
 struct Vectors {
@@ -42,6 +43,8 @@ struct HandshakeVector {
     initiator_suites: Vec<Suite>,
     responder_suites: Vec<Suite>,
     records_per_key: u64,
+    /// Message 1's `timestamp_ms`; the responder checks it at the same time.
+    timestamp_ms: u64,
     initiator_ephemeral: String,
     initiator_nonce: String,
     responder_ephemeral: String,
@@ -125,7 +128,7 @@ fn run_handshake(ids: &[Identity], spec: &HandshakeVector) -> HandshakeVector {
             &unhex::<32>(&spec.initiator_ephemeral),
             &unhex::<32>(&spec.initiator_nonce),
         ],
-        |rng| Initiator::start(a, b.id(), &config_a, rng),
+        |rng| Initiator::start(a, b.id(), &config_a, spec.timestamp_ms, rng),
     )
     .unwrap();
     let (pending, reply) = with_rng(
@@ -133,7 +136,16 @@ fn run_handshake(ids: &[Identity], spec: &HandshakeVector) -> HandshakeVector {
             &unhex::<32>(&spec.responder_ephemeral),
             &unhex::<32>(&spec.responder_nonce),
         ],
-        |rng| handshake::respond(b, &hello, &config_b, rng),
+        |rng| {
+            handshake::respond(
+                b,
+                &hello,
+                &config_b,
+                &mut HelloGuard::default(),
+                spec.timestamp_ms,
+                rng,
+            )
+        },
     )
     .unwrap();
     let (mut sa, confirm) = waiting.read_hello_reply(&reply).unwrap();
@@ -208,7 +220,7 @@ fn vectors_reproduce_exactly() {
     let expected: Vectors = serde_json::from_str(VECTORS).unwrap();
     let actual = compute(&expected);
     if std::env::var_os("THEMIS_WRITE_VECTORS").is_some() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vectors/v1.json");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vectors/v2.json");
         std::fs::write(path, serde_json::to_string_pretty(&actual).unwrap() + "\n").unwrap();
         return;
     }
@@ -250,6 +262,8 @@ fn recorded_messages_are_accepted() {
                     &ids[h.responder],
                     &hex::decode(&h.hello).unwrap(),
                     &config,
+                    &mut HelloGuard::default(),
+                    h.timestamp_ms,
                     rng,
                 )
             },
@@ -340,7 +354,7 @@ fn key_schedule_follows_the_spec() {
         assert_eq!(session_id, h.session_id);
         let k_confirm: [u8; 32] = expand(&prk, b"themis/1 confirm");
         let mac = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, &k_confirm), &th);
-        let mut confirm = vec![1u8, 3];
+        let mut confirm = vec![themis_core::PROTOCOL_VERSION, 3];
         confirm.extend(session_id.to_le_bytes());
         confirm.extend(mac.as_ref());
         assert_eq!(hex::encode(confirm), h.confirm);

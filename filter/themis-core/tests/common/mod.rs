@@ -6,7 +6,11 @@ use core::cell::UnsafeCell;
 
 use ring::rand::SecureRandom;
 use themis_core::handshake::{self, Initiator};
-use themis_core::{HandshakeConfig, Identity, MeshName, Session};
+use themis_core::{HandshakeConfig, HelloGuard, Identity, MeshName, Session};
+
+/// The clock of the tests' handshakes (Unix ms). Each `respond` gets a fresh
+/// [`HelloGuard`] unless a test is about the guard.
+pub const NOW_MS: u64 = 1_700_000_000_000;
 
 /// Runs `f` with a random number generator that returns `chunks`, one per call, in
 /// order (the core documents how many bytes each step draws).
@@ -58,11 +62,11 @@ pub fn handshake_with(
     salt: u8,
 ) -> (Session, Session, Transcript) {
     let (waiting, hello) = with_rng(&[&[salt; 32], &[salt ^ 0x11; 32]], |rng| {
-        Initiator::start(a, b.id(), config, rng)
+        Initiator::start(a, b.id(), config, NOW_MS, rng)
     })
     .unwrap();
     let (pending, reply) = with_rng(&[&[salt ^ 0x22; 32], &[salt ^ 0x33; 32]], |rng| {
-        handshake::respond(b, &hello, config, rng)
+        handshake::respond(b, &hello, config, &mut HelloGuard::default(), NOW_MS, rng)
     })
     .unwrap();
     let (sa, confirm) = waiting.read_hello_reply(&reply).unwrap();
