@@ -7,7 +7,8 @@ use themis_core::handshake::{
     self, AwaitingConfirm, AwaitingHelloReply, Initiator as CoreInitiator,
 };
 use themis_core::{
-    wire, HandshakeConfig, Identity as CoreIdentity, MeshName, PeerId, Session as CoreSession,
+    wire, HandshakeConfig, HelloGuard, Identity as CoreIdentity, MeshName, PeerId,
+    Session as CoreSession,
 };
 
 wit_bindgen::generate!({ path: "../../wit", world: "themis-tool", generate_all });
@@ -33,6 +34,13 @@ fn peer_id(bytes: &[u8]) -> Result<PeerId, Error> {
     <[u8; 32]>::try_from(bytes)
         .map(PeerId)
         .map_err(|_| Error::InvalidId(format!("an id is 32 bytes, not {}", bytes.len())))
+}
+
+/// The WASI wall clock, Unix milliseconds (message 1's timestamp and its check).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn handshake_error(e: impl ToString) -> Error {
@@ -162,6 +170,7 @@ impl GuestInitiator for Initiator {
             &me.0,
             peer_id(&peer)?,
             &HandshakeConfig::default(),
+            now_ms(),
             &SystemRandom::new(),
         )
         .map_err(handshake_error)?;
@@ -196,6 +205,11 @@ impl GuestResponder for Responder {
             &me.0,
             &hello,
             &HandshakeConfig::default(),
+            // The freshness window; a replay cache needs a guard kept across calls,
+            // which this per-handshake interface has no place for (a replay still
+            // fails at message 3).
+            &mut HelloGuard::default(),
+            now_ms(),
             &SystemRandom::new(),
         )
         .map_err(handshake_error)?;

@@ -14,6 +14,8 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use ring::rand::SecureRandom;
 use ring::rand::SystemRandom;
+use serde::de::DeserializeOwned;
+use themis_contracts::{api, paths, ServiceName};
 use themis_core::handshake::Initiator;
 use themis_core::stream::{Meta, StreamInitiator};
 use themis_core::{wire, HandshakeConfig, Identity, MeshName, PeerId, Session};
@@ -200,7 +202,7 @@ struct Instance {
 }
 
 /// `GET path` on the agent's read-only HTTP endpoint; the JSON body of a 200.
-fn agent_get(agent: SocketAddr, path: &str) -> Result<serde_json::Value, String> {
+fn agent_get<T: DeserializeOwned>(agent: SocketAddr, path: &str) -> Result<T, String> {
     let unreachable = |e: std::io::Error| {
         format!(
             "cannot reach the agent at {agent}: {e} (is it running with --resolve-listen {agent}?)"
@@ -222,15 +224,15 @@ fn agent_get(agent: SocketAddr, path: &str) -> Result<serde_json::Value, String>
     let Ok(httparse::Status::Complete(body_at)) = response.parse(&raw) else {
         return Err(format!("the agent at {agent} did not answer with HTTP"));
     };
-    let body: serde_json::Value = serde_json::from_slice(&raw[body_at..])
-        .map_err(|e| format!("the agent's answer is not JSON: {e}"))?;
+    let body = &raw[body_at..];
     if response.code != Some(200) {
+        let error = serde_json::from_slice::<api::ErrorBody>(body).map(|e| e.error);
         return Err(format!(
             "the agent refused: {}",
-            body["error"].as_str().unwrap_or("no details")
+            error.as_deref().unwrap_or("no details")
         ));
     }
-    Ok(body)
+    serde_json::from_slice(body).map_err(|e| format!("the agent's answer does not parse: {e}"))
 }
 
 fn unix_millis() -> u64 {
@@ -262,18 +264,11 @@ fn resolve_shuffled(
 /// mesh root endorses (checked here, not taken on the agent's word), minus revoked
 /// keys (revocations fetched from the agent and checked against the root too).
 fn resolve(agent: SocketAddr, service: &str, root: &MeshRoot) -> Result<Vec<Instance>, String> {
-    if service.is_empty()
-        || !service
-            .bytes()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'.')
-    {
-        return Err(format!("{service:?} is not a service name"));
-    }
+    ServiceName::check(service).map_err(|e| e.to_string())?;
     let mut revoked = Revocations::new();
-    let listed = agent_get(agent, "/v1/revocations")?;
-    for r in listed["revocations"].as_array().into_iter().flatten() {
-        let bytes = hex::decode(r["revocation"].as_str().unwrap_or_default())
-            .map_err(|_| "a revocation that is not hex")?;
+    let listed: api::Revocations = agent_get(agent, paths::REVOCATIONS)?;
+    for r in &listed.revocations {
+        let bytes = hex::decode(&r.revocation).map_err(|_| "a revocation that is not hex")?;
         revoked
             .add(root, &bytes)
             .map_err(|e| format!("a revocation the mesh root did not sign: {e}"))?;
@@ -283,16 +278,12 @@ fn resolve(agent: SocketAddr, service: &str, root: &MeshRoot) -> Result<Vec<Inst
         now_ms: unix_millis(),
         revoked: &revoked,
     };
-    let body = agent_get(agent, &format!("/v1/services/{service}"))?;
-    let instances = body["instances"].as_array().cloned().unwrap_or_default();
+    let resolution: api::Resolution = agent_get(agent, &paths::service(service))?;
     let mut endorsed = Vec::new();
-    for i in &instances {
-        let value = hex::decode(i["record"].as_str().unwrap_or_default())
-            .map_err(|_| "an instance without a record")?;
+    for i in &resolution.instances {
+        let value = hex::decode(&i.record).map_err(|_| "an instance without a record")?;
         match verifier.instance(&value, service) {
-            Ok(instance)
-                if Some(instance.id.printable(&root.mesh).as_str()) == i["id"].as_str() =>
-            {
+            Ok(instance) if instance.id.printable(&root.mesh) == i.id => {
                 if let Some(endpoint) = instance.endpoint {
                     endorsed.push(Instance {
                         endpoint,
@@ -333,8 +324,14 @@ fn read_message(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<Vec<u8>, St
 fn connect(me: &Identity, instance: &Instance) -> Result<(TcpStream, Vec<u8>, Session), String> {
     let mut stream = TcpStream::connect(instance.endpoint).map_err(|e| e.to_string())?;
     let rng = ring::rand::SystemRandom::new();
-    let (waiting, hello) = Initiator::start(me, instance.id, &HandshakeConfig::default(), &rng)
-        .map_err(|e| e.to_string())?;
+    let (waiting, hello) = Initiator::start(
+        me,
+        instance.id,
+        &HandshakeConfig::default(),
+        unix_millis(),
+        &rng,
+    )
+    .map_err(|e| e.to_string())?;
     stream.write_all(&hello).map_err(|e| e.to_string())?;
     let mut buf = Vec::new();
     let reply = read_message(&mut stream, &mut buf)?;
@@ -462,9 +459,15 @@ fn exchange(
     let _ = tcp.set_read_timeout(Some(HTTP_TIMEOUT));
     let rng = SystemRandom::new();
     let meta = Meta { service: claim };
-    let (mut stream, hello) =
-        StreamInitiator::start(me, instance.id, meta, &HandshakeConfig::default(), &rng)
-            .map_err(|e| unreached(e.to_string()))?;
+    let (mut stream, hello) = StreamInitiator::start(
+        me,
+        instance.id,
+        meta,
+        &HandshakeConfig::default(),
+        unix_millis(),
+        &rng,
+    )
+    .map_err(|e| unreached(e.to_string()))?;
     let (mut client, first) =
         http2::Client::start(request).map_err(|e| Failure::Failed(e.to_string()))?;
     // Held until message 2 verified; sealed behind message 3 and the metadata.

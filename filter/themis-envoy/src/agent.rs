@@ -1,5 +1,6 @@
 //! The answers the filter reads from its local agent (over the agent cluster): a
-//! service's instances, the revocations, and the workload's key. The agent verified
+//! service's instances, the revocations, the workload's public identity and the
+//! signatures the agent makes for it (the private key never leaves the agent). The agent verified
 //! the records already; the filter verifies each one again against the mesh root of
 //! its own configuration (the endorsement chain, validity, revocations), so neither a
 //! confused agent nor a hostile DHT node can make it talk to a peer the mesh root did
@@ -7,8 +8,9 @@
 
 use std::net::SocketAddr;
 
-use serde::Deserialize;
-use themis_core::{Identity, MeshName, PeerId};
+use themis_contracts::api;
+use themis_core::identity::PublicIdentity;
+use themis_core::{MeshName, PeerId};
 use themis_trust::{MeshRoot, Revocations, Verifier};
 
 /// One instance of a service: who must answer, and where.
@@ -34,21 +36,13 @@ pub enum AgentError {
     /// An instance whose record does not verify against the mesh root.
     #[error("the agent returned an instance the mesh root does not vouch for: {0}")]
     NotEndorsed(themis_trust::TrustError),
-    /// The key material does not parse, or is for another workload or mesh.
-    #[error("the agent's key material is unusable: {0}")]
+    /// The identity does not parse, or is for another workload or mesh, or its key
+    /// does not hash to its id.
+    #[error("the agent's identity for the workload is unusable: {0}")]
     Key(String),
-}
-
-#[derive(Deserialize)]
-struct Resolution {
-    instances: Vec<RawInstance>,
-}
-
-#[derive(Deserialize)]
-struct RawInstance {
-    id: String,
-    /// The stored value (record and grant chain), hex.
-    record: String,
+    /// The signature is not 64 bytes of hex.
+    #[error("the agent's signature does not parse")]
+    Signature,
 }
 
 /// Reads `GET /v1/services/{service}`: each instance is taken from its record, verified
@@ -60,7 +54,7 @@ pub fn parse_instances(
     service: &str,
     trust: &Verifier<'_>,
 ) -> Result<Vec<Result<Instance, AgentError>>, AgentError> {
-    let resolution: Resolution =
+    let resolution: api::Resolution =
         serde_json::from_slice(body).map_err(|e| AgentError::Json(e.to_string()))?;
     Ok(resolution
         .instances
@@ -70,7 +64,7 @@ pub fn parse_instances(
 }
 
 fn verify_instance(
-    raw: RawInstance,
+    raw: api::Instance,
     service: &str,
     trust: &Verifier<'_>,
 ) -> Result<Instance, AgentError> {
@@ -102,20 +96,9 @@ pub fn endorsed(results: Vec<Result<Instance, AgentError>>) -> (Vec<Instance>, V
     )
 }
 
-#[derive(Deserialize)]
-struct RawRevocations {
-    revocations: Vec<RawRevocation>,
-}
-
-#[derive(Deserialize)]
-struct RawRevocation {
-    /// The signed revocation, hex.
-    revocation: String,
-}
-
 /// Reads `GET /v1/revocations`, keeping only revocations the mesh root signed.
 pub fn parse_revocations(body: &[u8], root: &MeshRoot) -> Result<Revocations, AgentError> {
-    let raw: RawRevocations =
+    let raw: api::Revocations =
         serde_json::from_slice(body).map_err(|e| AgentError::Json(e.to_string()))?;
     let mut revocations = Revocations::new();
     for r in raw.revocations {
@@ -127,43 +110,50 @@ pub fn parse_revocations(body: &[u8], root: &MeshRoot) -> Result<Revocations, Ag
     Ok(revocations)
 }
 
-#[derive(Deserialize)]
-struct KeyMaterial {
-    workload: String,
-    mesh: String,
-    id: String,
-    private_key_pem: String,
-}
-
-/// Reads `GET /v1/workloads/{workload}/key` into the workload's identity.
-pub fn parse_identity(
+/// Reads `GET /v1/workloads/{workload}/identity` into the workload's public identity:
+/// for `workload` in `mesh`, and the public key must hash to the id. (The private key
+/// stays in the agent, which signs the handshake messages: [`parse_signature`].)
+pub fn parse_public_identity(
     body: &[u8],
     workload: &str,
     mesh: &MeshName,
-) -> Result<Identity, AgentError> {
-    let key: KeyMaterial =
+) -> Result<PublicIdentity, AgentError> {
+    let raw: api::PublicIdentity =
         serde_json::from_slice(body).map_err(|e| AgentError::Json(e.to_string()))?;
-    if key.workload != workload || key.mesh != mesh.as_str() {
+    if raw.workload.as_str() != workload || raw.mesh != mesh.as_str() {
         return Err(AgentError::Key(format!(
             "it is for workload {} in mesh {}, not {workload} in {}",
-            key.workload,
-            key.mesh,
+            raw.workload,
+            raw.mesh,
             mesh.as_str()
         )));
     }
-    let identity = Identity::from_key_file(mesh.clone(), &key.private_key_pem)
-        .map_err(|e| AgentError::Key(e.to_string()))?;
-    if identity.printable_id() != key.id {
+    let mut key = [0u8; 32];
+    hex::decode_to_slice(&raw.public_key, &mut key)
+        .map_err(|_| AgentError::Key("the public key is not 32 bytes of hex".into()))?;
+    let identity = PublicIdentity::new(key, mesh.clone());
+    if identity.printable_id() != raw.id {
         return Err(AgentError::Key(
-            "the private key does not match the id".into(),
+            "the public key does not match the id".into(),
         ));
     }
     Ok(identity)
 }
 
+/// Reads the answer of `POST /v1/workloads/{workload}/sign`. The signature is not
+/// trusted here: the handshake checks it under the workload's own key before sending.
+pub fn parse_signature(body: &[u8]) -> Result<[u8; 64], AgentError> {
+    let raw: api::SignResponse =
+        serde_json::from_slice(body).map_err(|e| AgentError::Json(e.to_string()))?;
+    let mut signature = [0u8; 64];
+    hex::decode_to_slice(&raw.signature, &mut signature).map_err(|_| AgentError::Signature)?;
+    Ok(signature)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use themis_core::Identity;
 
     fn mesh() -> MeshName {
         MeshName::new("demo").unwrap()
@@ -221,9 +211,16 @@ mod tests {
                 .encode(),
             )
         };
+        // An instance as the agent lists it (the filter reads only the id and record).
+        let listed = |id: &str, record: &str| {
+            format!(
+                r#"{{"id":"{id}","public_key":"00","record":"{record}","endpoint":"127.0.0.12:15006","metadata":{{}},"endorser":"x","not_after":0}}"#
+            )
+        };
         let answer = |id: &str, record: &str| {
             format!(
-                r#"{{"service":"check","instances":[{{"id":"{id}","record":"{record}","endpoint":"127.0.0.12:15006","metadata":{{}}}}],"cached":false,"refused":0}}"#
+                r#"{{"service":"check","instances":[{}],"cached":false,"refused":0,"answered":1,"replicas":1}}"#,
+                listed(id, record)
             )
         };
         let none = Revocations::new();
@@ -250,11 +247,7 @@ mod tests {
         // One bad record next to a good one: the good one is still used.
         let mixed = good.replace(
             "}],",
-            &format!(
-                r#"}},{{"id":"{}","record":"{}"}}],"#,
-                peer.printable_id(),
-                value(&node)
-            ),
+            &format!("}},{}],", listed(&peer.printable_id(), &value(&node))),
         );
         let (usable, refused) =
             endorsed(parse_instances(mixed.as_bytes(), "check", &trust).unwrap());
@@ -293,7 +286,7 @@ mod tests {
             vec![Err(AgentError::NotEndorsed(TrustError::Revoked))]
         );
         let list = format!(
-            r#"{{"revocations":[{{"id":"x","revocation":"{}"}}]}}"#,
+            r#"{{"revocations":[{{"id":"x","issued_at":0,"reason":"","revocation":"{}"}}]}}"#,
             hex::encode(revocation.encode())
         );
         assert!(parse_revocations(list.as_bytes(), &root)
@@ -301,10 +294,13 @@ mod tests {
             .contains(&peer.id()));
         let forged = revoke(&node);
         let list = format!(
-            r#"{{"revocations":[{{"revocation":"{}"}}]}}"#,
+            r#"{{"revocations":[{{"id":"x","issued_at":0,"reason":"","revocation":"{}"}}]}}"#,
             hex::encode(forged.encode())
         );
-        assert!(parse_revocations(list.as_bytes(), &root).is_err());
+        assert!(matches!(
+            parse_revocations(list.as_bytes(), &root),
+            Err(AgentError::NotEndorsed(_))
+        ));
         assert!(matches!(
             parse_instances(b"{", "check", &trust),
             Err(AgentError::Json(_))
@@ -312,30 +308,35 @@ mod tests {
     }
 
     #[test]
-    fn key_material_must_be_the_workloads() {
+    fn identity_must_be_the_workloads() {
         let rng = ring::rand::SystemRandom::new();
         let me = Identity::generate(mesh(), &rng).unwrap();
         let body = |workload: &str, id: &str| {
             serde_json::json!({
                 "workload": workload, "mesh": "demo", "id": id,
                 "public_key": hex::encode(me.public_key()),
-                "private_key_pem": me.to_key_file().as_str(),
             })
             .to_string()
         };
-        let ok = parse_identity(
+        let ok = parse_public_identity(
             body("check", &me.printable_id()).as_bytes(),
             "check",
             &mesh(),
         );
-        assert_eq!(ok.unwrap().id(), me.id());
-        assert!(parse_identity(
+        assert_eq!(&ok.unwrap(), me.public());
+        assert!(parse_public_identity(
             body("other", &me.printable_id()).as_bytes(),
             "check",
             &mesh()
         )
         .is_err());
         let wrong_id = Identity::generate(mesh(), &rng).unwrap().printable_id();
-        assert!(parse_identity(body("check", &wrong_id).as_bytes(), "check", &mesh()).is_err());
+        assert!(
+            parse_public_identity(body("check", &wrong_id).as_bytes(), "check", &mesh()).is_err()
+        );
+        let sig = format!(r#"{{"signature":"{}"}}"#, "ab".repeat(64));
+        assert_eq!(parse_signature(sig.as_bytes()).unwrap(), [0xab; 64]);
+        assert!(parse_signature(br#"{"signature":"abcd"}"#).is_err());
+        assert!(parse_signature(b"{").is_err());
     }
 }

@@ -63,6 +63,35 @@ struct Raw {
     policy: Option<RawPolicy>,
     #[serde(default)]
     canary: Vec<RawCanary>,
+    /// Inbound: handshakes each source address may start (token bucket).
+    #[serde(default = "defaults::hellos_per_source")]
+    hellos_per_source: RawRate,
+    /// Inbound: how far message 1's timestamp may be from this clock.
+    #[serde(default = "defaults::hello_window_secs")]
+    hello_window_secs: u64,
+    /// Inbound: message 1s remembered per worker for replay refusal.
+    #[serde(default = "defaults::replay_cache_entries")]
+    replay_cache_entries: usize,
+    /// Inbound: fresh Hellos answered per worker, every source together (token
+    /// bucket); over it, `refused.busy`.
+    #[serde(default = "defaults::handshake_budget")]
+    handshake_budget: RawRate,
+    /// Inbound: the percentage of `handshake_budget` reserved for known-good sources.
+    #[serde(default = "defaults::known_good_share_percent")]
+    known_good_share_percent: u8,
+    /// Inbound: how long a source stays known good after an allowed handshake.
+    #[serde(default = "defaults::known_good_secs")]
+    known_good_secs: u64,
+    /// Inbound: known-good sources remembered per worker.
+    #[serde(default = "defaults::known_good_entries")]
+    known_good_entries: usize,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRate {
+    per_second: u32,
+    burst: u32,
 }
 
 #[derive(Debug, Deserialize)]
@@ -103,6 +132,38 @@ mod defaults {
     pub fn revocation_poll_secs() -> u64 {
         5
     }
+    /// Far above what a sidecar's pooled connections need (a handful of handshakes
+    /// per peer per minute), far below what a flood sends.
+    pub fn hellos_per_source() -> super::RawRate {
+        super::RawRate {
+            per_second: 50,
+            burst: 100,
+        }
+    }
+    pub fn hello_window_secs() -> u64 {
+        themis_core::guard::DEFAULT_HELLO_WINDOW_MS / 1000
+    }
+    pub fn replay_cache_entries() -> usize {
+        themis_core::guard::DEFAULT_REPLAY_CACHE_ENTRIES
+    }
+    /// Per worker: far above the handshakes pooled connections need (a handful per
+    /// peer per minute), and a bound on what a flood from many addresses costs.
+    pub fn handshake_budget() -> super::RawRate {
+        let rate = themis_core::guard::DEFAULT_HANDSHAKE_BUDGET;
+        super::RawRate {
+            per_second: rate.per_second,
+            burst: rate.burst,
+        }
+    }
+    pub fn known_good_share_percent() -> u8 {
+        themis_core::guard::DEFAULT_KNOWN_GOOD_PERCENT
+    }
+    pub fn known_good_secs() -> u64 {
+        themis_core::guard::DEFAULT_KNOWN_GOOD_MS / 1000
+    }
+    pub fn known_good_entries() -> usize {
+        themis_core::guard::DEFAULT_KNOWN_GOOD_ENTRIES
+    }
 }
 
 /// A checked configuration.
@@ -132,6 +193,16 @@ pub struct Config {
     pub policy: Option<Policy>,
     /// Outbound: traffic splits by instance metadata.
     pub canary: Vec<Canary>,
+    /// Inbound: handshakes per source address (per worker), checked before any
+    /// public-key work; over it the connection is closed (`refused.rate_limited`).
+    pub hellos_per_source: themis_core::Rate,
+    /// Inbound: message 1's freshness window, either way (`refused.stale`).
+    pub hello_window: Duration,
+    /// Inbound: message 1s remembered per worker within the window (`refused.replay`).
+    pub replay_cache_entries: usize,
+    /// Inbound: the budget of fresh Hellos answered per worker, with its share
+    /// reserved for known-good sources (`refused.busy` over it).
+    pub handshake_budget: themis_core::BudgetConfig,
 }
 
 /// A canary release: `weight_percent` of the calls to `service` go to the instances
@@ -190,26 +261,18 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-/// A service or workload name: a DNS label (what the agent accepts).
-pub fn is_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
-}
+/// A service or workload name: the one rule the agent applies too (a DNS subdomain
+/// such as `check.default.svc`, see `themis_contracts::names`). Names never reach a
+/// stat name (those are `themis.<role>.<fixed name>`), so dots need no escaping.
+pub use themis_contracts::names::is_name;
 
 fn check_name(field: &'static str, name: &str) -> Result<(), ConfigError> {
-    if is_name(name) {
-        Ok(())
+    let checked = if field == "workload" {
+        themis_contracts::WorkloadName::check(name)
     } else {
-        Err(invalid(
-            field,
-            format!("{name:?} is not a name (1-63 of a-z, 0-9 and '-', not at either end)"),
-        ))
-    }
+        themis_contracts::ServiceName::check(name)
+    };
+    checked.map_err(|e| invalid(field, e.to_string()))
 }
 
 fn check_nonempty(field: &'static str, value: &str) -> Result<(), ConfigError> {
@@ -265,6 +328,55 @@ impl Config {
         if !(1..=600_000).contains(&raw.timeout_ms) {
             return Err(invalid("timeout_ms", "must be between 1 and 600000"));
         }
+        if raw.hellos_per_source.per_second == 0 || raw.hellos_per_source.burst == 0 {
+            return Err(invalid(
+                "hellos_per_source",
+                "per_second and burst must be at least 1",
+            ));
+        }
+        if !(1..=3_600).contains(&raw.hello_window_secs) {
+            return Err(invalid("hello_window_secs", "must be between 1 and 3600"));
+        }
+        let budget = raw.handshake_budget;
+        if budget.per_second == 0 || budget.burst == 0 {
+            return Err(invalid(
+                "handshake_budget",
+                "per_second and burst must be at least 1",
+            ));
+        }
+        let share = raw.known_good_share_percent;
+        if share > themis_core::guard::MAX_KNOWN_GOOD_PERCENT {
+            return Err(invalid(
+                "known_good_share_percent",
+                format!(
+                    "must be 0 to {} (at 100 no new peer could ever connect)",
+                    themis_core::guard::MAX_KNOWN_GOOD_PERCENT
+                ),
+            ));
+        }
+        let burst_of = |percent: u8| u64::from(budget.burst) * u64::from(percent) / 100;
+        if (share > 0 && burst_of(share) == 0) || burst_of(100 - share) == 0 {
+            return Err(invalid(
+                "handshake_budget",
+                format!(
+                    "a burst of {} cannot be split {share} % / {} %: each share needs at least one handshake",
+                    budget.burst,
+                    100 - share
+                ),
+            ));
+        }
+        if !(1..=86_400).contains(&raw.known_good_secs) {
+            return Err(invalid("known_good_secs", "must be between 1 and 86400"));
+        }
+        if !(1..=1 << 16).contains(&raw.known_good_entries) {
+            return Err(invalid("known_good_entries", "must be between 1 and 65536"));
+        }
+        if raw.replay_cache_entries > 1 << 20 {
+            return Err(invalid(
+                "replay_cache_entries",
+                "must be at most 1048576 (0 turns the cache off)",
+            ));
+        }
         let canary = raw
             .canary
             .into_iter()
@@ -318,6 +430,21 @@ impl Config {
             down: Duration::from_secs(raw.down_secs),
             policy,
             canary,
+            hellos_per_source: themis_core::Rate {
+                per_second: raw.hellos_per_source.per_second,
+                burst: raw.hellos_per_source.burst,
+            },
+            hello_window: Duration::from_secs(raw.hello_window_secs),
+            replay_cache_entries: raw.replay_cache_entries,
+            handshake_budget: themis_core::BudgetConfig {
+                rate: themis_core::Rate {
+                    per_second: budget.per_second,
+                    burst: budget.burst,
+                },
+                known_good_percent: share,
+                known_good_ms: raw.known_good_secs * 1000,
+                known_good_entries: raw.known_good_entries,
+            },
         })
     }
 }
@@ -348,6 +475,27 @@ mod tests {
         assert_eq!(out.agent_cluster, "themis_agent");
         assert_eq!(out.timeout, Duration::from_secs(5));
         assert!(out.policy.is_none());
+        assert_eq!(
+            out.hellos_per_source,
+            themis_core::Rate {
+                per_second: 50,
+                burst: 100
+            }
+        );
+        assert_eq!(out.hello_window, Duration::from_secs(60));
+        assert_eq!(out.replay_cache_entries, 4096);
+        assert_eq!(
+            out.handshake_budget,
+            themis_core::BudgetConfig {
+                rate: themis_core::Rate {
+                    per_second: 200,
+                    burst: 400
+                },
+                known_good_percent: 50,
+                known_good_ms: 600_000,
+                known_good_entries: 1024,
+            }
+        );
         let canary = parse(r#"{"role":"outbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","canary":[{"service":"check","match":{"version":"v2"},"weight_percent":10}]}"#).unwrap();
         assert_eq!(canary.canary[0].weight_percent, 10);
     }
@@ -390,6 +538,38 @@ mod tests {
                 "timeout_ms",
             ),
             (
+                r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","hellos_per_source":{"per_second":0,"burst":1}}"#,
+                "hellos_per_source",
+            ),
+            (
+                r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","hellos_per_source":{"per_second":1}}"#,
+                "missing field `burst`",
+            ),
+            (
+                r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","hello_window_secs":0}"#,
+                "hello_window_secs",
+            ),
+            (
+                r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","handshake_budget":{"per_second":0,"burst":4}}"#,
+                "handshake_budget: per_second",
+            ),
+            (
+                r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","handshake_budget":{"per_second":1,"burst":1}}"#,
+                "cannot be split 50 % / 50 %",
+            ),
+            (
+                r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","known_good_share_percent":100}"#,
+                "known_good_share_percent: must be 0 to 90",
+            ),
+            (
+                r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","known_good_secs":0}"#,
+                "known_good_secs",
+            ),
+            (
+                r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","known_good_entries":0}"#,
+                "known_good_entries",
+            ),
+            (
                 r#"{"role":"outbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","policy":{"allow":[]}}"#,
                 "enforced by the inbound",
             ),
@@ -410,6 +590,59 @@ mod tests {
             let err = parse(json).unwrap_err().to_string();
             assert!(err.contains(expected), "{json}: {err}");
         }
+    }
+
+    #[test]
+    fn the_handshake_budget_and_its_known_good_share_are_configurable() {
+        let out = parse(r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","handshake_budget":{"per_second":2,"burst":10},"known_good_share_percent":90,"known_good_secs":30,"known_good_entries":8}"#).unwrap();
+        assert_eq!(
+            out.handshake_budget,
+            themis_core::BudgetConfig {
+                rate: themis_core::Rate {
+                    per_second: 2,
+                    burst: 10
+                },
+                known_good_percent: 90,
+                known_good_ms: 30_000,
+                known_good_entries: 8,
+            }
+        );
+        // No reserved share at all: one budget for every source.
+        let open = parse(r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","handshake_budget":{"per_second":1,"burst":1},"known_good_share_percent":0}"#).unwrap();
+        assert_eq!(open.handshake_budget.known_good_percent, 0);
+    }
+
+    /// The filter takes exactly the names the agent takes: a dotted service such as
+    /// `check.default.svc` registers at the agent, so the outbound filter must route
+    /// it (it answered 400 when the filter had a rule of its own).
+    #[test]
+    fn names_are_the_agents_names() {
+        use themis_contracts::names::{vectors, ServiceName, WorkloadName};
+        let config = |workload: &str, service: &str| {
+            parse(&format!(
+                r#"{{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"{workload}","service":"{service}","policy":{{"allow":[{{"service":"{service}"}}]}}}}"#
+            ))
+        };
+        for name in vectors::valid() {
+            assert!(ServiceName::new(&name).is_ok() && WorkloadName::new(&name).is_ok());
+            assert!(
+                is_name(&name),
+                "the filter refuses {name:?}, which the agent takes"
+            );
+            config(&name, &name).unwrap_or_else(|e| panic!("{name:?}: {e}"));
+        }
+        for name in vectors::invalid() {
+            assert!(ServiceName::new(&name).is_err() && WorkloadName::new(&name).is_err());
+            assert!(
+                !is_name(&name),
+                "the filter takes {name:?}, which the agent refuses"
+            );
+            if !name.contains(['"', '\\', '\0']) {
+                assert!(config(&name, "check").is_err(), "workload {name:?}");
+                assert!(config("check", &name).is_err(), "service {name:?}");
+            }
+        }
+        assert!(is_name("check.default.svc"));
     }
 
     #[test]

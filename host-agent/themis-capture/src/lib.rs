@@ -7,6 +7,9 @@
 //! <pin dir>/workloads/<workload>/<program>        one bpf_link per program and cgroup
 //! ```
 //!
+//! (`<workload>` with each `.` as `_`: bpffs refuses dots in names, and workload names
+//! never contain `_`, see `themis_contracts::names::bpffs_name`.)
+//!
 //! The kernel holds everything capture needs: when the agent stops or crashes, capture
 //! goes on (traffic never silently bypasses the proxy), and a restarted agent adopts
 //! what it finds pinned. Removing a workload's pins detaches it; `rm -rf <pin dir>`
@@ -130,6 +133,7 @@ impl Capture {
         preflight(pin_dir)?;
         fs::create_dir_all(pin_dir.join("workloads"))
             .map_err(io_error(format!("creating {}", pin_dir.display())))?;
+        replace_short_stats(pin_dir)?;
         let mut ebpf = EbpfLoader::new().map_pin_path(pin_dir).load(OBJECT)?;
         for (name, _) in CGROUP_PROGRAMS {
             load_program(&mut ebpf, name)?;
@@ -283,6 +287,7 @@ impl Capture {
             .map_err(io_error("listing pinned workloads"))?
             .filter_map(|e| e.ok())
             .filter_map(|e| e.file_name().into_string().ok())
+            .map(|pin| themis_contracts::names::from_bpffs_name(&pin))
             .collect();
         names.sort();
         let workloads = names
@@ -336,9 +341,12 @@ impl Capture {
             PerCpuArray::try_from(self.map(maps::STATS)).map_err(map_error(maps::STATS))?;
         let mut counters = BTreeMap::new();
         for (index, name) in stats::NAMES.iter().enumerate() {
-            let values = array
-                .get(&(index as u32), 0)
-                .map_err(map_error(maps::STATS))?;
+            let values = match array.get(&(index as u32), 0) {
+                Ok(values) => values,
+                // An object with fewer counters than this agent knows: not shown.
+                Err(aya::maps::MapError::OutOfBounds { .. }) => continue,
+                Err(e) => return Err(map_error(maps::STATS)(e)),
+            };
             counters.insert(*name, values.iter().sum());
         }
         Ok(counters)
@@ -359,7 +367,8 @@ impl Capture {
     }
 
     fn workload_dir(&self, workload: &str) -> PathBuf {
-        self.pin_dir.join("workloads").join(workload)
+        let pin = themis_contracts::names::bpffs_name(workload);
+        self.pin_dir.join("workloads").join(&*pin)
     }
 }
 
@@ -401,6 +410,23 @@ fn load_program(ebpf: &mut Ebpf, name: &'static str) -> Result<(), CaptureError>
         }
         _ => program_error(name)(source),
     })
+}
+
+/// A STATS map pinned by an older agent with fewer counters cannot hold the new ones
+/// (aya reuses a pinned map as it is): unpin it so this load makes a full one. Links
+/// adopted from the older agent keep counting into the old map, which goes with them.
+fn replace_short_stats(pin_dir: &Path) -> Result<(), CaptureError> {
+    let pin = pin_dir.join(maps::STATS);
+    let Ok(old) = MapData::from_pin(&pin) else {
+        return Ok(()); // none pinned yet
+    };
+    let entries = old.info().map_err(map_error(maps::STATS))?.max_entries();
+    if entries < stats::COUNT {
+        fs::remove_file(&pin).map_err(io_error(format!("unpinning {}", pin.display())))?;
+        tracing::warn!(pin = %pin.display(), entries, now = stats::COUNT,
+            "replaced the STATS map of an older agent; counters start again from 0");
+    }
+    Ok(())
 }
 
 /// What the kernel and the machine must offer, each with what to do when it is missing.

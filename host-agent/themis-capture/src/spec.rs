@@ -31,7 +31,9 @@ pub struct CaptureSpec {
     /// Its IPv6 listener; without it IPv6 connects are left alone.
     #[serde(default)]
     pub outbound6: Option<SocketAddrV6>,
-    /// The app's ports: they accept TCP only from loopback, i.e. via the local proxy.
+    /// The app's ports: they accept TCP and UDP only from loopback, i.e. via the local
+    /// proxy; with any, the workload takes no other protocol from the network but ICMP
+    /// errors, echo replies and neighbour discovery (docs/CAPTURE.md).
     #[serde(default)]
     pub inbound_ports: Vec<u16>,
     /// Destination ports never captured.
@@ -152,22 +154,11 @@ fn ports(field: &str, list: &[u16]) -> Result<[u16; MAX_PORTS], SpecError> {
     Ok(out)
 }
 
-/// Workload names become bpffs directory names: DNS-label rules keep them safe.
+/// The agent's workload-name rule (`themis_contracts::names`); the pin directory is
+/// the name's bpffs form (`names::bpffs_name`: bpffs refuses dots).
 pub(crate) fn check_name(workload: &str) -> Result<(), SpecError> {
-    let ok = !workload.is_empty()
-        && workload.len() <= 63
-        && workload
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !workload.starts_with('-')
-        && !workload.ends_with('-');
-    if ok {
-        Ok(())
-    } else {
-        Err(SpecError(format!(
-            "{workload:?} is not a workload name (lowercase letters, digits and '-', at most 63)"
-        )))
-    }
+    themis_contracts::WorkloadName::check(workload)
+        .map_err(|e| SpecError(format!("not a workload name: {e}")))
 }
 
 #[cfg(test)]
@@ -205,6 +196,21 @@ mod tests {
         assert!(unknown.unwrap_err().to_string().contains("unknown field"));
         assert!(check_name("../etc").is_err());
         assert!(check_name("check-1").is_ok());
+    }
+
+    /// Capture takes exactly the workload names the agent registers (dotted ones
+    /// too: their pins are under the name's bpffs form).
+    #[test]
+    fn workload_names_are_the_agents_names() {
+        use themis_contracts::names::{bpffs_name, vectors};
+        for name in vectors::valid() {
+            assert!(check_name(&name).is_ok(), "{name:?}");
+            assert!(!bpffs_name(&name).contains('.'), "{name:?}");
+        }
+        for name in vectors::invalid() {
+            let err = check_name(&name).unwrap_err().to_string();
+            assert!(err.contains("not a workload name"), "{name:?}: {err}");
+        }
     }
 
     #[test]

@@ -8,11 +8,13 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use hyper::{Method, StatusCode};
 use ring::rand::SystemRandom;
+use serde::Deserialize;
 use serde_json::{json, Value};
 use themis_agent::client::ApiClient;
 use themis_agent::config::{AgentArgs, DEFAULT_STATE_DIR};
 use themis_agent::keystore;
 use themis_capture::{CaptureSpec, IpNet};
+use themis_contracts::{api as contract, paths};
 use themis_core::{Identity, MeshName, PeerId};
 
 /// Themis Mesh: CA-less service identities and decentralised discovery.
@@ -93,8 +95,15 @@ enum Command {
     },
     /// Create a local workload's identity on the agent (if it has none) and show it.
     Workload {
-        /// Workload name (DNS label rules).
+        /// Workload name (DNS subdomain rules: `web`, `web.prod`).
         name: String,
+        /// Bind it to its pod: only callers in this cgroup v2 directory (or below) may
+        /// use its identity (docs/AGENT.md, "The node's trust model").
+        #[arg(long, value_name = "DIR")]
+        owner_cgroup: Option<PathBuf>,
+        /// With --owner-cgroup: the caller must also run as this uid (Istio's sidecar: 1337).
+        #[arg(long, value_name = "UID", requires = "owner_cgroup")]
+        owner_uid: Option<u32>,
     },
     /// Register a local workload as an instance of a service.
     Register {
@@ -364,8 +373,11 @@ fn main() -> ExitCode {
             if cli.json {
                 println!("{}", serde_json::to_string_pretty(&answer).expect("JSON"));
             }
-            let error = answer["error"].as_str().unwrap_or("no details");
-            eprintln!("error: {error} ({status})");
+            let error = contract::ErrorBody::deserialize(&answer).map(|e| e.error);
+            eprintln!(
+                "error: {} ({status})",
+                error.as_deref().unwrap_or("no details")
+            );
             ExitCode::FAILURE
         }
         Err(message) => {
@@ -387,14 +399,28 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
         }
     };
     let (method, path, body, render): (Method, String, Option<Value>, Render) = match command {
-        Command::Status => (Method::GET, "/v1/status".into(), None, render_status),
-        Command::Ring => (Method::GET, "/v1/ring".into(), None, render_ring),
-        Command::Workload { name } => (
-            Method::PUT,
-            format!("/v1/workloads/{}", seg(&name)?),
-            None,
-            render_workload,
-        ),
+        Command::Status => (Method::GET, paths::STATUS.into(), None, render_status),
+        Command::Ring => (Method::GET, paths::RING.into(), None, render_ring),
+        Command::Workload {
+            name,
+            owner_cgroup,
+            owner_uid,
+        } => {
+            let owner = owner_cgroup.map(|cgroup| contract::Owner {
+                cgroup: cgroup.display().to_string(),
+                uid: owner_uid,
+            });
+            let body = owner.map(|owner| {
+                serde_json::to_value(contract::CreateWorkload { owner: Some(owner) })
+                    .expect("serialises")
+            });
+            (
+                Method::PUT,
+                paths::workload(seg(&name)?),
+                body,
+                render_workload,
+            )
+        }
         Command::Register {
             service,
             workload,
@@ -409,11 +435,8 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
                     .ok_or_else(|| format!("--meta {pair:?}: expected KEY=VALUE"))?;
                 meta.insert(k.to_owned(), Value::String(v.to_owned()));
             }
-            let path = format!(
-                "/v1/services/{}/instances/{}",
-                seg(&service)?,
-                seg(&workload)?
-            );
+            let path = paths::instance(seg(&service)?, seg(&workload)?);
+            // `contract::Register`, with the endpoint as typed: the agent judges it.
             (
                 Method::PUT,
                 path,
@@ -422,52 +445,48 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
             )
         }
         Command::Deregister { service, workload } => {
-            let path = format!(
-                "/v1/services/{}/instances/{}",
-                seg(&service)?,
-                seg(&workload)?
-            );
+            let path = paths::instance(seg(&service)?, seg(&workload)?);
             (Method::DELETE, path, None, render_deregistered)
         }
         Command::Resolve { service, fresh } => (
             Method::GET,
-            format!("/v1/services/{}?fresh={fresh}", seg(&service)?),
+            paths::resolve(seg(&service)?, fresh),
             None,
             render_resolved,
         ),
-        Command::Workloads => (Method::GET, "/v1/workloads".into(), None, render_workloads),
+        Command::Workloads => (Method::GET, paths::WORKLOADS.into(), None, render_workloads),
         Command::Publish { revocation } => {
             let pem = std::fs::read_to_string(&revocation)
                 .map_err(|e| format!("{}: {e}", revocation.display()))?;
             (
                 Method::POST,
-                "/v1/revocations".into(),
-                Some(json!({ "revocation": pem })),
+                paths::REVOCATIONS.into(),
+                Some(publish(pem)),
                 render_published,
             )
         }
         Command::PublishText(pem) => (
             Method::POST,
-            "/v1/revocations".into(),
-            Some(json!({ "revocation": pem })),
+            paths::REVOCATIONS.into(),
+            Some(publish(pem)),
             render_published,
         ),
         Command::Revocations => (
             Method::GET,
-            "/v1/revocations".into(),
+            paths::REVOCATIONS.into(),
             None,
             render_revocations,
         ),
         Command::Explain { service } => (
             Method::GET,
-            format!("/v1/services/{}/explain", seg(&service)?),
+            paths::explain(seg(&service)?),
             None,
             render_explanation,
         ),
-        Command::Capture => (Method::GET, "/v1/capture".into(), None, render_capture),
+        Command::Capture => (Method::GET, paths::CAPTURE.into(), None, render_capture),
         Command::Debug(DebugCommand::Find { key }) => (
             Method::GET,
-            format!("/v1/debug/find/{}", seg(&key)?),
+            paths::debug_find(seg(&key)?),
             None,
             render_json,
         ),
@@ -483,14 +502,14 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
             });
             (
                 Method::POST,
-                "/v1/debug/store".into(),
+                paths::DEBUG_STORE.into(),
                 Some(body),
                 render_json,
             )
         }
         Command::Debug(DebugCommand::Values { name, replicas }) => (
             Method::GET,
-            format!("/v1/debug/values/{}?replicas={replicas}", seg(&name)?),
+            paths::debug_values(seg(&name)?, replicas),
             None,
             render_json,
         ),
@@ -506,6 +525,11 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
         .await
         .map_err(|e| e.to_string())?;
     Ok((status, answer, render))
+}
+
+/// The body of `POST /v1/revocations`.
+fn publish(pem: String) -> Value {
+    serde_json::to_value(contract::PublishRevocation { revocation: pem }).expect("JSON")
 }
 
 fn identity(command: IdCommand, json: bool) -> ExitCode {
@@ -685,26 +709,22 @@ fn peer(v: &Value) -> String {
 }
 
 fn render_status(v: &Value) -> String {
-    let granted: Vec<String> = v["granted"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(s)
-        .collect();
-    format!(
-        "node id  {}\nmesh     {}\nroot     {}\nmay serve {}\nrevoked  {} key(s) known\nlisten   {}\njoined   {}\nobjects  {} ({} values)\njoin as  {}@{}\n",
-        s(&v["id"]),
-        s(&v["mesh"]),
-        s(&v["mesh_root"]),
-        if granted.is_empty() { "nothing (no grants)".to_owned() } else { granted.join(", ") },
-        s(&v["revocations"]),
-        s(&v["listen"]),
-        s(&v["joined"]),
-        s(&v["objects"]),
-        s(&v["values"]),
-        s(&v["id"]),
-        s(&v["listen"]),
-    )
+    typed(v, |st: contract::Status| {
+        format!(
+            "node id  {}\nmesh     {}\nroot     {}\nmay serve {}\nrevoked  {} key(s) known\nlisten   {}\njoined   {}\nobjects  {} ({} values)\njoin as  {}@{}\n",
+            st.id,
+            st.mesh,
+            st.mesh_root,
+            if st.granted.is_empty() { "nothing (no grants)".to_owned() } else { st.granted.join(", ") },
+            st.revocations,
+            st.listen,
+            st.joined,
+            st.objects,
+            st.values,
+            st.id,
+            st.listen,
+        )
+    })
 }
 
 fn render_ring(v: &Value) -> String {
@@ -728,47 +748,52 @@ fn render_ring(v: &Value) -> String {
 }
 
 fn render_workload(v: &Value) -> String {
-    let created = if v["created"] == true {
-        " (created)"
-    } else {
-        ""
-    };
-    format!("{} {}{created}\n", s(&v["workload"]), s(&v["id"]))
+    typed(v, |w: contract::WorkloadIdentity| {
+        let created = if w.created { " (created)" } else { "" };
+        let owner = match &w.owner {
+            Some(o) => match o.uid {
+                Some(uid) => format!(", bound to cgroup {} uid {uid}", o.cgroup),
+                None => format!(", bound to cgroup {}", o.cgroup),
+            },
+            None => String::new(),
+        };
+        format!("{} {}{created}{owner}\n", w.workload, w.id)
+    })
 }
 
 fn render_registered(v: &Value) -> String {
-    let r = &v["registration"];
-    let mut out = format!(
-        "registered {} as {} at {} ({} of {} replicas stored)\n",
-        s(&r["workload"]),
-        s(&r["service"]),
-        s(&r["endpoint"]),
-        s(&v["stored"]),
-        s(&v["replicas"]),
-    );
-    let c = &v["capture"];
-    if !c.is_null() {
-        out += &format!(
-            "capture attached to {} ({} programs)\n",
-            s(&c["cgroup"]),
-            c["attachments"].as_array().map_or(0, Vec::len)
+    typed(v, |r: contract::Registered<Value>| {
+        let mut out = format!(
+            "registered {} as {} at {} ({} of {} replicas stored)\n",
+            r.registration.workload,
+            r.registration.service,
+            r.registration.endpoint,
+            r.stored,
+            r.replicas,
         );
-    }
-    out
+        if let Some(c) = &r.capture {
+            out += &format!(
+                "capture attached to {} ({} programs)\n",
+                s(&c["cgroup"]),
+                c["attachments"].as_array().map_or(0, Vec::len)
+            );
+        }
+        out
+    })
 }
 
 fn render_deregistered(v: &Value) -> String {
-    let r = &v["deregistered"];
-    let detached = if v["capture_detached"] == true {
-        ", capture detached"
-    } else {
-        ""
-    };
-    format!(
-        "deregistered {} from {}{detached}\n",
-        s(&r["workload"]),
-        s(&r["service"])
-    )
+    typed(v, |d: contract::Deregistered| {
+        let detached = if d.capture_detached {
+            ", capture detached"
+        } else {
+            ""
+        };
+        format!(
+            "deregistered {} from {}{detached}\n",
+            d.deregistered.workload, d.deregistered.service
+        )
+    })
 }
 
 fn render_capture(v: &Value) -> String {
@@ -817,87 +842,87 @@ fn render_capture(v: &Value) -> String {
 }
 
 fn render_resolved(v: &Value) -> String {
-    let instances = v["instances"].as_array().cloned().unwrap_or_default();
-    let source = if v["cached"] == true {
-        "from this agent's resolution cache (--fresh asks the ring)".to_owned()
-    } else {
-        format!(
-            "fresh from the ring: {} of {} replica holders answered",
-            s(&v["answered"]),
-            s(&v["replicas"])
-        )
-    };
-    let mut out = format!(
-        "{}: {} instance(s), {source}\n",
-        s(&v["service"]),
-        instances.len()
-    );
-    for i in instances {
-        let meta: Vec<String> = i["metadata"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .map(|(k, v)| format!("{k}={}", s(v)))
-            .collect();
-        out += &format!(
-            "  {:<21} workload {}\n  {:<21} endorsed by node {}{}\n",
-            s(&i["endpoint"]),
-            s(&i["id"]),
-            "",
-            s(&i["endorser"]),
-            if meta.is_empty() {
-                String::new()
-            } else {
-                format!(", labels {}", meta.join(","))
-            },
+    typed(v, |r: contract::Resolution| {
+        let source = if r.cached {
+            "from this agent's resolution cache (--fresh asks the ring)".to_owned()
+        } else {
+            format!(
+                "fresh from the ring: {} of {} replica holders answered",
+                r.answered, r.replicas
+            )
+        };
+        let mut out = format!(
+            "{}: {} instance(s), {source}\n",
+            r.service,
+            r.instances.len()
         );
-    }
-    out
+        for i in &r.instances {
+            let meta: Vec<String> = i.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            out += &format!(
+                "  {:<21} workload {}\n  {:<21} endorsed by node {}{}\n",
+                i.endpoint.to_string(),
+                i.id,
+                "",
+                i.endorser,
+                if meta.is_empty() {
+                    String::new()
+                } else {
+                    format!(", labels {}", meta.join(","))
+                },
+            );
+        }
+        out
+    })
 }
 
 fn render_workloads(v: &Value) -> String {
-    let mut out = String::new();
-    for r in v["registrations"].as_array().into_iter().flatten() {
-        out += &format!(
-            "{:<20} {:<20} {:<21} {}\n",
-            s(&r["service"]),
-            s(&r["workload"]),
-            s(&r["endpoint"]),
-            s(&r["id"])
-        );
-    }
-    if out.is_empty() {
-        out = "no registrations\n".into();
-    }
-    out
+    typed(v, |w: contract::Workloads| {
+        let mut out = String::new();
+        for r in &w.registrations {
+            out += &format!(
+                "{:<20} {:<20} {:<21} {}\n",
+                r.service,
+                r.workload,
+                r.endpoint.to_string(),
+                r.id
+            );
+        }
+        if out.is_empty() {
+            out = "no registrations\n".into();
+        }
+        out
+    })
 }
 
 fn render_published(v: &Value) -> String {
-    if v["new"] == true {
-        "published: this agent refuses the key now; every agent will within its revocation poll\n"
-            .into()
-    } else {
-        "published again (this agent already knew it)\n".into()
-    }
+    typed(v, |p: contract::Published| {
+        if p.new {
+            "published: this agent refuses the key now; every agent will within its revocation poll\n"
+                .into()
+        } else {
+            "published again (this agent already knew it)\n".into()
+        }
+    })
 }
 
 fn render_revocations(v: &Value) -> String {
-    let list = v["revocations"].as_array().cloned().unwrap_or_default();
-    let mut out = format!("{} revocation(s)\n", list.len());
-    for r in list {
-        out += &format!(
-            "  {}  issued {}  {}\n",
-            s(&r["id"]),
-            ago(&r["issued_at"]),
-            s(&r["reason"])
-        );
-    }
-    out
+    typed(v, |list: contract::Revocations| {
+        let mut out = format!("{} revocation(s)\n", list.revocations.len());
+        for r in &list.revocations {
+            out += &format!(
+                "  {}  issued {}  {}\n",
+                r.id,
+                ago(Some(r.issued_at)),
+                r.reason
+            );
+        }
+        out
+    })
 }
 
 /// A Unix-milliseconds timestamp as people read it: "12 s ago", "in 3 s" (clock skew).
-fn ago(v: &Value) -> String {
-    let Some(at) = v.as_u64() else {
+fn ago(at: Option<u64>) -> String {
+    let Some(at) = at else {
         return "-".into();
     };
     let now = std::time::SystemTime::now()
@@ -917,29 +942,39 @@ fn ago(v: &Value) -> String {
 }
 
 fn render_explanation(v: &Value) -> String {
-    let values = v["values"].as_array().cloned().unwrap_or_default();
-    let instances = v["instances"].as_array().map_or(0, Vec::len);
-    let mut out = format!(
-        "{}: {} live instance(s) from {} stored value(s); {} of {} replica holders answered\nchecked against mesh root {}\n",
-        s(&v["service"]),
-        instances,
-        values.len(),
-        s(&v["answered"]),
-        s(&v["replicas"]),
-        s(&v["mesh_root"]),
-    );
-    for value in values {
-        out += &format!(
-            "\n  {:<10} workload {}\n             endorsed by {}\n             endpoint {}  issued {}\n             {}\n",
-            s(&value["verdict"]).to_uppercase(),
-            s(&value["id"]),
-            s(&value["endorser"]),
-            s(&value["endpoint"]),
-            ago(&value["issued_at"]),
-            s(&value["reason"]),
+    typed(v, |e: contract::Explanation| {
+        let mut out = format!(
+            "{}: {} live instance(s) from {} stored value(s); {} of {} replica holders answered\nchecked against mesh root {}\n",
+            e.service,
+            e.instances.len(),
+            e.values.len(),
+            e.answered,
+            e.replicas,
+            e.mesh_root,
         );
+        let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+        for value in &e.values {
+            out += &format!(
+                "\n  {:<10} workload {}\n             endorsed by {}\n             endpoint {}  issued {}\n             {}\n",
+                value.verdict.to_uppercase(),
+                dash(&value.id),
+                dash(&value.endorser),
+                value.endpoint.map_or_else(|| "-".into(), |e| e.to_string()),
+                ago(value.issued_at),
+                value.reason,
+            );
+        }
+        out
+    })
+}
+
+/// Renders the answer read as the contract's type `T`; an answer of another shape
+/// (an agent of another version) is shown as JSON.
+fn typed<T: serde::de::DeserializeOwned>(v: &Value, render: impl FnOnce(T) -> String) -> String {
+    match T::deserialize(v) {
+        Ok(answer) => render(answer),
+        Err(_) => render_json(v),
     }
-    out
 }
 
 fn render_json(v: &Value) -> String {

@@ -1,0 +1,406 @@
+//! The JSON bodies of the agent's local API ([`crate::paths`]): what the agent sends
+//! and reads, and what its clients (the `themis` tool, the Envoy filter, the
+//! component) read and send. Answers tolerate unknown fields (an agent may add some);
+//! request bodies refuse them (a typo is an error, not a silently ignored setting).
+//!
+//! Two bodies carry eBPF capture settings and status, which are the Linux-only
+//! `themis-capture` crate's types: they are type parameters here ([`Register`],
+//! [`Registered`]), so this crate stays `no_std`.
+
+use alloc::collections::BTreeMap;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+use zeroize::Zeroizing;
+
+use crate::names::{ServiceName, WorkloadName};
+
+/// An instance's labels (e.g. `version`), as its record states them.
+pub type Metadata = BTreeMap<String, String>;
+
+/// Every error answer: `{"error": "<for people>", "reason": "<stable, for programs>"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong, in words a user can act on.
+    pub error: String,
+    /// A stable reason code (`bad_request`, `not_found`, `not_granted`, ...).
+    pub reason: String,
+}
+
+/// `GET /v1/status`: this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// The node's printable id.
+    pub id: String,
+    /// The mesh.
+    pub mesh: String,
+    /// The mesh root (`<mesh>:<hex>`).
+    pub mesh_root: String,
+    /// The services this node holds a grant for.
+    pub granted: Vec<String>,
+    /// Revocations known.
+    pub revocations: u64,
+    /// The DHT listener.
+    pub listen: SocketAddr,
+    /// Whether the node is in the ring.
+    pub joined: bool,
+    /// DHT objects held.
+    pub objects: u64,
+    /// Values held over all objects.
+    pub values: u64,
+    /// The agent's version.
+    pub version: String,
+}
+
+/// An instance of a service as the agent shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Instance {
+    /// Printable id of the workload.
+    pub id: String,
+    /// Its public key, hex.
+    pub public_key: String,
+    /// Where its proxy accepts mesh traffic.
+    pub endpoint: SocketAddr,
+    /// Its labels.
+    pub metadata: Metadata,
+    /// Printable id of the node that endorsed it (signed its record).
+    pub endorser: String,
+    /// The record's end of validity, Unix ms.
+    pub not_after: u64,
+    /// The stored value (record and grant chain), hex: callers verify it themselves
+    /// against the mesh root.
+    pub record: String,
+}
+
+/// `GET /v1/services/{service}`: the answer to a resolution.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resolution {
+    /// The service.
+    pub service: ServiceName,
+    /// Its live, verified instances.
+    pub instances: Vec<Instance>,
+    /// Whether it came from the agent's cache.
+    pub cached: bool,
+    /// Records refused (not endorsed, expired, revoked...).
+    pub refused: usize,
+    /// Replica holders that answered, of `replicas`.
+    pub answered: u8,
+    /// Replicas asked (`k + 1`).
+    pub replicas: u8,
+}
+
+/// One stored value and what verification made of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// The workload id the value claims, if it decodes that far.
+    pub id: Option<String>,
+    /// The key that signed the record, as a printable id, if it decodes.
+    pub endorser: Option<String>,
+    /// The endpoint it claims (`None`: a tombstone, or undecodable).
+    pub endpoint: Option<SocketAddr>,
+    /// `issued_at`, Unix ms, if it decodes.
+    pub issued_at: Option<u64>,
+    /// `trusted`, `superseded`, `withdrawn` or `refused`.
+    pub verdict: String,
+    /// Why, in words.
+    pub reason: String,
+}
+
+/// `GET /v1/services/{service}/explain`: why each value stored for a service is or is
+/// not trusted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Explanation {
+    /// The service.
+    pub service: ServiceName,
+    /// The mesh root everything was checked against.
+    pub mesh_root: String,
+    /// Replica holders that answered, of `replicas`.
+    pub answered: u8,
+    /// Replicas asked.
+    pub replicas: u8,
+    /// Every value found, with its verdict.
+    pub values: Vec<Verdict>,
+    /// The resulting live instances.
+    pub instances: Vec<Instance>,
+}
+
+/// One revocation the agent knows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Revocation {
+    /// Printable id of the revoked key.
+    pub id: String,
+    /// When the mesh root signed it, Unix ms.
+    pub issued_at: u64,
+    /// Why, for people.
+    pub reason: String,
+    /// The signed revocation, hex: callers verify it against the mesh root.
+    pub revocation: String,
+}
+
+/// `GET /v1/revocations`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Revocations {
+    /// Every revocation known.
+    pub revocations: Vec<Revocation>,
+}
+
+/// `POST /v1/revocations`: publish a root-signed revocation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishRevocation {
+    /// The PEM text `themis revoke` writes.
+    pub revocation: String,
+}
+
+/// The answer to [`PublishRevocation`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Published {
+    /// Always `true`.
+    pub published: bool,
+    /// Whether this agent did not know it before.
+    pub new: bool,
+}
+
+/// A local registration, as the agent keeps it on disk and shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registration {
+    /// The service.
+    pub service: ServiceName,
+    /// The local workload.
+    pub workload: WorkloadName,
+    /// The workload's printable id.
+    pub id: String,
+    /// Where its proxy accepts mesh traffic.
+    pub endpoint: SocketAddr,
+    /// Its labels.
+    #[serde(default)]
+    pub metadata: Metadata,
+    /// When the current record was signed (Unix ms); also its version.
+    pub serial: u64,
+}
+
+/// `PUT /v1/services/{service}/instances/{workload}`: register. `C` is the eBPF
+/// capture spec (`themis_capture::CaptureSpec`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Register<C> {
+    /// Where the workload's proxy accepts mesh traffic (not `0.0.0.0`, not port 0).
+    pub endpoint: SocketAddr,
+    /// Its labels.
+    #[serde(default)]
+    pub metadata: Metadata,
+    /// eBPF capture for the workload's cgroup: attached before the record is stored.
+    #[serde(default = "none")]
+    pub capture: Option<C>,
+}
+
+fn none<C>() -> Option<C> {
+    None
+}
+
+/// The answer to [`Register`]. `C` is the capture status
+/// (`themis_capture::WorkloadStatus`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registered<C> {
+    /// What was registered.
+    pub registration: Registration,
+    /// Replicas that stored the record.
+    pub stored: u8,
+    /// Replicas attempted.
+    pub replicas: u8,
+    /// The capture attached, if one was asked for.
+    #[serde(default = "none")]
+    pub capture: Option<C>,
+}
+
+/// `DELETE /v1/services/{service}/instances/{workload}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Deregistered {
+    /// What was withdrawn.
+    pub deregistered: Registration,
+    /// Whether the workload's capture was detached too.
+    pub capture_detached: bool,
+}
+
+/// `GET /v1/workloads`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Workloads {
+    /// This node's registrations.
+    pub registrations: Vec<Registration>,
+}
+
+/// The pod a workload belongs to: callers of the local API in this cgroup v2
+/// directory (or below), with this uid if one is set, are the workload's proxy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Owner {
+    /// A cgroup v2 directory, e.g. `/sys/fs/cgroup/kubepods.slice/…/pod<uid>`.
+    pub cgroup: String,
+    /// The proxy's uid (Istio: 1337), if it must match too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+}
+
+/// `PUT /v1/workloads/{workload}` body (optional): binds the workload to its pod.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateWorkload {
+    /// The pod that owns the workload's identity.
+    #[serde(default)]
+    pub owner: Option<Owner>,
+}
+
+/// `PUT /v1/workloads/{workload}`: the workload's identity (201 if just created).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkloadIdentity {
+    /// The workload.
+    pub workload: WorkloadName,
+    /// Its printable id.
+    pub id: String,
+    /// Its public key, hex.
+    pub public_key: String,
+    /// Whether this call created it.
+    pub created: bool,
+    /// The pod it is bound to, if any.
+    #[serde(default)]
+    pub owner: Option<Owner>,
+}
+
+/// `GET /v1/workloads/{workload}/key`: a workload's key material, for its local proxy.
+/// The private key is wiped from memory when this is dropped, and never printed by
+/// `Debug`.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct KeyMaterial {
+    /// The workload.
+    pub workload: WorkloadName,
+    /// The mesh.
+    pub mesh: String,
+    /// Printable id.
+    pub id: String,
+    /// Public key, hex.
+    pub public_key: String,
+    /// The key file text (PEM PKCS#8). Secret.
+    #[serde(with = "secret_text")]
+    pub private_key_pem: Zeroizing<String>,
+}
+
+impl core::fmt::Debug for KeyMaterial {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("KeyMaterial")
+            .field("workload", &self.workload)
+            .field("mesh", &self.mesh)
+            .field("id", &self.id)
+            .field("public_key", &self.public_key)
+            .field("private_key_pem", &"<secret>")
+            .finish()
+    }
+}
+
+mod secret_text {
+    use alloc::string::String;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+    use zeroize::Zeroizing;
+
+    pub fn serialize<S: Serializer>(text: &Zeroizing<String>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(text)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Zeroizing<String>, D::Error> {
+        String::deserialize(d).map(Zeroizing::new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::format;
+    use alloc::string::ToString;
+    use serde_json::json;
+
+    #[test]
+    fn answers_read_what_the_agent_writes() {
+        let instance = json!({
+            "id": "demo1xyz", "public_key": "00", "endpoint": "127.0.0.1:15006",
+            "metadata": {"version": "v2"}, "endorser": "demo1abc", "not_after": 5,
+            "record": "ff",
+        });
+        let resolution: Resolution = serde_json::from_value(json!({
+            "service": "check.default.svc", "instances": [instance], "cached": false,
+            "refused": 0, "answered": 1, "replicas": 5,
+        }))
+        .unwrap();
+        assert_eq!(resolution.service.as_str(), "check.default.svc");
+        assert_eq!(resolution.instances[0].metadata["version"], "v2");
+        // An answer naming an invalid service is refused as a whole.
+        let bad = json!({
+            "service": "../x", "instances": [], "cached": false, "refused": 0,
+            "answered": 1, "replicas": 5,
+        });
+        assert!(serde_json::from_value::<Resolution>(bad).is_err());
+
+        let key: KeyMaterial = serde_json::from_value(json!({
+            "workload": "web.prod", "mesh": "demo", "id": "demo1xyz",
+            "public_key": "00", "private_key_pem": "-----BEGIN PRIVATE KEY-----",
+        }))
+        .unwrap();
+        assert!(!format!("{key:?}").contains("BEGIN"));
+        assert!(serde_json::to_string(&key).unwrap().contains("BEGIN"));
+
+        let error: ErrorBody =
+            serde_json::from_str(r#"{"error":"no","reason":"not_found"}"#).unwrap();
+        assert_eq!(error.reason, "not_found");
+    }
+
+    #[test]
+    fn request_bodies_refuse_unknown_fields() {
+        let body: Register<serde_json::Value> =
+            serde_json::from_str(r#"{"endpoint":"10.0.0.1:15006"}"#).unwrap();
+        assert_eq!(body.capture, None);
+        assert!(body.metadata.is_empty());
+        let typo = serde_json::from_str::<Register<serde_json::Value>>(
+            r#"{"endpoint":"10.0.0.1:15006","metdata":{}}"#,
+        );
+        assert!(typo.unwrap_err().to_string().contains("unknown field"));
+        assert!(serde_json::from_str::<PublishRevocation>(r#"{"pem":"x"}"#).is_err());
+    }
+}
+
+/// `GET /v1/workloads/{workload}/identity`: the public identity a workload's proxy
+/// needs (the private key stays in the agent).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublicIdentity {
+    /// The workload.
+    pub workload: WorkloadName,
+    /// The mesh.
+    pub mesh: String,
+    /// Its printable id.
+    pub id: String,
+    /// Its Ed25519 public key, hex.
+    pub public_key: String,
+}
+
+/// `POST /v1/workloads/{workload}/sign`: one handshake message of the workload's, to
+/// sign. The agent parses the body and signs only a well-formed message naming the
+/// workload's own key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignRequest {
+    /// `hello` (message 1, from an initiator) or `hello_reply` (message 2, from a
+    /// responder).
+    pub kind: String,
+    /// The unsigned message body, hex.
+    pub body: String,
+    /// For `hello_reply`: SHA-256 of the whole message 1 it answers, hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hello_hash: Option<String>,
+}
+
+/// The answer to a [`SignRequest`]: an Ed25519 signature.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignResponse {
+    /// 64 bytes, hex.
+    pub signature: String,
+}
