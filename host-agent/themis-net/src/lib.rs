@@ -4,7 +4,8 @@
 //!
 //! * [`connect`] and [`accept`] run the three-message key agreement of `themis-core`
 //!   on a TCP connection and return a [`SecureStream`] bound to an authenticated peer.
-//! * [`serve`] answers requests on a listener, concurrently per connection.
+//! * [`serve`] answers requests on a listener, concurrently per connection, holding
+//!   what unauthenticated peers can make it keep within [`Limits`] ([`serve_with`]).
 //! * [`Client`] sends requests to peers by id and address over pooled connections,
 //!   matching responses to requests by their sealed `reply_to`.
 //!
@@ -16,12 +17,14 @@
 
 mod client;
 mod codec;
+mod limits;
 mod server;
 mod stream;
 
 pub use client::{Client, ClientConfig};
 pub use codec::FrameCodec;
-pub use server::{serve, Handler, NetStats};
+pub use limits::{Gate, Guarded, Limits, Permit};
+pub use server::{serve, serve_with, Handler, NetStats};
 pub use stream::{accept, connect, Received, SecureReader, SecureStream, SecureWriter};
 
 use std::time::Duration;

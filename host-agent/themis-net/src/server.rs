@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::BytesMut;
-use themis_core::{Identity, SessionInfo};
+use themis_core::{HelloGuard, Identity, SessionInfo, WireError};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
+use crate::limits::{Gate, Limits};
 use crate::{accept, Config, NetError};
 
 /// Requests handled at once on one connection; more wait (back-pressure on the peer).
@@ -46,7 +47,9 @@ pub struct NetStats {
     handshakes: AtomicU64,
     requests: AtomicU64,
     open: AtomicU64,
+    connections: AtomicU64,
     failures: Mutex<BTreeMap<&'static str, u64>>,
+    limited: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl NetStats {
@@ -63,6 +66,32 @@ impl NetStats {
     /// Authenticated connections a server has open now.
     pub fn open_connections(&self) -> u64 {
         self.open.load(Ordering::Relaxed)
+    }
+
+    /// Connections a server holds now, authenticated or still in their handshake.
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    /// Connections refused or closed by a limit, by reason (see [`crate::Gate`]).
+    pub fn limits(&self) -> BTreeMap<&'static str, u64> {
+        self.limited
+            .lock()
+            .expect("never poisoned: no panics under the lock")
+            .clone()
+    }
+
+    pub(crate) fn limited(&self, reason: &'static str) {
+        *self
+            .limited
+            .lock()
+            .expect("never poisoned")
+            .entry(reason)
+            .or_default() += 1;
+    }
+
+    pub(crate) fn set_connections(&self, n: u64) {
+        self.connections.store(n, Ordering::Relaxed);
     }
 
     /// Rejected handshakes and records, by [`NetError::reason`].
@@ -91,10 +120,8 @@ impl NetStats {
     }
 }
 
-/// Accepts connections on `listener` forever, authenticating each peer and answering
-/// its requests with `handler`. A peer that fails the handshake or sends a bad record
-/// is logged, counted in `stats` and disconnected; the server keeps serving. Stop it
-/// by dropping (aborting) its task.
+/// Accepts connections on `listener` forever within the default [`Limits`]; see
+/// [`serve_with`].
 pub async fn serve<H: Handler>(
     listener: TcpListener,
     me: Arc<Identity>,
@@ -102,16 +129,63 @@ pub async fn serve<H: Handler>(
     handler: Arc<H>,
     stats: Arc<NetStats>,
 ) -> std::io::Result<()> {
+    serve_with(listener, me, config, Limits::default(), handler, stats).await
+}
+
+/// Accepts connections on `listener` forever, authenticating each peer and answering
+/// its requests with `handler`. A peer that fails the handshake or sends a bad record
+/// is logged, counted in `stats` and disconnected; the server keeps serving. Stop it
+/// by dropping (aborting) its task.
+///
+/// What an unauthenticated peer can make the server hold is bounded: connections by
+/// `limits` (in all and per source address), the time to complete the key agreement
+/// by `config.handshake_timeout`, and the bytes buffered before it by the size of a
+/// handshake message. An authenticated connection silent for `limits.idle_timeout` is
+/// closed. Each of these is counted by reason in [`NetStats::limits`]. One
+/// [`HelloGuard`] serves the whole listener: a Hello replayed to it, on any
+/// connection, is refused at message 1 before any public-key work (counted as a
+/// `handshake` failure), as is one outside the freshness window.
+pub async fn serve_with<H: Handler>(
+    listener: TcpListener,
+    me: Arc<Identity>,
+    config: Config,
+    limits: Limits,
+    handler: Arc<H>,
+    stats: Arc<NetStats>,
+) -> std::io::Result<()> {
+    let gate = Gate::new(limits, stats.clone());
+    let idle_timeout = gate.limits().idle_timeout;
+    let guard = Arc::new(Mutex::new(HelloGuard::default()));
     loop {
-        let (tcp, from) = listener.accept().await?;
-        let (me, config, handler, stats) =
-            (me.clone(), config.clone(), handler.clone(), stats.clone());
+        let (tcp, from, permit) = gate.accept(&listener).await;
+        let (me, config, handler, stats, guard) = (
+            me.clone(),
+            config.clone(),
+            handler.clone(),
+            stats.clone(),
+            guard.clone(),
+        );
         tokio::spawn(async move {
-            let stream = match accept(&me, tcp, &config).await {
-                Ok(stream) => stream,
+            let accepted = tokio::select! {
+                accepted = accept(&me, tcp, &config, &guard) => accepted,
+                () = permit.evicted() => {
+                    debug!(%from, "closed a connection still in its handshake to admit a new one");
+                    return;
+                }
+            };
+            let stream = match accepted {
+                Ok(stream) if permit.authenticated() => stream,
+                Ok(_) => return,
                 Err(error) => {
                     warn!(%from, %error, "rejected a connection");
                     stats.failed(&error);
+                    match error {
+                        NetError::Timeout(_) => stats.limited("handshake_timeout"),
+                        NetError::Wire(WireError::TooLarge { .. }) => {
+                            stats.limited("oversize_before_handshake")
+                        }
+                        _ => {}
+                    }
                     return;
                 }
             };
@@ -122,12 +196,17 @@ pub async fn serve<H: Handler>(
             let (info, writer) = (Arc::new(info), Arc::new(tokio::sync::Mutex::new(writer)));
             let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION));
             loop {
-                let request = match reader.recv().await {
-                    Ok(Some(request)) => request,
-                    Ok(None) => break,
-                    Err(error) => {
+                let request = match tokio::time::timeout(idle_timeout, reader.recv()).await {
+                    Ok(Ok(Some(request))) => request,
+                    Ok(Ok(None)) => break,
+                    Ok(Err(error)) => {
                         warn!(%from, peer = %info.peer_id, %error, "dropped a connection");
                         stats.failed(&error);
+                        break;
+                    }
+                    Err(_) => {
+                        debug!(%from, peer = %info.peer_id, "closed an idle connection");
+                        stats.limited("idle_timeout");
                         break;
                     }
                 };
@@ -146,6 +225,7 @@ pub async fn serve<H: Handler>(
                 });
             }
             stats.open.fetch_sub(1, Ordering::Relaxed);
+            drop(permit);
         });
     }
 }

@@ -1,13 +1,14 @@
 //! An authenticated, encrypted TCP connection.
 
 use std::net::SocketAddr;
+use std::sync::Mutex;
 
 use bytes::BytesMut;
 use futures_util::StreamExt;
 use ring::rand::SystemRandom;
 use themis_core::handshake::{self, Initiator};
-use themis_core::wire::{RECORD_HEADER_LEN, RECORD_OVERHEAD};
-use themis_core::{Identity, Opener, PeerId, Sealer, SessionInfo};
+use themis_core::wire::{MAX_HANDSHAKE_LEN, RECORD_HEADER_LEN, RECORD_OVERHEAD};
+use themis_core::{HelloGuard, Identity, Opener, PeerId, Sealer, SessionInfo};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -50,6 +51,20 @@ pub struct Received {
     pub payload: BytesMut,
 }
 
+/// Frames of a connection whose key agreement is not done: the buffer starts at one
+/// handshake message and the codec refuses anything longer, so an unauthenticated
+/// peer makes us hold at most about a kilobyte.
+fn handshake_frames(read: OwnedReadHalf) -> Frames {
+    FramedRead::with_capacity(read, FrameCodec::handshake(), MAX_HANDSHAKE_LEN)
+}
+
+/// The wall clock, Unix milliseconds (handshake freshness).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 async fn next_frame(frames: &mut Frames) -> Result<BytesMut, NetError> {
     frames.next().await.unwrap_or(Err(NetError::Closed))
 }
@@ -66,8 +81,9 @@ pub async fn connect(
         let tcp = TcpStream::connect(addr).await?;
         tcp.set_nodelay(true)?;
         let (read, mut write) = tcp.into_split();
-        let mut frames = FramedRead::new(read, FrameCodec);
-        let (waiting, hello) = Initiator::start(me, peer, &config.handshake, &SystemRandom::new())?;
+        let mut frames = handshake_frames(read);
+        let (waiting, hello) =
+            Initiator::start(me, peer, &config.handshake, now_ms(), &SystemRandom::new())?;
         write.write_all(&hello).await?;
         let reply = next_frame(&mut frames).await?;
         let (session, confirm) = waiting.read_hello_reply(&reply)?;
@@ -80,18 +96,36 @@ pub async fn connect(
 }
 
 /// Runs the key agreement as the responder on an accepted connection.
+///
+/// `guard` is the listener's: one [`HelloGuard`] shared by every connection it
+/// accepts ([`crate::serve_with`] keeps one per listener), so a Hello seen on one
+/// connection is refused on the next (`Replayed`) before any public-key work, and a
+/// Hello outside the freshness window (`Stale`) too. The guard is locked only while
+/// message 1 is checked and message 2 made (no await under the lock).
 pub async fn accept(
     me: &Identity,
     tcp: TcpStream,
     config: &Config,
+    guard: &Mutex<HelloGuard>,
 ) -> Result<SecureStream, NetError> {
     let handshake = async {
         tcp.set_nodelay(true)?;
         let (read, mut write) = tcp.into_split();
-        let mut frames = FramedRead::new(read, FrameCodec);
+        let mut frames = handshake_frames(read);
         let hello = next_frame(&mut frames).await?;
-        let (pending, reply) =
-            handshake::respond(me, &hello, &config.handshake, &SystemRandom::new())?;
+        let (pending, reply) = {
+            let mut guard = guard
+                .lock()
+                .expect("never poisoned: the core does not panic");
+            handshake::respond(
+                me,
+                &hello,
+                &config.handshake,
+                &mut guard,
+                now_ms(),
+                &SystemRandom::new(),
+            )?
+        };
         write.write_all(&reply).await?;
         let confirm = next_frame(&mut frames).await?;
         let session = pending.read_confirm(&confirm)?;
@@ -103,7 +137,9 @@ pub async fn accept(
 }
 
 impl SecureStream {
-    fn new(session: themis_core::Session, frames: Frames, io: OwnedWriteHalf) -> Self {
+    fn new(session: themis_core::Session, mut frames: Frames, io: OwnedWriteHalf) -> Self {
+        // Authenticated: records up to the record limit from now on.
+        frames.decoder_mut().established();
         let (info, sealer, opener) = session.into_split();
         SecureStream {
             info,

@@ -162,6 +162,10 @@ async fn raw_session(server: &Server, me: &Identity) -> (TcpStream, themis_core:
         me,
         server.identity.id(),
         &config,
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64,
         &SystemRandom::new(),
     )
     .unwrap();

@@ -1,0 +1,322 @@
+//! What an unauthenticated peer can make a server hold, on real sockets on 127.0.0.0/8:
+//! connection caps (in all and per source address), the handshake deadline, the
+//! pre-handshake frame limit and the idle timeout, each counted by reason.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use ring::rand::SystemRandom;
+use themis_core::handshake::Initiator;
+use themis_core::wire::{Kind, RecordHeader, MAX_RECORD_PAYLOAD};
+use themis_core::{HandshakeConfig, Identity, MeshName, SessionInfo, PROTOCOL_VERSION};
+use themis_net::{connect, serve_with, Config, Limits, NetError, NetStats};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::task::JoinHandle;
+
+/// How long a test waits for something that must happen (not a speed requirement).
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn identity() -> Arc<Identity> {
+    Arc::new(Identity::generate(MeshName::new("net-test").unwrap(), &SystemRandom::new()).unwrap())
+}
+
+struct Server {
+    identity: Arc<Identity>,
+    addr: SocketAddr,
+    stats: Arc<NetStats>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn start(config: Config, limits: Limits) -> Server {
+    let identity = identity();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stats = Arc::new(NetStats::default());
+    let handler = Arc::new(|_: Arc<SessionInfo>, request: BytesMut| async move {
+        let mut answer = b"echo: ".to_vec();
+        answer.extend_from_slice(&request);
+        answer
+    });
+    let task = tokio::spawn(serve_with(
+        listener,
+        identity.clone(),
+        config,
+        limits,
+        handler,
+        stats.clone(),
+    ));
+    Server {
+        identity,
+        addr,
+        stats,
+        task,
+    }
+}
+
+/// A connection to `to` from the loopback address `127.0.0.<last>`.
+async fn connect_from(last: u8, to: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(
+        IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)),
+        0,
+    ))?;
+    socket.connect(to).await
+}
+
+/// Waits until the server closes `tcp`; returns the bytes it sent first (none
+/// expected). Panics if it stays open for [`PATIENCE`].
+async fn closed(tcp: &mut TcpStream, what: &str) -> Vec<u8> {
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(PATIENCE, async {
+        let mut buf = [0u8; 1024];
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "{what}: the server kept the connection open");
+    got
+}
+
+/// Waits until `stats.limits()[reason]` reaches `at_least`; returns it.
+async fn limited(stats: &NetStats, reason: &str, at_least: u64) -> u64 {
+    let wait = async {
+        loop {
+            let n = stats.limits().get(reason).copied().unwrap_or(0);
+            if n >= at_least {
+                return n;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    match tokio::time::timeout(PATIENCE, wait).await {
+        Ok(n) => n,
+        Err(_) => panic!("{reason}: {:?}, expected {at_least}", stats.limits()),
+    }
+}
+
+#[tokio::test]
+async fn a_silent_connection_is_closed_at_the_handshake_deadline() {
+    let server = start(
+        Config {
+            handshake_timeout: Duration::from_millis(300),
+            ..Config::default()
+        },
+        Limits::default(),
+    )
+    .await;
+    let mut silent = TcpStream::connect(server.addr).await.unwrap();
+    assert!(closed(&mut silent, "a silent connection").await.is_empty());
+    assert_eq!(limited(&server.stats, "handshake_timeout", 1).await, 1);
+    assert_eq!(server.stats.failures().get("timeout"), Some(&1));
+    assert_eq!(server.stats.handshakes(), 0);
+}
+
+#[tokio::test]
+async fn a_frame_header_announcing_a_mebibyte_before_the_handshake_is_refused_at_once() {
+    // A handshake deadline far beyond the test's patience: only the frame limit can
+    // close this connection.
+    let server = start(
+        Config {
+            handshake_timeout: Duration::from_secs(600),
+            ..Config::default()
+        },
+        Limits::default(),
+    )
+    .await;
+    let header = RecordHeader {
+        version: PROTOCOL_VERSION,
+        kind: Kind::Record as u8,
+        session_id: 1,
+        seq: 0,
+        reply_to: 0,
+        len: u32::try_from(MAX_RECORD_PAYLOAD).unwrap(),
+    };
+    let mut tcp = TcpStream::connect(server.addr).await.unwrap();
+    tcp.write_all(&header.encode()).await.unwrap();
+    assert!(closed(&mut tcp, "a 1 MiB record header").await.is_empty());
+    assert_eq!(
+        limited(&server.stats, "oversize_before_handshake", 1).await,
+        1
+    );
+
+    // A handshake-sized frame still gets through the codec (and is refused by the
+    // handshake as a record where a Hello must come), and real peers still connect.
+    let me = identity();
+    let mut stream = connect(&me, server.addr, server.identity.id(), &Config::default())
+        .await
+        .unwrap();
+    assert_eq!(&stream.request(b"hi").await.unwrap()[..], b"echo: hi");
+    assert_eq!(
+        server.stats.limits().get("oversize_before_handshake"),
+        Some(&1)
+    );
+}
+
+#[tokio::test]
+async fn a_connection_flood_is_capped_per_source_and_in_all_and_real_peers_still_get_through() {
+    let limits = Limits {
+        max_connections: 16,
+        max_per_source: 4,
+        ..Limits::default()
+    };
+    let server = start(Config::default(), limits).await;
+
+    // An authenticated peer connected before the flood.
+    let me = identity();
+    let mut before = connect(&me, server.addr, server.identity.id(), &Config::default())
+        .await
+        .unwrap();
+    assert_eq!(&before.request(b"1").await.unwrap()[..], b"echo: 1");
+
+    // One source opens 40 connections that say nothing: 4 are held, 36 refused.
+    let mut one_source = Vec::new();
+    for _ in 0..40 {
+        one_source.push(connect_from(2, server.addr).await.unwrap());
+    }
+    assert_eq!(limited(&server.stats, "over_source_cap", 36).await, 36);
+    assert!(server.stats.connections() <= 16);
+
+    // Eight more sources, 4 each: 36 connections for 16 places. The total cap holds,
+    // by closing the oldest connections still in their handshake.
+    let mut many_sources = Vec::new();
+    for last in 3..11 {
+        for _ in 0..4 {
+            many_sources.push(connect_from(last, server.addr).await.unwrap());
+        }
+    }
+    let evicted = limited(&server.stats, "evicted_before_handshake", 1).await;
+    assert!(
+        server.stats.connections() <= 16,
+        "{}",
+        server.stats.connections()
+    );
+
+    // The established session still works, and a new peer still gets in.
+    assert_eq!(&before.request(b"2").await.unwrap()[..], b"echo: 2");
+    let other = identity();
+    let mut during = connect(
+        &other,
+        server.addr,
+        server.identity.id(),
+        &Config::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(&during.request(b"3").await.unwrap()[..], b"echo: 3");
+    assert!(server.stats.limits()["evicted_before_handshake"] > evicted);
+    assert_eq!(server.stats.handshakes(), 2);
+    assert!(server.stats.connections() <= 16);
+
+    // Refused and evicted connections were closed without a byte.
+    for (i, tcp) in one_source.iter_mut().enumerate().skip(4) {
+        assert!(closed(tcp, &format!("refused connection {i}"))
+            .await
+            .is_empty());
+    }
+    assert!(closed(&mut many_sources[0], "the oldest flood connection")
+        .await
+        .is_empty());
+
+    // Once the flood is gone, its places are free again.
+    drop((one_source, many_sources));
+    let wait = async {
+        while server.stats.connections() > 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, wait).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_authenticated_connection_that_goes_silent_is_closed_after_the_idle_timeout() {
+    let limits = Limits {
+        idle_timeout: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let server = start(Config::default(), limits).await;
+    let me = identity();
+    let mut stream = connect(&me, server.addr, server.identity.id(), &Config::default())
+        .await
+        .unwrap();
+    assert_eq!(&stream.request(b"x").await.unwrap()[..], b"echo: x");
+    let ended = tokio::time::timeout(PATIENCE, stream.recv()).await;
+    match ended {
+        Ok(Ok(None) | Err(NetError::Closed | NetError::Io(_))) => {}
+        other => panic!("the idle connection was not closed: {other:?}"),
+    }
+    assert_eq!(limited(&server.stats, "idle_timeout", 1).await, 1);
+}
+
+/// The listener keeps one Hello guard for all its connections: a Hello captured from
+/// one connection and sent again on another, from the same address or another, is
+/// refused at message 1 (closed with no message 2), before any public-key work. With
+/// a guard per connection, each replay got a fresh message 2.
+#[tokio::test]
+async fn a_replayed_hello_to_the_agent_port_is_refused_at_message_1() {
+    let server = start(Config::default(), Limits::default()).await;
+    let caller = identity();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let (_, hello) = Initiator::start(
+        &caller,
+        server.identity.id(),
+        &HandshakeConfig::default(),
+        now_ms,
+        &SystemRandom::new(),
+    )
+    .unwrap();
+    // The genuine connection is answered with message 2; then the caller goes away.
+    let mut genuine = connect_from(41, server.addr).await.unwrap();
+    genuine.write_all(&hello).await.unwrap();
+    let mut reply = [0u8; 1024];
+    let n = tokio::time::timeout(PATIENCE, genuine.read(&mut reply))
+        .await
+        .expect("message 2 in time")
+        .unwrap();
+    assert!(n > 0, "the genuine Hello was not answered");
+    drop(genuine);
+    for last in [41, 42] {
+        let mut replay = connect_from(last, server.addr).await.unwrap();
+        replay.write_all(&hello).await.unwrap();
+        let answer = closed(&mut replay, "a replayed Hello").await;
+        assert!(
+            answer.is_empty(),
+            "127.0.0.{last}: the replayed Hello got {} bytes (a message 2)",
+            answer.len()
+        );
+    }
+    // Counted as refused handshakes (the genuine one ends as `closed`).
+    let refused = async {
+        while server
+            .stats
+            .failures()
+            .get("handshake")
+            .copied()
+            .unwrap_or(0)
+            < 2
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    assert!(
+        tokio::time::timeout(PATIENCE, refused).await.is_ok(),
+        "failures: {:?}",
+        server.stats.failures()
+    );
+    assert_eq!(server.stats.handshakes(), 0, "no handshake completed");
+}
