@@ -57,6 +57,14 @@ fn bind_error(
     move |source| AgentError::Bind { what, addr, source }
 }
 
+/// What the read-only TCP resolution API holds at most: HTTP clients open a
+/// connection or a few each, and a connection silent for 30 s is closed.
+const RESOLVE_LIMITS: themis_net::Limits = themis_net::Limits {
+    max_connections: 256,
+    max_per_source: 32,
+    idle_timeout: Duration::from_secs(30),
+};
+
 /// Runs the agent until `SIGTERM`/`SIGINT`, then leaves the ring and returns.
 pub async fn run(settings: Settings) -> Result<(), AgentError> {
     let root = crate::trust::load_root(&settings.mesh_root_spec())?;
@@ -124,10 +132,13 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
             async move { overlay.handle_frame(peer.peer_id, &frame).await }
         }
     };
-    let server = tokio::spawn(themis_net::serve(
+    let (inbound_config, inbound_limits) = settings.inbound();
+    metrics.listener("agent", inbound.clone());
+    let server = tokio::spawn(themis_net::serve_with(
         listener,
         node.clone(),
-        themis_net::Config::default(),
+        inbound_config,
+        inbound_limits,
         Arc::new(handler),
         inbound.clone(),
     ));
@@ -144,7 +155,7 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
         let capture = themis_capture::Capture::start(&settings.bpf_pin_dir, settings.fast_path)?;
         registry = registry.with_capture(capture);
     }
-    let registry = Arc::new(registry);
+    let registry = Arc::new(registry.with_operators(operators(&settings)));
     let socket = settings.api_socket();
     let api = bind_unix(&socket)?;
     let api_task = tokio::spawn(serve_api(api, crate::api::router(registry.clone())));
@@ -153,10 +164,14 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
             let listener = TcpListener::bind(addr)
                 .await
                 .map_err(bind_error("resolve listener", addr))?;
-            let app = crate::api::resolve_router(registry.clone());
-            Some(tokio::spawn(
-                async move { axum::serve(listener, app).await },
-            ))
+            let stats = Arc::new(NetStats::default());
+            metrics.listener("resolve", stats.clone());
+            Some(tokio::spawn(crate::api::serve_resolve(
+                listener,
+                registry.clone(),
+                RESOLVE_LIMITS,
+                stats,
+            )))
         }
         None => None,
     };
@@ -281,8 +296,28 @@ async fn wait_for_shutdown() {
     }
 }
 
+/// The operator as configured; the agent's own uid and cgroup always are one (its
+/// readiness probe runs there, and it reads the key files anyway).
+fn operators(settings: &Settings) -> crate::caller::Operators {
+    use std::os::unix::fs::MetadataExt;
+    let mut uids = settings.operator_uids.clone();
+    if let Ok(me) = std::fs::metadata("/proc/self") {
+        uids.push(me.uid());
+    }
+    let own_cgroup = i32::try_from(std::process::id())
+        .ok()
+        .and_then(crate::caller::cgroup_of);
+    crate::caller::Operators {
+        uids,
+        cgroups: settings.operator_cgroups.clone(),
+        own_cgroup,
+    }
+}
+
 /// Binds the API socket, replacing a stale one left by a crashed agent (but never a
-/// socket another agent is serving, nor a file that is not a socket), with mode 0660.
+/// socket another agent is serving, nor a file that is not a socket), with mode 0666:
+/// anyone on the node may connect, and each call is authorised by the caller's
+/// kernel credentials (`crate::caller`).
 fn bind_unix(path: &Path) -> Result<UnixListener, AgentError> {
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         let in_use = std::os::unix::net::UnixStream::connect(path).is_ok();
@@ -307,13 +342,14 @@ fn bind_unix(path: &Path) -> Result<UnixListener, AgentError> {
         std::fs::create_dir_all(dir).map_err(bind_error("API socket directory", dir.display()))?;
     }
     let listener = UnixListener::bind(path).map_err(bind_error("API socket", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
         .map_err(bind_error("API socket", path.display()))?;
     Ok(listener)
 }
 
 async fn serve_api(listener: UnixListener, router: axum::Router) {
-    if let Err(error) = axum::serve(listener, router).await {
+    let app = router.into_make_service_with_connect_info::<crate::caller::Peer>();
+    if let Err(error) = axum::serve(listener, app).await {
         warn!(%error, "the local API stopped");
     }
 }

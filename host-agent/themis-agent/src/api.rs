@@ -13,12 +13,18 @@
 //! | `DELETE /v1/services/{service}/instances/{workload}` | deregister |
 //! | `GET /v1/workloads` | local registrations |
 //! | `PUT /v1/workloads/{workload}` | create the workload's identity if it has none |
-//! | `GET /v1/workloads/{workload}/key` | the workload's key material, for its proxy |
+//! | `GET /v1/workloads/{workload}/identity` | the workload's public identity, for its proxy |
+//! | `POST /v1/workloads/{workload}/sign` | sign one of the workload's handshake messages, for its proxy |
+//! | `GET /v1/workloads/{workload}/key` | the workload's private key (operator only) |
 //! | `GET /v1/debug/find/{key}` | raw `find` of a 64-hex-digit key |
 //! | `POST /v1/debug/store` | raw `store` `{"name", "value", "hex", "replicas", "ttl_ms"}` (the ring still verifies what it keeps) |
 //! | `GET /v1/debug/values/{name}` | raw `resolve` (`?replicas=k`) |
 //!
 //! Errors are JSON `{"error": "...", "reason": "..."}` with a fitting status.
+//!
+//! Every call is authorised by its caller as the kernel names it ([`crate::caller`]):
+//! reads of public ring data by anyone, a workload's identity and signatures by its
+//! own proxy, everything else by the node's operator.
 //!
 //! With `--resolve-listen`, the agent also serves `GET /v1/status`,
 //! `GET /v1/services/{service}` and `GET /v1/revocations` (nothing else) over TCP, for clients that cannot use a
@@ -31,7 +37,9 @@ use std::time::Duration;
 use themis_capture::{CaptureError, CaptureSpec};
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{
+    ConnectInfo, DefaultBodyLimit, MatchedPath, Path, Query, RawPathParams, State,
+};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -40,10 +48,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use themis_dht::Key;
 
+use crate::caller::{BindError, Need, Peer};
 use crate::names::{NameError, ServiceName, WorkloadName};
 use crate::overlay::OverlayError;
 use crate::registry::{Registry, RegistryError};
-use themis_trust::Metadata;
+use themis_contracts::api as contract;
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 16 * 1024;
@@ -72,7 +81,10 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = Json(json!({ "error": self.message, "reason": self.reason }));
+        let body = Json(contract::ErrorBody {
+            error: self.message,
+            reason: self.reason.into(),
+        });
         (self.status, body).into_response()
     }
 }
@@ -120,6 +132,9 @@ impl From<RegistryError> for ApiError {
             RegistryError::CaptureDisabled => {
                 ApiError::new(StatusCode::CONFLICT, "capture_disabled", e)
             }
+            RegistryError::RateLimited { .. } => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", e)
+            }
             RegistryError::Capture(ref c) => match c {
                 CaptureError::Spec(_) => ApiError::new(StatusCode::BAD_REQUEST, "bad_capture", e),
                 CaptureError::OtherCgroup { .. } => {
@@ -129,6 +144,20 @@ impl From<RegistryError> for ApiError {
             },
             RegistryError::Key(_) | RegistryError::Save { .. } => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "local_storage", e)
+            }
+        }
+    }
+}
+
+impl From<BindError> for ApiError {
+    fn from(e: BindError) -> Self {
+        match e {
+            BindError::Save { .. } => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "local_storage", e)
+            }
+            BindError::BadCgroup(_) => ApiError::bad_request(e),
+            BindError::OutsideOwner { .. } | BindError::OtherUid { .. } => {
+                ApiError::new(StatusCode::FORBIDDEN, "outside_owner", e)
             }
         }
     }
@@ -156,10 +185,67 @@ pub fn router(registry: Arc<Registry>) -> Router {
         .route("/v1/capture", get(capture_status))
         .route("/v1/workloads/{workload}", put(create_workload))
         .route("/v1/workloads/{workload}/key", get(workload_key))
+        .route(
+            "/v1/workloads/{workload}/identity",
+            get(crate::signing::identity_route),
+        )
+        .route(
+            "/v1/workloads/{workload}/sign",
+            post(crate::signing::sign_route),
+        )
         .route("/v1/debug/find/{key}", get(debug_find))
         .route("/v1/debug/store", post(debug_store))
-        .route("/v1/debug/values/{name}", get(debug_values));
+        .route("/v1/debug/values/{name}", get(debug_values))
+        // Every matched route: the caller the kernel names must be allowed to call it.
+        .route_layer(axum::middleware::from_fn_with_state(
+            registry.clone(),
+            authorize,
+        ));
     finish(full, registry)
+}
+
+/// Marks a request made by the node's operator (its fresh lookups are not budgeted).
+#[derive(Clone, Copy)]
+struct Operator;
+
+/// Authorises a request by its caller ([`crate::caller`]); refusals are 403s,
+/// counted by reason.
+async fn authorize(
+    State(r): Shared,
+    ConnectInfo(Peer(caller)): ConnectInfo<Peer>,
+    route: MatchedPath,
+    params: RawPathParams,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let need = Need::of(request.method(), route.as_str());
+    let owner = params
+        .iter()
+        .find(|(name, _)| *name == "workload")
+        .and_then(|(_, value)| WorkloadName::new(value).ok())
+        .and_then(|workload| r.owners().get(&workload));
+    match r.access().decide(caller.as_ref(), need, owner.as_ref()) {
+        Ok(()) => {
+            if caller
+                .as_ref()
+                .is_some_and(|c| r.access().operators.admit(c))
+            {
+                request.extensions_mut().insert(Operator);
+            }
+            next.run(request).await
+        }
+        Err(refusal) => {
+            r.metrics().api_refused(refusal.reason());
+            tracing::warn!(
+                ?caller,
+                method = %request.method(),
+                route = route.as_str(),
+                reason = refusal.reason(),
+                "refused a local API call"
+            );
+            ApiError::new(StatusCode::FORBIDDEN, refusal.reason(), refusal).into_response()
+        }
+    }
 }
 
 /// The read-only subset for clients that cannot reach the Unix socket (a WASI tool):
@@ -170,6 +256,31 @@ pub fn resolve_router(registry: Arc<Registry>) -> Router {
         .route("/v1/services/{service}", get(resolve))
         .route("/v1/revocations", get(revocations));
     finish(read_only, registry)
+}
+
+/// Serves [`resolve_router`] on `listener` forever, holding connections within
+/// `limits` (in all, per source address, and closed after `limits.idle_timeout` without
+/// a byte either way), counting refusals in `stats`.
+pub async fn serve_resolve(
+    listener: tokio::net::TcpListener,
+    registry: Arc<Registry>,
+    limits: themis_net::Limits,
+    stats: Arc<themis_net::NetStats>,
+) -> std::io::Result<()> {
+    struct Gated(tokio::net::TcpListener, Arc<themis_net::Gate>);
+    impl axum::serve::Listener for Gated {
+        type Io = themis_net::Guarded<tokio::net::TcpStream>;
+        type Addr = SocketAddr;
+        async fn accept(&mut self) -> (Self::Io, SocketAddr) {
+            let (tcp, from, permit) = self.1.accept(&self.0).await;
+            (themis_net::Guarded::new(tcp, permit), from)
+        }
+        fn local_addr(&self) -> std::io::Result<SocketAddr> {
+            self.0.local_addr()
+        }
+    }
+    let gate = themis_net::Gate::new(limits, stats);
+    axum::serve(Gated(listener, gate), resolve_router(registry)).await
 }
 
 /// JSON errors for unknown endpoints and methods, the body limit, the state.
@@ -199,18 +310,18 @@ type Shared = State<Arc<Registry>>;
 async fn status(State(r): Shared) -> ApiResult {
     let overlay = r.overlay();
     let snapshot = overlay.snapshot();
-    ok(json!({
-        "id": overlay.view_of(overlay.me()).id,
-        "mesh": overlay.mesh().as_str(),
-        "mesh_root": r.trust().root().to_string(),
-        "granted": r.trust().granted_services(),
-        "revocations": r.trust().revocations().len(),
-        "listen": overlay.me().addr,
-        "joined": *overlay.joined().borrow(),
-        "objects": snapshot.objects,
-        "values": snapshot.values,
-        "version": env!("CARGO_PKG_VERSION"),
-    }))
+    ok(contract::Status {
+        id: overlay.view_of(overlay.me()).id,
+        mesh: overlay.mesh().as_str().to_owned(),
+        mesh_root: r.trust().root().to_string(),
+        granted: r.trust().granted_services(),
+        revocations: r.trust().revocations().len() as u64,
+        listen: overlay.me().addr,
+        joined: *overlay.joined().borrow(),
+        objects: snapshot.objects as u64,
+        values: snapshot.values as u64,
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+    })
 }
 
 async fn ring(State(r): Shared) -> ApiResult {
@@ -228,10 +339,24 @@ async fn resolve(
     State(r): Shared,
     Path(service): Path<String>,
     query: Result<Query<ResolveQuery>, axum::extract::rejection::QueryRejection>,
+    operator: Option<axum::Extension<Operator>>,
 ) -> ApiResult {
     let service = ServiceName::new(&service)?;
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    ok(r.resolve(&service, query.fresh).await?)
+    match r.resolve(&service, query.fresh, operator.is_some()).await {
+        // Over the budget of cache-skipping lookups, with nothing cached: 429 with
+        // when to try again (whole seconds, at least one).
+        Err(e @ RegistryError::RateLimited { retry_after, .. }) => {
+            let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+            let mut response = ApiError::from(e).into_response();
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs.max(1)),
+            );
+            Ok(response)
+        }
+        resolved => ok(resolved?),
+    }
 }
 
 async fn explain(State(r): Shared, Path(service): Path<String>) -> ApiResult {
@@ -242,30 +367,21 @@ async fn explain(State(r): Shared, Path(service): Path<String>) -> ApiResult {
 async fn revocations(State(r): Shared) -> ApiResult {
     let known = r.trust().revocations();
     let mesh = r.overlay().mesh();
-    let list: Vec<_> = known
+    let revocations = known
         .iter()
-        .map(|(id, revocation, bytes)| {
-            json!({
-                "id": id.printable(mesh),
-                "issued_at": revocation.issued_at,
-                "reason": revocation.reason,
-                "revocation": hex::encode(bytes),
-            })
+        .map(|(id, revocation, bytes)| contract::Revocation {
+            id: id.printable(mesh),
+            issued_at: revocation.issued_at,
+            reason: revocation.reason.clone(),
+            revocation: hex::encode(bytes),
         })
         .collect();
-    ok(json!({ "revocations": list }))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RevocationBody {
-    /// The PEM text `themis revoke` writes.
-    revocation: String,
+    ok(contract::Revocations { revocations })
 }
 
 async fn publish_revocation(
     State(r): Shared,
-    body: Result<Json<RevocationBody>, JsonRejection>,
+    body: Result<Json<contract::PublishRevocation>, JsonRejection>,
 ) -> ApiResult {
     let Json(body) = body?;
     let signed = themis_trust::from_pem(themis_trust::PemKind::Revocation, &body.revocation)
@@ -285,24 +401,16 @@ async fn publish_revocation(
             ),
             e => e.into(),
         })?;
-    ok(json!({ "published": true, "new": new }))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RegisterBody {
-    endpoint: SocketAddr,
-    #[serde(default)]
-    metadata: Metadata,
-    /// eBPF capture for the workload's cgroup: attached before the record is stored.
-    #[serde(default)]
-    capture: Option<CaptureSpec>,
+    ok(contract::Published {
+        published: true,
+        new,
+    })
 }
 
 async fn register(
     State(r): Shared,
     Path((service, workload)): Path<(String, String)>,
-    body: Result<Json<RegisterBody>, JsonRejection>,
+    body: Result<Json<contract::Register<CaptureSpec>>, JsonRejection>,
 ) -> ApiResult {
     let (service, workload) = (ServiceName::new(&service)?, WorkloadName::new(&workload)?);
     let Json(body) = body?;
@@ -317,18 +425,26 @@ async fn register(
     // Capture first: a registration whose traffic would bypass the proxy is worse
     // than none.
     let capture = match &body.capture {
-        Some(spec) => Some(r.attach_capture(&workload, spec)?),
+        Some(spec) => {
+            let unbound = r.owners().check_capture(&workload, spec)?;
+            let attached = r.attach_capture(&workload, spec)?;
+            // The capture checked the cgroup; the pod now owns the workload.
+            if let Some(owner) = unbound {
+                r.owners().bind(&workload, owner)?;
+            }
+            Some(attached)
+        }
         None => None,
     };
     let (registration, stored) = r
         .register(service, workload, body.endpoint, body.metadata)
         .await?;
-    ok(json!({
-        "registration": registration,
-        "stored": stored.stored,
-        "replicas": stored.replicas,
-        "capture": capture,
-    }))
+    ok(contract::Registered {
+        registration,
+        stored: stored.stored,
+        replicas: stored.replicas,
+        capture,
+    })
 }
 
 async fn deregister(
@@ -338,7 +454,10 @@ async fn deregister(
     let (service, workload) = (ServiceName::new(&service)?, WorkloadName::new(&workload)?);
     let deregistered = r.deregister(service, workload.clone()).await?;
     let capture_detached = r.detach_capture(&workload)?;
-    ok(json!({ "deregistered": deregistered, "capture_detached": capture_detached }))
+    ok(contract::Deregistered {
+        deregistered,
+        capture_detached,
+    })
 }
 
 async fn capture_status(State(r): Shared) -> ApiResult {
@@ -346,23 +465,42 @@ async fn capture_status(State(r): Shared) -> ApiResult {
 }
 
 async fn workloads(State(r): Shared) -> ApiResult {
-    ok(json!({ "registrations": r.registrations().await }))
+    ok(contract::Workloads {
+        registrations: r.registrations().await,
+    })
 }
 
-async fn create_workload(State(r): Shared, Path(workload): Path<String>) -> ApiResult {
+async fn create_workload(
+    State(r): Shared,
+    Path(workload): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult {
     let workload = WorkloadName::new(&workload)?;
+    // The body is optional: `themis workload W` sends none.
+    let owner = match body.is_empty() {
+        true => None,
+        false => {
+            serde_json::from_slice::<contract::CreateWorkload>(&body)
+                .map_err(|e| ApiError::bad_request(format!("invalid body: {e}")))?
+                .owner
+        }
+    };
     let (identity, created) = r.workload(&workload)?;
+    if let Some(owner) = &owner {
+        r.owners().bind(&workload, owner.clone())?;
+    }
     let status = if created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    let body = json!({
-        "workload": workload,
-        "id": identity.printable_id(),
-        "public_key": hex::encode(identity.public_key()),
-        "created": created,
-    });
+    let body = contract::WorkloadIdentity {
+        owner: owner.or_else(|| r.owners().get(&workload)),
+        workload,
+        id: identity.printable_id(),
+        public_key: hex::encode(identity.public_key()),
+        created,
+    };
     Ok((status, Json(body)).into_response())
 }
 

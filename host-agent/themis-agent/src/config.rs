@@ -55,6 +55,19 @@ pub struct Settings {
     pub resolve_cache_entries: usize,
     /// Most secure sessions kept open to other agents.
     pub max_sessions: usize,
+    /// Most connections from other agents held at once, authenticated or not.
+    pub max_inbound_connections: usize,
+    /// Most connections held at once from one source address.
+    pub max_inbound_per_ip: usize,
+    /// An inbound connection must complete the key agreement within this, in
+    /// milliseconds.
+    pub handshake_timeout_ms: u64,
+    /// An authenticated inbound connection silent this long is closed, in seconds.
+    pub inbound_idle_secs: u64,
+    /// Resolutions skipping the cache (`?fresh=true`) allowed per second.
+    pub resolve_fresh_per_sec: u32,
+    /// Fresh resolutions allowed in a burst.
+    pub resolve_fresh_burst: u32,
     /// A session unused this long is closed, in seconds.
     pub session_idle_secs: u64,
     /// A DHT request unanswered this long fails its peer, in milliseconds.
@@ -71,6 +84,12 @@ pub struct Settings {
     pub bpf_pin_dir: PathBuf,
     /// The same-node fast path (sockops + sk_msg) for captured loopback connections.
     pub fast_path: bool,
+    /// The node operator's uids on the local API (kernel-attested); default root.
+    pub operator_uids: Vec<u32>,
+    /// The cgroups the operator calls from (their subtrees); empty: any. The agent's
+    /// own cgroup is always one. In Kubernetes, list the host's (`system.slice`) so
+    /// that root in a pod is not the operator.
+    pub operator_cgroups: Vec<PathBuf>,
 }
 
 /// How logs are written.
@@ -102,6 +121,12 @@ impl Default for Settings {
             resolve_cache_ms: 5_000,
             resolve_cache_entries: 1024,
             max_sessions: 256,
+            max_inbound_connections: 1024,
+            max_inbound_per_ip: 32,
+            handshake_timeout_ms: 5_000,
+            inbound_idle_secs: 120,
+            resolve_fresh_per_sec: 20,
+            resolve_fresh_burst: 40,
             session_idle_secs: 60,
             request_timeout_ms: 1_000,
             stabilise_ms: 1_000,
@@ -110,6 +135,8 @@ impl Default for Settings {
             capture: false,
             bpf_pin_dir: themis_capture::DEFAULT_PIN_DIR.into(),
             fast_path: false,
+            operator_uids: vec![0],
+            operator_cgroups: Vec::new(),
         }
     }
 }
@@ -198,6 +225,33 @@ pub struct AgentArgs {
     /// Stabilisation period, milliseconds [default: 1000].
     #[arg(long)]
     pub stabilise_ms: Option<u64>,
+    /// Most connections from other agents held at once, authenticated or still in
+    /// the handshake [default: 1024]. At the cap, a new connection replaces the
+    /// oldest one still in its handshake, or is refused.
+    #[arg(long, value_name = "N")]
+    pub max_inbound_connections: Option<usize>,
+    /// Most connections held at once from one source address [default: 32]. Each
+    /// agent keeps one connection to each peer: raise it only for many agents
+    /// behind one address (NAT, one host).
+    #[arg(long, value_name = "N")]
+    pub max_inbound_per_ip: Option<usize>,
+    /// An inbound connection that has not completed the key agreement within this is
+    /// closed, milliseconds [default: 5000].
+    #[arg(long, value_name = "MS")]
+    pub handshake_timeout_ms: Option<u64>,
+    /// An authenticated inbound connection that sends nothing this long is closed,
+    /// seconds [default: 120]. Must exceed the outbound session idle time (60 s), so
+    /// the peer that opened a connection is the one that closes it.
+    #[arg(long, value_name = "SECS")]
+    pub inbound_idle_secs: Option<u64>,
+    /// Resolutions skipping the cache (`?fresh=true`, each k+1 DHT lookups) per second,
+    /// on average [default: 20]. Over it, the cached answer is served if there is one,
+    /// else 429 `rate_limited` with Retry-After.
+    #[arg(long, value_name = "N")]
+    pub resolve_fresh_per_sec: Option<u32>,
+    /// Fresh resolutions allowed in a burst above the average [default: 40].
+    #[arg(long, value_name = "N")]
+    pub resolve_fresh_burst: Option<u32>,
     /// Log format [default: text].
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
@@ -213,6 +267,15 @@ pub struct AgentArgs {
     /// stack (sockops + sk_msg); off by default, see benchmarks/RESULTS.md.
     #[arg(long)]
     pub fast_path: bool,
+    /// A uid that is the node's operator on the local API (repeat) [default: 0].
+    /// Callers are identified by the kernel (SO_PEERCRED); see docs/AGENT.md.
+    #[arg(long = "operator-uid", value_name = "UID")]
+    pub operator_uids: Vec<u32>,
+    /// The operator must call from this cgroup v2 directory or below (repeat)
+    /// [default: any]. Set it where pods may run as root, e.g.
+    /// /sys/fs/cgroup/system.slice; the agent's own cgroup is always allowed.
+    #[arg(long = "operator-cgroup", value_name = "DIR")]
+    pub operator_cgroups: Vec<PathBuf>,
 }
 
 impl Settings {
@@ -236,6 +299,12 @@ impl Settings {
             resolve_cache_ms,
             request_timeout_ms,
             stabilise_ms,
+            max_inbound_connections,
+            max_inbound_per_ip,
+            handshake_timeout_ms,
+            inbound_idle_secs,
+            resolve_fresh_per_sec,
+            resolve_fresh_burst,
             log_format,
             revocation_poll_ms
         );
@@ -258,6 +327,12 @@ impl Settings {
         }
         if !args.join.is_empty() {
             s.join = args.join.clone();
+        }
+        if !args.operator_uids.is_empty() {
+            s.operator_uids = args.operator_uids.clone();
+        }
+        if !args.operator_cgroups.is_empty() {
+            s.operator_cgroups = args.operator_cgroups.clone();
         }
         s.adopt_root_mesh(args.mesh.is_some())?;
         s.check()?;
@@ -328,6 +403,26 @@ impl Settings {
         {
             return invalid("timeouts and periods must be non-zero".into());
         }
+        if self.max_inbound_connections == 0
+            || self.max_inbound_per_ip == 0
+            || self.handshake_timeout_ms == 0
+        {
+            return invalid(
+                "max_inbound_connections, max_inbound_per_ip and handshake_timeout_ms must be non-zero"
+                    .into(),
+            );
+        }
+        // Healthy links are used every stabilisation period, and the initiator drops
+        // its idle sessions after session_idle_secs: the responder must wait longer.
+        if self.inbound_idle_secs <= self.session_idle_secs
+            || self.inbound_idle_secs * 1000 <= self.stabilise_ms.saturating_mul(3)
+        {
+            return invalid(format!(
+                "inbound_idle_secs ({}) must exceed session_idle_secs ({}) and three \
+                 stabilisation periods ({} ms each), or healthy links would be cut",
+                self.inbound_idle_secs, self.session_idle_secs, self.stabilise_ms
+            ));
+        }
         Ok(())
     }
 
@@ -391,7 +486,24 @@ impl Settings {
             record_ttl: Duration::from_secs(self.record_ttl_secs),
             cache_ttl: Duration::from_millis(self.resolve_cache_ms),
             cache_capacity: self.resolve_cache_entries.max(1),
+            fresh_per_sec: self.resolve_fresh_per_sec,
+            fresh_burst: self.resolve_fresh_burst.max(1),
         }
+    }
+
+    /// The settings of the connections other agents open to this one.
+    pub fn inbound(&self) -> (themis_net::Config, themis_net::Limits) {
+        (
+            themis_net::Config {
+                handshake_timeout: Duration::from_millis(self.handshake_timeout_ms),
+                ..themis_net::Config::default()
+            },
+            themis_net::Limits {
+                max_connections: self.max_inbound_connections,
+                max_per_source: self.max_inbound_per_ip,
+                idle_timeout: Duration::from_secs(self.inbound_idle_secs),
+            },
+        )
     }
 }
 

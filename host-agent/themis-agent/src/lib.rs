@@ -8,7 +8,8 @@
 //!   workloads' records within its grants.
 //! * [`trust`]: the mesh root, this node's admission and grants, revocations, and the
 //!   checks on every peer frame and stored value.
-//! * [`api`]: the local API; [`client`] calls it.
+//! * [`api`]: the local API; [`client`] calls it; [`caller`]: who calls it (kernel
+//!   credentials) and what they may do.
 //! * [`keystore`]: key files (0600, refused when others can read them).
 //! * [`metrics`]: Prometheus metrics.
 //! * [`operator`]: the mesh operator's offline commands (create, admit, grant, revoke).
@@ -21,6 +22,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod caller;
 pub mod client;
 pub mod config;
 pub mod keystore;
@@ -29,4 +31,5 @@ pub mod names;
 pub mod operator;
 pub mod overlay;
 pub mod registry;
+pub mod signing;
 pub mod trust;

@@ -4,7 +4,7 @@
 //! DHT node, the secure channel's server and client) are brought up to date just
 //! before each scrape, so those layers stay free of any metrics library.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
@@ -41,8 +41,17 @@ pub struct Metrics {
     dht_timeouts: Counter,
     frames_refused: Family<Labels, Counter>,
     records_refused: Family<Labels, Counter>,
+    api_refused: Family<Labels, Counter>,
     resolve_cache: Family<Labels, Counter>,
+    resolve_cache_evictions: Counter,
+    resolve_fresh_limited: Family<Labels, Counter>,
+    connections_limited: Family<Labels, Counter>,
+    connections: Family<Labels, Gauge>,
+    /// Listeners whose connection limits are reported, by name.
+    listeners: Mutex<Vec<(&'static str, Arc<NetStats>)>>,
     revocations: Counter,
+    signatures: Family<Labels, Counter>,
+    sign_refused: Family<Labels, Counter>,
     /// Serialises scrapes, so two never add the same delta.
     sync: Mutex<()>,
 }
@@ -94,8 +103,16 @@ impl Metrics {
             dht_timeouts: Counter::default(),
             frames_refused: Family::default(),
             records_refused: Family::default(),
+            api_refused: Family::default(),
             resolve_cache: Family::default(),
+            resolve_cache_evictions: Counter::default(),
+            resolve_fresh_limited: Family::default(),
+            connections_limited: Family::default(),
+            connections: Family::default(),
+            listeners: Mutex::default(),
             revocations: Counter::default(),
+            signatures: Family::default(),
+            sign_refused: Family::default(),
             sync: Mutex::new(()),
             registry: Registry::default(),
         };
@@ -176,16 +193,71 @@ impl Metrics {
             m.records_refused.clone(),
         );
         r.register(
+            "api_refused",
+            "Local API calls refused by the caller's kernel-attested identity, by reason",
+            m.api_refused.clone(),
+        );
+        r.register(
             "revocations_learnt",
             "Root-signed revocations this node verified and added",
             m.revocations.clone(),
+        );
+        r.register(
+            "handshake_signatures",
+            "Handshake messages signed for local workloads' sidecars, by kind",
+            m.signatures.clone(),
+        );
+        r.register(
+            "handshake_sign_refused",
+            "Signing requests refused (not a handshake message of the workload, malformed, unknown workload), by reason",
+            m.sign_refused.clone(),
         );
         r.register(
             "resolve_cache",
             "Service resolutions answered from the cache (hit) or the DHT (miss)",
             m.resolve_cache.clone(),
         );
+        r.register(
+            "resolve_cache_evictions",
+            "Services dropped from the full resolution cache (the least recently used, one at a time)",
+            m.resolve_cache_evictions.clone(),
+        );
+        r.register(
+            "resolve_fresh_limited",
+            "Cache-skipping resolutions (?fresh=true) over the rate limit, by outcome (served_cached, refused)",
+            m.resolve_fresh_limited.clone(),
+        );
+        r.register(
+            "connections_limited",
+            "Inbound connections refused or closed by a limit, by listener (agent, resolve) and reason",
+            m.connections_limited.clone(),
+        );
+        r.register(
+            "connections",
+            "Inbound connections held now (authenticated or not), by listener",
+            m.connections.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Reports the connection limits of a listener (`agent`, `resolve`) kept in `stats`.
+    pub fn listener(&self, name: &'static str, stats: Arc<NetStats>) {
+        self.listeners
+            .lock()
+            .expect("never poisoned")
+            .push((name, stats));
+    }
+
+    /// Counts a service dropped from the full resolution cache.
+    pub fn resolve_cache_evicted(&self) {
+        self.resolve_cache_evictions.inc();
+    }
+
+    /// Counts a fresh resolution over the rate limit.
+    pub fn resolve_fresh_limited(&self, outcome: &'static str) {
+        self.resolve_fresh_limited
+            .get_or_create(&labels(&[("outcome", outcome)]))
+            .inc();
     }
 
     /// Records a completed DHT operation.
@@ -221,9 +293,30 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts a local API call refused by who the caller is.
+    pub fn api_refused(&self, reason: &'static str) {
+        self.api_refused
+            .get_or_create(&labels(&[("reason", reason)]))
+            .inc();
+    }
+
     /// Counts a new revocation.
     pub fn revocation_learnt(&self) {
         self.revocations.inc();
+    }
+
+    /// Counts a handshake message signed for a local workload.
+    pub fn signed(&self, kind: &'static str) {
+        self.signatures
+            .get_or_create(&labels(&[("kind", kind)]))
+            .inc();
+    }
+
+    /// Counts a refused signing request.
+    pub fn sign_refused(&self, reason: &'static str) {
+        self.sign_refused
+            .get_or_create(&labels(&[("reason", reason)]))
+            .inc();
     }
 
     /// Counts a resolution served from the cache or not.
@@ -262,6 +355,15 @@ impl Metrics {
         let sessions = |d| self.sessions.get_or_create(&labels(&[("direction", d)]));
         sessions("inbound").set(gauge(sources.inbound.open_connections()));
         sessions("outbound").set(gauge(sources.outbound_sessions as u64));
+        for (listener, net) in self.listeners.lock().expect("never poisoned").iter() {
+            for (reason, n) in net.limits() {
+                let l = labels(&[("listener", listener), ("reason", reason)]);
+                catch_up(&self.connections_limited.get_or_create(&l), n);
+            }
+            self.connections
+                .get_or_create(&labels(&[("listener", listener)]))
+                .set(gauge(net.connections()));
+        }
         let mut text = String::new();
         encode(&mut text, &self.registry).expect("writing to a String cannot fail");
         text

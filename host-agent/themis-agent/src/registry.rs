@@ -12,11 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use themis_capture::{Capture, CaptureSpec, Status as CaptureStatus, WorkloadStatus};
 
-use serde::{Deserialize, Serialize};
 use themis_core::{Identity, PeerId};
 use tracing::{info, warn};
-use zeroize::Zeroizing;
 
+use crate::caller::{Access, Operators, Owners};
 use crate::keystore::{KeyError, KeyStore};
 use crate::metrics::Metrics;
 use crate::names::{ServiceName, WorkloadName};
@@ -36,8 +35,16 @@ pub struct RegistryConfig {
     pub record_ttl: Duration,
     /// How long a resolution is served from the cache.
     pub cache_ttl: Duration,
-    /// Most services kept in the resolution cache.
+    /// Most services kept in the resolution cache; at the cap, the least recently
+    /// used one goes (one at a time: a flood of new names never empties the cache).
     pub cache_capacity: usize,
+    /// Resolutions that skip the cache (`fresh`), per second on average: each costs
+    /// `replicas + 1` DHT lookups. Over the budget a fresh resolution is answered
+    /// from the cache when it holds the service, else refused
+    /// ([`RegistryError::RateLimited`]).
+    pub fresh_per_sec: u32,
+    /// Fresh resolutions allowed in a burst above the average.
+    pub fresh_burst: u32,
 }
 
 impl Default for RegistryConfig {
@@ -47,6 +54,8 @@ impl Default for RegistryConfig {
             record_ttl: Duration::from_secs(60),
             cache_ttl: Duration::from_secs(5),
             cache_capacity: 1024,
+            fresh_per_sec: 20,
+            fresh_burst: 40,
         }
     }
 }
@@ -98,6 +107,17 @@ pub enum RegistryError {
     /// Capture asked of an agent started without it.
     #[error("this agent runs without eBPF capture; start it with --capture")]
     CaptureDisabled,
+    /// Too many resolutions skipping the cache, and the cache does not hold the service.
+    #[error(
+        "too many fresh resolutions (over {per_sec} a second): try again in {retry_after:?}, \
+         or resolve without ?fresh=true"
+    )]
+    RateLimited {
+        /// The configured average rate.
+        per_sec: u32,
+        /// When a token is available again.
+        retry_after: Duration,
+    },
     /// Saving the registrations failed.
     #[error("saving {path}: {source}")]
     Save {
@@ -108,110 +128,11 @@ pub enum RegistryError {
     },
 }
 
-/// A local registration, as kept on disk and shown to people.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Registration {
-    /// The service.
-    pub service: ServiceName,
-    /// The local workload.
-    pub workload: WorkloadName,
-    /// The workload's printable id.
-    pub id: String,
-    /// Where its proxy accepts mesh traffic.
-    pub endpoint: SocketAddr,
-    /// Its labels.
-    #[serde(default)]
-    pub metadata: Metadata,
-    /// When the current record was signed (Unix ms); also its version.
-    pub serial: u64,
-}
-
-/// An instance as the API shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InstanceView {
-    /// Printable id of the workload.
-    pub id: String,
-    /// Its public key, hex.
-    pub public_key: String,
-    /// Where its proxy accepts mesh traffic.
-    pub endpoint: SocketAddr,
-    /// Its labels.
-    pub metadata: Metadata,
-    /// Printable id of the node that endorsed it (signed its record).
-    pub endorser: String,
-    /// The record's end of validity, Unix ms.
-    pub not_after: u64,
-    /// The stored value (record and grant chain), hex: callers verify it themselves
-    /// against the mesh root.
-    pub record: String,
-}
-
-/// The answer to a resolution.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Resolution {
-    /// The service.
-    pub service: ServiceName,
-    /// Its live, verified instances, by id.
-    pub instances: Vec<InstanceView>,
-    /// Whether it came from the cache.
-    pub cached: bool,
-    /// Records refused (not endorsed, expired, revoked...).
-    pub refused: usize,
-    /// Replica holders that answered, of `replicas`.
-    pub answered: u8,
-    /// Replicas asked (`k + 1`).
-    pub replicas: u8,
-}
-
-/// One stored value and what verification made of it (`themis explain`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Verdict {
-    /// The workload id the value claims, if it decodes that far.
-    pub id: Option<String>,
-    /// The key that signed the record, as a printable id, if it decodes.
-    pub endorser: Option<String>,
-    /// The endpoint it claims (`None`: a tombstone, or undecodable).
-    pub endpoint: Option<SocketAddr>,
-    /// `issued_at`, Unix ms, if it decodes.
-    pub issued_at: Option<u64>,
-    /// `trusted`, `superseded`, `withdrawn` or `refused`.
-    pub verdict: String,
-    /// Why, in words.
-    pub reason: String,
-}
-
-/// Why each value stored for a service is or is not trusted.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Explanation {
-    /// The service.
-    pub service: ServiceName,
-    /// The mesh root everything was checked against.
-    pub mesh_root: String,
-    /// Replica holders that answered, of `replicas`.
-    pub answered: u8,
-    /// Replicas asked.
-    pub replicas: u8,
-    /// Every value found, with its verdict.
-    pub values: Vec<Verdict>,
-    /// The resulting live instances.
-    pub instances: Vec<InstanceView>,
-}
-
-/// A workload's key material, for its local proxy.
-#[derive(Serialize)]
-pub struct KeyMaterial {
-    /// The workload.
-    pub workload: WorkloadName,
-    /// The mesh.
-    pub mesh: String,
-    /// Printable id.
-    pub id: String,
-    /// Public key, hex.
-    pub public_key: String,
-    /// The key file text (PEM PKCS#8). Secret.
-    #[serde(serialize_with = "secret_text")]
-    pub private_key_pem: Zeroizing<String>,
-}
+// The API's bodies are the contract's types (`themis-contracts`), shared with the
+// `themis` tool, the Envoy filter and the component.
+pub use themis_contracts::api::{
+    Explanation, Instance as InstanceView, KeyMaterial, Registration, Resolution, Verdict,
+};
 
 /// How long a stored revocation lives between re-stores (its holders keep
 /// re-storing it: revocations do not expire).
@@ -219,10 +140,6 @@ const REVOCATION_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// Local registrations, each with the record bytes being re-stored for it.
 type Local = BTreeMap<(ServiceName, WorkloadName), (Registration, Vec<u8>)>;
-
-fn secret_text<S: serde::Serializer>(text: &Zeroizing<String>, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(text)
-}
 
 /// The registry of one node.
 pub struct Registry {
@@ -237,9 +154,14 @@ pub struct Registry {
     /// Revocations this node keeps stored in the DHT (as encoded).
     kept_revocations: tokio::sync::Mutex<std::collections::HashSet<Vec<u8>>>,
     /// Resolutions, with when and under which revocation generation they were made.
-    cache: Mutex<HashMap<ServiceName, (Instant, u64, Resolution)>>,
+    cache: Mutex<ResolveCache>,
+    /// The budget of resolutions that skip the cache.
+    fresh: Mutex<TokenBucket>,
     /// The eBPF loader, when the agent runs with `--capture`.
     capture: Option<Mutex<Capture>>,
+    /// Which pod each local workload belongs to, and who may call what.
+    owners: Owners,
+    access: Access,
 }
 
 impl Registry {
@@ -252,6 +174,8 @@ impl Registry {
         config: RegistryConfig,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let cache = ResolveCache::new(config.cache_capacity);
+        let fresh = TokenBucket::new(config.fresh_per_sec, config.fresh_burst);
         Registry {
             overlay,
             keys,
@@ -260,11 +184,41 @@ impl Registry {
             metrics,
             config,
             saved: state_dir.join("registrations.json"),
+            owners: Owners::load(state_dir.join("owners.json")),
+            access: Access {
+                operators: Operators {
+                    uids: vec![0],
+                    cgroups: Vec::new(),
+                    own_cgroup: None,
+                },
+            },
             local: Default::default(),
             kept_revocations: Default::default(),
-            cache: Default::default(),
+            cache: Mutex::new(cache),
+            fresh: Mutex::new(fresh),
             capture: None,
         }
+    }
+
+    /// With these operators (default: root, from any cgroup).
+    pub fn with_operators(mut self, operators: Operators) -> Self {
+        self.access = Access { operators };
+        self
+    }
+
+    /// The workloads' owners.
+    pub fn owners(&self) -> &Owners {
+        &self.owners
+    }
+
+    /// Who may call what on the local API.
+    pub fn access(&self) -> &Access {
+        &self.access
+    }
+
+    /// The agent's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// With eBPF capture: registrations with a cgroup attach it, deregistrations detach it.
@@ -565,40 +519,54 @@ impl Registry {
     }
 
     /// The live, endorsed instances of `service`, from the cache unless `fresh` (or
-    /// a revocation arrived since it was cached).
+    /// a revocation arrived since it was cached). Fresh lookups draw from a budget
+    /// unless `unbudgeted` (the node's operator).
     pub async fn resolve(
         &self,
         service: &ServiceName,
         fresh: bool,
+        unbudgeted: bool,
     ) -> Result<Resolution, RegistryError> {
         let generation = self.trust.generation();
+        let cached = || {
+            let mut cache = self.cache.lock().expect("never poisoned");
+            cache.get(service, self.config.cache_ttl, generation)
+        };
         if !fresh {
-            let cache = self.cache.lock().expect("never poisoned");
-            if let Some((at, made, resolution)) = cache.get(service) {
-                if at.elapsed() < self.config.cache_ttl && *made == generation {
-                    self.metrics.resolve_cache(true);
-                    return Ok(Resolution {
-                        cached: true,
-                        ..resolution.clone()
-                    });
-                }
+            if let Some(resolution) = cached() {
+                self.metrics.resolve_cache(true);
+                return Ok(resolution);
             }
+        } else if let Some(retry_after) = (!unbudgeted).then(|| self.take_fresh().err()).flatten() {
+            // Over the budget of cache-skipping lookups: the cached answer if there
+            // is one (it says `cached: true`), else a refusal.
+            if let Some(resolution) = cached() {
+                self.metrics.resolve_fresh_limited("served_cached");
+                self.metrics.resolve_cache(true);
+                return Ok(resolution);
+            }
+            self.metrics.resolve_fresh_limited("refused");
+            return Err(RegistryError::RateLimited {
+                per_sec: self.config.fresh_per_sec,
+                retry_after,
+            });
         }
         self.metrics.resolve_cache(false);
         let (resolution, _) = self.lookup(service).await?;
-        let mut cache = self.cache.lock().expect("never poisoned");
-        if cache.len() >= self.config.cache_capacity {
-            let ttl = self.config.cache_ttl;
-            cache.retain(|_, (at, _, _)| at.elapsed() < ttl);
-            if cache.len() >= self.config.cache_capacity {
-                cache.clear();
-            }
-        }
-        cache.insert(
+        let evicted = self.cache.lock().expect("never poisoned").insert(
             service.clone(),
-            (Instant::now(), generation, resolution.clone()),
+            generation,
+            resolution.clone(),
         );
+        if evicted {
+            self.metrics.resolve_cache_evicted();
+        }
         Ok(resolution)
+    }
+
+    /// A token from the budget of cache-skipping resolutions, or how long until one.
+    fn take_fresh(&self) -> Result<(), Duration> {
+        self.fresh.lock().expect("never poisoned").take()
     }
 
     /// Every value stored for `service` (all replicas), with why it is or is not
@@ -735,6 +703,14 @@ impl Registry {
         })
     }
 
+    /// A local workload's identity, for signing on its behalf (`crate::signing`): the
+    /// key stays in the agent.
+    pub fn workload_identity(&self, workload: &WorkloadName) -> Result<Identity, RegistryError> {
+        self.keys
+            .existing_workload(workload)?
+            .ok_or_else(|| RegistryError::UnknownWorkload(workload.clone()))
+    }
+
     /// Registers again what was registered before the agent restarted.
     pub async fn restore(&self) -> usize {
         let saved: Vec<Registration> = match std::fs::read(&self.saved) {
@@ -838,5 +814,124 @@ impl Registry {
                 path: self.saved.clone(),
                 source,
             })
+    }
+}
+
+/// The resolution cache: at most `capacity` services, each with when and under which
+/// revocation generation it was resolved. Full, it drops the least recently used
+/// service, one at a time; a lookup of an expired or outdated entry drops that entry.
+struct ResolveCache {
+    capacity: usize,
+    entries: HashMap<ServiceName, CacheEntry>,
+    /// Use order: the smallest tick is the least recently used.
+    by_use: BTreeMap<u64, ServiceName>,
+    tick: u64,
+}
+
+struct CacheEntry {
+    at: Instant,
+    generation: u64,
+    used: u64,
+    resolution: Resolution,
+}
+
+impl ResolveCache {
+    fn new(capacity: usize) -> Self {
+        ResolveCache {
+            capacity: capacity.max(1),
+            entries: HashMap::new(),
+            by_use: BTreeMap::new(),
+            tick: 0,
+        }
+    }
+
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    /// The cached resolution of `service` (marked `cached`), if younger than `ttl`
+    /// and made under revocation generation `generation`; counts as a use.
+    fn get(&mut self, service: &ServiceName, ttl: Duration, generation: u64) -> Option<Resolution> {
+        let entry = self.entries.get(service)?;
+        if entry.at.elapsed() >= ttl || entry.generation != generation {
+            self.remove(service);
+            return None;
+        }
+        let tick = self.next_tick();
+        let entry = self.entries.get_mut(service).expect("just found");
+        self.by_use.remove(&entry.used);
+        entry.used = tick;
+        self.by_use.insert(tick, service.clone());
+        Some(Resolution {
+            cached: true,
+            ..entry.resolution.clone()
+        })
+    }
+
+    /// Caches a resolution made now; `true` if another service was evicted for it.
+    fn insert(&mut self, service: ServiceName, generation: u64, resolution: Resolution) -> bool {
+        self.remove(&service);
+        let mut evicted = false;
+        if self.entries.len() >= self.capacity {
+            if let Some((_, oldest)) = self.by_use.pop_first() {
+                self.entries.remove(&oldest);
+                evicted = true;
+            }
+        }
+        let tick = self.next_tick();
+        self.by_use.insert(tick, service.clone());
+        self.entries.insert(
+            service,
+            CacheEntry {
+                at: Instant::now(),
+                generation,
+                used: tick,
+                resolution,
+            },
+        );
+        evicted
+    }
+
+    fn remove(&mut self, service: &ServiceName) {
+        if let Some(entry) = self.entries.remove(service) {
+            self.by_use.remove(&entry.used);
+        }
+    }
+}
+
+/// A token bucket: `per_sec` tokens a second, at most `burst` saved up.
+struct TokenBucket {
+    per_sec: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl TokenBucket {
+    fn new(per_sec: u32, burst: u32) -> Self {
+        let burst = f64::from(burst.max(1));
+        TokenBucket {
+            per_sec: f64::from(per_sec),
+            burst,
+            tokens: burst,
+            at: Instant::now(),
+        }
+    }
+
+    /// Takes a token, or says how long until one is available.
+    fn take(&mut self) -> Result<(), Duration> {
+        let now = Instant::now();
+        let earned = now.duration_since(self.at).as_secs_f64() * self.per_sec;
+        self.tokens = (self.tokens + earned).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            return Ok(());
+        }
+        if self.per_sec <= 0.0 {
+            return Err(Duration::from_secs(60));
+        }
+        Err(Duration::from_secs_f64((1.0 - self.tokens) / self.per_sec))
     }
 }

@@ -9,7 +9,7 @@
 //! tool, and records in the DHT that do not verify. Each case checks the exact reason
 //! the agent gives (in its answer and in its counters) and then that it still serves.
 
-mod common;
+use themis_testkit::agent as common;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -102,7 +102,13 @@ impl Admitted {
     }
 }
 
-impl Metered {
+/// Waits on a metered agent's counters (a trait: [`Metered`] is the test kit's).
+trait Counters {
+    fn wait_at_least(&self, name: &str, labels: &[(&str, &str)], at_least: u64) -> u64;
+    fn expect(&self, name: &str, labels: &[(&str, &str)], want: u64);
+}
+
+impl Counters for Metered {
     /// Waits until the sample reaches `at_least`; returns it.
     fn wait_at_least(&self, name: &str, labels: &[(&str, &str)], at_least: u64) -> u64 {
         let deadline = Instant::now() + COUNTER_WAIT;
@@ -295,7 +301,7 @@ fn junk_before_the_handshake_is_refused_and_counted() {
     );
     a.expect(CHANNEL_FAILURES, &inbound("malformed"), 1);
 
-    // Random bytes (the first one kept off version 1, where the parse would merely
+    // Random bytes (the first one kept off version 2, where the parse would merely
     // wait for more).
     let mut junk: [u8; 256] = random_bytes();
     junk[0] = 0xa5;
@@ -336,6 +342,7 @@ fn junk_before_the_handshake_is_refused_and_counted() {
         &identity(MESH),
         a.peer_id(),
         &HandshakeConfig::default(),
+        now_ms(),
         &SystemRandom::new(),
     )
     .unwrap();
@@ -379,7 +386,7 @@ fn handshakes_that_do_not_add_up_are_refused_by_reason() {
     let (rng, config) = (SystemRandom::new(), HandshakeConfig::default());
     let alice = identity(MESH);
     let mallory = Ed25519KeyPair::from_seed_unchecked(&random_bytes::<32>()).unwrap();
-    let (_, hello) = Initiator::start(&alice, agent_id, &config, &rng).unwrap();
+    let (_, hello) = Initiator::start(&alice, agent_id, &config, now_ms(), &rng).unwrap();
     let alice_body = || Hello::decode(&hello).unwrap().message.body;
 
     // Mallory claims Alice's id but can only sign with her own key, which does not hash
@@ -411,18 +418,19 @@ fn handshakes_that_do_not_add_up_are_refused_by_reason() {
 
     // A genuine identity of another mesh.
     let stranger = identity("other");
-    let (_, other_mesh) = Initiator::start(&stranger, agent_id, &config, &rng).unwrap();
+    let (_, other_mesh) = Initiator::start(&stranger, agent_id, &config, now_ms(), &rng).unwrap();
     send_raw(addr, &other_mesh, "a Hello from mesh \"other\"");
     a.expect(CHANNEL_FAILURES, &inbound("wrong_mesh"), 1);
 
     // A genuine Hello meant for another node.
-    let (_, elsewhere) = Initiator::start(&alice, PeerId(random_bytes()), &config, &rng).unwrap();
+    let (_, elsewhere) =
+        Initiator::start(&alice, PeerId(random_bytes()), &config, now_ms(), &rng).unwrap();
     send_raw(addr, &elsewhere, "a Hello for another id");
     a.expect(CHANNEL_FAILURES, &inbound("not_for_me"), 1);
 
     // A genuine Hello, the agent's genuine reply, and a key confirmation with a flipped
     // bit in its MAC.
-    let (waiting, hello) = Initiator::start(&alice, agent_id, &config, &rng).unwrap();
+    let (waiting, hello) = Initiator::start(&alice, agent_id, &config, now_ms(), &rng).unwrap();
     let mut s = TcpStream::connect(addr).unwrap();
     s.write_all(&hello).unwrap();
     let reply = read_message(&mut s);

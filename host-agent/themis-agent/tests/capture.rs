@@ -2,18 +2,26 @@
 //! attaches, the agent is SIGKILLed and capture holds, a restarted agent adopts the
 //! pins, deregistration detaches; a real Envoy gets the original destination from
 //! SO_ORIGINAL_DST and its own upstream connections are not looped; app ports accept
-//! only the local proxy, not the network. Needs root (CI runs as root).
-mod common;
-#[path = "../../themis-capture/tests/support/mod.rs"]
-mod pod;
+//! only the local proxy, not the network. Needs root and a kernel with BTF (skipped
+//! without them; scripts/test.sh runs them).
 
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Agent, Spawn, FAST};
-use pod::{client, Pod, DIRECT, PROXY};
 use serde_json::Value;
+use themis_testkit::agent::{self as common, Agent, Spawn, FAST};
+use themis_testkit::build::venv_binary;
+use themis_testkit::netns::Net;
+use themis_testkit::pods::{client, Pod, DIRECT, PROXY};
+use themis_testkit::ports::free_port;
+use themis_testkit::require;
+
+/// The gates of every test here: eBPF programs on the real kernel, attached to
+/// cgroups the test creates.
+fn kernel(why: &str) -> bool {
+    require::root(why) && require::kernel_btf(why)
+}
 
 fn capture_agent(root: &Path, name: &str, pins: &Path) -> Agent {
     let mut extra: Vec<&str> = FAST.to_vec();
@@ -72,6 +80,11 @@ fn bpftool_attached(cgroup: &Path) -> String {
 
 #[test]
 fn capture_survives_an_agent_crash_and_is_adopted_then_detached() {
+    if !(kernel("attaches capture to a cgroup")
+        && require::tool("bpftool", "reads what is attached"))
+    {
+        return;
+    }
     let work = common::workdir();
     let mut pod = Pod::new("agent");
     let proxy_port: u16 = pod.run("pod/proxy", PROXY).parse().unwrap();
@@ -178,6 +191,9 @@ fn capture_survives_an_agent_crash_and_is_adopted_then_detached() {
 
 #[test]
 fn capture_errors_are_clear() {
+    if !kernel("creates a cgroup and a bpffs pin directory") {
+        return;
+    }
     let work = common::workdir();
     // Without --capture, a registration asking for it is refused, not half done.
     let plain = Agent::spawn(work.path(), "plain", Spawn::default());
@@ -265,18 +281,6 @@ static_resources:
     )
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn envoy_binary() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/envoy")
-}
-
 /// An HTTP server at 127.0.0.77: prints its address, answers with the headers it got.
 const UPSTREAM: &str = r#"
 import http.server, json
@@ -304,6 +308,9 @@ except Exception as e:
 
 #[test]
 fn envoy_sees_the_original_destination_and_its_upstreams_are_not_looped() {
+    if !(kernel("attaches capture to Envoy's pod") && require::envoy("the sidecar")) {
+        return;
+    }
     let work = common::workdir();
     let mut pod = Pod::new("envoy");
     let upstream = pod.run("outside", UPSTREAM);
@@ -316,7 +323,7 @@ fn envoy_sees_the_original_destination_and_its_upstreams_are_not_looped() {
     // Envoy runs inside the pod's cgroup subtree, as a sidecar does.
     pod.spawn(
         "pod/proxy",
-        envoy_binary().to_str().unwrap(),
+        venv_binary("envoy").to_str().unwrap(),
         &[
             "-c",
             &config_arg,
@@ -401,56 +408,14 @@ fn envoy_sees_the_original_destination_and_its_upstreams_are_not_looped() {
     assert_eq!(stats("http.outbound.downstream_rq_total"), Some(1));
 }
 
-/// Two namespaces: `node` (the pod's app listens there) and `net` (the network).
-struct Namespaces {
-    node: String,
-    net: String,
-}
-
-impl Namespaces {
-    fn create() -> Namespaces {
-        let pid = std::process::id();
-        let ns = Namespaces {
-            node: format!("thc-{pid}-node"),
-            net: format!("thc-{pid}-net"),
-        };
-        let run = |args: &[&str]| {
-            let out = Command::new("ip").args(args).output().unwrap();
-            assert!(
-                out.status.success(),
-                "ip {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
-        for n in [&ns.node, &ns.net] {
-            run(&["netns", "add", n]);
-            run(&["-n", n, "link", "set", "lo", "up"]);
-        }
-        let (a, b) = (format!("thc{pid}a"), format!("thc{pid}b"));
-        run(&[
-            "link", "add", &a, "netns", &ns.node, "type", "veth", "peer", "name", &b, "netns",
-            &ns.net,
-        ]);
-        run(&["-n", &ns.node, "addr", "add", "10.252.0.1/30", "dev", &a]);
-        run(&["-n", &ns.net, "addr", "add", "10.252.0.2/30", "dev", &b]);
-        run(&["-n", &ns.node, "link", "set", &a, "up"]);
-        run(&["-n", &ns.net, "link", "set", &b, "up"]);
-        ns
-    }
-}
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        for n in [&self.node, &self.net] {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
-        }
-    }
-}
-
 #[test]
 fn app_ports_accept_only_the_local_proxy_not_the_network() {
+    if !kernel("creates network namespaces and attaches capture") {
+        return;
+    }
     let work = common::workdir();
-    let ns = Namespaces::create();
+    let ns = Net::create("inbound");
+    let app_addr = format!("{}:8080", Net::NODE4);
     let mut pod = Pod::new("inbound");
     // The app listens on every address of its node, port 8080.
     let app = r#"
@@ -464,7 +429,7 @@ while True:
     assert_eq!(pod.run_in(Some(&ns.node), "pod/app", app), "listening");
     // Before capture, the network reaches the app directly.
     assert_eq!(
-        pod.run_in(Some(&ns.net), "outside", &client("10.252.0.1:8080")),
+        pod.run_in(Some(&ns.peer), "outside", &client(&app_addr)),
         "app"
     );
 
@@ -478,7 +443,7 @@ while True:
     assert_eq!(code, 0, "{out}{err}");
 
     // From the network: dropped (the SYN never reaches the app).
-    let answer = pod.run_in(Some(&ns.net), "outside", &client("10.252.0.1:8080"));
+    let answer = pod.run_in(Some(&ns.peer), "outside", &client(&app_addr));
     assert!(answer.starts_with("failed"), "{answer}");
     // From the node's loopback, where the local proxy forwards from: accepted.
     assert_eq!(
@@ -496,7 +461,7 @@ while True:
     let (code, _, _) = agent.cli(&["deregister", "app", "--workload", "app"]);
     assert_eq!(code, 0);
     assert_eq!(
-        pod.run_in(Some(&ns.net), "outside", &client("10.252.0.1:8080")),
+        pod.run_in(Some(&ns.peer), "outside", &client(&app_addr)),
         "app"
     );
 }

@@ -2,7 +2,7 @@
 //! resolve services through each other, leave gracefully without losing objects, and
 //! survive losing a third of the nodes at once.
 
-mod common;
+use themis_testkit::agent as common;
 
 use std::time::Duration;
 

@@ -11,7 +11,7 @@
 //! deadline (the revocation test's deadline is the stated bound plus slack) and prints
 //! how long it took.
 
-mod common;
+use themis_testkit::agent as common;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -1,0 +1,277 @@
+//! Delegated signing: a workload's private key never leaves the agent. Its sidecar
+//! knows only the public identity (`GET /v1/workloads/{workload}/identity`) and asks
+//! the agent to sign each handshake message it sends
+//! (`POST /v1/workloads/{workload}/sign`).
+//!
+//! The agent is not a general signing oracle: it signs only a Themis handshake
+//! message of that very workload. The request carries the unsigned message body (and,
+//! for message 2, the hash of the message 1 it answers); the agent decodes the body,
+//! checks version, kind and that it names the workload's own key (and id and mesh),
+//! computes the protocol's domain-separated digest itself and signs that
+//! ([`themis_core::handshake::sign_message`]). No other statement (a registry record,
+//! a grant, a revocation) can be obtained this way: those are signed over different,
+//! longer inputs. Who may call the endpoint (the workload's own proxy) is decided by
+//! the API's caller authorisation, before the handler runs.
+//!
+//! ```text
+//! POST /v1/workloads/{workload}/sign
+//!   {"kind": "hello" | "hello_reply", "body": "<hex>", "hello_hash": "<hex>"?}
+//!   → 200 {"signature": "<hex>"}
+//! GET /v1/workloads/{workload}/identity
+//!   → 200 {"workload", "mesh", "id", "public_key"}
+//! ```
+
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use themis_core::handshake::{self, SigningError, ToSign};
+use themis_core::wire::{Kind, MAX_HANDSHAKE_LEN};
+use themis_core::Identity;
+
+use crate::names::{NameError, WorkloadName};
+use crate::registry::{Registry, RegistryError};
+
+pub use themis_contracts::api::{SignRequest, SignResponse};
+
+/// Why the agent did not sign.
+#[derive(Debug, thiserror::Error)]
+pub enum SignError {
+    /// The workload name is not a valid name.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// This node has no such workload.
+    #[error("no workload {0} on this node")]
+    UnknownWorkload(WorkloadName),
+    /// The workload's key cannot be read.
+    #[error("the workload's key cannot be read: {0}")]
+    Storage(RegistryError),
+    /// The request body is not the JSON expected.
+    #[error("{0}")]
+    Json(String),
+    /// `kind` is neither `hello` nor `hello_reply`.
+    #[error("kind must be \"hello\" or \"hello_reply\", not {0:?}")]
+    Kind(String),
+    /// `body` or `hello_hash` is not hex (or the hash is not 32 bytes).
+    #[error("{0} must be hexadecimal{1}")]
+    Hex(&'static str, &'static str),
+    /// The body is longer than any handshake message.
+    #[error("the body is {0} bytes; a handshake message body is at most {MAX_HANDSHAKE_LEN}")]
+    TooLarge(usize),
+    /// The body is not a handshake message of this workload (see [`SigningError`]).
+    #[error("refused to sign: {0}")]
+    Refused(#[from] SigningError),
+}
+
+impl SignError {
+    /// The stable reason: the API's `reason` and the refusal metric's label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SignError::Name(_) | SignError::Json(_) => "bad_request",
+            SignError::UnknownWorkload(_) => "not_found",
+            SignError::Storage(_) => "local_storage",
+            SignError::Kind(_) => "bad_kind",
+            SignError::Hex(..) => "bad_hex",
+            SignError::TooLarge(_) => "too_large",
+            SignError::Refused(e) => e.reason(),
+        }
+    }
+
+    fn status(&self) -> StatusCode {
+        match self {
+            SignError::Name(_)
+            | SignError::Json(_)
+            | SignError::Kind(_)
+            | SignError::Hex(..)
+            | SignError::TooLarge(_) => StatusCode::BAD_REQUEST,
+            SignError::UnknownWorkload(_) => StatusCode::NOT_FOUND,
+            SignError::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            SignError::Refused(SigningError::NotMine) => StatusCode::FORBIDDEN,
+            SignError::Refused(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        }
+    }
+}
+
+impl IntoResponse for SignError {
+    fn into_response(self) -> Response {
+        let body = Json(themis_contracts::api::ErrorBody {
+            error: self.to_string(),
+            reason: self.reason().into(),
+        });
+        (self.status(), body).into_response()
+    }
+}
+
+impl From<RegistryError> for SignError {
+    fn from(e: RegistryError) -> Self {
+        match e {
+            RegistryError::UnknownWorkload(w) => SignError::UnknownWorkload(w),
+            e => SignError::Storage(e),
+        }
+    }
+}
+
+/// Reads a request into what [`handshake::signing_digest`] checks.
+pub fn parse(request: &SignRequest) -> Result<ToSign, SignError> {
+    let kind = match request.kind.as_str() {
+        "hello" => Kind::Hello,
+        "hello_reply" => Kind::HelloReply,
+        other => return Err(SignError::Kind(other.chars().take(32).collect())),
+    };
+    if request.body.len() > 2 * MAX_HANDSHAKE_LEN {
+        return Err(SignError::TooLarge(request.body.len() / 2));
+    }
+    let body = hex::decode(&request.body).map_err(|_| SignError::Hex("body", ""))?;
+    let hello_hash = match &request.hello_hash {
+        None => None,
+        Some(h) => {
+            let mut hash = [0u8; 32];
+            hex::decode_to_slice(h, &mut hash)
+                .map_err(|_| SignError::Hex("hello_hash", " (32 bytes)"))?;
+            Some(hash)
+        }
+    };
+    Ok(ToSign {
+        kind,
+        body,
+        hello_hash,
+    })
+}
+
+/// Signs `request` as `identity` if it is a handshake message of `identity`'s own.
+pub fn sign(identity: &Identity, request: &SignRequest) -> Result<[u8; 64], SignError> {
+    Ok(handshake::sign_message(identity, &parse(request)?)?)
+}
+
+/// The workload's identity and the signature for `request`: what
+/// `POST /v1/workloads/{workload}/sign` answers.
+pub fn sign_for(
+    registry: &Registry,
+    workload: &str,
+    request: &SignRequest,
+) -> Result<SignResponse, SignError> {
+    let workload = WorkloadName::new(workload)?;
+    let identity = registry.workload_identity(&workload)?;
+    let signature = sign(&identity, request)?;
+    Ok(SignResponse {
+        signature: hex::encode(signature),
+    })
+}
+
+/// `POST /v1/workloads/{workload}/sign`. Who may call it is the API's caller
+/// authorisation's decision (it runs before this handler); signatures and refusals
+/// are counted (`themis_handshake_signatures`, `themis_handshake_sign_refused`).
+pub async fn sign_route(
+    State(r): State<Arc<Registry>>,
+    Path(workload): Path<String>,
+    body: Result<Json<SignRequest>, JsonRejection>,
+) -> Response {
+    let result = match body {
+        Ok(Json(request)) => sign_for(&r, &workload, &request).map(|s| (request.kind, s)),
+        Err(e) => {
+            let status = e.status();
+            let error = SignError::Json(e.body_text());
+            r.metrics().sign_refused(error.reason());
+            let body = Json(themis_contracts::api::ErrorBody {
+                error: error.to_string(),
+                reason: error.reason().into(),
+            });
+            return (status, body).into_response();
+        }
+    };
+    match result {
+        Ok((kind, signature)) => {
+            r.metrics().signed(if kind == "hello" {
+                "hello"
+            } else {
+                "hello_reply"
+            });
+            Json(signature).into_response()
+        }
+        Err(error) => {
+            r.metrics().sign_refused(error.reason());
+            tracing::warn!(%workload, reason = error.reason(), %error, "refused to sign");
+            error.into_response()
+        }
+    }
+}
+
+/// `GET /v1/workloads/{workload}/identity`: the public identity, all a sidecar needs.
+pub async fn identity_route(
+    State(r): State<Arc<Registry>>,
+    Path(workload): Path<String>,
+) -> Response {
+    let result = WorkloadName::new(&workload)
+        .map_err(SignError::from)
+        .and_then(|w| Ok((r.workload_identity(&w)?, w)));
+    match result {
+        Ok((identity, workload)) => Json(themis_contracts::api::PublicIdentity {
+            workload,
+            mesh: identity.mesh().as_str().to_owned(),
+            id: identity.printable_id(),
+            public_key: hex::encode(identity.public_key()),
+        })
+        .into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ring::rand::SystemRandom;
+    use themis_core::handshake::Initiator;
+    use themis_core::{HandshakeConfig, MeshName};
+
+    fn request(to_sign: &ToSign) -> SignRequest {
+        SignRequest {
+            kind: match to_sign.kind {
+                Kind::Hello => "hello".into(),
+                _ => "hello_reply".into(),
+            },
+            body: hex::encode(&to_sign.body),
+            hello_hash: to_sign.hello_hash.map(hex::encode),
+        }
+    }
+
+    #[test]
+    fn signs_only_its_own_hello() {
+        let rng = SystemRandom::new();
+        let mesh = MeshName::new("test").unwrap();
+        let me = Identity::generate(mesh.clone(), &rng).unwrap();
+        let other = Identity::generate(mesh, &rng).unwrap();
+        let pending = Initiator::start_unsigned(
+            me.public(),
+            other.id(),
+            &HandshakeConfig::default(),
+            1,
+            &rng,
+        )
+        .unwrap();
+        let req = request(&pending.to_sign());
+        let signature = sign(&me, &req).unwrap();
+        assert!(pending.finish(&signature).is_ok());
+        assert!(matches!(
+            sign(&other, &req),
+            Err(SignError::Refused(SigningError::NotMine))
+        ));
+        let bad_kind = SignRequest {
+            kind: "confirm".into(),
+            ..req.clone()
+        };
+        assert_eq!(sign(&me, &bad_kind).unwrap_err().reason(), "bad_kind");
+        let reply_kind = SignRequest {
+            kind: "hello_reply".into(),
+            ..req.clone()
+        };
+        assert_eq!(sign(&me, &reply_kind).unwrap_err().reason(), "hello_hash");
+        let huge = SignRequest {
+            body: "00".repeat(MAX_HANDSHAKE_LEN + 1),
+            ..req
+        };
+        assert_eq!(sign(&me, &huge).unwrap_err().reason(), "too_large");
+    }
+}

@@ -1,0 +1,323 @@
+//! The local API authorises callers by what the kernel says about them (SO_PEERCRED
+//! and the caller's cgroup), tested with real processes under other uids in their own
+//! cgroups, as a pod's sidecar and a hostile pod on the same node would be.
+//!
+//! Before attestation, any process that could open the socket got every workload's
+//! private key and could register, deregister, capture and store at will: each
+//! refusal below failed then.
+
+use themis_testkit::agent as common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use ring::rand::SystemRandom;
+use serde_json::{json, Value};
+use themis_core::handshake::Initiator;
+use themis_core::identity::PublicIdentity;
+use themis_core::{HandshakeConfig, MeshName, PeerId};
+use themis_testkit::cgroup::Tree;
+use themis_testkit::require;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// The uid Istio runs its sidecars as.
+const PROXY_UID: u32 = 1337;
+
+/// A cgroup tree `<root>/{pod-a,pod-b}/{proxy,app}`, removed on drop.
+fn pods(test: &str) -> Tree {
+    Tree::new(test, &["pod-a/proxy", "pod-a/app", "pod-b/proxy"])
+}
+
+/// The gates of every test here: cgroups, other uids (setpriv), curl.
+fn attested(why: &str) -> bool {
+    require::root(why)
+        && require::tool("setpriv", "calls as other uids")
+        && require::tool("curl", "calls the API from a process in a cgroup")
+}
+
+/// One API call by a real process: moved into `cgroup`, then (with `uid`) running as
+/// that uid, `curl` over the socket. Returns the status and the JSON answer.
+fn call_as(
+    socket: &Path,
+    cgroup: &Path,
+    uid: Option<u32>,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let drop_privileges = match uid {
+        Some(uid) => format!("setpriv --reuid={uid} --regid={uid} --clear-groups "),
+        None => String::new(),
+    };
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec {drop_privileges}\"$0\" \"$@\"",
+            cgroup.display()
+        ))
+        .args(["curl", "-sS", "--max-time", "10", "-w", "\n%{http_code}"])
+        .arg("--unix-socket")
+        .arg(socket)
+        .args(["-X", method, "-H", "content-type: application/json"])
+        .args(
+            body.map(|b| vec!["--data".to_owned(), b.to_string()])
+                .unwrap_or_default(),
+        )
+        .arg(format!("http://agent{path}"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    let code = code.trim().parse().unwrap_or_else(|_| {
+        panic!(
+            "curl gave no status: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (code, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// The socket's directories must be passable for a non-root caller (the agent's
+/// state dir is only the test's temporary directory here).
+fn open_path_to(socket: &Path) {
+    for dir in socket.ancestors().skip(1).take(3) {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+#[test]
+fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
+    if !attested("creates cgroups and calls as other uids") {
+        return;
+    }
+    let work = workdir();
+    let pods = pods("attest-sidecar");
+    // The operator calls from the agent's own cgroup (where this test runs), never
+    // from a pod: so root inside a pod is not the operator.
+    let operator_cgroup = pods.cgroup("host");
+    let node = Metered::spawn(
+        work.path(),
+        "node",
+        None,
+        &["--operator-cgroup", operator_cgroup.to_str().unwrap()],
+    );
+    let agent = &node.agent;
+    let socket = agent.dir.join("agent.sock");
+    open_path_to(&socket);
+    agent.grant("check");
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o666, "anyone may connect; calls are authorised");
+
+    // The operator binds each workload to its pod (cgroup and proxy uid): through the
+    // API, and with the tool.
+    let owner = json!({"owner": {"cgroup": pods.cgroup("pod-a"), "uid": PROXY_UID}});
+    let (code, answer) = agent
+        .call(hyper::Method::PUT, "/v1/workloads/a", Some(&owner))
+        .unwrap();
+    assert_eq!(code, 201, "{answer}");
+    assert_eq!(answer["owner"]["uid"], PROXY_UID);
+    let pod_b = pods.cgroup("pod-b");
+    let uid = PROXY_UID.to_string();
+    let (code, out, err) = agent.cli(&[
+        "workload",
+        "b",
+        "--owner-cgroup",
+        pod_b.to_str().unwrap(),
+        "--owner-uid",
+        &uid,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!("bound to cgroup {} uid 1337", pod_b.display())),
+        "{out}"
+    );
+
+    let sidecar_a = (pods.cgroup("pod-a/proxy"), Some(PROXY_UID));
+    let sidecar_b = (pods.cgroup("pod-b/proxy"), Some(PROXY_UID));
+    let call = |who: &(PathBuf, Option<u32>), method: &str, path: &str, body: Option<&Value>| {
+        call_as(&socket, &who.0, who.1, method, path, body)
+    };
+
+    // Each sidecar gets its own workload's public identity and has its own Hellos
+    // signed...
+    let hello_of = |identity: &Value| {
+        let mut key = [0u8; 32];
+        hex::decode_to_slice(identity["public_key"].as_str().unwrap(), &mut key).unwrap();
+        let me = PublicIdentity::new(key, MeshName::new(MESH).unwrap());
+        let rng = SystemRandom::new();
+        let pending = Initiator::start_unsigned(
+            &me,
+            PeerId([7; 32]),
+            &HandshakeConfig::default(),
+            now_ms(),
+            &rng,
+        )
+        .unwrap();
+        json!({"kind": "hello", "body": hex::encode(&pending.to_sign().body)})
+    };
+    let mut hellos = std::collections::BTreeMap::new();
+    for (who, workload) in [(&sidecar_a, "a"), (&sidecar_b, "b")] {
+        let (code, identity) = call(
+            who,
+            "GET",
+            &format!("/v1/workloads/{workload}/identity"),
+            None,
+        );
+        assert_eq!(code, 200, "{identity}");
+        assert_eq!(identity["workload"], workload);
+        let hello = hello_of(&identity);
+        let (code, signed) = call(
+            who,
+            "POST",
+            &format!("/v1/workloads/{workload}/sign"),
+            Some(&hello),
+        );
+        assert_eq!(code, 200, "{signed}");
+        assert!(signed["signature"].is_string());
+        hellos.insert(workload, hello);
+    }
+    // ...and not the other's: not its identity, not a signature in its name (even of
+    // a well-formed Hello of that workload), and no private key, not even its own.
+    for (who, mine, other) in [(&sidecar_a, "a", "b"), (&sidecar_b, "b", "a")] {
+        for (method, path, body) in [
+            ("GET", format!("/v1/workloads/{other}/identity"), None),
+            (
+                "POST",
+                format!("/v1/workloads/{other}/sign"),
+                Some(&hellos[other]),
+            ),
+        ] {
+            let (code, answer) = call(who, method, &path, body);
+            assert_eq!(
+                (code, answer["reason"].as_str()),
+                (403, Some("not_owner")),
+                "{path}: {answer}"
+            );
+        }
+        for workload in [mine, other] {
+            let (code, answer) = call(who, "GET", &format!("/v1/workloads/{workload}/key"), None);
+            assert_eq!(
+                (code, answer["reason"].as_str()),
+                (403, Some("not_operator")),
+                "{answer}"
+            );
+            assert!(answer.get("private_key_pem").is_none());
+        }
+    }
+    // The app beside the sidecar (another uid, same pod) is not the sidecar.
+    let app_a = (pods.cgroup("pod-a/app"), Some(1000));
+    let (code, _) = call(&app_a, "POST", "/v1/workloads/a/sign", Some(&hellos["a"]));
+    assert_eq!(code, 403);
+
+    // Everything of the operator's is refused to a sidecar — and to root in a pod.
+    let root_in_pod = (pods.cgroup("pod-a/app"), None);
+    let register = json!({"endpoint": "127.0.0.1:15006"});
+    let store = json!({"name": "check", "value": "forged"});
+    let capture =
+        json!({"endpoint": "127.0.0.1:15006", "capture": {"cgroup": pods.cgroup("pod-b")}});
+    for who in [&sidecar_a, &root_in_pod] {
+        for (method, path, body) in [
+            ("PUT", "/v1/workloads/b", None),
+            ("PUT", "/v1/services/check/instances/a", Some(&register)),
+            ("PUT", "/v1/services/check/instances/b", Some(&capture)),
+            ("DELETE", "/v1/services/check/instances/b", None),
+            ("GET", "/v1/workloads", None),
+            ("GET", "/v1/capture", None),
+            ("POST", "/v1/debug/store", Some(&store)),
+            ("GET", "/v1/debug/values/check", None),
+            ("POST", "/v1/revocations", Some(&json!({"revocation": "x"}))),
+        ] {
+            let (code, answer) = call(who, method, path, body);
+            assert_eq!(
+                (code, answer["reason"].as_str()),
+                (403, Some("not_operator")),
+                "{method} {path} by {who:?}: {answer}"
+            );
+        }
+        // What the ring tells anybody stays open.
+        for path in ["/v1/status", "/v1/services/check", "/v1/revocations"] {
+            let (code, answer) = call(who, "GET", path, None);
+            assert_eq!(code, 200, "{path}: {answer}");
+        }
+    }
+
+    // The operator still does everything, including any workload's key.
+    let (code, out, err) = agent.cli(&[
+        "register",
+        "check",
+        "--workload",
+        "a",
+        "--endpoint",
+        "127.0.0.1:15006",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    for workload in ["a", "b"] {
+        let (code, _) = agent.get(&format!("/v1/workloads/{workload}/key")).unwrap();
+        assert_eq!(code, 200);
+    }
+    // A capture must stay inside the pod the workload is bound to: the operator
+    // cannot (by mistake or as a confused deputy) capture another pod for it.
+    let (code, answer) = agent
+        .call(
+            hyper::Method::PUT,
+            "/v1/services/check/instances/a",
+            Some(&capture),
+        )
+        .unwrap();
+    assert_eq!(
+        (code, answer["reason"].as_str()),
+        (403, Some("outside_owner")),
+        "{answer}"
+    );
+
+    // Every refusal is counted by reason.
+    let text = scrape(node.metrics).unwrap();
+    let refused = |reason| sample(&text, "themis_api_refused_total", &[("reason", reason)]);
+    assert_eq!(refused("not_owner"), 5, "{text}");
+    assert_eq!(refused("not_operator"), 22, "{text}");
+}
+
+#[test]
+fn a_workload_bound_to_no_pod_is_only_the_operators() {
+    if !attested("creates cgroups and calls as another uid") {
+        return;
+    }
+    let work = workdir();
+    let pods = pods("attest-unbound");
+    let node = Metered::spawn(work.path(), "node", None, &[]);
+    let socket = node.agent.dir.join("agent.sock");
+    open_path_to(&socket);
+    let (code, _) = node
+        .agent
+        .call(hyper::Method::PUT, "/v1/workloads/a", None)
+        .unwrap();
+    assert_eq!(code, 201);
+    let (code, answer) = call_as(
+        &socket,
+        &pods.cgroup("pod-a/proxy"),
+        Some(PROXY_UID),
+        "GET",
+        "/v1/workloads/a/identity",
+        None,
+    );
+    assert_eq!(
+        (code, answer["reason"].as_str()),
+        (403, Some("unbound_workload")),
+        "{answer}"
+    );
+    // A bad owner is refused with the rule.
+    let bad = json!({"owner": {"cgroup": "/etc"}});
+    let (code, answer) = node
+        .agent
+        .call(hyper::Method::PUT, "/v1/workloads/a", Some(&bad))
+        .unwrap();
+    assert_eq!(code, 400, "{answer}");
+}
