@@ -4,22 +4,40 @@
 //! as filter state (`wasm.themis_peer_id`, `wasm.themis_peer_service`), which the
 //! route copies into request headers. Until the policy allowed the caller, nothing
 //! of its bytes reaches the connection manager.
+//!
+//! Before any public-key work for a connection's message 1, in this order: the
+//! source's bucket (`refused.rate_limited`), the freshness window and replay cache
+//! (`refused.stale`, `refused.replay`), then the worker's handshake budget
+//! (`refused.busy`), which keeps a share for known-good sources (`docs/FILTER.md`,
+//! "Floods of message 1").
 
-use log::{info, warn};
+use std::net::{IpAddr, SocketAddr};
+
+use log::{debug, info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, StreamContext};
 use proxy_wasm::types::{Action, PeerType};
+use themis_core::guard::{Admission, Peek};
 use themis_core::stream::{Established, StreamResponder, HTTP2_PREFACE};
 use themis_core::{HandshakeConfig, PeerId};
 
-use super::{call_agent, call_agent_for_key, call_response, now_ms, Root, Shared};
+use super::{
+    call_agent, call_agent_for_identity, call_agent_to_sign, call_response, now_ms, signature,
+    Root, Shared,
+};
 use crate::policy::{decide, Verdict};
 
 enum Gate {
-    /// The workload's key is being fetched (the sidecar just started); `raw` waits.
+    /// The workload's public identity is being fetched (the sidecar just started);
+    /// `raw` waits.
     Keyless {
         call: u32,
         raw: Vec<u8>,
+    },
+    /// Message 1 verified; the agent is signing message 2. The app is fed the
+    /// preface (which prompts the write that carries message 2) once it is signed.
+    Signing {
+        call: u32,
     },
     /// The caller has not proved itself yet.
     Unknown,
@@ -39,6 +57,13 @@ pub struct Inbound {
     /// Plaintext held while the policy is decided.
     held: Vec<u8>,
     counted: bool,
+    /// The source's handshake budget was charged (on the connection's first bytes).
+    admitted: bool,
+    /// The connection's source address, as Envoy reports it.
+    source: Option<IpAddr>,
+    /// Message 1 so far, until it is complete and the worker's budget was consulted
+    /// (at most one handshake message: longer is not a Hello). `None` after that.
+    first: Option<Vec<u8>>,
 }
 
 impl Inbound {
@@ -51,6 +76,9 @@ impl Inbound {
             gate: Gate::Unknown,
             held: Vec::new(),
             counted: false,
+            admitted: false,
+            source: None,
+            first: Some(Vec::new()),
         }
     }
 
@@ -59,10 +87,36 @@ impl Inbound {
             .borrow()
             .metrics
             .count(&format!("refused.{reason}"));
-        warn!("themis inbound: closing the connection ({reason}): {detail}");
+        if matches!(reason, "rate_limited" | "stale" | "replay" | "busy") {
+            // What floods are refused for: counted, not logged one line each.
+            debug!("themis inbound: closing the connection ({reason}): {detail}");
+        } else {
+            warn!("themis inbound: closing the connection ({reason}): {detail}");
+        }
         self.gate = Gate::Closed;
         self.held.clear();
         self.close_downstream();
+    }
+
+    /// Charges the connection's source one handshake from its bucket, before any
+    /// work for its bytes; `false` (closed, `refused.rate_limited`) if it has none.
+    /// A source Envoy does not report (not an IP) is not limited.
+    fn admit(&mut self) -> bool {
+        let source = self
+            .get_property(vec!["source", "address"])
+            .and_then(|bytes| source_ip(&bytes));
+        self.source = source;
+        let Some(source) = source else {
+            return true;
+        };
+        let allowed = self.worker.borrow_mut().sources.allow(source, now_ms());
+        if !allowed {
+            self.close(
+                "rate_limited",
+                &format!("{source} started more handshakes than hellos_per_source allows"),
+            );
+        }
+        allowed
     }
 
     /// Decides for the established caller; `true` once it is allowed.
@@ -87,7 +141,14 @@ impl Inbound {
                         Some(service.as_bytes()),
                     );
                 }
-                self.worker.borrow().metrics.count("allowed");
+                {
+                    let mut w = self.worker.borrow_mut();
+                    w.metrics.count("allowed");
+                    if let Some(source) = self.source {
+                        // Known good: its new connections draw on the reserved share.
+                        w.budget.confirmed(source, now_ms());
+                    }
+                }
                 info!("themis inbound: {peer} (service {service:?}) connected");
                 self.gate = Gate::Allowed;
                 true
@@ -100,7 +161,7 @@ impl Inbound {
                 false
             }
             Verdict::Verify(claim) => {
-                let path = format!("/v1/services/{claim}");
+                let path = themis_contracts::paths::service(&claim);
                 let call = call_agent(self, &self.worker.borrow().config, &path);
                 match call {
                     Some(call) => self.gate = Gate::Verifying { call, claim },
@@ -122,12 +183,30 @@ impl Context for Inbound {
                 return;
             };
             let (status, body) = call_response(self, body_size);
-            Root::install_key(&self.worker, status, &body);
+            Root::install_identity(&self.worker, status, &body);
             if self.worker.borrow().identity.is_none() {
-                return self.close("no_identity", "the agent has no key for the workload");
+                return self.close("no_identity", "the agent has no identity for the workload");
             }
             if let Flow::Pass(bytes) = self.feed(&raw) {
                 self.release(&bytes);
+            }
+            return;
+        }
+        if let Gate::Signing { call } = self.gate {
+            if call != token {
+                return;
+            }
+            self.gate = Gate::Unknown;
+            let (status, body) = call_response(self, body_size);
+            let signed = match signature(status, &body) {
+                Ok(signature) => self.stream.signed(&signature),
+                Err((reason, detail)) => return self.close(reason, &detail),
+            };
+            match signed {
+                // The preface, through the read buffer Envoy kept when it paused.
+                Ok(out) => self.release(&out.to_app),
+                // Not our own key's signature: the agent is confused or lying.
+                Err(refusal) => self.close("sign_failed", &refusal.to_string()),
             }
             return;
         }
@@ -161,11 +240,64 @@ impl Context for Inbound {
     }
 }
 
+/// What the worker's budget said about message 1.
+enum Charge {
+    /// Message 1 is not complete: its bytes are held here.
+    More,
+    /// Over the budget: closed (`refused.busy`).
+    Busy,
+    /// Answer it (or let the handshake refuse it cheaply).
+    Go,
+}
+
+impl Inbound {
+    /// Charges a complete, fresh message 1 to the worker's handshake budget, after the
+    /// cheap checks (the source's bucket, the window, the replay cache) and before any
+    /// public-key work; closes the connection (`refused.busy`) if it is spent. What
+    /// the handshake refuses cheaply anyway (not a Hello, stale, replayed, for another
+    /// id) is not charged.
+    fn charge(&mut self, first: &[u8], identity: &themis_core::identity::PublicIdentity) -> Charge {
+        let admission = {
+            let w = &mut *self.worker.borrow_mut();
+            let now = now_ms();
+            match w.guard.peek(first, identity, now) {
+                Peek::More => return Charge::More,
+                Peek::Cheap => return Charge::Go,
+                Peek::Fresh => match self.source {
+                    Some(source) => w.budget.allow(source, now),
+                    None => w.budget.allow_unknown(now),
+                },
+            }
+        };
+        match admission {
+            Admission::Busy => {
+                let source = self.source.map_or("-".into(), |s| s.to_string());
+                self.close(
+                    "busy",
+                    &format!("the worker's handshake budget is spent (a Hello from {source})"),
+                );
+                Charge::Busy
+            }
+            Admission::Reserved => {
+                self.worker.borrow().metrics.count("known_good_handshakes");
+                Charge::Go
+            }
+            Admission::Open => Charge::Go,
+        }
+    }
+
+    /// Bytes of message 1 held here or in the stream: a close now cuts a message.
+    fn is_mid_message(&self) -> bool {
+        self.stream.is_mid_message() || self.first.as_ref().is_some_and(|f| !f.is_empty())
+    }
+}
+
 /// What became of the bytes of one read.
 enum Flow {
     /// These go on to the connection manager.
     Pass(Vec<u8>),
-    /// Held (a decision or the workload's key is awaited) or dropped (closed).
+    /// Held (a decision, a signature or the workload's identity is awaited) or
+    /// dropped (closed).
     Hold,
 }
 
@@ -179,10 +311,16 @@ impl Inbound {
         if matches!(self.gate, Gate::Closed) {
             return Flow::Hold;
         }
+        if !self.admitted {
+            self.admitted = true;
+            if !self.admit() {
+                return Flow::Hold;
+            }
+        }
         let identity = self.worker.borrow().identity.clone();
         let Some(identity) = identity else {
-            // Just started: fetch the key for this connection and hold its bytes.
-            let call = call_agent_for_key(self, &self.worker.borrow().config);
+            // Just started: fetch the identity for this connection and hold its bytes.
+            let call = call_agent_for_identity(self, &self.worker.borrow().config);
             match call {
                 Some(call) => {
                     self.gate = Gate::Keyless {
@@ -190,14 +328,45 @@ impl Inbound {
                         raw: data.to_vec(),
                     }
                 }
-                None => self.close("no_identity", "the workload's key cannot be fetched"),
+                None => self.close("no_identity", "the workload's identity cannot be fetched"),
             }
             return Flow::Hold;
         };
+        let held_first;
+        let data = match self.first.take() {
+            None => data,
+            Some(mut first) => {
+                first.extend_from_slice(data);
+                match self.charge(&first, &identity) {
+                    Charge::More => {
+                        self.first = Some(first);
+                        return Flow::Hold;
+                    }
+                    Charge::Busy => return Flow::Hold,
+                    Charge::Go => {
+                        held_first = first;
+                        &held_first[..]
+                    }
+                }
+            }
+        };
         let result = {
-            let w = self.worker.borrow();
-            self.stream
-                .from_peer(data, &identity, &HandshakeConfig::default(), &w.rng)
+            let w = &mut *self.worker.borrow_mut();
+            let evicted = w.guard.evicted();
+            let result = self.stream.from_peer_unsigned(
+                data,
+                &identity,
+                &HandshakeConfig::default(),
+                &mut w.guard,
+                now_ms(),
+                &w.rng,
+            );
+            if w.guard.evicted() > evicted {
+                // Full of live Hellos: the first to expire was forgotten (a replay of
+                // it costs a full answer again, and still fails at message 3).
+                w.metrics.count("replay_cache_evicted");
+            }
+            result
         };
         let out = match result {
             Ok(out) => out,
@@ -219,6 +388,16 @@ impl Inbound {
                 }
                 Flow::Pass(out.to_app)
             }
+            Gate::Unknown if self.stream.to_sign().is_some() => {
+                // Message 1 verified: the agent signs message 2 before anything moves.
+                let to_sign = self.stream.to_sign().expect("checked in the guard");
+                let call = call_agent_to_sign(self, &self.worker.borrow().config, &to_sign);
+                match call {
+                    Some(call) => self.gate = Gate::Signing { call },
+                    None => self.close("sign_failed", "the agent cannot be asked to sign"),
+                }
+                Flow::Hold
+            }
             Gate::Unknown => {
                 let Some(established) = self.stream.established().cloned() else {
                     // Before message 3 the only bytes for the app are our preface.
@@ -239,7 +418,7 @@ impl Inbound {
                 self.held.extend_from_slice(&out.to_app);
                 Flow::Hold
             }
-            Gate::Keyless { .. } | Gate::Closed => Flow::Hold,
+            Gate::Keyless { .. } | Gate::Signing { .. } | Gate::Closed => Flow::Hold,
         }
     }
 
@@ -255,7 +434,7 @@ impl StreamContext for Inbound {
     fn on_downstream_data(&mut self, size: usize, end_of_stream: bool) -> Action {
         let data = self.get_downstream_data(0, size).unwrap_or_default();
         let flow = self.feed(&data);
-        if end_of_stream && self.stream.is_mid_message() && !matches!(self.gate, Gate::Closed) {
+        if end_of_stream && self.is_mid_message() && !matches!(self.gate, Gate::Closed) {
             // Cut inside a record: nothing of it was delivered; say so.
             self.close("truncated", "the peer's stream ends inside a message");
         }
@@ -286,10 +465,7 @@ impl StreamContext for Inbound {
     fn on_downstream_close(&mut self, peer: PeerType) {
         // The peer closed inside a message (without a half-close, Envoy reports the
         // end of the stream as a close): nothing of the partial message was delivered.
-        if peer == PeerType::Remote
-            && self.stream.is_mid_message()
-            && !matches!(self.gate, Gate::Closed)
-        {
+        if peer == PeerType::Remote && self.is_mid_message() && !matches!(self.gate, Gate::Closed) {
             self.worker.borrow().metrics.count("refused.truncated");
             warn!("themis inbound: the peer's stream ended inside a message (truncated)");
             self.gate = Gate::Closed;
@@ -301,4 +477,13 @@ impl Drop for Inbound {
     fn drop(&mut self) {
         self.worker.borrow().metrics.gauge("active", -1);
     }
+}
+
+/// The IP of Envoy's `source.address` property (`ip:port`, or a bare IP).
+fn source_ip(bytes: &[u8]) -> Option<IpAddr> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    text.parse::<SocketAddr>()
+        .map(|a| a.ip())
+        .or_else(|_| text.parse::<IpAddr>())
+        .ok()
 }

@@ -20,7 +20,10 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext, StreamContext};
 use proxy_wasm::types::{ContextType, LogLevel, MetricType};
 use ring::rand::{SecureRandom, SystemRandom};
-use themis_core::Identity;
+use themis_core::handshake::ToSign;
+use themis_core::identity::PublicIdentity;
+use themis_core::wire::Kind;
+use themis_core::{HandshakeBudget, HelloGuard, SourceLimiter};
 use themis_trust::{Revocations, Verifier};
 
 use crate::agent::{self, Instance};
@@ -36,7 +39,16 @@ proxy_wasm::main! {{
 /// What one plugin's VM holds on one worker, shared by its root and stream contexts.
 struct Worker {
     config: Config,
-    identity: Option<Rc<Identity>>,
+    /// The workload's public identity; its private key stays in the agent, which
+    /// signs each handshake message ([`call_agent_to_sign`]).
+    identity: Option<Rc<PublicIdentity>>,
+    /// Inbound: the freshness window and replay cache of message 1 (per worker).
+    guard: HelloGuard,
+    /// Inbound: handshakes per source address (per worker).
+    sources: SourceLimiter,
+    /// Inbound: fresh Hellos answered (per worker), with the known-good sources'
+    /// reserved share.
+    budget: HandshakeBudget,
     /// Outbound: resolutions and health marks.
     routes: Routes,
     /// Inbound: callers' services, verified.
@@ -143,20 +155,20 @@ impl Metrics {
 #[derive(Default)]
 struct Root {
     worker: Option<Shared>,
-    key_call: Option<u32>,
+    identity_call: Option<u32>,
     revocations_call: Option<u32>,
     /// When the revocations were last asked for (ms).
     revocations_asked: u64,
 }
 
 impl Root {
-    fn fetch_key(&mut self) {
+    fn fetch_identity(&mut self) {
         let Some(worker) = &self.worker else { return };
         let w = worker.borrow();
-        if self.key_call.is_some() || w.identity.is_some() || w.config.role == Role::Outbound {
+        if self.identity_call.is_some() || w.identity.is_some() || w.config.role == Role::Outbound {
             return;
         }
-        self.key_call = call_agent_for_key(self, &w.config);
+        self.identity_call = call_agent_for_identity(self, &w.config);
     }
 
     /// Asks the agent for the revocations it knows, every `revocation_poll`.
@@ -168,7 +180,11 @@ impl Root {
             return;
         }
         self.revocations_asked = now;
-        self.revocations_call = call_agent(self, &worker.borrow().config, "/v1/revocations");
+        self.revocations_call = call_agent(
+            self,
+            &worker.borrow().config,
+            themis_contracts::paths::REVOCATIONS,
+        );
     }
 
     /// Installs a fresh revocation list; a new revocation drops cached resolutions
@@ -191,20 +207,20 @@ impl Root {
         }
     }
 
-    fn install_key(worker: &Shared, status: Option<u16>, body: &[u8]) {
+    fn install_identity(worker: &Shared, status: Option<u16>, body: &[u8]) {
         let mut w = worker.borrow_mut();
         if w.identity.is_some() {
             return;
         }
         if status != Some(200) {
             warn!(
-                "themis: the agent has no key for workload {} (status {status:?}: {})",
+                "themis: the agent has no identity for workload {} (status {status:?}: {})",
                 w.config.workload,
                 String::from_utf8_lossy(body)
             );
             return;
         }
-        match agent::parse_identity(body, &w.config.workload, &w.config.mesh) {
+        match agent::parse_public_identity(body, &w.config.workload, &w.config.mesh) {
             Ok(identity) => {
                 info!(
                     "themis: workload {} has id {}",
@@ -213,6 +229,7 @@ impl Root {
                 );
                 w.identity = Some(Rc::new(identity));
                 // Per worker: the sidecar is ready once it equals the worker count.
+                // (The private key is not here: the agent signs for the workload.)
                 w.metrics.gauge("identity", 1);
             }
             Err(e) => error!("themis: {e}"),
@@ -226,9 +243,9 @@ impl Context for Root {
             return;
         };
         let (status, body) = call_response(self, body_size);
-        if self.key_call == Some(token) {
-            self.key_call = None;
-            Root::install_key(&worker, status, &body);
+        if self.identity_call == Some(token) {
+            self.identity_call = None;
+            Root::install_identity(&worker, status, &body);
             if worker.borrow().identity.is_some() {
                 self.set_tick_period(Duration::from_secs(1));
             }
@@ -258,19 +275,28 @@ impl RootContext for Root {
         self.worker = Some(Rc::new(RefCell::new(Worker {
             metrics: Metrics::new(config.role),
             routes: Routes::new(config.canary.clone()),
+            guard: HelloGuard::new(
+                config.hello_window.as_millis() as u64,
+                config.replay_cache_entries,
+            ),
+            sources: SourceLimiter::new(
+                config.hellos_per_source,
+                themis_core::guard::DEFAULT_SOURCE_ENTRIES,
+            ),
+            budget: HandshakeBudget::new(config.handshake_budget),
             config,
             identity: None,
             callers: Callers::default(),
             revoked: Revocations::new(),
             rng: SystemRandom::new(),
         })));
-        // Quick ticks until the workload's key is loaded, then one a second.
+        // Quick ticks until the workload's identity is loaded, then one a second.
         self.set_tick_period(Duration::from_millis(100));
         true
     }
 
     fn on_tick(&mut self) {
-        self.fetch_key();
+        self.fetch_identity();
         self.poll_revocations();
         if let Some(worker) = &self.worker {
             let mut w = worker.borrow_mut();
@@ -322,13 +348,72 @@ fn call_agent(ctx: &dyn Context, config: &Config, path: &str) -> Option<u32> {
     }
 }
 
-/// Asks the agent for the workload's key (answered by [`Root::install_key`]).
-fn call_agent_for_key(ctx: &dyn Context, config: &Config) -> Option<u32> {
+/// Asks the agent for the workload's public identity (answered by
+/// [`Root::install_identity`]).
+fn call_agent_for_identity(ctx: &dyn Context, config: &Config) -> Option<u32> {
     call_agent(
         ctx,
         config,
-        &format!("/v1/workloads/{}/key", config.workload),
+        &themis_contracts::paths::workload_identity(&config.workload),
     )
+}
+
+/// Asks the agent to sign a handshake message of the workload's (`POST
+/// /v1/workloads/{workload}/sign`); the answer goes to [`signature`]. `None` (logged)
+/// if Envoy refuses the call.
+fn call_agent_to_sign(ctx: &dyn Context, config: &Config, to_sign: &ToSign) -> Option<u32> {
+    let path = themis_contracts::paths::workload_sign(&config.workload);
+    let headers = vec![
+        (":method", "POST"),
+        (":path", path.as_str()),
+        (":authority", "themis-agent"),
+        ("content-type", "application/json"),
+    ];
+    let kind = match to_sign.kind {
+        Kind::Hello => "hello",
+        _ => "hello_reply",
+    };
+    let body = serde_json::to_string(&themis_contracts::api::SignRequest {
+        kind: kind.to_owned(),
+        body: hex::encode(&to_sign.body),
+        hello_hash: to_sign.hello_hash.map(hex::encode),
+    })
+    .expect("serialises");
+    let call = ctx.dispatch_http_call(
+        &config.agent_cluster,
+        headers,
+        Some(body.as_bytes()),
+        vec![],
+        config.timeout,
+    );
+    match call {
+        Ok(token) => Some(token),
+        Err(status) => {
+            warn!(
+                "themis: cannot call the agent cluster {}: {status:?}",
+                config.agent_cluster
+            );
+            None
+        }
+    }
+}
+
+/// The signature in the agent's answer to [`call_agent_to_sign`], or the reason to
+/// close the connection with (`sign_timeout`: the call hit `timeout_ms`;
+/// `sign_failed`: anything else) and a detail for the log.
+fn signature(status: Option<u16>, body: &[u8]) -> Result<[u8; 64], (&'static str, String)> {
+    match status {
+        Some(200) => agent::parse_signature(body).map_err(|e| ("sign_failed", e.to_string())),
+        // Envoy answers a call that ran out of time with its own 504.
+        Some(504) => Err(("sign_timeout", "the agent did not sign in time".into())),
+        status => Err((
+            "sign_failed",
+            format!(
+                "the agent did not sign (status {status:?}: {})",
+                String::from_utf8_lossy(body)
+            ),
+        )),
+    }
 }
 
 /// The status and body of the call that just answered.

@@ -72,7 +72,7 @@ impl Outbound {
                 false
             }
             Pick::Resolve => {
-                let path = format!("/v1/services/{}", self.service);
+                let path = themis_contracts::paths::service(&self.service);
                 let token = call_agent(self, &self.worker.borrow().config, &path);
                 match token {
                     Some(token) => self.call = Some(token),

@@ -1,8 +1,9 @@
 //! The initiator: the network filter of the internal listener between Envoy's router
 //! (downstream: the HTTP/2 codec of the connection pool) and `tcp_proxy` to the
 //! instance (upstream). The router's first bytes are held while the key agreement
-//! runs; message 3 and the held bytes leave through the read buffer retained by
-//! pausing (a Wasm network filter cannot write toward the upstream otherwise).
+//! runs; message 1 (once the agent signed it), message 3 and the held bytes leave
+//! through the read buffer retained by pausing (a Wasm network filter cannot write
+//! toward the upstream otherwise).
 
 use log::{info, warn};
 use proxy_wasm::hostcalls;
@@ -11,7 +12,9 @@ use proxy_wasm::types::{Action, PeerType};
 use themis_core::stream::{Meta, Refusal, StreamInitiator};
 use themis_core::{HandshakeConfig, PeerId};
 
-use super::{call_agent_for_key, call_response, Root, Shared};
+use super::{
+    call_agent_for_identity, call_agent_to_sign, call_response, now_ms, signature, Root, Shared,
+};
 
 /// The filter state key the router's `set_filter_state` puts the expected id in.
 const EXPECTED_PEER: &str = "envoy.network.upstream_server_name";
@@ -19,10 +22,16 @@ const EXPECTED_PEER: &str = "envoy.network.upstream_server_name";
 enum State {
     /// Set up on the first bytes (needs the identity and the expected peer).
     New,
-    /// The workload's key is being fetched (the sidecar just started); `held` waits.
+    /// The workload's public identity is being fetched (the sidecar just started);
+    /// `held` waits.
     Keyless {
         call: u32,
         held: Vec<u8>,
+    },
+    /// Message 1 is made; the agent is signing it (the stream holds the app's bytes).
+    Signing {
+        call: u32,
+        stream: StreamInitiator,
     },
     /// Message 1 went out.
     Handshaking(StreamInitiator),
@@ -67,12 +76,12 @@ impl Seal {
         Some(PeerId(bytes))
     }
 
-    /// Starts the key agreement; returns message 1.
-    fn start(&mut self) -> Result<(StreamInitiator, Vec<u8>), (&'static str, String)> {
+    /// Starts the key agreement; message 1 waits for the agent's signature.
+    fn start(&mut self) -> Result<StreamInitiator, (&'static str, String)> {
         let w = self.worker.borrow();
         let identity = w.identity.clone().ok_or((
             "no_identity",
-            "the workload's key is not loaded yet".to_string(),
+            "the workload's identity is not loaded yet".to_string(),
         ))?;
         let peer = Self::expected_peer().ok_or((
             "no_peer",
@@ -84,47 +93,72 @@ impl Seal {
         let meta = Meta {
             service: w.config.service.clone(),
         };
-        StreamInitiator::start(&identity, peer, meta, &HandshakeConfig::default(), &w.rng)
-            .map_err(|e| ("handshake", e.to_string()))
+        StreamInitiator::start_unsigned(
+            &identity,
+            peer,
+            meta,
+            &HandshakeConfig::default(),
+            now_ms(),
+            &w.rng,
+        )
+        .map_err(|e| ("handshake", e.to_string()))
     }
 }
 
 impl Seal {
-    /// The first bytes: message 1 goes out in their place, they wait for message 2.
-    /// Returns message 1, or `None` if the connection was closed.
-    fn begin(&mut self, first: &[u8]) -> Option<Vec<u8>> {
-        match self.start() {
-            Ok((mut stream, hello)) => {
-                let _ = stream.from_app(first);
+    /// The first bytes: they wait while message 1 is made and the agent signs it
+    /// (message 1 then goes out in their place, and they wait for message 2).
+    fn begin(&mut self, first: &[u8]) {
+        let mut stream = match self.start() {
+            Ok(stream) => stream,
+            Err((reason, detail)) => return self.close(reason, &detail),
+        };
+        let _ = stream.from_app(first);
+        let call = stream
+            .to_sign()
+            .and_then(|to_sign| call_agent_to_sign(self, &self.worker.borrow().config, &to_sign));
+        match call {
+            Some(call) => {
                 self.worker.borrow().metrics.count("handshakes");
+                self.state = State::Signing { call, stream };
+            }
+            None => self.close("sign_failed", "the agent cannot be asked to sign"),
+        }
+    }
+
+    /// The agent's signature: message 1 goes out through the read buffer Envoy kept
+    /// for this filter when it paused.
+    fn signed(&mut self, mut stream: StreamInitiator, status: Option<u16>, body: &[u8]) {
+        let hello = match signature(status, body) {
+            Ok(signature) => stream.signed(&signature),
+            Err((reason, detail)) => return self.close(reason, &detail),
+        };
+        match hello {
+            Ok(hello) => {
                 self.state = State::Handshaking(stream);
-                Some(hello)
+                self.set_downstream_data(0, 0, &hello);
+                self.resume_downstream();
             }
-            Err((reason, detail)) => {
-                self.close(reason, &detail);
-                None
-            }
+            // A signature that does not verify under our own key: the agent is
+            // confused or lying; nothing was sent.
+            Err(refusal) => self.close("sign_failed", &refusal.to_string()),
         }
     }
 }
 
 impl Context for Seal {
     fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
-        let State::Keyless { call, .. } = &self.state else {
-            return;
-        };
-        if *call != token {
-            return;
-        }
-        let State::Keyless { held, .. } = std::mem::replace(&mut self.state, State::New) else {
-            return;
-        };
-        let (status, body) = call_response(self, body_size);
-        Root::install_key(&self.worker, status, &body);
-        if let Some(hello) = self.begin(&held) {
-            // Into the read buffer Envoy kept for this filter when it paused.
-            self.set_downstream_data(0, 0, &hello);
-            self.resume_downstream();
+        match std::mem::replace(&mut self.state, State::Closed) {
+            State::Keyless { call, held } if call == token => {
+                let (status, body) = call_response(self, body_size);
+                Root::install_identity(&self.worker, status, &body);
+                self.begin(&held);
+            }
+            State::Signing { call, stream } if call == token => {
+                let (status, body) = call_response(self, body_size);
+                self.signed(stream, status, &body);
+            }
+            other => self.state = other,
         }
     }
 }
@@ -134,29 +168,32 @@ impl StreamContext for Seal {
         let data = self.get_downstream_data(0, size).unwrap_or_default();
         match std::mem::replace(&mut self.state, State::Closed) {
             State::New if self.worker.borrow().identity.is_none() => {
-                // Just started: fetch the key for this connection, hold its bytes.
-                let call = call_agent_for_key(self, &self.worker.borrow().config);
+                // Just started: fetch the identity for this connection, hold its bytes.
+                let call = call_agent_for_identity(self, &self.worker.borrow().config);
                 self.set_downstream_data(0, size, &[]);
                 match call {
                     Some(call) => self.state = State::Keyless { call, held: data },
-                    None => self.close("no_identity", "the workload's key cannot be fetched"),
+                    None => self.close("no_identity", "the workload's identity cannot be fetched"),
                 }
                 Action::Pause
             }
             State::New => {
-                let hello = self.begin(&data).unwrap_or_default();
-                self.set_downstream_data(0, size, &hello);
-                // Paused, Envoy keeps the read buffer for this filter; resuming
-                // (after this call) hands message 1 to tcp_proxy.
-                if !hello.is_empty() {
-                    self.resume_downstream();
-                }
+                // Paused, Envoy keeps the read buffer for this filter; once the agent
+                // signed message 1, resuming hands it to tcp_proxy.
+                self.set_downstream_data(0, size, &[]);
+                self.begin(&data);
                 Action::Pause
             }
             State::Keyless { call, mut held } => {
                 held.extend_from_slice(&data);
                 self.set_downstream_data(0, size, &[]);
                 self.state = State::Keyless { call, held };
+                Action::Pause
+            }
+            State::Signing { call, mut stream } => {
+                let _ = stream.from_app(&data);
+                self.set_downstream_data(0, size, &[]);
+                self.state = State::Signing { call, stream };
                 Action::Pause
             }
             State::Handshaking(mut stream) => {
@@ -198,7 +235,7 @@ impl StreamContext for Seal {
         let data = self.get_upstream_data(0, size).unwrap_or_default();
         let mut stream = match std::mem::replace(&mut self.state, State::Closed) {
             State::Handshaking(stream) | State::Open(stream) => stream,
-            State::New | State::Keyless { .. } | State::Closed => {
+            State::New | State::Keyless { .. } | State::Signing { .. } | State::Closed => {
                 self.set_upstream_data(0, size, &[]);
                 self.close("out_of_turn", "the peer spoke first");
                 return Action::Continue;
