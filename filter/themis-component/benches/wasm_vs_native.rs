@@ -22,28 +22,30 @@
 //! of Wasm and not of a different cipher. `native_aes256gcm` (the native default on
 //! x86_64) is there for the deployment comparison: what a native agent would use.
 //!
-//! The component is the release build for `wasm32-wasip2` (built by `tests/common`,
+//! The component is the release build for `wasm32-wasip2` (built by themis-testkit,
 //! once per process, into `$CARGO_TARGET_DIR`) under a default `wasmtime::Engine`
 //! (Cranelift); compilation and instantiation happen before any measurement.
-
-#[path = "../tests/common/mod.rs"]
-mod common;
-#[path = "../tests/embed/mod.rs"]
-mod embed;
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use ring::rand::SystemRandom;
 use themis_core::handshake::{self, Initiator};
-use themis_core::{HandshakeConfig, Identity, PeerId, Session, Suite};
+use themis_core::{HandshakeConfig, HelloGuard, Identity, PeerId, Session, Suite};
 use wasmtime::component::ResourceAny;
 use wasmtime::Store;
 
-use embed::{component_identity, instantiate, native, Host, Themis};
+use themis_testkit::component::{component_identity, instantiate, native, Host, Themis};
 
 /// Payload sizes of the record benchmark: 1 KiB and 64 KiB.
 const SIZES: [(usize, &str); 2] = [(1024, "1KiB"), (64 * 1024, "64KiB")];
+
+/// The wall clock, Unix milliseconds (message 1's timestamp).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
 
 /// Native configuration with one suite only.
 fn native_config(suite: Suite) -> HandshakeConfig {
@@ -60,8 +62,10 @@ fn native_handshake(
     config: &HandshakeConfig,
     rng: &SystemRandom,
 ) -> (Session, Session) {
-    let (waiting, hello) = Initiator::start(alice, bob.id(), config, rng).unwrap();
-    let (pending, reply) = handshake::respond(bob, &hello, config, rng).unwrap();
+    let now = now_ms();
+    let (waiting, hello) = Initiator::start(alice, bob.id(), config, now, rng).unwrap();
+    let (pending, reply) =
+        handshake::respond(bob, &hello, config, &mut HelloGuard::default(), now, rng).unwrap();
     let (alice_session, confirm) = waiting.read_hello_reply(&reply).unwrap();
     let bob_session = pending.read_confirm(&confirm).unwrap();
     (alice_session, bob_session)
@@ -158,6 +162,7 @@ fn check(components: &mut Components, rng: &SystemRandom) {
         &alice,
         PeerId(components.bob_id),
         &HandshakeConfig::default(),
+        now_ms(),
         rng,
     )
     .unwrap();

@@ -1,13 +1,13 @@
 //! The component as a tool under the stock `wasmtime` CLI (installed by
 //! `scripts/setup.sh`): the exact `wasmtime run` lines of the README.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::{component_path, themis_path};
 use themis_core::{Identity, MeshName};
+use themis_testkit::agent::themis_binary;
+use themis_testkit::build::component_wasm;
+use themis_testkit::require;
 
 /// `wasmtime run --dir . <component> <args>`, run in `dir`.
 fn wasmtime(dir: &Path, args: &[&str]) -> Output {
@@ -24,7 +24,7 @@ fn wasmtime_with(dir: &Path, options: &[&str], args: &[&str]) -> Output {
         .current_dir(dir)
         .args(["run", "--dir", "."])
         .args(options)
-        .arg(component_path())
+        .arg(component_wasm())
         .args(args)
         .output()
         .unwrap_or_else(|e| {
@@ -41,6 +41,11 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn identities_from_the_wasmtime_cli_work_with_the_native_core() {
+    if !(require::cargo_build("builds the component for wasm32-wasip2")
+        && require::tool("wasmtime", "runs the component"))
+    {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let new = wasmtime(dir.path(), &["id", "new", "--mesh", "demo"]);
     assert!(new.status.success(), "{}", text(&new.stderr));
@@ -111,7 +116,7 @@ fn free_port() -> u16 {
 }
 
 fn themis(socket: &Path, args: &[&str]) -> Output {
-    Command::new(themis_path())
+    Command::new(themis_binary())
         .arg("--socket")
         .arg(socket)
         .args(args)
@@ -150,13 +155,18 @@ fn serve(
 /// service through a real agent and calls it over the Themis channel.
 #[test]
 fn the_wasmtime_tool_resolves_through_an_agent_and_calls_over_themis() {
+    if !(require::cargo_build("builds the component and the themis agent")
+        && require::tool("wasmtime", "runs the component"))
+    {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let resolve = format!("127.0.0.1:{}", free_port());
     let state = dir.path().join("agent");
     // The operator's part: a mesh, this node admitted and granted check and fake.
     let mesh_dir = dir.path().join("mesh");
     let operator = |args: &[&std::ffi::OsStr]| {
-        let out = Command::new(themis_path()).args(args).output().unwrap();
+        let out = Command::new(themis_binary()).args(args).output().unwrap();
         assert!(
             out.status.success(),
             "themis {args:?}: {}",
@@ -195,7 +205,7 @@ fn the_wasmtime_tool_resolves_through_an_agent_and_calls_over_themis() {
         .to_owned();
     let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
     let _agent = AgentProcess(
-        Command::new(themis_path())
+        Command::new(themis_binary())
             .args([
                 "agent",
                 "--mesh",

@@ -6,9 +6,9 @@
 //! echo app with the tool's authenticated id.
 //!
 //! The component is built (release, wasm32-wasip2) with the same nested `cargo build`
-//! as the filter (`support::build`); `wasmtime` is the one `scripts/setup.sh` installs.
+//! as the filter (themis-testkit's `build`); `wasmtime` is the one `scripts/setup.sh` installs.
 
-mod support;
+use themis_testkit as support;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use support::app::seen_header;
 use support::build::release_wasm;
 use support::mesh::{create_workload, random_hex, Mesh, IP_A};
+use support::require;
 
 /// How long one run of the tool may take.
 const TOOL_LIMIT: Duration = Duration::from_secs(60);
@@ -139,6 +140,12 @@ fn agent_answers(addr: SocketAddr) -> bool {
 
 #[test]
 fn the_wasmtime_tool_calls_a_service_through_its_envoy_sidecar_over_http2() {
+    if !(require::filter_in_envoy("runs the sidecar")
+        && require::cargo_build("builds the component")
+        && require::tool("wasmtime", "runs the component"))
+    {
+        return;
+    }
     let component = release_wasm("themis-component", "wasm32-wasip2");
     let mesh = Mesh::standard();
 

@@ -14,7 +14,7 @@
 //! (release, wasm32-wasip1) and the `themis` binary are built by the tests
 //! themselves, into `CARGO_TARGET_DIR`.
 
-mod support;
+use themis_testkit as support;
 
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -29,8 +29,9 @@ use support::mesh::{
 };
 use support::mitm::{self, Mitm, Mode};
 use support::process::{installed, wait_until, Process};
+use support::require;
 
-use support::agent_harness::MESH;
+use support::agent::MESH;
 
 /// The headers the sidecars set: the inbound one from the connection's filter state,
 /// the outbound one from its pick; and the outbound refusal's reason.
@@ -113,6 +114,9 @@ fn varied_body(len: usize) -> Vec<u8> {
 
 #[test]
 fn handler_calls_check_by_name() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
     let mesh = Mesh::standard();
     let body = b"is 7 prime?";
     let r = mesh.call(
@@ -202,6 +206,9 @@ impl KeepAlive {
 /// share its pooled sealed connection, so one key agreement serves them all.
 #[test]
 fn keep_alive_calls_share_one_handshake() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
     let mesh = Mesh::standard();
     let mut client = KeepAlive::connect(mesh.envoy_a.outbound);
     let calls = 50;
@@ -224,6 +231,9 @@ fn keep_alive_calls_share_one_handshake() {
 /// routing headers cannot send the call elsewhere either.
 #[test]
 fn forged_themis_headers_never_reach_the_callee() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
     let mesh = Mesh::standard();
     // Where a forged destination would send the call: it counts connections.
     let trap = std::net::TcpListener::bind((IP_EVIL, 0)).unwrap();
@@ -286,6 +296,12 @@ fn marker_of(alphabet: &[u8], len: usize) -> String {
 
 #[test]
 fn capture_holds_no_plaintext() {
+    if !(require::filter_in_envoy("runs the filter")
+        && require::root("captures packets")
+        && require::tool("tcpdump", "captures packets"))
+    {
+        return;
+    }
     let tcpdump = installed("tcpdump");
     let mesh = Mesh::standard();
     let dir = mesh.dir.path();
@@ -368,6 +384,9 @@ const PLAINTEXT: &[u8] = b"GET /secret HTTP/1.1\r\nhost: check\r\n\r\n";
 
 #[test]
 fn mitm_tampering_is_rejected() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
     let mesh = Mesh::start(None);
     let mitm = Mitm::start(IP_MITM, mesh.envoy_b.inbound);
     mesh.register("check", "check", mitm.addr);
@@ -399,12 +418,26 @@ fn mitm_tampering_is_rejected() {
     // Replay of a whole recorded connection, straight to Envoy B: all at once (the
     // rest arrives before B's reply), or paced like the original (B's fresh reply
     // does not match the recorded confirmation).
+    // A worker that saw the Hello already refuses it at once (`replay`, no crypto);
+    // the other worker answers it once and refuses it later, as named here.
     for (paced, reason) in [(false, "out_of_turn"), (true, "handshake")] {
-        let before = stat_inbound(&mesh.envoy_b, &format!("refused.{reason}"));
+        let either = || {
+            stat_inbound(&mesh.envoy_b, &format!("refused.{reason}"))
+                + stat_inbound(&mesh.envoy_b, "refused.replay")
+        };
+        let before = either();
         let replayed = mitm::replay(mesh.envoy_b.inbound, &recorded[0].to_b, paced);
         let what = format!("replay (paced: {paced})");
         assert!(replayed.closed, "{what}: Envoy B kept the connection open");
-        wait_refused(&mesh, reason, before, &what);
+        let deadline = Instant::now() + COUNT_LIMIT;
+        while either() <= before {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not counted\n{}",
+                mesh.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
         assert_eq!(mesh.app.count(), 2, "{what} reached the app");
     }
 
@@ -452,6 +485,9 @@ fn mitm_tampering_is_rejected() {
 
 #[test]
 fn direct_plaintext_request_is_rejected() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
     let mesh = Mesh::standard();
     let mut h2 = themis_core::stream::HTTP2_PREFACE.to_vec();
     // An empty SETTINGS frame, as a client sends after the preface.
@@ -475,6 +511,9 @@ fn direct_plaintext_request_is_rejected() {
 /// app, and the calling app sees a 503 from its own sidecar.
 #[test]
 fn policy_refuses_a_caller_it_does_not_allow() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
     let mesh = Mesh::start(Some(r#"{"allow":[{"service":"someone-else"}]}"#));
     mesh.register("check", "check", mesh.envoy_b.inbound);
     let r = mesh.call("GET", "check", "/denied", &[], b"");
@@ -509,6 +548,9 @@ fn policy_refuses_a_caller_it_does_not_allow() {
 
 #[test]
 fn bad_configuration_is_rejected() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
     let dir = tempdir();
     let socket = dir.path().join("no-agent.sock");
     let app: SocketAddr = closed_port(IP_B);
@@ -577,6 +619,9 @@ fn bad_configuration_is_rejected() {
 
 #[test]
 fn unknown_service_and_dead_instance() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
     let mesh = Mesh::start(None);
     // A second instance of `check` that never answers, registered before anything
     // resolves `check` (the filter caches resolutions).
@@ -643,15 +688,18 @@ fn unknown_service_and_dead_instance() {
 /// claim to be `handler` does not pass the policy.
 #[test]
 fn an_admitted_node_without_a_grant_cannot_serve_or_claim_a_name() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
     use themis_trust::{Grant, InstanceValue, Metadata, Record, Signed, GRANT_LABEL, RECORD_LABEL};
 
     let mesh = Mesh::start(Some(r#"{"allow":[{"service":"handler"}]}"#));
     mesh.register("check", "check", mesh.envoy_b.inbound);
     let root = mesh.dir.path();
-    let c = support::agent_harness::Agent::spawn(
+    let c = support::agent::Agent::spawn(
         root,
         "agent-c",
-        support::agent_harness::Spawn {
+        support::agent::Spawn {
             listen: &format!("{IP_EVIL}:0"),
             join: Some(&mesh.a.contact),
             ..Default::default()
@@ -689,7 +737,7 @@ fn an_admitted_node_without_a_grant_cannot_serve_or_claim_a_name() {
     let mesh_name = themis_core::MeshName::new(MESH).unwrap();
     let node_pem = std::fs::read_to_string(c.dir.join("node.key")).unwrap();
     let node = themis_core::Identity::from_key_file(mesh_name.clone(), &node_pem).unwrap();
-    support::agent_harness::grant(root, &c.dir, "other");
+    support::agent::grant(root, &c.dir, "other");
     let other_grant = themis_trust::chain_from_pem(
         &std::fs::read_to_string(c.dir.join("grants/other.pem")).unwrap(),
     )
@@ -837,6 +885,9 @@ fn threads_holding_revocations(envoy: &Envoy, vm: &str) -> usize {
 /// of handler's requests any more, and no agent resolves handler.
 #[test]
 fn a_revoked_workload_is_refused_by_the_filter_and_the_agents() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
     let mesh = Mesh::standard();
     // A client connection kept across the revocation: its calls ride the sealed
     // connection established before it.
@@ -906,4 +957,278 @@ fn a_revoked_workload_is_refused_by_the_filter_and_the_agents() {
             "{handler}"
         );
     }
+}
+
+/// A dotted service name (`check.default.svc`, as Kubernetes names a Service) is a
+/// name everywhere: the agent registers it, the outbound filter routes the app's call
+/// to it by its host (it answered 400 when the filter had a name rule of its own), and
+/// the caller learns the service that answered.
+#[test]
+fn a_dotted_service_name_resolves_and_is_called() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
+    let mesh = Mesh::start(None);
+    mesh.register("check.default.svc", "check", mesh.envoy_b.inbound);
+    let r = mesh.call("GET", "check.default.svc:8080", "/dotted", &[], b"");
+    assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
+    assert_eq!(r.json()["path"], "/dotted", "{r}");
+    assert_eq!(
+        r.header(header::PEER_SERVICE),
+        Some("check.default.svc"),
+        "{r}"
+    );
+    assert_eq!(
+        r.header(header::PEER_ID),
+        Some(mesh.check_id.as_str()),
+        "{r}"
+    );
+    assert_eq!(mesh.app.count(), 1);
+}
+
+/// Waits until `envoy`'s inbound counter `refused.<reason>` reaches `at_least`.
+fn wait_refused_at(envoy: &Envoy, reason: &str, at_least: u64, what: &str) {
+    let name = format!("refused.{reason}");
+    let deadline = Instant::now() + COUNT_LIMIT;
+    while stat_inbound(envoy, &name) < at_least {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {name} stayed at {} (wanted {at_least}); refusals: {:?}\n{}",
+            stat_inbound(envoy, &name),
+            refusals(envoy),
+            envoy.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Connects to `target` from `source` (a 127.x address: on one machine every other
+/// client is 127.0.0.1), sends `bytes` and reads until the server closes or goes
+/// quiet. Returns (closed, what the server sent).
+fn send_from(source: &str, target: SocketAddr, bytes: &[u8]) -> (bool, Vec<u8>) {
+    use std::io::Read;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    let mut stream = runtime.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+        let stream = socket.connect(target).await.unwrap();
+        stream.into_std().unwrap()
+    });
+    stream.set_nonblocking(false).unwrap();
+    stream.set_read_timeout(Some(COUNT_LIMIT)).unwrap();
+    let _ = stream.write_all(bytes);
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return (true, answer),
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return (false, answer)
+            }
+            Err(_) => return (true, answer),
+        }
+    }
+}
+
+/// Issue 13: floods of message 1 are refused before any public-key work and counted
+/// by reason. A Hello captured from a real call and replayed to the inbound listener
+/// is refused at once (`refused.replay`) by a worker that saw it (each worker keeps
+/// its own cache: the other worker answers it once, and it fails at message 3 as
+/// before); one replayed after the freshness window is `stale`; a source over its
+/// handshake budget is closed (`refused.rate_limited`) while another source, and the
+/// mesh's own calls, are not; nothing of it reaches the app.
+#[test]
+fn hello_floods_are_refused_cheaply_and_counted_by_reason() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
+    let mesh = Mesh::start(None);
+    let mitm = Mitm::start(IP_MITM, mesh.envoy_b.inbound);
+    mesh.register("check", "check", mitm.addr);
+    let r = mesh.call("GET", "check", "/first", &[], b"");
+    assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
+    let captured_at = Instant::now();
+    mitm.disconnect();
+    let recorded = mitm.connections();
+    let to_b = &recorded[0].to_b;
+    let hello_len = themis_core::wire::frame_len(to_b).unwrap().unwrap();
+    let hello = &to_b[..hello_len];
+    assert_eq!(mesh.app.count(), 1);
+
+    // The captured Hello, replayed again and again from an address of its own.
+    const REPLAYS: u64 = 6;
+    let before = stat_inbound(&mesh.envoy_b, "refused.replay");
+    let mut cheap = 0;
+    for n in 0..REPLAYS {
+        let (closed, answer) = send_from("127.0.0.36", mesh.envoy_b.inbound, hello);
+        if closed && answer.is_empty() {
+            cheap += 1;
+        } else {
+            // The worker that had not seen it: message 2, then it waits for message
+            // 3 that never comes. That worker remembers the Hello now.
+            assert!(!answer.is_empty(), "replay {n}: closed with an answer?");
+        }
+    }
+    assert!(
+        cheap >= REPLAYS - 1,
+        "only {cheap} of {REPLAYS} replays were refused at once\n{}",
+        mesh.logs()
+    );
+    wait_refused_at(&mesh.envoy_b, "replay", before + cheap, "replayed Hellos");
+    assert_eq!(mesh.app.count(), 1, "a replayed Hello reached the app");
+
+    // A sidecar of the same workload with a one-second window and a budget of one
+    // handshake per source and second (per worker): the captured Hello is valid for
+    // it, but stale once a second has passed.
+    let limited = mesh.start_envoy_b(
+        "envoy-b-limited",
+        // (The policy slot of the test config: null, then the flood settings.)
+        Some(r#"null,"hellos_per_source":{"per_second":1,"burst":1},"hello_window_secs":1"#),
+    );
+    limited.wait_identity();
+    mesh.register("check-limited", "check", limited.inbound);
+    while captured_at.elapsed() < Duration::from_millis(2_500) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (closed, answer) = send_from("127.0.0.37", limited.inbound, hello);
+    assert!(closed && answer.is_empty(), "a stale Hello was answered");
+    wait_refused_at(&limited, "stale", 1, "the stale Hello");
+
+    // One source opens connections as fast as it can (junk bytes: what is admitted is
+    // refused as malformed, the rest before its bytes are looked at).
+    const FLOOD: u64 = 20;
+    for n in 0..FLOOD {
+        let (closed, _) = send_from(IP_EVIL, limited.inbound, PLAINTEXT);
+        assert!(closed, "flood connection {n} was kept open");
+    }
+    let limited_count = stat_inbound(&limited, "refused.rate_limited");
+    assert!(
+        limited_count >= FLOOD / 2,
+        "only {limited_count} of {FLOOD} flood connections were rate limited; refusals: {:?}",
+        refusals(&limited)
+    );
+    wait_refused_at(
+        &limited,
+        "malformed",
+        FLOOD - limited_count,
+        "admitted flood connections",
+    );
+    // Another source is not limited by the first one's flood.
+    let malformed = stat_inbound(&limited, "refused.malformed");
+    let (closed, _) = send_from("127.0.0.38", limited.inbound, PLAINTEXT);
+    assert!(closed);
+    wait_refused_at(&limited, "malformed", malformed + 1, "another source");
+    assert_eq!(
+        stat_inbound(&limited, "refused.rate_limited"),
+        limited_count,
+        "another source was rate limited"
+    );
+
+    // The mesh's own calls go on, to both sidecars; nothing of the flood got through.
+    for (service, n) in [("check-limited", 2), ("check", 3)] {
+        let r = mesh.call("GET", service, "/after", &[], b"");
+        assert_eq!(r.status, 200, "{service}: {r}\n{}", limited.log_tail(30));
+        assert_eq!(mesh.app.count(), n);
+    }
+}
+
+/// Issue 13, "under load": fresh, validly signed Hellos (each from a new key pair:
+/// every key pair is a valid id) spread over several sources, each far under its own
+/// `hellos_per_source` bucket, find the worker's handshake budget spent and are
+/// closed before any key work (`refused.busy`), while the caller that holds a pooled
+/// connection keeps getting its answers over it, with no new handshake. The budget
+/// is tiny here: 1 handshake a second and 10 at once per worker, 90 % of it reserved
+/// for known-good sources, so new sources share one handshake per worker and one
+/// more every 10 s.
+#[test]
+fn a_flood_of_fresh_hellos_from_many_sources_is_refused_busy_and_pooled_callers_keep_going() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
+    let mesh = Mesh::start(None);
+    let budgeted = mesh.start_envoy_b(
+        "envoy-b-budget",
+        // (The policy slot of the test config: null, then the budget.)
+        Some(
+            r#"null,"handshake_budget":{"per_second":1,"burst":10},"known_good_share_percent":90"#,
+        ),
+    );
+    budgeted.wait_identity();
+    mesh.register("check-budget", "check", budgeted.inbound);
+    let mut caller = KeepAlive::connect(mesh.envoy_a.outbound);
+    let r = caller.post("check-budget", "/before", b"before").unwrap();
+    assert_eq!(r.status, 200, "{r}\n{}", budgeted.log_tail(30));
+    let established = stat_inbound(&budgeted, "established");
+    assert_eq!(established, 1);
+
+    // The flood: each connection sends one fresh Hello and goes away.
+    let (mesh_name, check) = themis_core::PeerId::parse(&mesh.check_id).unwrap();
+    let mesh_name = themis_core::MeshName::new(mesh_name.as_str()).unwrap();
+    let rng = ring::rand::SystemRandom::new();
+    const SOURCES: u64 = 8;
+    const FLOOD: u64 = SOURCES * 5;
+    for n in 0..FLOOD {
+        let stranger = themis_core::Identity::generate(mesh_name.clone(), &rng).unwrap();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let (_, hello) = themis_core::handshake::Initiator::start(
+            &stranger,
+            check,
+            &themis_core::HandshakeConfig::default(),
+            now_ms,
+            &rng,
+        )
+        .unwrap();
+        let source = format!("127.0.0.{}", 40 + n % SOURCES);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            use tokio::io::AsyncWriteExt;
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+            let mut stream = socket.connect(budgeted.inbound).await.unwrap();
+            stream.write_all(&hello).await.unwrap();
+        });
+    }
+    // At most one handshake per worker, plus one per 10 s, was answered.
+    wait_refused_at(&budgeted, "busy", FLOOD / 2, "fresh Hellos over the budget");
+    assert_eq!(
+        stat_inbound(&budgeted, "refused.rate_limited"),
+        0,
+        "each source was under its own bucket; refusals: {:?}",
+        refusals(&budgeted)
+    );
+
+    // The pooled caller goes on over its connection: no handshake, no refusal.
+    for n in 0..5 {
+        let body = format!("after {n}");
+        let r = caller
+            .post("check-budget", &format!("/after/{n}"), body.as_bytes())
+            .unwrap_or_else(|e| panic!("call {n}: {e}\n{}", budgeted.log_tail(30)));
+        assert_eq!(r.status, 200, "call {n}: {r}\n{}", budgeted.log_tail(30));
+        assert_eq!(r.json()["body"], body.as_str(), "{r}");
+    }
+    assert_eq!(
+        stat_inbound(&budgeted, "established"),
+        established,
+        "the calls needed a new handshake"
+    );
+    assert_eq!(
+        mesh.app.count(),
+        6,
+        "only the caller's calls reached the app"
+    );
 }

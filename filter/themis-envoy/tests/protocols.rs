@@ -17,7 +17,7 @@
 //! redis and the `.venv`'s grpcio and websockets. Numbers go to stderr
 //! (`--nocapture` shows them).
 
-mod support;
+use themis_testkit as support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -34,6 +34,7 @@ use support::mesh::{random_hex, IP_B};
 use support::pair::{
     memory_allocated, one_request_per_sealed_connection, rss, Capture, Nodes, Proxy, MIB,
 };
+use support::require;
 
 /// The second instance's address in the canary case.
 const IP_B2: &str = "127.0.0.33";
@@ -59,6 +60,12 @@ fn logs(proxies: &[&Proxy]) -> String {
 
 #[test]
 fn grpc_unary_streams_and_trailers() {
+    if !(require::filter_in_envoy("runs the filter")
+        && require::root("captures packets")
+        && require::tool("tcpdump", "captures packets"))
+    {
+        return;
+    }
     let _serial = serial();
     let nodes = Nodes::start();
     let dir = nodes.path();
@@ -160,6 +167,12 @@ fn grpc_unary_streams_and_trailers() {
 
 #[test]
 fn websocket_echo() {
+    if !(require::filter_in_envoy("runs the filter")
+        && require::root("captures packets")
+        && require::tool("tcpdump", "captures packets"))
+    {
+        return;
+    }
     let _serial = serial();
     let nodes = Nodes::start();
     let dir = nodes.path();
@@ -221,6 +234,12 @@ fn websocket_echo() {
 
 #[test]
 fn upload_256_mib_streams_in_flat_memory() {
+    if !(require::filter_in_envoy("runs the filter")
+        && require::root("captures packets")
+        && require::tool("tcpdump", "captures packets"))
+    {
+        return;
+    }
     const TOTAL: u64 = 256 * MIB;
     /// How far above its start either Envoy's allocated memory may go meanwhile.
     const BOUND: u64 = 64 * MIB;
@@ -321,6 +340,14 @@ fn upload_256_mib_streams_in_flat_memory() {
 
 #[test]
 fn redis_over_a_tcp_tunnel() {
+    if !(require::filter_in_envoy("runs the filter")
+        && require::root("captures packets")
+        && require::tool("tcpdump", "captures packets")
+        && require::tool("redis-server", "the app")
+        && require::tool("redis-cli", "the client"))
+    {
+        return;
+    }
     let _serial = serial();
     let nodes = Nodes::start();
     let dir = nodes.path();
@@ -393,6 +420,12 @@ fn redis_over_a_tcp_tunnel() {
 
 #[test]
 fn canary_gets_its_share() {
+    if !(require::filter_in_envoy("runs the filter")
+        && require::root("captures packets")
+        && require::tool("tcpdump", "captures packets"))
+    {
+        return;
+    }
     const CALLS: u32 = 1000;
     const WEIGHT: u32 = 20;
     let _serial = serial();
@@ -557,7 +590,19 @@ fn memory_over_many_connections(churn: Churn) {
         true => nodes.envoy_a_edited(None, &[], one_request_per_sealed_connection),
         false => nodes.envoy_a(None, &[]),
     };
-    let envoy_b = nodes.envoy_b_serving("check", app.addr, AppProtocol::Http1);
+    let envoy_b = match churn.sealed_each {
+        // A handshake per request, all from one address: far above the per-source
+        // and per-worker handshake limits a real peer (pooling its connections)
+        // meets, so they are lifted here.
+        true => nodes.envoy_b_serving_edited("check", app.addr, AppProtocol::Http1, |yaml| {
+            assert!(yaml.contains(r#""role":"inbound","#), "the inbound config moved");
+            yaml.replace(
+                r#""role":"inbound","#,
+                r#""role":"inbound","hellos_per_source":{"per_second":100000,"burst":100000},"handshake_budget":{"per_second":100000,"burst":100000},"#,
+            )
+        }),
+        false => nodes.envoy_b_serving("check", app.addr, AppProtocol::Http1),
+    };
     let path = format!("/PATHMARK{}", random_hex(8));
     let threads = 4;
     let label = if churn.sealed_each {
@@ -658,6 +703,12 @@ fn memory_over_many_connections(churn: Churn) {
 /// connections to Envoy B (one per worker), so this churns Envoy A's downstream side.
 #[test]
 fn memory_stays_flat_over_many_short_connections() {
+    if !(require::filter_in_envoy("runs the filter")
+        && require::root("captures packets")
+        && require::tool("tcpdump", "captures packets"))
+    {
+        return;
+    }
     memory_over_many_connections(Churn {
         target: 100_000,
         budget: Duration::from_secs(240),
@@ -671,6 +722,12 @@ fn memory_stays_flat_over_many_short_connections() {
 /// of 87,909 in 240 s also stayed within 0.3 MiB).
 #[test]
 fn memory_stays_flat_over_many_sealed_connections() {
+    if !(require::filter_in_envoy("runs the filter")
+        && require::root("captures packets")
+        && require::tool("tcpdump", "captures packets"))
+    {
+        return;
+    }
     memory_over_many_connections(Churn {
         target: 30_000,
         budget: Duration::from_secs(150),
@@ -684,6 +741,12 @@ fn memory_stays_flat_over_many_sealed_connections() {
 /// a client that has sent nothing yet.
 #[test]
 fn a_server_that_speaks_first_is_heard() {
+    if !(require::filter_in_envoy("runs the filter")
+        && require::root("captures packets")
+        && require::tool("tcpdump", "captures packets"))
+    {
+        return;
+    }
     use std::io::{BufRead, BufReader, Write};
     use std::net::{TcpListener, TcpStream};
 

@@ -1,12 +1,11 @@
 //! The component embedded with the `wasmtime` crate through its WIT interface, shared
-//! by the interoperability tests (`tests/host.rs`) and the Wasm-against-native
-//! benchmark (`benches/wasm_vs_native.rs`). The including crate must also have the
-//! `common` module (`tests/common/mod.rs`) at its root.
+//! by themis-component's interoperability tests (`tests/host.rs`) and its
+//! Wasm-against-native benchmark (`benches/wasm_vs_native.rs`). Feature `component`.
 //!
 //! The host bindings are generated from `wit/themis.wit` at compile time and the guest's
 //! from the same file; instantiation type-checks the built component against the WIT.
-
-#![allow(dead_code)]
+//! The component is built by [`crate::build::component_wasm`] (which needs
+//! [`crate::require::cargo_build`]).
 
 use ring::rand::SystemRandom;
 use themis_core::{Identity, MeshName};
@@ -14,9 +13,9 @@ use wasmtime::component::{Component, Linker, ResourceAny, ResourceTable};
 use wasmtime::{Engine, Store};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use crate::common::component_path;
+use crate::build::component_wasm;
 
-wasmtime::component::bindgen!({ path: "../../wit", world: "themis" });
+wasmtime::component::bindgen!({ path: "../wit", world: "themis" });
 
 /// The host's state: WASI (the component takes its randomness from `wasi:random`).
 pub struct Host {
@@ -37,7 +36,7 @@ impl WasiView for Host {
 /// a default `Engine` and instantiates it in a new store.
 pub fn instantiate() -> (Store<Host>, Themis, Engine, Component) {
     let engine = Engine::default();
-    let component = Component::from_file(&engine, component_path()).unwrap();
+    let component = Component::from_file(&engine, component_wasm()).unwrap();
     let mut linker = Linker::new(&engine);
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker).unwrap();
     let host = Host {

@@ -4,24 +4,23 @@
 //! `scripts/render-sidecar` makes (TCP listeners, canary splits), and packet captures
 //! of what travels between the sidecars.
 //!
-//! A [`Proxy`] is a [`super::envoy::Envoy`] started on a rendered configuration the
+//! A [`Proxy`] is a [`crate::envoy::Envoy`] started on a rendered configuration the
 //! test may have extended, whose outbound port can be fixed in advance (a TCP
 //! listener's tunnel cluster must name it).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::agent_harness::Agent;
-use super::envoy::{
+use crate::agent::Agent;
+pub use crate::capture::{Capture, Captured};
+use crate::envoy::{
     inbound_config, mesh_root, outbound_config, render, stats_of, AppProtocol, Envoy, Sidecar,
 };
-use super::mesh::{closed_port, create_workload, tempdir, two_agents, IP_A, IP_B};
-use super::process::{installed, Process};
+use crate::mesh::{closed_port, create_workload, tempdir, two_agents, IP_A, IP_B};
 
 /// How long the DHT gets to make a registration resolvable.
 const RESOLVE_LIMIT: Duration = Duration::from_secs(30);
@@ -340,8 +339,7 @@ impl Nodes {
         app_protocol: AppProtocol,
         metadata: Option<Value>,
     ) -> (Proxy, String) {
-        let id = create_workload(&self.b, workload_name);
-        let proxy = self.sidecar(&Spec {
+        let spec = Spec {
             name,
             ip,
             agent: &self.b,
@@ -351,10 +349,49 @@ impl Nodes {
             app_protocol,
             canary: None,
             tcp: &[],
-        });
+        };
+        self.envoy_b_from(&spec, metadata, |yaml| yaml.to_owned())
+    }
+
+    /// [`Nodes::envoy_b_serving`], its configuration changed by `edit` first.
+    pub fn envoy_b_serving_edited(
+        &self,
+        service: &str,
+        app: SocketAddr,
+        app_protocol: AppProtocol,
+        edit: impl Fn(&str) -> String,
+    ) -> Proxy {
+        let spec = Spec {
+            name: "envoy-b",
+            ip: IP_B,
+            agent: &self.b,
+            workload: service,
+            service,
+            app,
+            app_protocol,
+            canary: None,
+            tcp: &[],
+        };
+        self.envoy_b_from(&spec, None, edit).0
+    }
+
+    fn envoy_b_from(
+        &self,
+        spec: &Spec<'_>,
+        metadata: Option<Value>,
+        edit: impl Fn(&str) -> String,
+    ) -> (Proxy, String) {
+        let id = create_workload(&self.b, spec.workload);
+        let proxy = self.sidecar_edited(spec, edit);
         proxy.wait_identity();
-        register(&self.b, service, workload_name, proxy.inbound, metadata);
-        self.wait_resolves(&self.a, service, &[proxy.inbound]);
+        register(
+            &self.b,
+            spec.service,
+            spec.workload,
+            proxy.inbound,
+            metadata,
+        );
+        self.wait_resolves(&self.a, spec.service, &[proxy.inbound]);
         (proxy, id)
     }
 
@@ -423,132 +460,4 @@ pub fn register(
         .call(hyper::Method::PUT, &path, Some(&body))
         .expect("the agent answers");
     assert_eq!(status, 200, "{}: register {service}: {answer}", agent.name);
-}
-
-/// A tcpdump on `lo` of the TCP traffic of some ports, written to a file.
-pub struct Capture {
-    pub path: PathBuf,
-    process: Process,
-}
-
-impl Capture {
-    /// Starts capturing (and waits until tcpdump listens).
-    pub fn start(dir: &Path, name: &str, ports: &[u16]) -> Capture {
-        let tcpdump = installed("tcpdump");
-        let path = dir.join(format!("{name}.pcap"));
-        let filter = ports
-            .iter()
-            .map(|p| format!("tcp port {p}"))
-            .collect::<Vec<_>>()
-            .join(" or ");
-        let mut command = Command::new(tcpdump);
-        // -B: a 64 MiB kernel buffer, so a fast stream is captured without drops.
-        command
-            .args([
-                "-i",
-                "lo",
-                "-U",
-                "--immediate-mode",
-                "-n",
-                "-s",
-                "0",
-                "-B",
-                "65536",
-                "-w",
-            ])
-            .arg(&path)
-            .arg(filter);
-        let mut process = Process::spawn(name, command, &dir.join(format!("{name}.log")));
-        process.wait_running(&format!("{name} to listen"), Duration::from_secs(15), |p| {
-            p.log().contains("listening on").then_some(())
-        });
-        Capture { path, process }
-    }
-
-    /// Stops tcpdump (it writes out what it holds); returns what it captured and how
-    /// many packets the kernel dropped.
-    pub fn finish(mut self) -> Captured {
-        // Packets written with -U, but give the last ones a moment to arrive.
-        std::thread::sleep(Duration::from_millis(300));
-        let status = self.process.stop().expect("tcpdump ran");
-        let log = self.process.log();
-        assert!(
-            status.success() || status.code().is_none(),
-            "tcpdump: {status}: {log}"
-        );
-        let number_before = |what: &str| -> u64 {
-            log.lines()
-                .find(|l| l.contains(what))
-                .and_then(|l| l.split_whitespace().next())
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0)
-        };
-        Captured {
-            bytes: std::fs::metadata(&self.path).map_or(0, |m| m.len()),
-            packets: number_before("packets captured"),
-            dropped: number_before("packets dropped by kernel"),
-            path: self.path,
-        }
-    }
-}
-
-/// A finished capture.
-pub struct Captured {
-    pub path: PathBuf,
-    pub bytes: u64,
-    pub packets: u64,
-    pub dropped: u64,
-}
-
-impl Captured {
-    /// How many packets hold `marker` as it is (grep -c: lines of the binary file,
-    /// 0 exactly when it is nowhere).
-    pub fn count(&self, marker: &str) -> usize {
-        let out = Command::new("grep")
-            .args(["-c", "-a", "-F", "-e", marker])
-            .arg(&self.path)
-            .env("LC_ALL", "C")
-            .output()
-            .expect("running grep");
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .unwrap_or(0)
-    }
-
-    /// Asserts the capture holds real traffic (at least `min_bytes`, nothing dropped)
-    /// and none of the markers.
-    pub fn assert_sealed(&self, min_bytes: u64, markers: &[&str]) {
-        assert!(
-            self.bytes >= min_bytes,
-            "the capture {} holds {} bytes ({} packets), less than the {min_bytes} that travelled",
-            self.path.display(),
-            self.bytes,
-            self.packets
-        );
-        assert_eq!(
-            self.dropped, 0,
-            "tcpdump dropped packets: the capture proves nothing"
-        );
-        for marker in markers {
-            assert_eq!(
-                self.count(marker),
-                0,
-                "{marker} is readable on the wire between the Envoys ({})",
-                self.path.display()
-            );
-        }
-    }
-
-    /// Asserts the markers are readable (the positive control: the app's side of
-    /// the sidecar carries plaintext, and the capture method sees it).
-    pub fn assert_plain(&self, markers: &[&str]) {
-        for marker in markers {
-            assert!(
-                self.count(marker) > 0,
-                "{marker} is not in the app-side capture {}: the capture method is broken",
-                self.path.display()
-            );
-        }
-    }
 }

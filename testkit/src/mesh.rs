@@ -1,4 +1,4 @@
-//! The topology of the tests: node A runs `handler` (agent A, Envoy A), node B runs
+//! The topology of themis-envoy's end-to-end tests: node A runs `handler` (agent A, Envoy A), node B runs
 //! `check` (agent B, Envoy B, the echo app). Each test builds its own, on loopback
 //! addresses no other suite uses, with kernel-chosen ports; everything stops when it
 //! drops (Envoys first, then the app, then the agents, then the directory goes).
@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::agent_harness::{Agent, Spawn};
-use super::app::App;
-use super::envoy::{inbound_config, mesh_root, outbound_config, AppProtocol, Envoy, Sidecar};
-use super::http::{self, Response};
+use crate::agent::{Agent, Spawn};
+use crate::app::App;
+use crate::envoy::{inbound_config, mesh_root, outbound_config, AppProtocol, Envoy, Sidecar};
+use crate::http::{self, Response};
 
 /// Node A's address.
 pub const IP_A: &str = "127.0.0.31";
@@ -35,13 +35,7 @@ pub fn tempdir() -> tempfile::TempDir {
         .unwrap()
 }
 
-/// A port on `ip` nothing listens on (bound, then released).
-pub fn closed_port(ip: &str) -> SocketAddr {
-    std::net::TcpListener::bind((ip, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
+pub use crate::ports::closed_port;
 
 /// Random hex, for markers nobody else could produce.
 pub fn random_hex(bytes: usize) -> String {

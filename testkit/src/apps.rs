@@ -1,5 +1,5 @@
-//! The real-protocol apps of `tests/protocols.rs` and their clients: gRPC and
-//! WebSocket (Python scripts under `tests/apps/`, run by the `.venv` that
+//! The real-protocol apps of themis-envoy's `tests/protocols.rs` and their clients:
+//! gRPC and WebSocket (Python scripts in this crate's `apps/`, run by the `.venv` that
 //! `scripts/setup.sh` fills), an upload sink that counts and hashes what it receives,
 //! and Debian's redis.
 
@@ -16,21 +16,21 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use serde_json::{json, Value};
 
-use super::app::Http1Server;
-use super::build::venv_binary;
-use super::http;
-use super::process::{installed, Process};
+use crate::app::Http1Server;
+use crate::build::venv_binary;
+use crate::http;
+use crate::process::{installed, Process};
 
 /// How long a client script may run.
 const CLIENT_LIMIT: Duration = Duration::from_secs(90);
 
-/// `python3 -u tests/apps/<name>`, by the `.venv`'s Python (it has grpcio and
+/// `python3 -u testkit/apps/<name>`, by the `.venv`'s Python (it has grpcio and
 /// websockets); unbuffered, so the log shows what the script said as it says it.
 fn python_script(name: &str) -> Command {
     let mut command = Command::new(venv_binary("python3"));
     command.arg("-u").arg(
         Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/apps")
+            .join("apps")
             .join(name),
     );
     command
@@ -89,7 +89,7 @@ pub fn run_client(dir: &Path, name: &str, script_name: &str, args: &[&str]) -> V
 pub struct Sink {
     pub addr: SocketAddr,
     /// Serves until the sink drops.
-    server: Http1Server,
+    _server: Http1Server,
 }
 
 impl Sink {
@@ -97,7 +97,7 @@ impl Sink {
         let server = Http1Server::start(ip, sink);
         Sink {
             addr: server.addr,
-            server,
+            _server: server,
         }
     }
 }
@@ -210,7 +210,7 @@ pub struct Redis {
 
 impl Redis {
     pub fn start(dir: &Path, ip: &str) -> Redis {
-        let addr = super::mesh::closed_port(ip);
+        let addr = crate::ports::closed_port(ip);
         let data = dir.join("redis");
         std::fs::create_dir_all(&data).unwrap();
         let mut command = Command::new(installed("redis-server"));

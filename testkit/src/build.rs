@@ -1,12 +1,15 @@
 //! Builds what the tests run, once per test process, into `CARGO_TARGET_DIR`: the
-//! filter (release, wasm32-wasip1) and the `themis` agent and tool.
+//! filter (release, wasm32-wasip1), the component (release, wasm32-wasip2) and the
+//! `themis` agent and tool. Tests that build start with
+//! [`require::cargo_build`](crate::require::cargo_build).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+/// The workspace's root directory.
 pub fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// Cargo's target directory; a relative `CARGO_TARGET_DIR` is taken from the
@@ -78,7 +81,14 @@ pub fn filter_wasm() -> &'static Path {
     PATH.get_or_init(|| release_wasm("themis-envoy", "wasm32-wasip1"))
 }
 
-/// The `themis` binary (agent and tool), built once.
+/// The component (release, wasm32-wasip2), built once.
+pub fn component_wasm() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| release_wasm("themis-component", "wasm32-wasip2"))
+}
+
+/// The `themis` binary (agent and tool), built once (for the tests of other crates
+/// than themis-agent: see [`crate::agent::themis_binary`]).
 pub fn themis_binary() -> &'static str {
     static PATH: OnceLock<String> = OnceLock::new();
     PATH.get_or_init(|| {

@@ -68,7 +68,7 @@ pub struct App {
     pub addr: SocketAddr,
     count: Arc<AtomicUsize>,
     /// Serves until the app drops.
-    server: Http1Server,
+    _server: Http1Server,
 }
 
 impl App {
@@ -83,7 +83,7 @@ impl App {
         App {
             addr: server.addr,
             count,
-            server,
+            _server: server,
         }
     }
 

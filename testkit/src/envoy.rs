@@ -10,9 +10,9 @@ use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use super::build::{filter_wasm, venv_binary, workspace};
-use super::http;
-use super::process::{wait_until, Process};
+use crate::build::{filter_wasm, venv_binary, workspace};
+use crate::http;
+use crate::process::{wait_until, Process};
 
 /// How long Envoy gets to become ready (the filter is compiled by V8 per worker).
 const READY_LIMIT: Duration = Duration::from_secs(60);

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use themis_core::wire::{frame_len, peek_kind, Kind, RECORD_HEADER_LEN};
 
-use super::process::wait_until;
+use crate::process::wait_until;
 
 /// How long [`replay`] waits for an answer or for the close.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(10);

@@ -1,37 +1,37 @@
 //! Pods for capture tests on the real kernel: a cgroup v2 tree `<root>/pod/{app,proxy}`
-//! plus `<root>/outside`, a bpffs pin directory, and small Python programs placed in
-//! those cgroups (optionally in a network namespace). Everything is removed on drop.
-//! Shared by themis-capture's and themis-agent's tests (`#[path]`).
-#![allow(dead_code)]
+//! plus `<root>/outside` ([`crate::cgroup::Tree`]), a bpffs pin directory, and small
+//! Python programs placed in those cgroups (optionally in a network namespace of
+//! [`crate::netns`]). Everything is removed on drop. Needs root.
 
 use std::{
     io::{BufRead, BufReader},
     path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::{Child, ChildStdout, Command, Stdio},
 };
+
+use crate::cgroup::{ensure_bpffs, Tree};
 
 pub struct Pod {
     pub root: PathBuf,
     pub pins: PathBuf,
     children: Vec<Child>,
+    /// Removed after the children are stopped (fields drop after `drop`).
+    _tree: Tree,
 }
 
 impl Pod {
     pub fn new(name: &str) -> Pod {
         ensure_bpffs();
-        let mount = cgroup2_mount();
-        let root = mount.join(format!("themis-test-{name}-{}", std::process::id()));
-        for dir in ["pod/app", "pod/proxy", "outside"] {
-            std::fs::create_dir_all(root.join(dir)).unwrap();
-        }
+        let tree = Tree::new(name, &["pod/app", "pod/proxy", "outside"]);
         let pins = PathBuf::from(format!(
             "/sys/fs/bpf/themis-test-{name}-{}",
             std::process::id()
         ));
         Pod {
-            root,
+            root: tree.root.clone(),
             pins,
             children: Vec::new(),
+            _tree: tree,
         }
     }
 
@@ -68,6 +68,25 @@ impl Pod {
         line.trim().to_string()
     }
 
+    /// Starts a Python program in `cgroup` inside network namespace `netns` and gives
+    /// its output line by line (it is stopped with the pod).
+    pub fn start_in(&mut self, netns: &str, cgroup: &str, code: &str) -> Lines {
+        let procs = self.cgroup(cgroup).join("cgroup.procs");
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "echo $$ > {} && exec ip netns exec {netns} python3 -u -c \"$0\"",
+                procs.display()
+            ))
+            .arg(code)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = Lines(BufReader::new(child.stdout.take().unwrap()));
+        self.children.push(child);
+        lines
+    }
+
     /// Starts a long-running process (e.g. Envoy) in `cgroup`.
     pub fn spawn(&mut self, cgroup: &str, program: &str, args: &[&str], log: &std::path::Path) {
         let procs = self.cgroup(cgroup).join("cgroup.procs");
@@ -95,34 +114,18 @@ impl Drop for Pod {
             let _ = child.wait();
         }
         let _ = std::fs::remove_dir_all(&self.pins);
-        for dir in ["pod/app", "pod/proxy", "pod", "outside", ""] {
-            let _ = std::fs::remove_dir(self.root.join(dir));
-        }
     }
 }
 
-pub fn cgroup2_mount() -> PathBuf {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
-    mounts
-        .lines()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(f[1]))
-        })
-        .expect("cgroup v2 is mounted")
-}
+/// A started program's output.
+pub struct Lines(BufReader<ChildStdout>);
 
-fn ensure_bpffs() {
-    let mounted = Command::new("mountpoint")
-        .args(["-q", "/sys/fs/bpf"])
-        .status()
-        .unwrap();
-    if !mounted.success() {
-        let status = Command::new("mount")
-            .args(["-t", "bpf", "bpf", "/sys/fs/bpf"])
-            .status()
-            .unwrap();
-        assert!(status.success(), "cannot mount bpffs");
+impl Lines {
+    /// The next line (empty once the program has exited).
+    pub fn next_line(&mut self) -> String {
+        let mut line = String::new();
+        self.0.read_line(&mut line).unwrap();
+        line.trim().to_string()
     }
 }
 
