@@ -9,8 +9,8 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use ring::rand::SystemRandom;
 use themis_core::stream::{Meta, StreamInitiator, StreamResponder, HTTP2_PREFACE};
-use themis_core::HandshakeConfig;
-use themis_fuzz::peers;
+use themis_core::{HandshakeConfig, HelloGuard};
+use themis_fuzz::{peers, NOW_MS};
 
 #[derive(Arbitrary, Debug)]
 struct Input {
@@ -27,10 +27,11 @@ fuzz_target!(|input: Input| {
     let peers = peers();
 
     let mut responder = StreamResponder::new(HTTP2_PREFACE);
+    let mut guard = HelloGuard::default();
     let mut to_app = Vec::new();
     let mut refused = false;
     for (i, piece) in input.to_responder.iter().enumerate() {
-        match responder.from_peer(piece, &peers.responder, &config, &rng) {
+        match responder.from_peer(piece, &peers.responder, &config, &mut guard, NOW_MS, &rng) {
             Ok(out) => {
                 assert!(!refused, "accepted bytes after a refusal");
                 assert!(out.to_peer.is_empty());
@@ -50,6 +51,7 @@ fuzz_target!(|input: Input| {
         peers.responder.id(),
         Meta::default(),
         &config,
+        NOW_MS,
         &rng,
     )
     .expect("a handshake starts");

@@ -81,12 +81,15 @@ impl Settings {
     }
 }
 
+/// The clock of every handshake here (Unix ms): fixed, so runs reproduce.
+pub const NOW_MS: u64 = 1_700_000_000_000;
+
 /// The initiator's message 1 to the responder, always the same for one `config`, and
 /// the state that waits for the answer.
 pub fn start(config: &HandshakeConfig) -> (AwaitingHelloReply, Vec<u8>) {
     let peers = peers();
     with_rng(&[&[0x11; 32], &[0x12; 32]], |rng| {
-        Initiator::start(&peers.initiator, peers.responder.id(), config, rng)
+        Initiator::start(&peers.initiator, peers.responder.id(), config, NOW_MS, rng)
     })
     .expect("the fixed initiator starts")
 }
@@ -97,7 +100,8 @@ pub fn respond(
     config: &HandshakeConfig,
 ) -> Result<(AwaitingConfirm, Vec<u8>), HandshakeError> {
     with_rng(&[&[0x21; 32], &[0x22; 32]], |rng| {
-        handshake::respond(&peers().responder, hello, config, rng)
+        let mut guard = themis_core::HelloGuard::default();
+        handshake::respond(&peers().responder, hello, config, &mut guard, NOW_MS, rng)
     })
 }
 
