@@ -2,7 +2,14 @@
 
 use ring::rand::SecureRandom;
 use themis_core::handshake::{respond, Initiator};
-use themis_core::{HandshakeConfig, Identity, MeshName, Session, Suite};
+use themis_core::{HandshakeConfig, HelloGuard, Identity, MeshName, Session, Suite};
+
+/// The wall clock, Unix milliseconds (message 1's timestamp and its check).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
 
 /// The mesh every benchmark identity lives in.
 pub const MESH: &str = "bench";
@@ -51,12 +58,16 @@ impl Peers {
     }
 
     /// One full handshake, both sides in memory: `Initiator::start` → `respond` →
-    /// `read_hello_reply` → `read_confirm`.
+    /// `read_hello_reply` → `read_confirm` (the responder's freshness check and replay
+    /// cache included, with a fresh cache).
     pub fn handshake(&self, config: &HandshakeConfig, rng: &dyn SecureRandom) -> Completed {
+        let now = now_ms();
         let (awaiting_reply, hello) =
-            Initiator::start(&self.initiator, self.responder.id(), config, rng).expect("start");
+            Initiator::start(&self.initiator, self.responder.id(), config, now, rng)
+                .expect("start");
+        let mut guard = HelloGuard::default();
         let (awaiting_confirm, reply) =
-            respond(&self.responder, &hello, config, rng).expect("respond");
+            respond(&self.responder, &hello, config, &mut guard, now, rng).expect("respond");
         let (initiator, confirm) = awaiting_reply
             .read_hello_reply(&reply)
             .expect("hello reply");
