@@ -171,7 +171,8 @@ start_agent() { # N [JOIN]
     spawn "n$n agent" "$(ns "$n")" - "$work/n$n/agent.log" \
         "$themis" agent --state-dir "$work/n$n" --listen "$(ip_of "$n"):7000" \
         --metrics 127.0.0.1:9464 --stabilise-ms 250 ${2:+--join "$2"} \
-        --capture --bpf-pin-dir "$(pin_dir "$n")" "${fast_path[@]}"
+        --capture --bpf-pin-dir "$(pin_dir "$n")" "${fast_path[@]}" \
+        --operator-cgroup "$CGROUP_FS/$name/operator"
     retry_while "$last_pid" 100 on "$n" status || fail "node $n's agent did not start"
 }
 joined() { on "$1" --json status | json 'v["joined"]' | grep -q True; }
@@ -364,6 +365,31 @@ bypass_refused() {
     echo "    while the mesh path above answered 200"
 }
 
+# The node's trust boundary: the agent asks the kernel who calls (SO_PEERCRED and the
+# caller's cgroup). The pods run as root, as many do; root in a pod is not the operator.
+pod_asks_agent() {
+    local n=2 app code path
+    app=$(pod_of "$n" client)/app
+    section "a pod on node 2 calls its node's agent directly (root inside pod client, same socket the sidecar uses)"
+    for call in "GET /v1/workloads/client/identity" "GET /v1/workloads/client/key" \
+        "GET /v1/workloads/check/identity" "PUT /v1/services/check/instances/evil" "POST /v1/debug/store"; do
+        path=${call#* }
+        code=$(in_pod "$(ns "$n")" "$app" curl -s -m 5 -o "$work/pod-call.json" -w '%{http_code}' \
+            --unix-socket "$work/n$n/agent.sock" -X "${call%% *}" -H 'content-type: application/json' \
+            -d '{"endpoint":"10.0.0.2:1","name":"check","value":"x"}' "http://agent$path") || true
+        case "$call:$code" in
+            *client/identity:200) echo "    $call -> 200: its own workload's public identity (the pod's cgroup is the workload's)" ;;
+            *client/identity:*) fail "pod client was refused its own identity ($code): $(cat "$work/pod-call.json")" ;;
+            *client/key:403) echo "    $call -> 403 $(json 'v["reason"]' < "$work/pod-call.json"): the private key never leaves the agent, which signs the sidecar's handshakes" ;;
+            *:403) echo "    $call -> 403 $(json 'v["reason"]' < "$work/pod-call.json")" ;;
+            *) fail "$call from a pod answered $code: $(cat "$work/pod-call.json")" ;;
+        esac
+    done
+    echo "    counted by node 2's agent:"
+    on_node "$(ns "$n")" curl -s 127.0.0.1:9464/metrics | grep '^themis_api_refused_total' | sed 's/^/      /'
+    echo "    (each refusal is also in node 2's agent log, with the caller's pid, uid and cgroup)"
+}
+
 report_counters() {
     local n
     section "the capture's counters (themis capture)"
@@ -522,6 +548,7 @@ run_demo() {
     policy_denied
     impostor_refused
     bypass_refused
+    pod_asks_agent
     report_counters
     if ((keep)); then keep_mesh; else section "done"; fi
 }
