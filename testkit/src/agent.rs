@@ -554,7 +554,25 @@ impl Metered {
     /// Starts an agent (`FAST` timers, then `more`) with metrics on a free port, and
     /// waits until it is in a ring.
     pub fn spawn(root: &Path, name: &str, join: Option<&str>, more: &[&str]) -> Metered {
-        let (extra, metrics) = metered(more);
+        Metered::spawn_setting(root, name, join, &[], more)
+    }
+
+    /// [`Metered::spawn`], with the `FAST` flags named in `set` given new values.
+    pub fn spawn_setting(
+        root: &Path,
+        name: &str,
+        join: Option<&str>,
+        set: &[(&str, &str)],
+        more: &[&str],
+    ) -> Metered {
+        let (mut extra, metrics) = metered(more);
+        for (flag, value) in set {
+            let at = extra
+                .iter()
+                .position(|a| a == flag)
+                .unwrap_or_else(|| panic!("{flag} is not one of the FAST flags"));
+            extra[at + 1] = (*value).to_owned();
+        }
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
         let agent = Agent::spawn(
             root,

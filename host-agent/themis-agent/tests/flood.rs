@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{free_port, metered, sample, workdir, Agent, Metered, Spawn};
+use common::{free_port, sample, workdir, Agent, Metered, Spawn};
 use serde_json::Value;
 use themis_core::wire::{Kind, RecordHeader, MAX_RECORD_PAYLOAD};
 use themis_core::PROTOCOL_VERSION;
@@ -24,26 +24,7 @@ const CONNECTIONS: &str = "themis_connections";
 
 /// A metered agent with `FAST` timers whose flags in `set` get new values, then `more`.
 fn spawn(root: &std::path::Path, name: &str, set: &[(&str, &str)], more: &[&str]) -> Metered {
-    let (mut args, metrics) = metered(more);
-    for (flag, value) in set {
-        let at = args.iter().position(|a| a == flag).unwrap();
-        args[at + 1] = (*value).to_owned();
-    }
-    let extra: Vec<&str> = args.iter().map(String::as_str).collect();
-    let agent = Agent::spawn(
-        root,
-        name,
-        Spawn {
-            extra: &extra,
-            ..Spawn::default()
-        },
-    );
-    agent.wait_joined();
-    Metered {
-        agent,
-        metrics,
-        root: root.to_owned(),
-    }
+    Metered::spawn_setting(root, name, None, set, more)
 }
 
 fn agent_limited(a: &Metered, reason: &str) -> u64 {

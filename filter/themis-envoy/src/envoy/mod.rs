@@ -331,12 +331,22 @@ impl RootContext for Root {
 
 /// A GET to the local agent's API; `None` (logged) if Envoy refuses the call.
 fn call_agent(ctx: &dyn Context, config: &Config, path: &str) -> Option<u32> {
-    let headers = vec![
-        (":method", "GET"),
-        (":path", path),
-        (":authority", "themis-agent"),
-    ];
-    match ctx.dispatch_http_call(&config.agent_cluster, headers, None, vec![], config.timeout) {
+    call_agent_with(ctx, config, path, None)
+}
+
+/// A call to the local agent's API: a GET, or with a JSON body a POST.
+fn call_agent_with(
+    ctx: &dyn Context,
+    config: &Config,
+    path: &str,
+    json: Option<&[u8]>,
+) -> Option<u32> {
+    let mut headers = vec![(":path", path), (":authority", "themis-agent")];
+    match json {
+        Some(_) => headers.extend([(":method", "POST"), ("content-type", "application/json")]),
+        None => headers.push((":method", "GET")),
+    }
+    match ctx.dispatch_http_call(&config.agent_cluster, headers, json, vec![], config.timeout) {
         Ok(token) => Some(token),
         Err(status) => {
             warn!(
@@ -363,12 +373,6 @@ fn call_agent_for_identity(ctx: &dyn Context, config: &Config) -> Option<u32> {
 /// if Envoy refuses the call.
 fn call_agent_to_sign(ctx: &dyn Context, config: &Config, to_sign: &ToSign) -> Option<u32> {
     let path = themis_contracts::paths::workload_sign(&config.workload);
-    let headers = vec![
-        (":method", "POST"),
-        (":path", path.as_str()),
-        (":authority", "themis-agent"),
-        ("content-type", "application/json"),
-    ];
     let kind = match to_sign.kind {
         Kind::Hello => "hello",
         _ => "hello_reply",
@@ -379,23 +383,7 @@ fn call_agent_to_sign(ctx: &dyn Context, config: &Config, to_sign: &ToSign) -> O
         hello_hash: to_sign.hello_hash.map(hex::encode),
     })
     .expect("serialises");
-    let call = ctx.dispatch_http_call(
-        &config.agent_cluster,
-        headers,
-        Some(body.as_bytes()),
-        vec![],
-        config.timeout,
-    );
-    match call {
-        Ok(token) => Some(token),
-        Err(status) => {
-            warn!(
-                "themis: cannot call the agent cluster {}: {status:?}",
-                config.agent_cluster
-            );
-            None
-        }
-    }
+    call_agent_with(ctx, config, &path, Some(body.as_bytes()))
 }
 
 /// The signature in the agent's answer to [`call_agent_to_sign`], or the reason to
