@@ -169,9 +169,10 @@ def http_messages(stream):
         stream = rest[length:]
 
 
-# themis_core::wire: version 1, then the kind (1 Hello, 2 HelloReply, 3 Confirm,
-# 4 Record). A record's header is 30 bytes: version, kind, session id (8), sequence
+# themis_core::wire: the version (PROTOCOL_VERSION, 2), then the kind (1 Hello,
+# 2 HelloReply, 3 Confirm, 4 Record). A record's header is 30 bytes: version, kind, session id (8), sequence
 # number (8), reply-to (8), payload length (u32 LE); a 16-byte tag follows the payload.
+VERSION = 2
 KINDS = {1: "hello", 2: "hello-reply", 3: "confirm", 4: "record"}
 
 
@@ -180,7 +181,7 @@ def themis_frames(stream):
     (kind, length): handshake messages are sized by what follows them (a record or the
     end), records by their header."""
     frames, at = [], 0
-    while at + 2 <= len(stream) and stream[at] == 1 and stream[at + 1] in KINDS:
+    while at + 2 <= len(stream) and stream[at] == VERSION and stream[at + 1] in KINDS:
         kind = KINDS[stream[at + 1]]
         if kind == "record":
             if at + 30 > len(stream):
@@ -188,7 +189,7 @@ def themis_frames(stream):
             length = 30 + struct.unpack_from("<I", stream, at + 26)[0] + 16
         else:
             # Up to the next message: a Confirm after a Hello, else the first record.
-            starts = [i for i in (stream.find(bytes([1, k]), at + 2) for k in (3, 4)) if i > 0]
+            starts = [i for i in (stream.find(bytes([VERSION, k]), at + 2) for k in (3, 4)) if i > 0]
             length = (min(starts) if starts else len(stream)) - at
         frames.append((kind, length))
         at += length
