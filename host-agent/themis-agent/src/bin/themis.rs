@@ -170,7 +170,9 @@ struct CaptureArgs {
     /// The proxy's IPv6 outbound listener; without it IPv6 connects are not captured.
     #[arg(long, value_name = "[IP]:PORT", requires = "cgroup")]
     outbound6: Option<SocketAddrV6>,
-    /// An app port that accepts TCP only via the local proxy (repeatable).
+    /// An app port: it takes TCP only via the local proxy, and no UDP from the network;
+    /// the pod also stops taking ICMP other than errors, fragments and other protocols
+    /// (docs/CAPTURE.md) (repeatable).
     #[arg(long = "inbound-port", value_name = "PORT", requires = "cgroup")]
     inbound_ports: Vec<u16>,
     /// A destination port never captured (repeatable).
