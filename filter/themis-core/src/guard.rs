@@ -282,7 +282,9 @@ impl SourceLimiter {
                         .milli_tokens
                         .saturating_add(elapsed.saturating_mul(u64::from(self.rate.per_second)))
                         .min(full),
-                    refilled_ms: b.refilled_ms.max(now_ms),
+                    // A clock that steps back mints nothing and re-anchors here (else
+                    // no bucket would refill until it caught up again).
+                    refilled_ms: now_ms,
                 }
             }
             None => {
@@ -407,8 +409,9 @@ impl Share {
             .micro
             .saturating_add(elapsed.saturating_mul(self.per_ms))
             .min(self.full);
-        // A clock that goes back does not mint tokens.
-        self.refilled_ms = self.refilled_ms.max(now_ms);
+        // A clock that steps back mints nothing and re-anchors here (else the budget
+        // would stay empty until it caught up again).
+        self.refilled_ms = now_ms;
         let allowed = self.micro >= MICRO;
         if allowed {
             self.micro -= MICRO;

@@ -418,6 +418,10 @@ pub enum SigningError {
     /// with none.
     #[error("a HelloReply needs the hash of the Hello it answers, and a Hello takes none")]
     HelloHash,
+    /// A Hello whose timestamp is outside the signer's freshness window: a signer
+    /// signs no Hello for later (a compromised sidecar could stock them).
+    #[error("the Hello's timestamp is outside the signer's freshness window")]
+    Stale,
 }
 
 impl SigningError {
@@ -428,6 +432,7 @@ impl SigningError {
             SigningError::Malformed { .. } => "malformed",
             SigningError::NotMine => "not_mine",
             SigningError::HelloHash => "hello_hash",
+            SigningError::Stale => "stale",
         }
     }
 }
@@ -488,6 +493,25 @@ pub fn signing_digest(signer: &PublicIdentity, request: &ToSign) -> Result<[u8; 
 /// whole job (the node agent signing for a workload's sidecar).
 pub fn sign_message(me: &Identity, request: &ToSign) -> Result<[u8; 64], SigningError> {
     Ok(me.sign(&signing_digest(me.public(), request)?))
+}
+
+/// [`sign_message`] for a signer with a clock (the node agent): a Hello is signed only
+/// if its timestamp is within `window_ms` of `now_ms`, so no Hello signed today is
+/// good tomorrow — a compromised sidecar cannot stock signed Hellos that outlive it
+/// (HelloReplies are bound to the fresh Hello they answer).
+pub fn sign_message_at(
+    me: &Identity,
+    request: &ToSign,
+    now_ms: u64,
+    window_ms: u64,
+) -> Result<[u8; 64], SigningError> {
+    if request.kind == Kind::Hello {
+        let body: HelloBody<'_> = decode_body(&request.body, Kind::Hello)?;
+        if body.timestamp_ms.abs_diff(now_ms) > window_ms {
+            return Err(SigningError::Stale);
+        }
+    }
+    sign_message(me, request)
 }
 
 /// Message 1 made but not yet signed ([`Initiator::start_unsigned`]).

@@ -156,7 +156,9 @@ impl From<BindError> for ApiError {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "local_storage", e)
             }
             BindError::BadCgroup(_) => ApiError::bad_request(e),
-            BindError::OutsideOwner { .. } | BindError::OtherUid { .. } => {
+            BindError::OutsideOwner { .. }
+            | BindError::OtherUid { .. }
+            | BindError::OutsidePod { .. } => {
                 ApiError::new(StatusCode::FORBIDDEN, "outside_owner", e)
             }
         }
@@ -426,6 +428,11 @@ async fn register(
     // than none.
     let capture = match &body.capture {
         Some(spec) => {
+            // A bound workload's capture must stay in its pod, whatever the agent
+            // runs; an unbound one's is checked as a pod's where capture runs.
+            if r.owners().get(&workload).is_none() {
+                r.require_capture()?;
+            }
             let unbound = r.owners().check_capture(&workload, spec)?;
             let attached = r.attach_capture(&workload, spec)?;
             // The capture checked the cgroup; the pod now owns the workload.

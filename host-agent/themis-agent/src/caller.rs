@@ -110,19 +110,21 @@ impl Need {
     /// The need of a route (its pattern as registered with the router).
     pub fn of(method: &axum::http::Method, route: &str) -> Need {
         use axum::http::Method;
-        match (method, route) {
-            (
-                &Method::GET,
-                "/v1/status"
-                | "/v1/ring"
-                | "/v1/services/{service}"
-                | "/v1/services/{service}/explain"
-                | "/v1/revocations",
-            ) => Need::Anyone,
-            // The private key itself never leaves the agent but to the operator: a
-            // proxy gets its public identity and asks for signatures.
-            (&Method::GET, "/v1/workloads/{workload}/key") => Need::Operator,
-            (_, route) if route.starts_with("/v1/workloads/{workload}/") => Need::Owner,
+        // axum answers HEAD with the GET handler.
+        let read = method == Method::GET || method == Method::HEAD;
+        match route {
+            "/v1/status"
+            | "/v1/ring"
+            | "/v1/services/{service}"
+            | "/v1/services/{service}/explain"
+            | "/v1/revocations"
+                if read =>
+            {
+                Need::Anyone
+            }
+            "/v1/workloads/{workload}/identity" if read => Need::Owner,
+            "/v1/workloads/{workload}/sign" if method == Method::POST => Need::Owner,
+            // Everything else, the private key and any route added later included.
             _ => Need::Operator,
         }
     }
@@ -227,6 +229,19 @@ pub enum BindError {
         /// The offending path.
         path: String,
     },
+    /// A first capture whose cgroup is not a pod's: the cgroup root or not below it,
+    /// or an exempt proxy cgroup outside it.
+    #[error(
+        "capture for {workload}: {cgroup} is not a cgroup v2 directory below the root {root} \
+         (a pod's), or the proxy cgroup is not inside it",
+        root = cgroup_root().display()
+    )]
+    OutsidePod {
+        /// The workload.
+        workload: WorkloadName,
+        /// The capture's cgroup.
+        cgroup: String,
+    },
     /// A capture's proxy uid that is not the owner's.
     #[error("capture for {workload}: proxy uid {given} is not the owner's uid {owner}")]
     OtherUid {
@@ -293,8 +308,21 @@ impl Owners {
         spec: &CaptureSpec,
     ) -> Result<Option<Owner>, BindError> {
         let Some(owner) = self.get(workload) else {
+            // The pod's cgroup becomes the owner: a real cgroup below the root, and
+            // the exempt proxy inside it (an exemption holds for a whole subtree).
+            let pod = &spec.cgroup;
+            let proxy_inside = spec
+                .proxy_cgroup
+                .as_ref()
+                .is_none_or(|p| check_cgroup(p).is_ok() && p.starts_with(pod) && p != pod);
+            if check_cgroup(pod).is_err() || pod == cgroup_root() || !proxy_inside {
+                return Err(BindError::OutsidePod {
+                    workload: workload.clone(),
+                    cgroup: pod.display().to_string(),
+                });
+            }
             return Ok(Some(Owner {
-                cgroup: spec.cgroup.display().to_string(),
+                cgroup: pod.display().to_string(),
                 uid: spec.proxy_uid,
             }));
         };
@@ -417,6 +445,20 @@ mod tests {
         );
         // Anything not listed (a route added later) is the operator's.
         assert_eq!(Need::of(&Method::GET, "/v1/new-thing"), Need::Operator);
+        assert_eq!(
+            Need::of(&Method::GET, "/v1/workloads/{workload}/new-thing"),
+            Need::Operator
+        );
+        assert_eq!(
+            Need::of(&Method::PUT, "/v1/workloads/{workload}/identity"),
+            Need::Operator
+        );
+        // HEAD is GET.
+        assert_eq!(Need::of(&Method::HEAD, "/v1/status"), Need::Anyone);
+        assert_eq!(
+            Need::of(&Method::HEAD, "/v1/workloads/{workload}/key"),
+            Need::Operator
+        );
     }
 
     #[test]
@@ -551,6 +593,22 @@ mod tests {
                 ..
             })
         ));
+        // A first capture binds only a pod: not the root, not an exempt cgroup
+        // outside it (an exemption covers a whole subtree, another pod's too).
+        let fresh = WorkloadName::new("fresh").unwrap();
+        let mut root = spec.clone();
+        root.cgroup = cgroup_root().to_path_buf();
+        root.proxy_cgroup = None;
+        let mut wide = spec.clone();
+        wide.proxy_cgroup = Some(pods.clone());
+        let mut elsewhere = spec.clone();
+        elsewhere.cgroup = "/tmp/x".into();
+        for bad in [root, wide, elsewhere] {
+            assert!(matches!(
+                owners.check_capture(&fresh, &bad),
+                Err(BindError::OutsidePod { .. })
+            ));
+        }
         let mut climb = spec.clone();
         climb.cgroup = pods.join("check/../handler");
         assert!(owners.check_capture(&w, &climb).is_err());

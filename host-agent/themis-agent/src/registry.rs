@@ -237,6 +237,11 @@ impl Registry {
             .unwrap_or_else(|poisoned| poisoned.into_inner()))
     }
 
+    /// Fails with [`RegistryError::CaptureDisabled`] when the agent runs without it.
+    pub fn require_capture(&self) -> Result<(), RegistryError> {
+        self.capture().map(drop)
+    }
+
     /// Attaches capture to a workload's cgroup (again, with a new spec, if attached).
     pub fn attach_capture(
         &self,

@@ -141,9 +141,18 @@ pub fn parse(request: &SignRequest) -> Result<ToSign, SignError> {
     })
 }
 
-/// Signs `request` as `identity` if it is a handshake message of `identity`'s own.
+/// Signs `request` as `identity` if it is a handshake message of `identity`'s own
+/// and, for a Hello, fresh by this clock.
 pub fn sign(identity: &Identity, request: &SignRequest) -> Result<[u8; 64], SignError> {
-    Ok(handshake::sign_message(identity, &parse(request)?)?)
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    Ok(handshake::sign_message_at(
+        identity,
+        &parse(request)?,
+        now_ms,
+        themis_core::guard::DEFAULT_HELLO_WINDOW_MS,
+    )?)
 }
 
 /// The workload's identity and the signature for `request`: what

@@ -86,6 +86,20 @@ fn the_agent_signs_its_workloads_handshake_messages_and_nothing_else() {
     )
     .is_ok());
 
+    // No Hello for later (or from long ago): a compromised sidecar cannot stock signed
+    // Hellos that outlive it.
+    for skew in [-3_600_000i64, 3_600_000] {
+        let at = now_ms().saturating_add_signed(skew);
+        let pending = Initiator::start_unsigned(&me, peer.id(), &config, at, &rng).unwrap();
+        let request = json!({ "kind": "hello", "body": hex::encode(&pending.to_sign().body) });
+        let (code, answer) = sign(&agent, "check", &request);
+        assert_eq!(
+            (code, answer["reason"].as_str()),
+            (422, Some("stale")),
+            "{answer}"
+        );
+    }
+
     // A reply of its own, to a Hello from the peer.
     let (_, peer_hello) = Initiator::start(&peer, me.id(), &config, now_ms(), &rng).unwrap();
     let pending = handshake::respond_unsigned(
