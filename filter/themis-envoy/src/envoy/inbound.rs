@@ -301,10 +301,19 @@ enum Flow {
     Hold,
 }
 
+/// Most plaintext held for the app while the policy is decided: the caller's first
+/// request and HTTP/2's windows fit; a peer that streams on past it is closed.
+const MAX_HELD: usize = 4 << 20;
+
 impl Inbound {
     /// Runs bytes from the peer through the stream and the gate.
     fn feed(&mut self, data: &[u8]) -> Flow {
         if let Gate::Keyless { raw, .. } = &mut self.gate {
+            // Before message 2 an initiator sends message 1 and nothing else.
+            if raw.len() + data.len() > themis_core::wire::MAX_HANDSHAKE_LEN {
+                self.close("overflow", "more than message 1 before message 2");
+                return Flow::Hold;
+            }
             raw.extend_from_slice(data);
             return Flow::Hold;
         }
@@ -410,15 +419,24 @@ impl Inbound {
                 if self.authorize(&established) {
                     Flow::Pass(out.to_app)
                 } else {
-                    self.held.extend_from_slice(&out.to_app);
+                    self.hold(&out.to_app);
                     Flow::Hold
                 }
             }
             Gate::Verifying { .. } => {
-                self.held.extend_from_slice(&out.to_app);
+                self.hold(&out.to_app);
                 Flow::Hold
             }
             Gate::Keyless { .. } | Gate::Signing { .. } | Gate::Closed => Flow::Hold,
+        }
+    }
+
+    /// Holds plaintext for the app until the policy is decided, at most [`MAX_HELD`].
+    fn hold(&mut self, bytes: &[u8]) {
+        if self.held.len() + bytes.len() > MAX_HELD {
+            self.close("overflow", "too much data while the caller is verified");
+        } else {
+            self.held.extend_from_slice(bytes);
         }
     }
 
