@@ -252,11 +252,15 @@ mod tests {
         let mesh = MeshName::new("test").unwrap();
         let me = Identity::generate(mesh.clone(), &rng).unwrap();
         let other = Identity::generate(mesh, &rng).unwrap();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
         let pending = Initiator::start_unsigned(
             me.public(),
             other.id(),
             &HandshakeConfig::default(),
-            1,
+            now_ms,
             &rng,
         )
         .unwrap();
