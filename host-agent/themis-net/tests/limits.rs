@@ -10,31 +10,17 @@ use bytes::BytesMut;
 use ring::rand::SystemRandom;
 use themis_core::handshake::Initiator;
 use themis_core::wire::{Kind, RecordHeader, MAX_RECORD_PAYLOAD};
-use themis_core::{HandshakeConfig, Identity, MeshName, SessionInfo, PROTOCOL_VERSION};
+use themis_core::{HandshakeConfig, SessionInfo, PROTOCOL_VERSION};
 use themis_net::{connect, serve_with, Config, Limits, NetError, NetStats};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::task::JoinHandle;
 
 /// How long a test waits for something that must happen (not a speed requirement).
 const PATIENCE: Duration = Duration::from_secs(20);
 
-fn identity() -> Arc<Identity> {
-    Arc::new(Identity::generate(MeshName::new("net-test").unwrap(), &SystemRandom::new()).unwrap())
-}
+mod common;
 
-struct Server {
-    identity: Arc<Identity>,
-    addr: SocketAddr,
-    stats: Arc<NetStats>,
-    task: JoinHandle<std::io::Result<()>>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
+use common::{identity, Server};
 
 async fn start(config: Config, limits: Limits) -> Server {
     let identity = identity();

@@ -6,28 +6,14 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use ring::rand::SystemRandom;
-use themis_core::{Identity, MeshName, PeerId, SessionInfo};
+use themis_core::{Identity, PeerId, SessionInfo};
 use themis_net::{connect, serve, Client, ClientConfig, Config, NetError, NetStats};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
 
-fn identity() -> Arc<Identity> {
-    Arc::new(Identity::generate(MeshName::new("net-test").unwrap(), &SystemRandom::new()).unwrap())
-}
+mod common;
 
-struct Server {
-    identity: Arc<Identity>,
-    addr: SocketAddr,
-    stats: Arc<NetStats>,
-    task: JoinHandle<std::io::Result<()>>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
+use common::{identity, Server};
 
 /// A server answering "<peer id> asked: <request>", after a delay the request may
 /// name ("sleep N ms"), so that concurrent responses come back out of order.
