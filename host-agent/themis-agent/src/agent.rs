@@ -13,7 +13,7 @@ use themis_dht::{Contact, Key};
 use themis_net::{Client, ClientConfig, NetStats};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{signal, SignalKind};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::{ConfigError, Settings};
 use crate::keystore::{KeyError, KeyStore};
@@ -79,6 +79,7 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
         info!(path = %settings.state_dir.join("node.key").display(), "created the node identity");
     }
     let node = Arc::new(node);
+    raise_file_limit(&settings);
     let metrics = Arc::new(Metrics::new());
     let trust = Arc::new(MeshTrust::load(
         &settings.state_dir,
@@ -158,7 +159,10 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
     let registry = Arc::new(registry.with_operators(operators(&settings)));
     let socket = settings.api_socket();
     let api = bind_unix(&socket)?;
-    let api_task = tokio::spawn(serve_api(api, crate::api::router(registry.clone())));
+    let api_task = tokio::spawn(serve_api(
+        crate::local_socket::AttestedListener::new(api, metrics.clone()),
+        crate::api::router(registry.clone()),
+    ));
     let resolve_task = match settings.resolve_listen {
         Some(addr) => {
             let listener = TcpListener::bind(addr)
@@ -296,8 +300,8 @@ async fn wait_for_shutdown() {
     }
 }
 
-/// The operator as configured; the agent's own uid and cgroup always are one (its
-/// readiness probe runs there, and it reads the key files anyway).
+/// The operator as configured; the agent's own uid and exactly its own cgroup always
+/// are one (its readiness probe runs there, and it reads the key files anyway).
 fn operators(settings: &Settings) -> crate::caller::Operators {
     use std::os::unix::fs::MetadataExt;
     let mut uids = settings.operator_uids.clone();
@@ -307,10 +311,44 @@ fn operators(settings: &Settings) -> crate::caller::Operators {
     let own_cgroup = i32::try_from(std::process::id())
         .ok()
         .and_then(crate::caller::cgroup_of);
+    match &own_cgroup {
+        Some(own) => info!(
+            uids = ?uids,
+            own_cgroup = %own.display(),
+            also = ?settings.operator_cgroups,
+            "the local API's operator: these uids, from exactly the agent's own cgroup or below the listed ones"
+        ),
+        None => warn!(
+            uids = ?uids,
+            also = ?settings.operator_cgroups,
+            "the agent's own cgroup is unknown: only the listed operator cgroups are the operator's"
+        ),
+    }
     crate::caller::Operators {
         uids,
         cgroups: settings.operator_cgroups.clone(),
         own_cgroup,
+    }
+}
+
+/// Raises the soft limit on open files to the hard one, so that the connection caps
+/// (not the process's descriptors) are what bounds the agent, and says so when even
+/// the hard limit is below what the caps allow.
+fn raise_file_limit(settings: &Settings) {
+    let needed = (settings.max_inbound_connections
+        + settings.max_sessions
+        + crate::local_socket::MAX_CONNECTIONS
+        + RESOLVE_LIMITS.max_connections
+        + 256) as u64;
+    match crate::sys::raise_nofile_limit() {
+        Ok((soft, _)) if soft < needed => warn!(
+            open_files = soft,
+            needed,
+            "the open-file limit is below what the connection caps allow: raise the hard \
+             limit (ulimit -Hn, LimitNOFILE=) or lower --max-inbound-connections"
+        ),
+        Ok((soft, _)) => debug!(open_files = soft, "open-file limit"),
+        Err(error) => warn!(%error, "could not read or raise the open-file limit"),
     }
 }
 
@@ -347,7 +385,7 @@ fn bind_unix(path: &Path) -> Result<UnixListener, AgentError> {
     Ok(listener)
 }
 
-async fn serve_api(listener: UnixListener, router: axum::Router) {
+async fn serve_api(listener: crate::local_socket::AttestedListener, router: axum::Router) {
     let app = router.into_make_service_with_connect_info::<crate::caller::Peer>();
     if let Err(error) = axum::serve(listener, app).await {
         warn!(%error, "the local API stopped");

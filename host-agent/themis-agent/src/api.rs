@@ -155,7 +155,7 @@ impl From<BindError> for ApiError {
             BindError::Save { .. } => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "local_storage", e)
             }
-            BindError::BadCgroup(_) => ApiError::bad_request(e),
+            BindError::BadCgroup(_) | BindError::UidRequired => ApiError::bad_request(e),
             BindError::OutsideOwner { .. }
             | BindError::OtherUid { .. }
             | BindError::OutsidePod { .. } => {

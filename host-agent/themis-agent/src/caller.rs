@@ -21,10 +21,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use axum::extract::connect_info::Connected;
-use axum::serve::IncomingStream;
 use themis_capture::CaptureSpec;
-use tokio::net::UnixListener;
 
 use crate::names::WorkloadName;
 
@@ -58,13 +55,44 @@ impl Caller {
             pid,
             uid: cred.uid(),
             gid: cred.gid(),
-            cgroup: pid.and_then(cgroup_of),
+            cgroup: pid.and_then(|pid| peer_cgroup(stream, pid)),
         })
     }
 
     fn is_within(&self, dir: &Path) -> bool {
         self.cgroup.as_deref().is_some_and(|c| c.starts_with(dir))
     }
+}
+
+/// The cgroup of the process that connected `stream` as `pid`, never another's.
+///
+/// `SO_PEERCRED`'s pid is only a number: if the caller exits before its cgroup is
+/// read, another process (the operator's, say) may have been given the same pid, and
+/// `/proc/<pid>/cgroup` would describe that one. So the kernel's pidfd of the peer
+/// (`SO_PEERPIDFD`, fixed at `connect`) is taken first and checked after the read: a
+/// pid still held by that process was not reused meanwhile. A peer that has exited has
+/// no cgroup (the caller is "anyone"). Kernels before 6.5 have no `SO_PEERPIDFD`:
+/// there the cgroup is read by pid alone, as before.
+fn peer_cgroup(stream: &tokio::net::UnixStream, pid: i32) -> Option<PathBuf> {
+    match crate::sys::peer_pidfd(stream) {
+        Ok(pidfd) => {
+            let cgroup = cgroup_of(pid)?;
+            (pidfd_pid(&pidfd) == Some(pid)).then_some(cgroup)
+        }
+        Err(error) if error.raw_os_error() == Some(libc::ENOPROTOOPT) => cgroup_of(pid),
+        Err(_) => None,
+    }
+}
+
+/// The pid a pidfd stands for, from its fdinfo: `-1` (so `None` here) once the process
+/// has exited and its pid is free to be reused.
+fn pidfd_pid(pidfd: &std::os::fd::OwnedFd) -> Option<i32> {
+    use std::os::fd::AsRawFd;
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd())).ok()?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("Pid:"))
+        .and_then(|pid| pid.trim().parse().ok())
+        .filter(|&pid: &i32| pid > 0)
 }
 
 /// The cgroup v2 directory of a process, from its `0::/path` line.
@@ -86,12 +114,6 @@ fn parse_cgroup(root: &Path, text: &str) -> Option<PathBuf> {
 /// the kernel gave no credentials: such a caller is treated as anyone.
 #[derive(Clone, Debug)]
 pub struct Peer(pub Option<Caller>);
-
-impl Connected<IncomingStream<'_, UnixListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, UnixListener>) -> Self {
-        Peer(Caller::of(stream.io()))
-    }
-}
 
 pub use themis_contracts::api::Owner;
 
@@ -160,20 +182,23 @@ impl Refusal {
 pub struct Operators {
     /// Operator uids (default: root).
     pub uids: Vec<u32>,
-    /// Operator cgroups (their subtrees); empty: any.
+    /// Operator cgroups (their subtrees), besides the agent's own. Empty by default:
+    /// then only callers in exactly the agent's own cgroup are the operator.
     pub cgroups: Vec<PathBuf>,
     /// The agent's own cgroup: callers in exactly it are in an operator cgroup too
-    /// (its readiness probe runs there). Not its subtree: the agent may run in the
-    /// root cgroup.
+    /// (its readiness probe and `kubectl exec` into its container run there). Not its
+    /// subtree: the agent may run in the root cgroup, whose subtree is every pod.
+    /// `None` (unreadable): only the listed cgroups.
     pub own_cgroup: Option<PathBuf>,
 }
 
 impl Operators {
-    /// Is `caller` the operator?
+    /// Is `caller` the operator? An operator uid, calling from a listed cgroup's
+    /// subtree or from exactly the agent's own cgroup. Root in a pod is not the
+    /// operator unless the operator listed that pod's cgroup.
     pub fn admit(&self, caller: &Caller) -> bool {
         self.uids.contains(&caller.uid)
-            && (self.cgroups.is_empty()
-                || self.cgroups.iter().any(|c| caller.is_within(c))
+            && (self.cgroups.iter().any(|c| caller.is_within(c))
                 || (caller.cgroup.is_some() && caller.cgroup == self.own_cgroup))
     }
 }
@@ -252,6 +277,12 @@ pub enum BindError {
         /// The uid asked for.
         given: u32,
     },
+    /// An owner with neither a uid nor an explicit `any_uid`.
+    #[error(
+        "an owner needs the proxy's uid (\"uid\": 1337; themis workload --owner-uid), or \
+         \"any_uid\": true (--any-uid) if any process in the cgroup may use the identity"
+    )]
+    UidRequired,
     /// Not a cgroup v2 directory path.
     #[error("an owner cgroup must be an absolute path under the cgroup v2 mount ({root}), without '..': {0}", root = cgroup_root().display())]
     BadCgroup(String),
@@ -272,13 +303,24 @@ pub struct Owners {
 }
 
 impl Owners {
-    /// The owners saved at `path` (none if it does not exist or does not parse: the
-    /// operator binds them again; a workload without owner is only the operator's).
+    /// The owners saved at `path`. None if it does not exist; if it cannot be read or
+    /// does not parse, none either (fail closed: a workload without owner is only the
+    /// operator's, who binds it again), said in the log, and the bad file is kept
+    /// beside as `owners.json.bad` for the operator to look at.
     pub fn load(path: PathBuf) -> Owners {
-        let map = std::fs::read(&path)
-            .ok()
-            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-            .unwrap_or_default();
+        let map = match std::fs::read(&path) {
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(error) => {
+                tracing::error!(path = %path.display(), %error, "cannot read the workloads' owners: every workload is unbound until the operator binds it again");
+                BTreeMap::new()
+            }
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|error| {
+                let bad = path.with_extension("json.bad");
+                let _ = std::fs::rename(&path, &bad);
+                tracing::error!(path = %path.display(), kept = %bad.display(), %error, "the workloads' owners file is corrupt: every workload is unbound until the operator binds it again");
+                BTreeMap::new()
+            }),
+        };
         Owners {
             path,
             map: Mutex::new(map),
@@ -291,11 +333,18 @@ impl Owners {
     }
 
     /// Binds `workload` to `owner` (the operator's call; replaces a previous owner).
+    /// Saved before it takes effect: a binding the disk did not take is not made.
     pub fn bind(&self, workload: &WorkloadName, owner: Owner) -> Result<(), BindError> {
         check_cgroup(Path::new(&owner.cgroup))?;
+        if owner.uid.is_none() && !owner.any_uid {
+            return Err(BindError::UidRequired);
+        }
         let mut map = self.lock();
-        map.insert(workload.clone(), owner);
-        self.save(&map)
+        let mut next = map.clone();
+        next.insert(workload.clone(), owner);
+        self.save(&next)?;
+        *map = next;
+        Ok(())
     }
 
     /// Checks a capture against what the workload owns: its cgroups must lie inside
@@ -321,9 +370,12 @@ impl Owners {
                     cgroup: pod.display().to_string(),
                 });
             }
+            // A capture that exempts its proxy by cgroup alone names no uid: any
+            // process in the pod's proxy cgroup is the proxy, as the capture says.
             return Ok(Some(Owner {
                 cgroup: pod.display().to_string(),
                 uid: spec.proxy_uid,
+                any_uid: spec.proxy_uid.is_none(),
             }));
         };
         let outside = |field: &'static str, path: &Path| BindError::OutsideOwner {
@@ -356,15 +408,27 @@ impl Owners {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Writes the map durably: a temporary file, fsynced, renamed over the old one,
+    /// and the directory fsynced, so a crash leaves the old owners or the new ones.
     fn save(&self, map: &BTreeMap<WorkloadName, Owner>) -> Result<(), BindError> {
+        use std::io::Write;
         let save = |source| BindError::Save {
             path: self.path.display().to_string(),
             source,
         };
         let text = serde_json::to_vec_pretty(map).expect("owners serialise");
         let tmp = self.path.with_extension("json.tmp");
-        std::fs::write(&tmp, text).map_err(save)?;
-        std::fs::rename(&tmp, &self.path).map_err(save)
+        let mut file = std::fs::File::create(&tmp).map_err(save)?;
+        file.write_all(&text)
+            .and_then(|()| file.sync_all())
+            .map_err(save)?;
+        std::fs::rename(&tmp, &self.path).map_err(save)?;
+        if let Some(dir) = self.path.parent() {
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(save)?;
+        }
+        Ok(())
     }
 }
 
@@ -385,6 +449,7 @@ fn check_cgroup(path: &Path) -> Result<(), BindError> {
 mod tests {
     use super::*;
     use axum::http::Method;
+    use tokio::net::UnixListener;
 
     fn caller(uid: u32, cgroup: &str) -> Caller {
         Caller {
@@ -409,6 +474,7 @@ mod tests {
         Owner {
             cgroup: "/sys/fs/cgroup/kubepods/pod-a".into(),
             uid: Some(1337),
+            any_uid: false,
         }
     }
 
@@ -508,13 +574,28 @@ mod tests {
     fn the_operator_is_a_uid_in_an_operator_cgroup() {
         let root_on_host = caller(0, "/sys/fs/cgroup/system.slice/themis-agent.service");
         let root_in_a_pod = caller(0, "/sys/fs/cgroup/kubepods/pod-b/app");
-        let anywhere = access(&[]);
+        let agent_itself = caller(0, "/sys/fs/cgroup/system.slice/themis.service");
+        // The default: the agent's own cgroup only. Root in a pod is not the operator,
+        // nor is root on the host outside the agent's cgroup.
+        let default = access(&[]);
+        for not_operator in [&root_in_a_pod, &root_on_host] {
+            assert_eq!(
+                default.decide(Some(not_operator), Need::Operator, None),
+                Err(Refusal::NotOperator)
+            );
+        }
         assert_eq!(
-            anywhere.decide(Some(&root_in_a_pod), Need::Operator, None),
+            default.decide(Some(&agent_itself), Need::Operator, None),
             Ok(())
         );
+        // An agent whose own cgroup could not be read has no implicit operator cgroup.
+        let mut unknown = access(&[]);
+        unknown.operators.own_cgroup = None;
+        assert_eq!(
+            unknown.decide(Some(&agent_itself), Need::Operator, None),
+            Err(Refusal::NotOperator)
+        );
         let confined = access(&["/sys/fs/cgroup/user.slice"]);
-        let agent_itself = caller(0, "/sys/fs/cgroup/system.slice/themis.service");
         assert_eq!(
             confined.decide(Some(&agent_itself), Need::Operator, None),
             Ok(())
@@ -543,6 +624,69 @@ mod tests {
             confined.decide(Some(&root_on_host), Need::Owner, None),
             Ok(())
         );
+    }
+
+    /// The attack on `SO_PEERCRED` alone: a caller in a pod connects and exits, and its
+    /// pid goes to a new process in the operator's cgroup before the agent reads the
+    /// caller's cgroup. The caller must not be judged by the newcomer's cgroup.
+    /// (The pid is handed over on purpose, through `ns_last_pid`.)
+    #[tokio::test]
+    async fn a_reused_pid_lends_no_cgroup() {
+        use std::process::{Command, Stdio};
+        if !themis_testkit::require::root("moves processes into cgroups, sets ns_last_pid") {
+            return;
+        }
+        let pods = themis_testkit::cgroup::Tree::new("pidfd", &["pod", "operator"]);
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("api.sock");
+        let listener = UnixListener::bind(&socket).unwrap();
+        let in_cgroup = |cgroup: &Path, program: &str| {
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "echo $$ > {}/cgroup.procs && exec {program}",
+                    cgroup.display()
+                ))
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap()
+        };
+        // Other processes on the machine may take the pid first: a few tries.
+        for _ in 0..20 {
+            let connect = format!(
+                "python3 -c 'import socket,sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])' {}",
+                socket.display()
+            );
+            let mut caller = in_cgroup(&pods.cgroup("pod"), &connect);
+            let pid = caller.id() as i32;
+            assert!(caller.wait().unwrap().success());
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).unwrap();
+            let mut newcomer = in_cgroup(&pods.cgroup("operator"), "sleep 30");
+            let reused = newcomer.id() as i32 == pid;
+            if reused {
+                // The newcomer's cgroup is in place once the shell has exec'd.
+                for _ in 0..100 {
+                    if cgroup_of(pid).as_deref() == Some(&*pods.cgroup("operator")) {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+            let (stream, _) = listener.accept().await.unwrap();
+            let judged = Caller::of(&stream).unwrap();
+            newcomer.kill().unwrap();
+            newcomer.wait().unwrap();
+            if !reused {
+                continue;
+            }
+            assert_eq!(judged.pid, Some(pid));
+            assert_eq!(
+                judged.cgroup, None,
+                "an exited caller was judged by the cgroup of the process that got its pid"
+            );
+            return;
+        }
+        panic!("the pid was never handed over (ns_last_pid): the attack did not run");
     }
 
     #[test]
@@ -620,9 +764,48 @@ mod tests {
                 &w,
                 Owner {
                     cgroup: "/etc".into(),
-                    uid: None
+                    uid: None,
+                    any_uid: true,
                 }
             )
             .is_err());
+        // No uid and no explicit "any uid": refused, and nothing changes.
+        let before = owners.get(&w);
+        let no_uid = Owner {
+            cgroup: pods.join("check").display().to_string(),
+            uid: None,
+            any_uid: false,
+        };
+        assert!(matches!(
+            owners.bind(&w, no_uid),
+            Err(BindError::UidRequired)
+        ));
+        assert_eq!(owners.get(&w), before);
+        // A binding the disk does not take is not made.
+        let dir_path = dir.path().to_path_buf();
+        let unsaved = Owners::load(dir_path.join("missing-dir/owners.json"));
+        assert!(unsaved.bind(&w, pod_owner_in(&pods)).is_err());
+        assert_eq!(unsaved.get(&w), None);
+    }
+
+    fn pod_owner_in(pods: &Path) -> Owner {
+        Owner {
+            cgroup: pods.join("check").display().to_string(),
+            uid: Some(1337),
+            any_uid: false,
+        }
+    }
+
+    #[test]
+    fn a_corrupt_owners_file_binds_nothing_and_is_kept_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("owners.json");
+        std::fs::write(&path, b"{ not json").unwrap();
+        let owners = Owners::load(path.clone());
+        assert_eq!(owners.get(&WorkloadName::new("check").unwrap()), None);
+        assert_eq!(
+            std::fs::read(dir.path().join("owners.json.bad")).unwrap(),
+            b"{ not json"
+        );
     }
 }

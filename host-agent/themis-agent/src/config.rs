@@ -86,9 +86,9 @@ pub struct Settings {
     pub fast_path: bool,
     /// The node operator's uids on the local API (kernel-attested); default root.
     pub operator_uids: Vec<u32>,
-    /// The cgroups the operator calls from (their subtrees); empty: any. The agent's
-    /// own cgroup is always one. In Kubernetes, list the host's (`system.slice`) so
-    /// that root in a pod is not the operator.
+    /// The cgroups the operator calls from (their subtrees), besides exactly the
+    /// agent's own cgroup, which is always one. Empty by default: only the agent's own
+    /// cgroup. Never list a cgroup that contains pods.
     pub operator_cgroups: Vec<PathBuf>,
 }
 
@@ -271,9 +271,9 @@ pub struct AgentArgs {
     /// Callers are identified by the kernel (SO_PEERCRED); see docs/AGENT.md.
     #[arg(long = "operator-uid", value_name = "UID")]
     pub operator_uids: Vec<u32>,
-    /// The operator must call from this cgroup v2 directory or below (repeat)
-    /// [default: any]. Set it where pods may run as root, e.g.
-    /// /sys/fs/cgroup/system.slice; the agent's own cgroup is always allowed.
+    /// The operator may also call from this cgroup v2 directory or below (repeat)
+    /// [default: none: only from exactly the agent's own cgroup]. E.g. the host's
+    /// /sys/fs/cgroup/user.slice for an admin's shell; never a cgroup holding pods.
     #[arg(long = "operator-cgroup", value_name = "DIR")]
     pub operator_cgroups: Vec<PathBuf>,
 }

@@ -9,15 +9,18 @@
 //! * [`trust`]: the mesh root, this node's admission and grants, revocations, and the
 //!   checks on every peer frame and stored value.
 //! * [`api`]: the local API; [`client`] calls it; [`caller`]: who calls it (kernel
-//!   credentials) and what they may do.
-//! * [`keystore`]: key files (0600, refused when others can read them).
+//!   credentials) and what they may do; [`local_socket`]: the API's listener (callers
+//!   read once at accept, connections capped per cgroup).
+//! * [`keystore`]: key files (0600, refused when others can read, write or replace
+//!   them); [`sys`]: the system calls std does not wrap.
 //! * [`metrics`]: Prometheus metrics.
 //! * [`operator`]: the mesh operator's offline commands (create, admit, grant, revoke).
 //! * [`agent`]: the daemon that wires them; [`config`]: its settings.
 //!
 //! `docs/AGENT.md` explains the design; the `themis` binary is the tool for people.
 
-#![forbid(unsafe_code)]
+// Only `sys` may use unsafe code (three system calls std does not wrap).
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod agent;
@@ -26,10 +29,12 @@ pub mod caller;
 pub mod client;
 pub mod config;
 pub mod keystore;
+pub mod local_socket;
 pub mod metrics;
 pub mod names;
 pub mod operator;
 pub mod overlay;
 pub mod registry;
 pub mod signing;
+pub mod sys;
 pub mod trust;

@@ -52,6 +52,9 @@ pub enum TrustSetupError {
         /// What to do about it.
         hint: &'static str,
     },
+    /// A trust file another user could have written or replaced.
+    #[error("{0}")]
+    Unsafe(crate::keystore::KeyError),
     /// The mesh root does not parse.
     #[error("mesh root {0}")]
     Root(#[from] themis_trust::RootError),
@@ -73,11 +76,14 @@ pub enum TrustSetupError {
     },
 }
 
+/// Reads a trust file (the mesh root, the admission): like a key, refused if another
+/// user could have put it there (`keystore::read_trusted`).
 fn read(path: &Path, hint: &'static str) -> Result<String, TrustSetupError> {
-    std::fs::read_to_string(path).map_err(|source| TrustSetupError::Read {
-        path: path.to_owned(),
-        source,
-        hint,
+    crate::keystore::read_trusted(path).map_err(|error| match error {
+        crate::keystore::KeyError::Io { path, source } => {
+            TrustSetupError::Read { path, source, hint }
+        }
+        other => TrustSetupError::Unsafe(other),
     })
 }
 

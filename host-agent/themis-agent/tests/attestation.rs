@@ -321,3 +321,170 @@ fn a_workload_bound_to_no_pod_is_only_the_operators() {
         .unwrap();
     assert_eq!(code, 400, "{answer}");
 }
+
+/// With no `--operator-cgroup`, only callers in exactly the agent's own cgroup are the
+/// operator: root in a pod reads no key and binds nothing. Before, the default was
+/// "any cgroup", and this root got every workload's private key.
+#[test]
+fn root_in_a_pod_is_not_the_operator_by_default() {
+    if !attested("creates cgroups and calls as root from a pod") {
+        return;
+    }
+    let work = workdir();
+    let pods = pods("attest-default");
+    let node = Metered::spawn(work.path(), "node", None, &[]);
+    let agent = &node.agent;
+    let socket = agent.dir.join("agent.sock");
+    open_path_to(&socket);
+    // The test runs in the agent's own cgroup: it is the operator.
+    let owner = json!({"owner": {"cgroup": pods.cgroup("pod-a"), "uid": PROXY_UID}});
+    let (code, answer) = agent
+        .call(hyper::Method::PUT, "/v1/workloads/a", Some(&owner))
+        .unwrap();
+    assert_eq!(code, 201, "{answer}");
+    let (code, _) = agent.get("/v1/workloads/a/key").unwrap();
+    assert_eq!(code, 200);
+
+    let root_in_pod = pods.cgroup("pod-b/proxy");
+    for (method, path, body) in [
+        ("GET", "/v1/workloads/a/key", None),
+        ("PUT", "/v1/workloads/b", Some(&owner)),
+        ("GET", "/v1/workloads", None),
+    ] {
+        let (code, answer) = call_as(&socket, &root_in_pod, None, method, path, body);
+        assert_eq!(
+            (code, answer["reason"].as_str()),
+            (403, Some("not_operator")),
+            "{method} {path} by root in a pod: {answer}"
+        );
+        assert!(answer.get("private_key_pem").is_none());
+    }
+
+    // An owner must name the proxy's uid, or say that any uid will do.
+    let no_uid = json!({"owner": {"cgroup": pods.cgroup("pod-b")}});
+    let (code, answer) = agent
+        .call(hyper::Method::PUT, "/v1/workloads/b", Some(&no_uid))
+        .unwrap();
+    assert_eq!(code, 400, "{answer}");
+    assert!(
+        answer["error"].as_str().unwrap().contains("any_uid"),
+        "{answer}"
+    );
+    let pod_b = pods.cgroup("pod-b");
+    let (code, _, err) = agent.cli(&["workload", "b", "--owner-cgroup", pod_b.to_str().unwrap()]);
+    assert_eq!(code, 2, "the tool refuses before calling: {err}");
+    assert!(err.contains("--owner-uid"), "{err}");
+    let (code, out, err) = agent.cli(&[
+        "workload",
+        "b",
+        "--owner-cgroup",
+        pod_b.to_str().unwrap(),
+        "--any-uid",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+}
+
+/// A pod that opens connection after connection to the API socket is held to its
+/// per-cgroup cap (the rest are closed at once and counted), while the operator and
+/// another pod's sidecar are still served. Before, the socket had no cap: a pod could
+/// hold connections until the agent ran out of file descriptors.
+#[test]
+fn a_pod_cannot_hold_every_api_connection() {
+    if !attested("creates cgroups and calls from them")
+        || !require::tool("python3", "holds connections")
+    {
+        return;
+    }
+    const CAP: usize = themis_agent::local_socket::MAX_PER_CGROUP;
+    let opened = CAP + 36;
+    let work = workdir();
+    let pods = pods("attest-cap");
+    let node = Metered::spawn(work.path(), "node", None, &[]);
+    let agent = &node.agent;
+    let socket = agent.dir.join("agent.sock");
+    open_path_to(&socket);
+    let owner = json!({"owner": {"cgroup": pods.cgroup("pod-b"), "uid": PROXY_UID}});
+    let (code, answer) = agent
+        .call(hyper::Method::PUT, "/v1/workloads/b", Some(&owner))
+        .unwrap();
+    assert_eq!(code, 201, "{answer}");
+
+    // The hoarder: opens `opened` connections, waits until the agent has closed the
+    // ones over the cap (or 20 s), prints how many it closed, and holds the rest
+    // until its stdin closes.
+    let script = r#"
+import socket, sys, time
+path, n, expect = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+socks = []
+for _ in range(n):
+    s = socket.socket(socket.AF_UNIX); s.connect(path); s.setblocking(False); socks.append(s)
+def closed():
+    c = 0
+    for s in socks:
+        try:
+            if s.recv(1, socket.MSG_PEEK) == b"": c += 1
+        except BlockingIOError:
+            pass
+    return c
+deadline = time.time() + 20
+while closed() < expect and time.time() < deadline:
+    time.sleep(0.05)
+time.sleep(0.5)
+print(closed(), flush=True)
+sys.stdin.read()
+"#;
+    let mut hoarder = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec python3 -c \"$0\" \"$@\"",
+            pods.cgroup("pod-a/app").display()
+        ))
+        .args([
+            script,
+            socket.to_str().unwrap(),
+            &opened.to_string(),
+            &(opened - CAP).to_string(),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(hoarder.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let closed: usize = line.trim().parse().unwrap();
+
+    // While the hoarder holds its share: the operator and pod-b's sidecar get in.
+    let (code, _) = agent.get("/v1/status").unwrap();
+    assert_eq!(code, 200);
+    let (code, answer) = call_as(
+        &socket,
+        &pods.cgroup("pod-b/proxy"),
+        Some(PROXY_UID),
+        "GET",
+        "/v1/workloads/b/identity",
+        None,
+    );
+    assert_eq!(code, 200, "{answer}");
+    drop(hoarder.stdin.take());
+    hoarder.wait().unwrap();
+
+    assert_eq!(
+        closed,
+        opened - CAP,
+        "connections over the cap are closed at once"
+    );
+    let text = scrape(node.metrics).unwrap();
+    assert_eq!(
+        sample(
+            &text,
+            "themis_api_refused_total",
+            &[("reason", "over_connection_cap")]
+        ),
+        (opened - CAP) as u64,
+        "{text}"
+    );
+}

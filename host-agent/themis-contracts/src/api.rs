@@ -233,14 +233,20 @@ pub struct Workloads {
 
 /// The pod a workload belongs to: callers of the local API in this cgroup v2
 /// directory (or below), with this uid if one is set, are the workload's proxy.
+/// The operator gives the uid, or says explicitly that any uid in the cgroup will do
+/// (`any_uid`): the agent binds no owner with neither.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Owner {
     /// A cgroup v2 directory, e.g. `/sys/fs/cgroup/kubepods.slice/…/pod<uid>`.
     pub cgroup: String,
-    /// The proxy's uid (Istio: 1337), if it must match too.
+    /// The proxy's uid (Istio: 1337): callers must run as it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<u32>,
+    /// No uid: any process in the cgroup is the proxy (a platform that gives the
+    /// proxy no uid of its own). Must be said; never the default.
+    #[serde(default, skip_serializing_if = "core::ops::Not::not")]
+    pub any_uid: bool,
 }
 
 /// `PUT /v1/workloads/{workload}` body (optional): binds the workload to its pod.

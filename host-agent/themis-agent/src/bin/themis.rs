@@ -104,6 +104,10 @@ enum Command {
         /// With --owner-cgroup: the caller must also run as this uid (Istio's sidecar: 1337).
         #[arg(long, value_name = "UID", requires = "owner_cgroup")]
         owner_uid: Option<u32>,
+        /// With --owner-cgroup and no --owner-uid: any uid in the cgroup may use the
+        /// identity. Only where the platform gives the proxy no uid of its own.
+        #[arg(long, requires = "owner_cgroup", conflicts_with = "owner_uid")]
+        any_uid: bool,
     },
     /// Register a local workload as an instance of a service.
     Register {
@@ -407,10 +411,19 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
             name,
             owner_cgroup,
             owner_uid,
+            any_uid,
         } => {
+            if owner_cgroup.is_some() && owner_uid.is_none() && !any_uid {
+                return Err(
+                    "--owner-cgroup needs --owner-uid UID (the proxy's uid, e.g. Istio's \
+                     1337), or --any-uid if any process in that cgroup may use the identity"
+                        .into(),
+                );
+            }
             let owner = owner_cgroup.map(|cgroup| contract::Owner {
                 cgroup: cgroup.display().to_string(),
                 uid: owner_uid,
+                any_uid,
             });
             let body = owner.map(|owner| {
                 serde_json::to_value(contract::CreateWorkload { owner: Some(owner) })
