@@ -120,6 +120,7 @@ set_up_machine() {
     section "set-up (scripts/setup.sh --quick: installs what is missing, says ok for the rest)"
     scripts/setup.sh --quick
     export PATH="$HOME/.cargo/bin:$PATH"
+    export THEMIS_EBPF=required # the capture needs its eBPF programs built
     mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
 }
 

@@ -21,6 +21,7 @@ section() { printf '\n'; step "[$(((SECONDS - started) / 60)):$(printf %02d $(((
 section "set-up, as with Debian 12's Go 1.19 (the tests need no Go)"
 scripts/without-go.sh --old-go scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
+export THEMIS_EBPF=required   # the eBPF programs are built, never left out (host-agent/themis-capture/build.rs)
 FUZZ_SECONDS=${FUZZ_SECONDS:-15}
 
 section "formatting and lints"

@@ -2,11 +2,76 @@
 //! bpf-linker (both from scripts/setup.sh), and leaves the object in OUT_DIR for
 //! `include_bytes!`. The nightly build goes to one shared directory next to the
 //! target's profiles, so debug, release and clippy builds reuse it.
+//!
+//! As in aya-template, a build without the eBPF toolchain still compiles (so that a
+//! `cargo check` of the agent, the test kit or the fuzz crate needs no nightly):
+//!
+//! | `THEMIS_EBPF` | what happens |
+//! |---|---|
+//! | unset (default) | built if the nightly and bpf-linker are installed; otherwise no programs (a cargo warning says so) and `Capture::start` refuses with the reason |
+//! | `required` | built, or the build fails with what is missing (`scripts/test.sh` and `scripts/demo.sh` set it: the real build is never optional there) |
+//! | `skip` | no programs, without trying |
+//!
+//! `THEMIS_EBPF_OBJECT=<path>` uses a prebuilt object instead (a packager's choice).
 use std::{env, path::PathBuf, process::Command};
 
 const NIGHTLY: &str = "nightly-2026-05-20";
 
+/// Leaves an empty object: `Capture::start` refuses to load it, saying why.
+fn without_programs(out: &std::path::Path, why: &str) {
+    println!("cargo:warning=themis-capture is built WITHOUT its eBPF programs: {why}; the agent's --capture will refuse to start (scripts/setup.sh installs the toolchain; THEMIS_EBPF=required makes this an error)");
+    std::fs::write(out.join("themis-ebpf.o"), b"").expect("writing OUT_DIR");
+}
+
 fn main() {
+    println!("cargo:rerun-if-env-changed=THEMIS_EBPF");
+    println!("cargo:rerun-if-env-changed=THEMIS_EBPF_OBJECT");
+    let out = PathBuf::from(env::var_os("OUT_DIR").unwrap());
+    if let Some(object) = env::var_os("THEMIS_EBPF_OBJECT") {
+        println!(
+            "cargo:rerun-if-changed={}",
+            PathBuf::from(&object).display()
+        );
+        std::fs::copy(&object, out.join("themis-ebpf.o")).unwrap_or_else(|e| {
+            panic!(
+                "THEMIS_EBPF_OBJECT={}: {e}",
+                PathBuf::from(&object).display()
+            )
+        });
+        return;
+    }
+    let mode = env::var("THEMIS_EBPF").unwrap_or_default();
+    match mode.as_str() {
+        "" | "required" => {}
+        "skip" => return without_programs(&out, "THEMIS_EBPF=skip"),
+        other => panic!("THEMIS_EBPF={other:?}: expected required, skip or nothing"),
+    }
+    if mode.is_empty() {
+        if let Some(missing) = missing_toolchain() {
+            return without_programs(&out, &missing);
+        }
+    }
+    build(&out);
+}
+
+/// What the eBPF build lacks, if anything: the pinned nightly (with rust-src) or
+/// bpf-linker.
+fn missing_toolchain() -> Option<String> {
+    let nightly = Command::new("rustup")
+        .args(["run", NIGHTLY, "rustc", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !nightly {
+        return Some(format!("the {NIGHTLY} toolchain is not installed"));
+    }
+    let linker = Command::new("bpf-linker")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    (!linker).then(|| "bpf-linker is not installed".to_owned())
+}
+
+fn build(out: &std::path::Path) {
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
     let ebpf = manifest.join("../../ebpf/themis-ebpf");
     let common = manifest.join("../../ebpf/themis-ebpf-common");
@@ -17,9 +82,8 @@ fn main() {
     ] {
         println!("cargo:rerun-if-changed={}", path.display());
     }
-    let out = PathBuf::from(env::var_os("OUT_DIR").unwrap());
     // OUT_DIR is <target>/<profile>/build/<pkg>/out.
-    let target_dir = out.ancestors().nth(4).unwrap_or(&out).join("bpf");
+    let target_dir = out.ancestors().nth(4).unwrap_or(out).join("bpf");
 
     let mut cargo = Command::new("rustup");
     cargo

@@ -431,6 +431,13 @@ fn replace_short_stats(pin_dir: &Path) -> Result<(), CaptureError> {
 
 /// What the kernel and the machine must offer, each with what to do when it is missing.
 fn preflight(pin_dir: &Path) -> Result<(), CaptureError> {
+    if OBJECT.is_empty() {
+        return Err(CaptureError::Unavailable(
+            "this build has no eBPF programs (built without the nightly toolchain or \
+             bpf-linker, or with THEMIS_EBPF=skip): run scripts/setup.sh, then rebuild"
+                .into(),
+        ));
+    }
     if !Path::new("/sys/kernel/btf/vmlinux").exists() {
         return Err(CaptureError::Unavailable(
             "the kernel has no BTF (/sys/kernel/btf/vmlinux is missing; build it with CONFIG_DEBUG_INFO_BTF=y)".into(),
