@@ -117,8 +117,17 @@ mod store;
 
 pub use key::{distance, in_half_open, in_open, Key};
 pub use message::{Contact, Message, Object, Request, Response};
-pub use node::{Config, Event, Millis, Node, OpId, Stats};
+pub use node::{Config, Event, Node, Stats};
 pub use policy::{AnyValue, Placement, ValuePolicy};
+
+/// Milliseconds on the caller's monotonic clock. (At the crate root, as are [`OpId`]
+/// and [`Rejection`]: the node, its lookups, its store and the value policy all use
+/// them, and none of those modules imports the others for them.)
+pub type Millis = u64;
+
+/// Identifies a user operation; its completion [`Event`] carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OpId(pub u64);
 
 /// Why an input or an operation was refused. Each is counted in [`Stats::rejections`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, thiserror::Error)]

@@ -12,20 +12,20 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::key::{distance, in_half_open, Key};
 use crate::message::{Contact, Response, MAX_AVOID};
-use crate::Rejection;
+use crate::{OpId, Rejection};
 
 /// What the lookup is for; decides what the node does with the result.
 #[derive(Debug, Clone)]
 pub(crate) enum Purpose {
     Join,
     Finger(usize),
-    Find(crate::OpId),
+    Find(OpId),
     Store {
-        op: Option<crate::OpId>,
+        op: Option<OpId>,
         value: Vec<u8>,
         ttl_ms: u64,
     },
-    Get(crate::OpId),
+    Get(OpId),
 }
 
 #[derive(Debug)]
@@ -152,7 +152,7 @@ mod tests {
     #[test]
     fn best_candidate_first_and_progress_required() {
         let key = c(100).id;
-        let find = Purpose::Find(crate::OpId(1));
+        let find = Purpose::Find(OpId(1));
         let mut l = Lookup::new(key, find, vec![c(10), c(50), c(30)]);
         assert_eq!(l.next_candidate().unwrap().addr, 50);
         // Not closer than the peer that answered: dropped.
@@ -196,7 +196,7 @@ mod tests {
             join.on_answer(&c(10), Response::Responsible { node: c(10) }),
             Ok(Some(c(10)))
         );
-        let mut find = Lookup::new(key, Purpose::Find(crate::OpId(1)), vec![c(10)]);
+        let mut find = Lookup::new(key, Purpose::Find(OpId(1)), vec![c(10)]);
         assert_eq!(find.next_candidate().unwrap().addr, 10);
         assert_eq!(
             find.on_answer(&c(10), Response::Responsible { node: c(10) }),
@@ -222,7 +222,7 @@ mod tests {
             Ok(Some(c(110)))
         );
         // Outside a join, a key's responsible node may well be the asker itself.
-        let mut find = Lookup::new(me.id, Purpose::Find(crate::OpId(1)), vec![c(20)]);
+        let mut find = Lookup::new(me.id, Purpose::Find(OpId(1)), vec![c(20)]);
         assert_eq!(find.next_candidate().unwrap().addr, 20);
         assert_eq!(
             find.on_answer(&c(20), Response::Responsible { node: me.clone() }),

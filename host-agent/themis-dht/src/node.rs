@@ -13,10 +13,7 @@ use crate::message::{
 };
 use crate::policy::{AnyValue, ValuePolicy};
 use crate::store::Store;
-use crate::Rejection;
-
-/// Milliseconds on the caller's monotonic clock.
-pub type Millis = u64;
+use crate::{Millis, OpId, Rejection};
 
 /// Tunables. The defaults suit a LAN/datacentre mesh.
 #[derive(Debug, Clone)]
@@ -59,10 +56,6 @@ impl Default for Config {
         }
     }
 }
-
-/// Identifies a user operation; its completion [`Event`] carries it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct OpId(pub u64);
 
 /// What the node reports to its driver.
 #[derive(Debug, Clone, PartialEq, Eq)]

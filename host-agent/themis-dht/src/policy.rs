@@ -20,8 +20,7 @@ use ring::digest;
 
 use crate::key::Key;
 use crate::message::MAX_VALUES_PER_KEY;
-use crate::node::Millis;
-use crate::Rejection;
+use crate::{Millis, Rejection};
 
 /// How a node keeps a value it was offered (by `Store` or `Handover`).
 #[derive(Debug, Clone, PartialEq, Eq)]
