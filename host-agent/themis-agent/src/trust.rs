@@ -5,7 +5,7 @@
 //!
 //! The root's private key never comes near a running agent; everything here only
 //! verifies, except that the node signs records for its own workloads with its node
-//! key, within the grants it holds (see [`crate::registry`]).
+//! key, within the grants it holds (the registry does that signing).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
