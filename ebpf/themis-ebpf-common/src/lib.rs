@@ -134,7 +134,10 @@ pub mod stats {
     /// Packets to a protected workload from outside the node whose headers could not be
     /// followed (too many IPv6 extension headers, truncated), dropped.
     pub const INBOUND_MALFORMED_DROPPED: u32 = 11;
-    pub const COUNT: u32 = 12;
+    /// Packets to a protected workload with a loopback source that did not arrive on
+    /// the loopback device (forged, let in by `route_localnet`), dropped.
+    pub const INBOUND_SPOOFED_LOOPBACK_DROPPED: u32 = 12;
+    pub const COUNT: u32 = 13;
     pub const NAMES: [&str; COUNT as usize] = [
         "captured",
         "excluded",
@@ -148,6 +151,7 @@ pub mod stats {
         "inbound_other_dropped",
         "inbound_fragment_dropped",
         "inbound_malformed_dropped",
+        "inbound_spoofed_loopback_dropped",
     ];
 }
 
@@ -171,6 +175,9 @@ pub mod programs {
     pub const INBOUND: &str = "inbound";
     pub const FAST_PATH_MSG: &str = "fast_path_msg";
 }
+
+/// Linux's loopback device has this ifindex in every network namespace.
+pub const LOOPBACK_IFINDEX: u32 = 1;
 
 // Both sides compile these: a layout change that breaks agreement fails the build.
 const _: () = assert!(core::mem::size_of::<Cidr>() == 40);

@@ -34,7 +34,7 @@ use aya_ebpf::{
 };
 use themis_ebpf_common::{
     settings, stats, Cidr, ConnectionKey, OriginalDst, SocketAddrKey, WorkloadConfig, AF_INET,
-    AF_INET6, MAX_CGROUP_DEPTH, NO_UID, SO_ORIGINAL_DST,
+    AF_INET6, LOOPBACK_IFINDEX, MAX_CGROUP_DEPTH, NO_UID, SO_ORIGINAL_DST,
 };
 
 const IPPROTO_TCP: u32 = 6;
@@ -460,11 +460,16 @@ const MAX_IPV6_EXT_HEADERS: u32 = 8;
 ///   `MAX_IPV6_EXT_HEADERS` or a truncated header is dropped
 ///   (`inbound_malformed_dropped`).
 ///
-/// Everything from loopback (the local proxy) and everything to other sockets
+/// A loopback source on another device than loopback is forged and dropped
+/// (`inbound_spoofed_loopback_dropped`). Everything from loopback (a loopback
+/// source on the loopback device: the local proxy) and everything to other sockets
 /// (unregistered, exempt, or a workload without inbound ports) passes.
 #[cgroup_skb(ingress)]
 pub fn inbound(ctx: SkBuffContext) -> i32 {
-    if from_loopback(&ctx) {
+    let loopback_source = loopback_source(&ctx);
+    // SAFETY: the skb context the kernel passed; a readable field for cgroup_skb.
+    let on_loopback = unsafe { (*ctx.skb.skb).ingress_ifindex } == LOOPBACK_IFINDEX;
+    if loopback_source && on_loopback {
         return PASS;
     }
     // The receiving socket's workload, as for connects but from the packet's socket.
@@ -474,6 +479,12 @@ pub fn inbound(ctx: SkBuffContext) -> i32 {
             Owner::Workload(config) if any_port(&config.inbound_ports) => config,
             _ => return PASS,
         };
+    // A loopback source from another device is forged: the kernel lets it in only
+    // with `route_localnet`, and no real peer has one.
+    if loopback_source {
+        count(stats::INBOUND_SPOOFED_LOOPBACK_DROPPED);
+        return DROP;
+    }
     // A packet whose headers cannot be followed is never passed to a protected workload.
     let (verdict, reason) =
         protected_verdict(&ctx, config).unwrap_or((DROP, stats::INBOUND_MALFORMED_DROPPED));
@@ -483,9 +494,11 @@ pub fn inbound(ctx: SkBuffContext) -> i32 {
     verdict
 }
 
-/// The packet's source is on loopback: it comes from this node (the local proxy).
+/// The packet's source is a loopback address. With the packet on the loopback
+/// device it comes from this network namespace (the local proxy); on any other
+/// device it is forged.
 #[inline(always)]
-fn from_loopback(ctx: &SkBuffContext) -> bool {
+fn loopback_source(ctx: &SkBuffContext) -> bool {
     // cgroup_skb sees the packet from its IP header.
     match ctx.load::<u8>(0).map(|first| first >> 4) {
         Ok(4) => ctx

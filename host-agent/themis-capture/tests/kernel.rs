@@ -578,3 +578,122 @@ fn a_stats_map_pinned_by_an_older_agent_is_replaced() {
     assert_eq!(counters["inbound_malformed_dropped"], 0, "{counters:?}");
     assert_eq!(counters["captured"], 0, "{counters:?}");
 }
+
+/// UDP sockets on `ports` (dual-stack): prints "ready", then for 3 seconds (or until
+/// every port has one) collects the ports marked datagrams arrived on, and prints them.
+fn udp_watch(ports: &[u16]) -> String {
+    format!(
+        r#"
+import select, socket, time
+socks = {{}}
+for port in {ports:?}:
+    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    s.bind(("::", port)); socks[s] = port
+print("ready", flush=True)
+seen = set()
+deadline = time.monotonic() + 3
+while len(seen) < len(socks) and time.monotonic() < deadline:
+    for s in select.select(list(socks), [], [], max(0, deadline - time.monotonic()))[0]:
+        if b"themis-mark" in s.recv(2000):
+            seen.add(socks[s])
+print(" ".join(str(p) for p in sorted(seen)) or "none", flush=True)
+"#
+    )
+}
+
+/// Sends a marked UDP datagram with the forged source 127.0.0.1 to each of `ports`
+/// at `dst`, as an Ethernet frame to `mac` on the peer's end of the veth (the peer's
+/// kernel would not route a loopback source out of it).
+fn udp_from_forged_loopback(mac: &str, dst: &str, ports: &[u16]) -> String {
+    format!(
+        r#"
+import socket, struct
+def checksum(b):
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    s = (s >> 16) + (s & 0xffff)
+    return ~(s + (s >> 16)) & 0xffff
+link = socket.socket(socket.AF_PACKET, socket.SOCK_RAW); link.bind(("{dev}", 0))
+ethernet = bytes.fromhex("{mac}".replace(":", "")) + link.getsockname()[4] + b"\x08\x00"
+src, dst = socket.inet_aton("127.0.0.1"), socket.inet_aton("{dst}")
+for port in {ports:?}:
+    payload = b"themis-mark"
+    udp = struct.pack("!HHHH", 40000, port, 8 + len(payload), 0) + payload  # no checksum
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, 17, 0, src, dst)
+    ip = ip[:10] + struct.pack("!H", checksum(ip)) + ip[12:]
+    link.send(ethernet + ip + udp)
+print("sent", flush=True)
+"#,
+        dev = Net::PEER_DEV,
+    )
+}
+
+#[test]
+fn udp_with_a_forged_loopback_source_does_not_reach_an_app_port() {
+    if !kernel("creates network namespaces and attaches capture") {
+        return;
+    }
+    let net = Net::create("spoof");
+    let mut pod = Pod::new("spoof");
+    // What lets forged loopback sources in from the veth: route_localnet (as some
+    // kube-proxy set-ups have it), and accept_local for 127.0.0.1 itself (an address
+    // of the namespace; other 127/8 sources need route_localnet alone).
+    for dev in ["all", Net::NODE_DEV] {
+        for setting in ["route_localnet=1", "accept_local=1", "rp_filter=0"] {
+            let status = std::process::Command::new("ip")
+                .args(["netns", "exec", &net.node, "sysctl", "-qw"])
+                .arg(format!("net.ipv4.conf.{dev}.{setting}"))
+                .status()
+                .unwrap();
+            assert!(status.success(), "sysctl {dev}.{setting}");
+        }
+    }
+    let mac = std::process::Command::new("ip")
+        .args(["netns", "exec", &net.node, "cat"])
+        .arg(format!("/sys/class/net/{}/address", Net::NODE_DEV))
+        .output()
+        .unwrap();
+    let mac = String::from_utf8(mac.stdout).unwrap().trim().to_string();
+    // 8080 is the app port of a protected workload; 8082 a socket in no workload.
+    let forge = |pod: &mut Pod| -> (String, String) {
+        let mut protected = pod.start_in(&net.node, "pod/app", &udp_watch(&[8080]));
+        let mut unprotected = pod.start_in(&net.node, "outside", &udp_watch(&[8082]));
+        assert_eq!(protected.next_line(), "ready");
+        assert_eq!(unprotected.next_line(), "ready");
+        let sent = pod.run_in(
+            Some(&net.peer),
+            "outside",
+            &udp_from_forged_loopback(&mac, Net::NODE4, &[8080, 8082]),
+        );
+        assert_eq!(sent, "sent");
+        (protected.next_line(), unprotected.next_line())
+    };
+    // Before capture the kernel delivers them: the forgery works in this namespace.
+    assert_eq!(forge(&mut pod), ("8080".into(), "8082".into()));
+
+    let mut capture = Capture::start(&pod.pins, false).unwrap_or_else(|e| panic!("{e}"));
+    protect(&pod, &mut capture, &[8080]);
+    let (protected, unprotected) = forge(&mut pod);
+    assert_eq!(
+        protected, "none",
+        "a forged loopback source reached the app port"
+    );
+    assert_eq!(
+        unprotected, "8082",
+        "the same datagram to a socket in no workload"
+    );
+    // Real loopback traffic, as from the local proxy, still reaches the app.
+    assert_eq!(
+        pod.run_in(Some(&net.node), "pod/app", &udp_echo(&[8080])),
+        "listening"
+    );
+    let answer = pod.run_in(Some(&net.node), "outside", &udp_client("127.0.0.1", 8080));
+    assert_eq!(answer, "echo hi", "from loopback");
+    let counters = capture.status().unwrap().counters;
+    assert_eq!(
+        counters.get("inbound_spoofed_loopback_dropped"),
+        Some(&1),
+        "{counters:?}"
+    );
+    assert!(capture.detach("app").unwrap());
+}
