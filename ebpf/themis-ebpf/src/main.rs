@@ -12,7 +12,11 @@
 //!   network no other protocol but ICMP errors, echo replies and neighbour discovery
 //!   (IPv6 extension headers walked, fragments and unparseable chains dropped);
 //! - `fast_path_msg` (sk_msg): data between two local sockets in the sockhash goes
-//!   socket to socket, without the TCP/IP stack.
+//!   socket to socket, without the TCP/IP stack;
+//! - `listener_guard4` / `listener_guard6` (cgroup/connect*, attached once at the top
+//!   cgroup, not per workload): a connect to a workload's outbound listener from a
+//!   process outside that workload's cgroup (another pod sharing the network
+//!   namespace, a host process) is refused, so the proxy signs only for its own pod.
 //!
 //! The map types are in `themis-ebpf-common`, shared with the agent.
 #![no_std]
@@ -33,8 +37,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use themis_ebpf_common::{
-    settings, stats, Cidr, ConnectionKey, OriginalDst, SocketAddrKey, WorkloadConfig, AF_INET,
-    AF_INET6, LOOPBACK_IFINDEX, MAX_CGROUP_DEPTH, NO_UID, SO_ORIGINAL_DST,
+    settings, stats, Cidr, ConnectionKey, ListenerOwner, OriginalDst, SocketAddrKey,
+    WorkloadConfig, AF_INET, AF_INET6, LOOPBACK_IFINDEX, MAX_CGROUP_DEPTH, NO_UID, SO_ORIGINAL_DST,
 };
 
 const IPPROTO_TCP: u32 = 6;
@@ -42,6 +46,8 @@ const SOL_IP: i32 = 0;
 const SOL_IPV6: i32 = 41;
 /// cgroup programs: 1 lets the operation go on.
 const ALLOW: i32 = 1;
+/// cgroup programs: 0 fails the operation with EPERM.
+const REFUSE: i32 = 0;
 
 // Pinned by name under the agent's pin directory, so a restarted agent finds them.
 #[map]
@@ -58,6 +64,10 @@ static FAST_PATH_SOCKETS: SockHash<ConnectionKey> = SockHash::pinned(65536, 0);
 static SETTINGS: Array<u32> = Array::pinned(settings::COUNT, 0);
 #[map]
 static STATS: PerCpuArray<u64> = PerCpuArray::pinned(stats::COUNT, 0);
+/// Each workload's outbound listener (in the agent's network namespace) and the
+/// workload's cgroup: written by the loader on attach and detach.
+#[map]
+static OUTBOUND_LISTENERS: HashMap<SocketAddrKey, ListenerOwner> = HashMap::pinned(1024, 0);
 
 #[inline(always)]
 fn count(index: u32) {
@@ -247,33 +257,69 @@ pub fn connect6(ctx: SockAddrContext) -> i32 {
     capture(&ctx, AF_INET6)
 }
 
+#[cgroup_sock_addr(connect4)]
+pub fn listener_guard4(ctx: SockAddrContext) -> i32 {
+    guard_listener(&ctx, AF_INET)
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn listener_guard6(ctx: SockAddrContext) -> i32 {
+    guard_listener(&ctx, AF_INET6)
+}
+
+/// Refuses a TCP connect to a workload's outbound listener unless the connecting
+/// task is in that workload's cgroup subtree. Attached at the top cgroup, so it runs
+/// for every process, after the workload programs below it (a captured connect is
+/// judged by where capture sent it: its own pod's listener).
+#[inline(always)]
+fn guard_listener(ctx: &SockAddrContext, family: u16) -> i32 {
+    let sa: *mut bpf_sock_addr = ctx.sock_addr;
+    // SAFETY: the context pointer the kernel passed; fields by the verifier's rules.
+    unsafe {
+        if (*sa).protocol != IPPROTO_TCP {
+            return ALLOW;
+        }
+        let port = u16::from_be((*sa).user_port as u16);
+        let netns = bpf_get_netns_cookie(ctx.as_ptr());
+        let destination = if family == AF_INET {
+            address_key(u32::from(AF_INET), (*sa).user_ip4, [0; 4], port, netns)
+        } else {
+            address_key(u32::from(AF_INET6), 0, read_ip6(sa), port, netns)
+        };
+        let Some(owner) = OUTBOUND_LISTENERS.get(&destination) else {
+            return ALLOW;
+        };
+        let owner = *owner;
+        if current_within(owner) {
+            return ALLOW;
+        }
+    }
+    count(stats::OUTBOUND_LISTENER_REFUSED);
+    REFUSE
+}
+
+/// The current task's cgroup is `cgroup` or below it.
+#[inline(always)]
+fn current_within(cgroup: u64) -> bool {
+    let mut level = 1;
+    while level <= MAX_CGROUP_DEPTH {
+        // SAFETY: a helper without pointers.
+        let id = unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
+        if id == 0 {
+            return false;
+        }
+        if id == cgroup {
+            return true;
+        }
+        level += 1;
+    }
+    false
+}
+
 /// An address as a key; IPv4-mapped IPv6 folds into IPv4 so both sides agree.
 #[inline(always)]
 fn address_key(family: u32, ip4: u32, ip6: [u32; 4], port: u16, netns: u64) -> SocketAddrKey {
-    if family == u32::from(AF_INET6)
-        && !(ip6[0] == 0 && ip6[1] == 0 && ip6[2] == u32::to_be(0xffff))
-    {
-        SocketAddrKey {
-            addr: ip6,
-            port,
-            family: AF_INET6,
-            _pad: 0,
-            netns,
-        }
-    } else {
-        let ip = if family == u32::from(AF_INET) {
-            ip4
-        } else {
-            ip6[3]
-        };
-        SocketAddrKey {
-            addr: [ip, 0, 0, 0],
-            port,
-            family: AF_INET,
-            _pad: 0,
-            netns,
-        }
-    }
+    SocketAddrKey::new(family, ip4, ip6, port, netns)
 }
 
 #[sock_ops]

@@ -579,6 +579,85 @@ fn a_stats_map_pinned_by_an_older_agent_is_replaced() {
     assert_eq!(counters["captured"], 0, "{counters:?}");
 }
 
+// A pod's outbound listener signs for its workload, so it must take connections from
+// that pod alone. Pods on one node share its network namespace (scripts/demo.sh), and
+// loopback is never captured: without the guard, another pod's process or a plain
+// host process reaches 127.0.0.1:<listener> and calls the mesh as the workload.
+
+/// Runs `code` as a plain process of this test (in no pod's cgroup); its first line.
+fn run_here(code: &str) -> String {
+    let out = std::process::Command::new("python3")
+        .args(["-c", code])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn only_its_own_pod_connects_to_a_workloads_outbound_listener() {
+    if !kernel("attaches capture to cgroups and to the top cgroup") {
+        return;
+    }
+    let mut pod_a = Pod::new("guard-a");
+    let mut pod_b = Pod::new("guard-b");
+    let port_a: u16 = pod_a.run("pod/proxy", PROXY).parse().unwrap();
+    let port_b: u16 = pod_b.run("pod/proxy", PROXY).parse().unwrap();
+    let listener_a = format!("127.0.0.1:{port_a}");
+    let mut capture = Capture::start(&pod_a.pins, false).unwrap_or_else(|e| panic!("{e}"));
+    for (workload, pod, port) in [("a", &pod_a, port_a), ("b", &pod_b, port_b)] {
+        // The default exclusions: loopback destinations are not captured.
+        let spec = CaptureSpec {
+            proxy_cgroup: Some(pod.cgroup("pod/proxy")),
+            outbound: format!("127.0.0.1:{port}").parse().unwrap(),
+            ..CaptureSpec::new(pod.cgroup("pod"))
+        };
+        capture.attach(workload, &spec).unwrap();
+    }
+
+    // The attack: pod b's app, a process outside any pod, this test's own process.
+    let from_b = pod_b.run("pod/app", &client(&listener_a));
+    assert_eq!(from_b, "failed EPERM", "pod b's app reached a's listener");
+    let from_outside = pod_a.run("outside", &client(&listener_a));
+    assert_eq!(from_outside, "failed EPERM", "a process in no pod");
+    assert_eq!(
+        run_here(&client(&listener_a)),
+        "failed EPERM",
+        "a host process"
+    );
+    // The same listener as an IPv4-mapped address, from an IPv6 socket (connect6).
+    let mapped = format!("::ffff:{listener_a}");
+    assert_eq!(run_here(&client(&mapped)), "failed EPERM", "{mapped}");
+
+    // The controls: pod a's app reaches its listener, directly and captured (judged
+    // after capture rewrote the connect), and pod b's captured connect its own.
+    let direct = pod_a.run("pod/app", &client(&listener_a));
+    assert!(direct.starts_with("proxied"), "{direct}");
+    let captured = pod_a.run("pod/app", &client("10.96.0.10:80"));
+    assert_eq!(captured, "proxied 10.96.0.10:80");
+    let captured = pod_b.run("pod/app", &client("10.96.0.11:80"));
+    assert_eq!(captured, "proxied 10.96.0.11:80");
+    let counters = capture.status().unwrap().counters;
+    assert_eq!(
+        counters.get("outbound_listener_refused"),
+        Some(&4),
+        "{counters:?}"
+    );
+
+    // Deregistered, the listener is a plain socket again; the guard stays while any
+    // workload is captured and goes with the last one.
+    let guard = pod_a.pins.join("top");
+    assert!(capture.detach("a").unwrap());
+    let from_outside = pod_a.run("outside", &client(&listener_a));
+    assert!(from_outside.starts_with("proxied"), "{from_outside}");
+    assert!(guard.join("listener_guard4").exists());
+    assert!(capture.detach("b").unwrap());
+    assert!(!guard.exists(), "the guard's links are unpinned");
+}
+
 /// UDP sockets on `ports` (dual-stack): prints "ready", then for 3 seconds (or until
 /// every port has one) collects the ports marked datagrams arrived on, and prints them.
 fn udp_watch(ports: &[u16]) -> String {

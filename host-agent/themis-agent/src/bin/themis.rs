@@ -833,6 +833,18 @@ fn render_capture(v: &Value) -> String {
             out += &format!("  MISSING: {}\n", w["missing"]);
         }
     }
+    let guard: Vec<String> = v["listener_guard"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| format!("{} (link {})", s(&a["program"]), s(&a["link_id"])))
+        .collect();
+    if !guard.is_empty() {
+        out += &format!(
+            "outbound listeners guarded at the top cgroup: {}\n",
+            guard.join(", ")
+        );
+    }
     let counters: Vec<String> = v["counters"]
         .as_object()
         .into_iter()
