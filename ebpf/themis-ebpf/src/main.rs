@@ -65,9 +65,10 @@ static SETTINGS: Array<u32> = Array::pinned(settings::COUNT, 0);
 #[map]
 static STATS: PerCpuArray<u64> = PerCpuArray::pinned(stats::COUNT, 0);
 /// Each workload's outbound listener (in the agent's network namespace) and the
-/// workload's cgroup: written by the loader on attach and detach.
+/// workload's cgroup: written by the loader on attach and detach. Two per workload
+/// at most (IPv4 and IPv6), for `WORKLOADS`' 1024.
 #[map]
-static OUTBOUND_LISTENERS: HashMap<SocketAddrKey, ListenerOwner> = HashMap::pinned(1024, 0);
+static OUTBOUND_LISTENERS: HashMap<SocketAddrKey, ListenerOwner> = HashMap::pinned(2048, 0);
 
 #[inline(always)]
 fn count(index: u32) {

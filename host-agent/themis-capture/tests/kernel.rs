@@ -131,6 +131,9 @@ print(s.recv(100).decode(), flush=True)
     let answer = pod.run("pod/app", client6);
     let counters = capture.status().unwrap().counters;
     assert_eq!(answer, "proxied [::1]:7", "{counters:?}");
+    // The IPv6 listener is guarded too: a process in no pod is refused.
+    let answer = pod.run("outside", &client(&format!("::1:{proxy_port}")));
+    assert_eq!(answer, "failed EPERM");
     capture.detach("app").unwrap();
 }
 
