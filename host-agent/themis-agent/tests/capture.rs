@@ -15,6 +15,7 @@ use themis_testkit::build::venv_binary;
 use themis_testkit::netns::Net;
 use themis_testkit::pods::{client, Pod, DIRECT, PROXY};
 use themis_testkit::ports::free_port;
+use themis_testkit::process::wait_until;
 use themis_testkit::require;
 
 /// The gates of every test here: eBPF programs on the real kernel, attached to
@@ -387,10 +388,16 @@ fn envoy_sees_the_original_destination_and_its_upstreams_are_not_looped() {
         answer["via_envoy"], true,
         "the request did not go through Envoy"
     );
-    let log = std::fs::read_to_string(&access_log).unwrap_or_default();
-    assert!(
-        log.contains(&format!("original={upstream} upstream={upstream} code=200")),
-        "access log: {log}"
+    // Envoy logs when the stream ends, maybe after the app has its answer, and
+    // flushes the file on its own timer.
+    let logged = format!("original={upstream} upstream={upstream} code=200");
+    wait_until(
+        &format!("{logged:?} in Envoy's access log"),
+        Duration::from_secs(15),
+        || {
+            let log = std::fs::read_to_string(&access_log).unwrap_or_default();
+            log.contains(&logged).then_some(())
+        },
     );
     // Exactly one downstream connection per app request: a loop would add more.
     assert_eq!(stats("http.outbound.downstream_rq_total"), Some(1));
