@@ -108,7 +108,8 @@ pub struct Capture {
     ebpf: Ebpf,
     pin_dir: PathBuf,
     fast_path: bool,
-    /// The agent's network namespace: the one its workloads' listeners are guarded in.
+    /// The agent's network namespace: where a workload's listeners are guarded unless
+    /// its spec names another.
     netns: u64,
 }
 
@@ -188,7 +189,7 @@ impl Capture {
             .set(settings::FAST_PATH, u32::from(fast_path), 0)
             .map_err(map_error(maps::SETTINGS))?;
         // Workloads adopted from an older agent get their listeners guarded too.
-        capture.guard_listeners()?;
+        capture.guard_listeners(None)?;
         let adopted = capture.status()?.workloads;
         for w in &adopted {
             tracing::info!(workload = %w.workload, cgroup_id = w.cgroup_id,
@@ -214,6 +215,11 @@ impl Capture {
             None => 0,
         };
         let config = spec.to_config(proxy_cgroup)?;
+        let netns = match &spec.netns {
+            Some(path) => sys::netns_cookie_of(path)
+                .map_err(|e| SpecError(format!("network namespace {}: {e}", path.display())))?,
+            None => self.netns,
+        };
 
         let existing = self.links(workload);
         if existing.cgroup_id != 0 && existing.cgroup_id != cgroup_id {
@@ -249,7 +255,7 @@ impl Capture {
                 return Err(e);
             }
         }
-        if let Err(e) = self.guard_listeners() {
+        if let Err(e) = self.guard_listeners(Some((cgroup_id, listener_keys(&config, netns)))) {
             let _ = self.detach(workload);
             return Err(e);
         }
@@ -306,7 +312,7 @@ impl Capture {
             }
         }
         fs::remove_dir(&dir).map_err(io_error(format!("removing {}", dir.display())))?;
-        self.guard_listeners()?;
+        self.guard_listeners(None)?;
         tracing::info!(workload, cgroup_id, "capture detached");
         Ok(true)
     }
@@ -339,17 +345,45 @@ impl Capture {
         })
     }
 
-    /// Makes `OUTBOUND_LISTENERS` hold exactly the registered workloads' listeners
-    /// (each owned by its workload's cgroup), and keeps the guard attached at the top
-    /// cgroup while there is any, detached when there is none.
-    fn guard_listeners(&mut self) -> Result<(), CaptureError> {
-        let netns = self.netns;
+    /// Makes `OUTBOUND_LISTENERS` hold the registered workloads' listeners, each
+    /// owned by its workload's cgroup, and keeps the guard attached at the top cgroup
+    /// while there is any, detached when there is none. `changed` is a workload
+    /// (its cgroup id) just attached and its listeners' keys; every other workload
+    /// keeps the keys it has (their namespace is only known when attached), and one
+    /// with none (adopted from an older agent) gets its listeners in the agent's
+    /// namespace.
+    fn guard_listeners(
+        &mut self,
+        changed: Option<(u64, Vec<SocketAddrKey>)>,
+    ) -> Result<(), CaptureError> {
+        let workloads: Vec<(u64, WorkloadConfig)> = self
+            .workloads()?
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(map_error(maps::WORKLOADS))?;
+        let current: Vec<(SocketAddrKey, ListenerOwner)> = self
+            .listeners()?
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(map_error(maps::OUTBOUND_LISTENERS))?;
         let mut wanted: Vec<(SocketAddrKey, ListenerOwner)> = Vec::new();
-        for entry in self.workloads()?.iter() {
-            let (cgroup_id, config) = entry.map_err(map_error(maps::WORKLOADS))?;
-            for key in listener_keys(&config, netns) {
-                wanted.push((key, cgroup_id));
-            }
+        for (cgroup_id, config) in &workloads {
+            let keys = match &changed {
+                Some((id, keys)) if id == cgroup_id => keys.clone(),
+                _ => {
+                    let kept: Vec<SocketAddrKey> = current
+                        .iter()
+                        .filter(|(_, owner)| owner == cgroup_id)
+                        .map(|(key, _)| *key)
+                        .collect();
+                    if kept.is_empty() {
+                        listener_keys(config, self.netns)
+                    } else {
+                        kept
+                    }
+                }
+            };
+            wanted.extend(keys.into_iter().map(|key| (key, *cgroup_id)));
         }
         if !wanted.is_empty() {
             self.attach_guard()?;

@@ -661,6 +661,57 @@ fn only_its_own_pod_connects_to_a_workloads_outbound_listener() {
     assert!(!guard.exists(), "the guard's links are unpinned");
 }
 
+#[test]
+fn a_listener_is_guarded_in_the_network_namespace_its_spec_names() {
+    if !kernel("creates network namespaces and attaches capture") {
+        return;
+    }
+    // The pod shares the node's namespace; the agent (this test) runs elsewhere.
+    let net = Net::create("guard-ns");
+    let mut pod = Pod::new("guard-ns");
+    let port: u16 = pod
+        .run_in(Some(&net.node), "pod/proxy", PROXY)
+        .parse()
+        .unwrap();
+    let listener = format!("127.0.0.1:{port}");
+    let mut capture = Capture::start(&pod.pins, false).unwrap_or_else(|e| panic!("{e}"));
+    let spec = CaptureSpec {
+        proxy_cgroup: Some(pod.cgroup("pod/proxy")),
+        outbound: listener.parse().unwrap(),
+        netns: Some(format!("/run/netns/{}", net.node).into()),
+        ..CaptureSpec::new(pod.cgroup("pod"))
+    };
+    capture.attach("app", &spec).unwrap();
+
+    let answer = pod.run_in(Some(&net.node), "outside", &client(&listener));
+    assert_eq!(
+        answer, "failed EPERM",
+        "a process in no pod, in the pod's namespace"
+    );
+    let answer = pod.run_in(Some(&net.node), "pod/app", &client(&listener));
+    assert!(answer.starts_with("proxied"), "{answer}");
+    // The same address in the agent's namespace is some other socket, or none.
+    assert_ne!(run_here(&client(&listener)), "failed EPERM");
+    // A namespace that cannot be entered is named, and the registration stays.
+    let err = capture
+        .attach(
+            "app",
+            &CaptureSpec {
+                netns: Some("/nonexistent/netns".into()),
+                ..spec.clone()
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("network namespace /nonexistent/netns"),
+        "{err}"
+    );
+    let answer = pod.run_in(Some(&net.node), "outside", &client(&listener));
+    assert_eq!(answer, "failed EPERM");
+    assert!(capture.detach("app").unwrap());
+}
+
 /// UDP sockets on `ports` (dual-stack): prints "ready", then for 3 seconds (or until
 /// every port has one) collects the ports marked datagrams arrived on, and prints them.
 fn udp_watch(ports: &[u16]) -> String {

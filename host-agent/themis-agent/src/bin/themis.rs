@@ -170,6 +170,11 @@ struct CaptureArgs {
     /// The proxy's IPv6 outbound listener; without it IPv6 connects are not captured.
     #[arg(long, value_name = "[IP]:PORT", requires = "cgroup")]
     outbound6: Option<SocketAddrV6>,
+    /// The network namespace the proxy's listeners are in (/proc/PID/ns/net,
+    /// /run/netns/NAME): only the pod may connect to its outbound listener there
+    /// [default: the agent's].
+    #[arg(long, value_name = "FILE", requires = "cgroup")]
+    netns: Option<PathBuf>,
     /// An app port: it takes TCP only via the local proxy, and no UDP from the network;
     /// the pod also stops taking ICMP other than errors, fragments and other protocols
     /// (docs/CAPTURE.md) (repeatable).
@@ -192,6 +197,7 @@ impl CaptureArgs {
             proxy_uid: self.proxy_uid,
             outbound: self.outbound.unwrap_or(defaults.outbound),
             outbound6: self.outbound6,
+            netns: self.netns,
             inbound_ports: self.inbound_ports,
             exclude_ports: self.exclude_ports,
             exclude_cidrs: if self.exclude_cidrs.is_empty() {
