@@ -136,6 +136,8 @@ fn capture_survives_an_agent_crash_and_is_adopted_then_detached() {
         pod.run("pod/app", &client(&direct)),
         format!("proxied {direct}")
     );
+    // The proxy's outbound listener is the pod's alone.
+    assert_eq!(pod.run("outside", &client(&outbound)), "failed EPERM");
 
     // The agent dies without a word: capture is in the kernel, pinned, and holds.
     agent.kill();
@@ -143,6 +145,7 @@ fn capture_survives_an_agent_crash_and_is_adopted_then_detached() {
         pod.run("pod/app", &client(&direct)),
         format!("proxied {direct}")
     );
+    assert_eq!(pod.run("outside", &client(&outbound)), "failed EPERM");
 
     // A new agent finds the pins and adopts them: the very same links.
     let agent = capture_agent(work.path(), "node", &pod.pins);
@@ -164,6 +167,10 @@ fn capture_survives_an_agent_crash_and_is_adopted_then_detached() {
         out.contains("check: cgroup") && out.contains("original_dst (link"),
         "{out}"
     );
+    assert!(
+        out.contains("outbound listeners guarded at the top cgroup: listener_guard4 (link"),
+        "{out}"
+    );
     assert_eq!(
         pod.run("pod/app", &client(&direct)),
         format!("proxied {direct}")
@@ -180,10 +187,12 @@ fn capture_survives_an_agent_crash_and_is_adopted_then_detached() {
         "{}",
         bpftool_attached(&cgroup)
     );
-    assert!(capture_status(&agent)["workloads"]
-        .as_array()
-        .unwrap()
-        .is_empty());
+    let status = capture_status(&agent);
+    assert!(status["workloads"].as_array().unwrap().is_empty());
+    assert!(status["listener_guard"].as_array().unwrap().is_empty());
+    assert!(pod
+        .run("outside", &client(&outbound))
+        .starts_with("proxied"));
     let leftover: Vec<_> = std::fs::read_dir(pod.pins.join("workloads"))
         .unwrap()
         .collect();
