@@ -87,6 +87,43 @@ pub struct SocketAddrKey {
     pub netns: u64,
 }
 
+impl SocketAddrKey {
+    /// An address as a key, as the programs and the loader both make it: an
+    /// IPv4-mapped IPv6 address folds into IPv4, so both families agree.
+    #[inline(always)]
+    pub fn new(family: u32, ip4: u32, ip6: [u32; 4], port: u16, netns: u64) -> Self {
+        if family == AF_INET6 as u32
+            && !(ip6[0] == 0 && ip6[1] == 0 && ip6[2] == u32::to_be(0xffff))
+        {
+            SocketAddrKey {
+                addr: ip6,
+                port,
+                family: AF_INET6,
+                _pad: 0,
+                netns,
+            }
+        } else {
+            let ip = if family == AF_INET as u32 {
+                ip4
+            } else {
+                ip6[3]
+            };
+            SocketAddrKey {
+                addr: [ip, 0, 0, 0],
+                port,
+                family: AF_INET,
+                _pad: 0,
+                netns,
+            }
+        }
+    }
+}
+
+/// A proxy's outbound listener in [`maps::OUTBOUND_LISTENERS`] is a [`SocketAddrKey`]
+/// (its address, port and network namespace); the value is the cgroup id of the
+/// workload whose processes alone may connect to it.
+pub type ListenerOwner = u64;
+
 /// Both ends of a TCP connection: the fast path's sockhash key.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -134,7 +171,13 @@ pub mod stats {
     /// Packets to a protected workload from outside the node whose headers could not be
     /// followed (too many IPv6 extension headers, truncated), dropped.
     pub const INBOUND_MALFORMED_DROPPED: u32 = 11;
-    pub const COUNT: u32 = 12;
+    /// Packets to a protected workload with a loopback source that did not arrive on
+    /// the loopback device (forged, let in by `route_localnet`), dropped.
+    pub const INBOUND_SPOOFED_LOOPBACK_DROPPED: u32 = 12;
+    /// Connects to a workload's outbound listener by a process outside that
+    /// workload's cgroup, refused (EPERM): another pod or a host process on the node.
+    pub const OUTBOUND_LISTENER_REFUSED: u32 = 13;
+    pub const COUNT: u32 = 14;
     pub const NAMES: [&str; COUNT as usize] = [
         "captured",
         "excluded",
@@ -148,6 +191,8 @@ pub mod stats {
         "inbound_other_dropped",
         "inbound_fragment_dropped",
         "inbound_malformed_dropped",
+        "inbound_spoofed_loopback_dropped",
+        "outbound_listener_refused",
     ];
 }
 
@@ -160,6 +205,7 @@ pub mod maps {
     pub const FAST_PATH_SOCKETS: &str = "FAST_PATH_SOCKETS";
     pub const SETTINGS: &str = "SETTINGS";
     pub const STATS: &str = "STATS";
+    pub const OUTBOUND_LISTENERS: &str = "OUTBOUND_LISTENERS";
 }
 
 /// The programs' names in the object.
@@ -170,7 +216,14 @@ pub mod programs {
     pub const SOCK_OPS: &str = "sock_ops";
     pub const INBOUND: &str = "inbound";
     pub const FAST_PATH_MSG: &str = "fast_path_msg";
+    /// `cgroup/connect4` and `cgroup/connect6` at the top cgroup: only a workload's
+    /// own processes may connect to its outbound listener.
+    pub const LISTENER_GUARD4: &str = "listener_guard4";
+    pub const LISTENER_GUARD6: &str = "listener_guard6";
 }
+
+/// Linux's loopback device has this ifindex in every network namespace.
+pub const LOOPBACK_IFINDEX: u32 = 1;
 
 // Both sides compile these: a layout change that breaks agreement fails the build.
 const _: () = assert!(core::mem::size_of::<Cidr>() == 40);

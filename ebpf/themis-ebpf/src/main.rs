@@ -12,7 +12,11 @@
 //!   network no other protocol but ICMP errors, echo replies and neighbour discovery
 //!   (IPv6 extension headers walked, fragments and unparseable chains dropped);
 //! - `fast_path_msg` (sk_msg): data between two local sockets in the sockhash goes
-//!   socket to socket, without the TCP/IP stack.
+//!   socket to socket, without the TCP/IP stack;
+//! - `listener_guard4` / `listener_guard6` (cgroup/connect*, attached once at the top
+//!   cgroup, not per workload): a connect to a workload's outbound listener from a
+//!   process outside that workload's cgroup (another pod sharing the network
+//!   namespace, a host process) is refused, so the proxy signs only for its own pod.
 //!
 //! The map types are in `themis-ebpf-common`, shared with the agent.
 #![no_std]
@@ -33,8 +37,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use themis_ebpf_common::{
-    settings, stats, Cidr, ConnectionKey, OriginalDst, SocketAddrKey, WorkloadConfig, AF_INET,
-    AF_INET6, MAX_CGROUP_DEPTH, NO_UID, SO_ORIGINAL_DST,
+    settings, stats, Cidr, ConnectionKey, ListenerOwner, OriginalDst, SocketAddrKey,
+    WorkloadConfig, AF_INET, AF_INET6, LOOPBACK_IFINDEX, MAX_CGROUP_DEPTH, NO_UID, SO_ORIGINAL_DST,
 };
 
 const IPPROTO_TCP: u32 = 6;
@@ -42,6 +46,8 @@ const SOL_IP: i32 = 0;
 const SOL_IPV6: i32 = 41;
 /// cgroup programs: 1 lets the operation go on.
 const ALLOW: i32 = 1;
+/// cgroup programs: 0 fails the operation with EPERM.
+const REFUSE: i32 = 0;
 
 // Pinned by name under the agent's pin directory, so a restarted agent finds them.
 #[map]
@@ -58,6 +64,11 @@ static FAST_PATH_SOCKETS: SockHash<ConnectionKey> = SockHash::pinned(65536, 0);
 static SETTINGS: Array<u32> = Array::pinned(settings::COUNT, 0);
 #[map]
 static STATS: PerCpuArray<u64> = PerCpuArray::pinned(stats::COUNT, 0);
+/// Each workload's outbound listener (in the agent's network namespace) and the
+/// workload's cgroup: written by the loader on attach and detach. Two per workload
+/// at most (IPv4 and IPv6), for `WORKLOADS`' 1024.
+#[map]
+static OUTBOUND_LISTENERS: HashMap<SocketAddrKey, ListenerOwner> = HashMap::pinned(2048, 0);
 
 #[inline(always)]
 fn count(index: u32) {
@@ -247,33 +258,69 @@ pub fn connect6(ctx: SockAddrContext) -> i32 {
     capture(&ctx, AF_INET6)
 }
 
+#[cgroup_sock_addr(connect4)]
+pub fn listener_guard4(ctx: SockAddrContext) -> i32 {
+    guard_listener(&ctx, AF_INET)
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn listener_guard6(ctx: SockAddrContext) -> i32 {
+    guard_listener(&ctx, AF_INET6)
+}
+
+/// Refuses a TCP connect to a workload's outbound listener unless the connecting
+/// task is in that workload's cgroup subtree. Attached at the top cgroup, so it runs
+/// for every process, after the workload programs below it (a captured connect is
+/// judged by where capture sent it: its own pod's listener).
+#[inline(always)]
+fn guard_listener(ctx: &SockAddrContext, family: u16) -> i32 {
+    let sa: *mut bpf_sock_addr = ctx.sock_addr;
+    // SAFETY: the context pointer the kernel passed; fields by the verifier's rules.
+    unsafe {
+        if (*sa).protocol != IPPROTO_TCP {
+            return ALLOW;
+        }
+        let port = u16::from_be((*sa).user_port as u16);
+        let netns = bpf_get_netns_cookie(ctx.as_ptr());
+        let destination = if family == AF_INET {
+            address_key(u32::from(AF_INET), (*sa).user_ip4, [0; 4], port, netns)
+        } else {
+            address_key(u32::from(AF_INET6), 0, read_ip6(sa), port, netns)
+        };
+        let Some(owner) = OUTBOUND_LISTENERS.get(&destination) else {
+            return ALLOW;
+        };
+        let owner = *owner;
+        if current_within(owner) {
+            return ALLOW;
+        }
+    }
+    count(stats::OUTBOUND_LISTENER_REFUSED);
+    REFUSE
+}
+
+/// The current task's cgroup is `cgroup` or below it.
+#[inline(always)]
+fn current_within(cgroup: u64) -> bool {
+    let mut level = 1;
+    while level <= MAX_CGROUP_DEPTH {
+        // SAFETY: a helper without pointers.
+        let id = unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
+        if id == 0 {
+            return false;
+        }
+        if id == cgroup {
+            return true;
+        }
+        level += 1;
+    }
+    false
+}
+
 /// An address as a key; IPv4-mapped IPv6 folds into IPv4 so both sides agree.
 #[inline(always)]
 fn address_key(family: u32, ip4: u32, ip6: [u32; 4], port: u16, netns: u64) -> SocketAddrKey {
-    if family == u32::from(AF_INET6)
-        && !(ip6[0] == 0 && ip6[1] == 0 && ip6[2] == u32::to_be(0xffff))
-    {
-        SocketAddrKey {
-            addr: ip6,
-            port,
-            family: AF_INET6,
-            _pad: 0,
-            netns,
-        }
-    } else {
-        let ip = if family == u32::from(AF_INET) {
-            ip4
-        } else {
-            ip6[3]
-        };
-        SocketAddrKey {
-            addr: [ip, 0, 0, 0],
-            port,
-            family: AF_INET,
-            _pad: 0,
-            netns,
-        }
-    }
+    SocketAddrKey::new(family, ip4, ip6, port, netns)
 }
 
 #[sock_ops]
@@ -460,11 +507,16 @@ const MAX_IPV6_EXT_HEADERS: u32 = 8;
 ///   `MAX_IPV6_EXT_HEADERS` or a truncated header is dropped
 ///   (`inbound_malformed_dropped`).
 ///
-/// Everything from loopback (the local proxy) and everything to other sockets
+/// A loopback source on another device than loopback is forged and dropped
+/// (`inbound_spoofed_loopback_dropped`). Everything from loopback (a loopback
+/// source on the loopback device: the local proxy) and everything to other sockets
 /// (unregistered, exempt, or a workload without inbound ports) passes.
 #[cgroup_skb(ingress)]
 pub fn inbound(ctx: SkBuffContext) -> i32 {
-    if from_loopback(&ctx) {
+    let loopback_source = loopback_source(&ctx);
+    // SAFETY: the skb context the kernel passed; a readable field for cgroup_skb.
+    let on_loopback = unsafe { (*ctx.skb.skb).ingress_ifindex } == LOOPBACK_IFINDEX;
+    if loopback_source && on_loopback {
         return PASS;
     }
     // The receiving socket's workload, as for connects but from the packet's socket.
@@ -474,6 +526,12 @@ pub fn inbound(ctx: SkBuffContext) -> i32 {
             Owner::Workload(config) if any_port(&config.inbound_ports) => config,
             _ => return PASS,
         };
+    // A loopback source from another device is forged: the kernel lets it in only
+    // with `route_localnet`, and no real peer has one.
+    if loopback_source {
+        count(stats::INBOUND_SPOOFED_LOOPBACK_DROPPED);
+        return DROP;
+    }
     // A packet whose headers cannot be followed is never passed to a protected workload.
     let (verdict, reason) =
         protected_verdict(&ctx, config).unwrap_or((DROP, stats::INBOUND_MALFORMED_DROPPED));
@@ -483,9 +541,11 @@ pub fn inbound(ctx: SkBuffContext) -> i32 {
     verdict
 }
 
-/// The packet's source is on loopback: it comes from this node (the local proxy).
+/// The packet's source is a loopback address. With the packet on the loopback
+/// device it comes from this network namespace (the local proxy); on any other
+/// device it is forged.
 #[inline(always)]
-fn from_loopback(ctx: &SkBuffContext) -> bool {
+fn loopback_source(ctx: &SkBuffContext) -> bool {
     // cgroup_skb sees the packet from its IP header.
     match ctx.load::<u8>(0).map(|first| first >> 4) {
         Ok(4) => ctx

@@ -15,6 +15,7 @@ use themis_testkit::build::venv_binary;
 use themis_testkit::netns::Net;
 use themis_testkit::pods::{client, Pod, DIRECT, PROXY};
 use themis_testkit::ports::free_port;
+use themis_testkit::process::wait_until;
 use themis_testkit::require;
 
 /// The gates of every test here: eBPF programs on the real kernel, attached to
@@ -135,6 +136,8 @@ fn capture_survives_an_agent_crash_and_is_adopted_then_detached() {
         pod.run("pod/app", &client(&direct)),
         format!("proxied {direct}")
     );
+    // The proxy's outbound listener is the pod's alone.
+    assert_eq!(pod.run("outside", &client(&outbound)), "failed EPERM");
 
     // The agent dies without a word: capture is in the kernel, pinned, and holds.
     agent.kill();
@@ -142,6 +145,7 @@ fn capture_survives_an_agent_crash_and_is_adopted_then_detached() {
         pod.run("pod/app", &client(&direct)),
         format!("proxied {direct}")
     );
+    assert_eq!(pod.run("outside", &client(&outbound)), "failed EPERM");
 
     // A new agent finds the pins and adopts them: the very same links.
     let agent = capture_agent(work.path(), "node", &pod.pins);
@@ -163,6 +167,10 @@ fn capture_survives_an_agent_crash_and_is_adopted_then_detached() {
         out.contains("check: cgroup") && out.contains("original_dst (link"),
         "{out}"
     );
+    assert!(
+        out.contains("outbound listeners guarded at the top cgroup: listener_guard4 (link"),
+        "{out}"
+    );
     assert_eq!(
         pod.run("pod/app", &client(&direct)),
         format!("proxied {direct}")
@@ -179,10 +187,12 @@ fn capture_survives_an_agent_crash_and_is_adopted_then_detached() {
         "{}",
         bpftool_attached(&cgroup)
     );
-    assert!(capture_status(&agent)["workloads"]
-        .as_array()
-        .unwrap()
-        .is_empty());
+    let status = capture_status(&agent);
+    assert!(status["workloads"].as_array().unwrap().is_empty());
+    assert!(status["listener_guard"].as_array().unwrap().is_empty());
+    assert!(pod
+        .run("outside", &client(&outbound))
+        .starts_with("proxied"));
     let leftover: Vec<_> = std::fs::read_dir(pod.pins.join("workloads"))
         .unwrap()
         .collect();
@@ -387,10 +397,16 @@ fn envoy_sees_the_original_destination_and_its_upstreams_are_not_looped() {
         answer["via_envoy"], true,
         "the request did not go through Envoy"
     );
-    let log = std::fs::read_to_string(&access_log).unwrap_or_default();
-    assert!(
-        log.contains(&format!("original={upstream} upstream={upstream} code=200")),
-        "access log: {log}"
+    // Envoy logs when the stream ends, maybe after the app has its answer, and
+    // flushes the file on its own timer.
+    let logged = format!("original={upstream} upstream={upstream} code=200");
+    wait_until(
+        &format!("{logged:?} in Envoy's access log"),
+        Duration::from_secs(15),
+        || {
+            let log = std::fs::read_to_string(&access_log).unwrap_or_default();
+            log.contains(&logged).then_some(())
+        },
     );
     // Exactly one downstream connection per app request: a loop would add more.
     assert_eq!(stats("http.outbound.downstream_rq_total"), Some(1));

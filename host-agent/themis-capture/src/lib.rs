@@ -5,6 +5,8 @@
 //! ```text
 //! <pin dir>/WORKLOADS, ORIGINAL_BY_ADDR, ...      the maps (reused by a restarted agent)
 //! <pin dir>/workloads/<workload>/<program>        one bpf_link per program and cgroup
+//! <pin dir>/top/listener_guard4, listener_guard6  links at the top cgroup, while
+//!                                                 any workload is captured
 //! ```
 //!
 //! (`<workload>` with each `.` as `_`: bpffs refuses dots in names, and workload names
@@ -31,7 +33,10 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use serde::Serialize;
-use themis_ebpf_common::{maps, programs, settings, stats, ConnectionKey, WorkloadConfig};
+use themis_ebpf_common::{
+    maps, programs, settings, stats, ConnectionKey, ListenerOwner, SocketAddrKey, WorkloadConfig,
+    AF_INET, AF_INET6,
+};
 
 pub use ipnet::IpNet;
 pub use spec::{CaptureSpec, SpecError};
@@ -50,6 +55,14 @@ const CGROUP_PROGRAMS: [(&str, AttachType); 5] = [
     (programs::SOCK_OPS, AttachType::SockOps),
     (programs::GETSOCKOPT, AttachType::GetSockopt),
     (programs::INBOUND, AttachType::InetIngress),
+];
+
+/// Attached once, at the top cgroup (the root of the cgroup v2 tree the agent sees),
+/// so that they run for every process on the node: a connect to a workload's
+/// outbound listener from outside the workload's cgroup is refused.
+const GUARD_PROGRAMS: [(&str, AttachType); 2] = [
+    (programs::LISTENER_GUARD4, AttachType::Inet4Connect),
+    (programs::LISTENER_GUARD6, AttachType::Inet6Connect),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -95,6 +108,9 @@ pub struct Capture {
     ebpf: Ebpf,
     pin_dir: PathBuf,
     fast_path: bool,
+    /// The agent's network namespace: where a workload's listeners are guarded unless
+    /// its spec names another.
+    netns: u64,
 }
 
 /// One program attached to a workload's cgroup, as the kernel reports it.
@@ -123,6 +139,8 @@ pub struct Status {
     pub pin_dir: PathBuf,
     pub fast_path: bool,
     pub workloads: Vec<WorkloadStatus>,
+    /// The outbound listeners' guard at the top cgroup (empty without workloads).
+    pub listener_guard: Vec<Attachment>,
     pub counters: BTreeMap<&'static str, u64>,
 }
 
@@ -135,10 +153,15 @@ impl Capture {
             .map_err(io_error(format!("creating {}", pin_dir.display())))?;
         replace_short_stats(pin_dir)?;
         let mut ebpf = EbpfLoader::new().map_pin_path(pin_dir).load(OBJECT)?;
-        for (name, _) in CGROUP_PROGRAMS {
+        for (name, _) in CGROUP_PROGRAMS.iter().chain(&GUARD_PROGRAMS) {
             load_program(&mut ebpf, name)?;
         }
         load_program(&mut ebpf, programs::FAST_PATH_MSG)?;
+        let netns = sys::netns_cookie().map_err(|e| {
+            CaptureError::Unavailable(format!(
+                "the kernel gives no network namespace cookie (SO_NETNS_COOKIE, Linux 5.14): {e}"
+            ))
+        })?;
 
         let sockets: SockHash<MapData, ConnectionKey> = SockHash::try_from(
             ebpf.take_map(maps::FAST_PATH_SOCKETS)
@@ -158,12 +181,15 @@ impl Capture {
             ebpf,
             pin_dir: pin_dir.to_owned(),
             fast_path,
+            netns,
         };
         let mut settings: Array<_, u32> =
             Array::try_from(capture.map(maps::SETTINGS)).map_err(map_error(maps::SETTINGS))?;
         settings
             .set(settings::FAST_PATH, u32::from(fast_path), 0)
             .map_err(map_error(maps::SETTINGS))?;
+        // Workloads adopted from an older agent get their listeners guarded too.
+        capture.guard_listeners(None)?;
         let adopted = capture.status()?.workloads;
         for w in &adopted {
             tracing::info!(workload = %w.workload, cgroup_id = w.cgroup_id,
@@ -189,6 +215,11 @@ impl Capture {
             None => 0,
         };
         let config = spec.to_config(proxy_cgroup)?;
+        let netns = match &spec.netns {
+            Some(path) => sys::netns_cookie_of(path)
+                .map_err(|e| SpecError(format!("network namespace {}: {e}", path.display())))?,
+            None => self.netns,
+        };
 
         let existing = self.links(workload);
         if existing.cgroup_id != 0 && existing.cgroup_id != cgroup_id {
@@ -223,6 +254,10 @@ impl Capture {
                 let _ = self.detach(workload);
                 return Err(e);
             }
+        }
+        if let Err(e) = self.guard_listeners(Some((cgroup_id, listener_keys(&config, netns)))) {
+            let _ = self.detach(workload);
+            return Err(e);
         }
         tracing::info!(workload, cgroup = %spec.cgroup.display(), cgroup_id, proxy_cgroup,
             inbound_ports = ?spec.inbound_ports, "capture attached");
@@ -277,6 +312,7 @@ impl Capture {
             }
         }
         fs::remove_dir(&dir).map_err(io_error(format!("removing {}", dir.display())))?;
+        self.guard_listeners(None)?;
         tracing::info!(workload, cgroup_id, "capture detached");
         Ok(true)
     }
@@ -304,8 +340,134 @@ impl Capture {
             pin_dir: self.pin_dir.clone(),
             fast_path: self.fast_path,
             workloads,
+            listener_guard: self.guard_links(),
             counters: self.counters()?,
         })
+    }
+
+    /// Makes `OUTBOUND_LISTENERS` hold the registered workloads' listeners, each
+    /// owned by its workload's cgroup, and keeps the guard attached at the top cgroup
+    /// while there is any, detached when there is none. `changed` is a workload
+    /// (its cgroup id) just attached and its listeners' keys; every other workload
+    /// keeps the keys it has (their namespace is only known when attached), and one
+    /// with none (adopted from an older agent) gets its listeners in the agent's
+    /// namespace.
+    fn guard_listeners(
+        &mut self,
+        changed: Option<(u64, Vec<SocketAddrKey>)>,
+    ) -> Result<(), CaptureError> {
+        let workloads: Vec<(u64, WorkloadConfig)> = self
+            .workloads()?
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(map_error(maps::WORKLOADS))?;
+        let current: Vec<(SocketAddrKey, ListenerOwner)> = self
+            .listeners()?
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(map_error(maps::OUTBOUND_LISTENERS))?;
+        let mut wanted: Vec<(SocketAddrKey, ListenerOwner)> = Vec::new();
+        for (cgroup_id, config) in &workloads {
+            let keys = match &changed {
+                Some((id, keys)) if id == cgroup_id => keys.clone(),
+                _ => {
+                    let kept: Vec<SocketAddrKey> = current
+                        .iter()
+                        .filter(|(_, owner)| owner == cgroup_id)
+                        .map(|(key, _)| *key)
+                        .collect();
+                    if kept.is_empty() {
+                        listener_keys(config, self.netns)
+                    } else {
+                        kept
+                    }
+                }
+            };
+            wanted.extend(keys.into_iter().map(|key| (key, *cgroup_id)));
+        }
+        if !wanted.is_empty() {
+            self.attach_guard()?;
+        }
+        let mut listeners = self.listeners()?;
+        // Insert before removing: a listener that stays is never unguarded.
+        for (key, owner) in &wanted {
+            listeners
+                .insert(key, owner, 0)
+                .map_err(map_error(maps::OUTBOUND_LISTENERS))?;
+        }
+        let stale: Vec<SocketAddrKey> = listeners
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|key| !wanted.iter().any(|(w, _)| w == key))
+            .collect();
+        for key in stale {
+            let _ = listeners.remove(&key);
+        }
+        if wanted.is_empty() {
+            self.detach_guard()?;
+        }
+        Ok(())
+    }
+
+    /// The guard's links at the top cgroup, pinned (kept if already there).
+    fn attach_guard(&self) -> Result<(), CaptureError> {
+        let top = cgroup2_mount()
+            .ok_or_else(|| CaptureError::Unavailable("no cgroup v2 hierarchy is mounted".into()))?;
+        let dir = self.guard_dir();
+        fs::create_dir_all(&dir).map_err(io_error(format!("creating {}", dir.display())))?;
+        let mut cgroup = None;
+        for (name, attach) in GUARD_PROGRAMS {
+            let pin = dir.join(name);
+            if pin.exists() {
+                continue;
+            }
+            if cgroup.is_none() {
+                cgroup = Some(
+                    fs::File::open(&top).map_err(io_error(format!("opening {}", top.display())))?,
+                );
+            }
+            let file = cgroup.as_ref().expect("opened above");
+            self.link(name, attach, (file, &top), &pin)?;
+            tracing::info!(program = name, cgroup = %top.display(), "outbound listeners guarded");
+        }
+        Ok(())
+    }
+
+    /// Unpins the guard's links: the kernel detaches them.
+    fn detach_guard(&self) -> Result<(), CaptureError> {
+        let dir = self.guard_dir();
+        if !dir.exists() {
+            return Ok(());
+        }
+        for (name, _) in GUARD_PROGRAMS {
+            match fs::remove_file(dir.join(name)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(io_error(format!("unpinning {name}"))(e))
+                }
+                _ => {}
+            }
+        }
+        fs::remove_dir(&dir).map_err(io_error(format!("removing {}", dir.display())))
+    }
+
+    fn guard_links(&self) -> Vec<Attachment> {
+        let dir = self.guard_dir();
+        GUARD_PROGRAMS
+            .iter()
+            .filter_map(|(name, _)| {
+                let fd = sys::obj_get(&dir.join(name)).ok()?;
+                let info = sys::link_info(fd.as_fd()).ok()?;
+                Some(Attachment {
+                    program: (*name).into(),
+                    link_id: info.id,
+                    program_id: info.program_id,
+                })
+            })
+            .collect()
+    }
+
+    fn guard_dir(&self) -> PathBuf {
+        self.pin_dir.join("top")
     }
 
     /// A workload's pinned links as the kernel reports them (its cgroup path left out:
@@ -356,6 +518,13 @@ impl Capture {
         HashMap::try_from(self.map(maps::WORKLOADS)).map_err(map_error(maps::WORKLOADS))
     }
 
+    fn listeners(
+        &mut self,
+    ) -> Result<HashMap<&mut MapData, SocketAddrKey, ListenerOwner>, CaptureError> {
+        HashMap::try_from(self.map(maps::OUTBOUND_LISTENERS))
+            .map_err(map_error(maps::OUTBOUND_LISTENERS))
+    }
+
     fn exempt(&mut self) -> Result<HashMap<&mut MapData, u64, u8>, CaptureError> {
         HashMap::try_from(self.map(maps::EXEMPT_CGROUPS)).map_err(map_error(maps::EXEMPT_CGROUPS))
     }
@@ -370,6 +539,28 @@ impl Capture {
         let pin = themis_contracts::names::bpffs_name(workload);
         self.pin_dir.join("workloads").join(&*pin)
     }
+}
+
+/// A workload's outbound listeners as guard keys: IPv4, and IPv6 when it has one.
+fn listener_keys(config: &WorkloadConfig, netns: u64) -> Vec<SocketAddrKey> {
+    let port = config.outbound_port;
+    let mut keys = vec![SocketAddrKey::new(
+        AF_INET.into(),
+        config.outbound_ip4,
+        [0; 4],
+        port,
+        netns,
+    )];
+    if config.capture_ipv6 != 0 {
+        keys.push(SocketAddrKey::new(
+            AF_INET6.into(),
+            0,
+            config.outbound_ip6,
+            port,
+            netns,
+        ));
+    }
+    keys
 }
 
 fn map_error(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> CaptureError {
@@ -392,7 +583,10 @@ where
 
 fn load_program(ebpf: &mut Ebpf, name: &'static str) -> Result<(), CaptureError> {
     let loaded = match name {
-        programs::CONNECT4 | programs::CONNECT6 => program::<CgroupSockAddr>(ebpf, name)?.load(),
+        programs::CONNECT4
+        | programs::CONNECT6
+        | programs::LISTENER_GUARD4
+        | programs::LISTENER_GUARD6 => program::<CgroupSockAddr>(ebpf, name)?.load(),
         programs::SOCK_OPS => program::<SockOps>(ebpf, name)?.load(),
         programs::GETSOCKOPT => program::<CgroupSockopt>(ebpf, name)?.load(),
         programs::INBOUND => program::<CgroupSkb>(ebpf, name)?.load(),

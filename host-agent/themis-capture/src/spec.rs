@@ -31,6 +31,11 @@ pub struct CaptureSpec {
     /// Its IPv6 listener; without it IPv6 connects are left alone.
     #[serde(default)]
     pub outbound6: Option<SocketAddrV6>,
+    /// The network namespace the proxy's listeners are in, as a namespace file
+    /// (`/proc/<pid>/ns/net`, `/run/netns/<name>`); the agent's own by default. Only
+    /// the workload's processes may connect to its outbound listeners there.
+    #[serde(default)]
+    pub netns: Option<PathBuf>,
     /// The app's ports: they accept TCP and UDP only from loopback, i.e. via the local
     /// proxy; with any, the workload takes no other protocol from the network but ICMP
     /// errors, echo replies and neighbour discovery (docs/CAPTURE.md).
@@ -66,6 +71,7 @@ impl CaptureSpec {
             proxy_uid: None,
             outbound: DEFAULT_OUTBOUND,
             outbound6: None,
+            netns: None,
             inbound_ports: Vec::new(),
             exclude_ports: Vec::new(),
             exclude_cidrs: default_exclusions(),

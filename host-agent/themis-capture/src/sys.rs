@@ -137,3 +137,50 @@ pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     // SAFETY: the kernel returned a new fd we now own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
+
+/// `SO_NETNS_COOKIE` (Linux 5.14): the cookie of a socket's network namespace, the
+/// value `bpf_get_netns_cookie` gives the programs.
+const SO_NETNS_COOKIE: libc::c_int = 71;
+
+/// The cookie of the network namespace of namespace file `path`: asked from a
+/// thread that enters it (and ends), so the agent's own threads stay where they are.
+pub fn netns_cookie_of(path: &Path) -> io::Result<u64> {
+    let namespace = std::fs::File::open(path)?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                // SAFETY: setns on an fd we hold, for this thread only (CLONE_NEWNET).
+                if unsafe { libc::setns(namespace.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                netns_cookie()
+            })
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the namespace thread panicked")))
+    })
+}
+
+/// The cookie of this thread's network namespace.
+pub fn netns_cookie() -> io::Result<u64> {
+    // SAFETY: a new socket we close below; getsockopt writes at most `len` bytes.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let socket = OwnedFd::from_raw_fd(fd);
+        let mut cookie = 0u64;
+        let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+        let ret = libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        );
+        if ret != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(cookie)
+    }
+}

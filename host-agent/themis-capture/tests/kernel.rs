@@ -131,6 +131,9 @@ print(s.recv(100).decode(), flush=True)
     let answer = pod.run("pod/app", client6);
     let counters = capture.status().unwrap().counters;
     assert_eq!(answer, "proxied [::1]:7", "{counters:?}");
+    // The IPv6 listener is guarded too: a process in no pod is refused.
+    let answer = pod.run("outside", &client(&format!("::1:{proxy_port}")));
+    assert_eq!(answer, "failed EPERM");
     capture.detach("app").unwrap();
 }
 
@@ -577,4 +580,253 @@ fn a_stats_map_pinned_by_an_older_agent_is_replaced() {
     let counters = capture.status().unwrap().counters;
     assert_eq!(counters["inbound_malformed_dropped"], 0, "{counters:?}");
     assert_eq!(counters["captured"], 0, "{counters:?}");
+}
+
+// A pod's outbound listener signs for its workload, so it must take connections from
+// that pod alone. Pods on one node share its network namespace (scripts/demo.sh), and
+// loopback is never captured: without the guard, another pod's process or a plain
+// host process reaches 127.0.0.1:<listener> and calls the mesh as the workload.
+
+/// Runs `code` as a plain process of this test (in no pod's cgroup); its first line.
+fn run_here(code: &str) -> String {
+    let out = std::process::Command::new("python3")
+        .args(["-c", code])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn only_its_own_pod_connects_to_a_workloads_outbound_listener() {
+    if !kernel("attaches capture to cgroups and to the top cgroup") {
+        return;
+    }
+    let mut pod_a = Pod::new("guard-a");
+    let mut pod_b = Pod::new("guard-b");
+    let port_a: u16 = pod_a.run("pod/proxy", PROXY).parse().unwrap();
+    let port_b: u16 = pod_b.run("pod/proxy", PROXY).parse().unwrap();
+    let listener_a = format!("127.0.0.1:{port_a}");
+    let mut capture = Capture::start(&pod_a.pins, false).unwrap_or_else(|e| panic!("{e}"));
+    for (workload, pod, port) in [("a", &pod_a, port_a), ("b", &pod_b, port_b)] {
+        // The default exclusions: loopback destinations are not captured.
+        let spec = CaptureSpec {
+            proxy_cgroup: Some(pod.cgroup("pod/proxy")),
+            outbound: format!("127.0.0.1:{port}").parse().unwrap(),
+            ..CaptureSpec::new(pod.cgroup("pod"))
+        };
+        capture.attach(workload, &spec).unwrap();
+    }
+
+    // The attack: pod b's app, a process outside any pod, this test's own process.
+    let from_b = pod_b.run("pod/app", &client(&listener_a));
+    assert_eq!(from_b, "failed EPERM", "pod b's app reached a's listener");
+    let from_outside = pod_a.run("outside", &client(&listener_a));
+    assert_eq!(from_outside, "failed EPERM", "a process in no pod");
+    assert_eq!(
+        run_here(&client(&listener_a)),
+        "failed EPERM",
+        "a host process"
+    );
+    // The same listener as an IPv4-mapped address, from an IPv6 socket (connect6).
+    let mapped = format!("::ffff:{listener_a}");
+    assert_eq!(run_here(&client(&mapped)), "failed EPERM", "{mapped}");
+
+    // The controls: pod a's app reaches its listener, directly and captured (judged
+    // after capture rewrote the connect), and pod b's captured connect its own.
+    let direct = pod_a.run("pod/app", &client(&listener_a));
+    assert!(direct.starts_with("proxied"), "{direct}");
+    let captured = pod_a.run("pod/app", &client("10.96.0.10:80"));
+    assert_eq!(captured, "proxied 10.96.0.10:80");
+    let captured = pod_b.run("pod/app", &client("10.96.0.11:80"));
+    assert_eq!(captured, "proxied 10.96.0.11:80");
+    let counters = capture.status().unwrap().counters;
+    assert_eq!(
+        counters.get("outbound_listener_refused"),
+        Some(&4),
+        "{counters:?}"
+    );
+
+    // Deregistered, the listener is a plain socket again; the guard stays while any
+    // workload is captured and goes with the last one.
+    let guard = pod_a.pins.join("top");
+    assert!(capture.detach("a").unwrap());
+    let from_outside = pod_a.run("outside", &client(&listener_a));
+    assert!(from_outside.starts_with("proxied"), "{from_outside}");
+    assert!(guard.join("listener_guard4").exists());
+    assert!(capture.detach("b").unwrap());
+    assert!(!guard.exists(), "the guard's links are unpinned");
+}
+
+#[test]
+fn a_listener_is_guarded_in_the_network_namespace_its_spec_names() {
+    if !kernel("creates network namespaces and attaches capture") {
+        return;
+    }
+    // The pod shares the node's namespace; the agent (this test) runs elsewhere.
+    let net = Net::create("guard-ns");
+    let mut pod = Pod::new("guard-ns");
+    let port: u16 = pod
+        .run_in(Some(&net.node), "pod/proxy", PROXY)
+        .parse()
+        .unwrap();
+    let listener = format!("127.0.0.1:{port}");
+    let mut capture = Capture::start(&pod.pins, false).unwrap_or_else(|e| panic!("{e}"));
+    let spec = CaptureSpec {
+        proxy_cgroup: Some(pod.cgroup("pod/proxy")),
+        outbound: listener.parse().unwrap(),
+        netns: Some(format!("/run/netns/{}", net.node).into()),
+        ..CaptureSpec::new(pod.cgroup("pod"))
+    };
+    capture.attach("app", &spec).unwrap();
+
+    let answer = pod.run_in(Some(&net.node), "outside", &client(&listener));
+    assert_eq!(
+        answer, "failed EPERM",
+        "a process in no pod, in the pod's namespace"
+    );
+    let answer = pod.run_in(Some(&net.node), "pod/app", &client(&listener));
+    assert!(answer.starts_with("proxied"), "{answer}");
+    // The same address in the agent's namespace is some other socket, or none.
+    assert_ne!(run_here(&client(&listener)), "failed EPERM");
+    // A namespace that cannot be entered is named, and the registration stays.
+    let err = capture
+        .attach(
+            "app",
+            &CaptureSpec {
+                netns: Some("/nonexistent/netns".into()),
+                ..spec.clone()
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("network namespace /nonexistent/netns"),
+        "{err}"
+    );
+    let answer = pod.run_in(Some(&net.node), "outside", &client(&listener));
+    assert_eq!(answer, "failed EPERM");
+    assert!(capture.detach("app").unwrap());
+}
+
+/// UDP sockets on `ports` (dual-stack): prints "ready", then for 3 seconds (or until
+/// every port has one) collects the ports marked datagrams arrived on, and prints them.
+fn udp_watch(ports: &[u16]) -> String {
+    format!(
+        r#"
+import select, socket, time
+socks = {{}}
+for port in {ports:?}:
+    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    s.bind(("::", port)); socks[s] = port
+print("ready", flush=True)
+seen = set()
+deadline = time.monotonic() + 3
+while len(seen) < len(socks) and time.monotonic() < deadline:
+    for s in select.select(list(socks), [], [], max(0, deadline - time.monotonic()))[0]:
+        if b"themis-mark" in s.recv(2000):
+            seen.add(socks[s])
+print(" ".join(str(p) for p in sorted(seen)) or "none", flush=True)
+"#
+    )
+}
+
+/// Sends a marked UDP datagram with the forged source 127.0.0.1 to each of `ports`
+/// at `dst`, as an Ethernet frame to `mac` on the peer's end of the veth (the peer's
+/// kernel would not route a loopback source out of it).
+fn udp_from_forged_loopback(mac: &str, dst: &str, ports: &[u16]) -> String {
+    format!(
+        r#"
+import socket, struct
+def checksum(b):
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    s = (s >> 16) + (s & 0xffff)
+    return ~(s + (s >> 16)) & 0xffff
+link = socket.socket(socket.AF_PACKET, socket.SOCK_RAW); link.bind(("{dev}", 0))
+ethernet = bytes.fromhex("{mac}".replace(":", "")) + link.getsockname()[4] + b"\x08\x00"
+src, dst = socket.inet_aton("127.0.0.1"), socket.inet_aton("{dst}")
+for port in {ports:?}:
+    payload = b"themis-mark"
+    udp = struct.pack("!HHHH", 40000, port, 8 + len(payload), 0) + payload  # no checksum
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, 17, 0, src, dst)
+    ip = ip[:10] + struct.pack("!H", checksum(ip)) + ip[12:]
+    link.send(ethernet + ip + udp)
+print("sent", flush=True)
+"#,
+        dev = Net::PEER_DEV,
+    )
+}
+
+#[test]
+fn udp_with_a_forged_loopback_source_does_not_reach_an_app_port() {
+    if !kernel("creates network namespaces and attaches capture") {
+        return;
+    }
+    let net = Net::create("spoof");
+    let mut pod = Pod::new("spoof");
+    // What lets forged loopback sources in from the veth: route_localnet (as some
+    // kube-proxy set-ups have it), and accept_local for 127.0.0.1 itself (an address
+    // of the namespace; other 127/8 sources need route_localnet alone).
+    for dev in ["all", Net::NODE_DEV] {
+        for setting in ["route_localnet=1", "accept_local=1", "rp_filter=0"] {
+            let status = std::process::Command::new("ip")
+                .args(["netns", "exec", &net.node, "sysctl", "-qw"])
+                .arg(format!("net.ipv4.conf.{dev}.{setting}"))
+                .status()
+                .unwrap();
+            assert!(status.success(), "sysctl {dev}.{setting}");
+        }
+    }
+    let mac = std::process::Command::new("ip")
+        .args(["netns", "exec", &net.node, "cat"])
+        .arg(format!("/sys/class/net/{}/address", Net::NODE_DEV))
+        .output()
+        .unwrap();
+    let mac = String::from_utf8(mac.stdout).unwrap().trim().to_string();
+    // 8080 is the app port of a protected workload; 8082 a socket in no workload.
+    let forge = |pod: &mut Pod| -> (String, String) {
+        let mut protected = pod.start_in(&net.node, "pod/app", &udp_watch(&[8080]));
+        let mut unprotected = pod.start_in(&net.node, "outside", &udp_watch(&[8082]));
+        assert_eq!(protected.next_line(), "ready");
+        assert_eq!(unprotected.next_line(), "ready");
+        let sent = pod.run_in(
+            Some(&net.peer),
+            "outside",
+            &udp_from_forged_loopback(&mac, Net::NODE4, &[8080, 8082]),
+        );
+        assert_eq!(sent, "sent");
+        (protected.next_line(), unprotected.next_line())
+    };
+    // Before capture the kernel delivers them: the forgery works in this namespace.
+    assert_eq!(forge(&mut pod), ("8080".into(), "8082".into()));
+
+    let mut capture = Capture::start(&pod.pins, false).unwrap_or_else(|e| panic!("{e}"));
+    protect(&pod, &mut capture, &[8080]);
+    let (protected, unprotected) = forge(&mut pod);
+    assert_eq!(
+        protected, "none",
+        "a forged loopback source reached the app port"
+    );
+    assert_eq!(
+        unprotected, "8082",
+        "the same datagram to a socket in no workload"
+    );
+    // Real loopback traffic, as from the local proxy, still reaches the app.
+    assert_eq!(
+        pod.run_in(Some(&net.node), "pod/app", &udp_echo(&[8080])),
+        "listening"
+    );
+    let answer = pod.run_in(Some(&net.node), "outside", &udp_client("127.0.0.1", 8080));
+    assert_eq!(answer, "echo hi", "from loopback");
+    let counters = capture.status().unwrap().counters;
+    assert_eq!(
+        counters.get("inbound_spoofed_loopback_dropped"),
+        Some(&1),
+        "{counters:?}"
+    );
+    assert!(capture.detach("app").unwrap());
 }

@@ -174,6 +174,11 @@ struct CaptureArgs {
     /// The proxy's IPv6 outbound listener; without it IPv6 connects are not captured.
     #[arg(long, value_name = "[IP]:PORT", requires = "cgroup")]
     outbound6: Option<SocketAddrV6>,
+    /// The network namespace the proxy's listeners are in (/proc/PID/ns/net,
+    /// /run/netns/NAME): only the pod may connect to its outbound listener there
+    /// [default: the agent's].
+    #[arg(long, value_name = "FILE", requires = "cgroup")]
+    netns: Option<PathBuf>,
     /// An app port: it takes TCP only via the local proxy, and no UDP from the network;
     /// the pod also stops taking ICMP other than errors, fragments and other protocols
     /// (docs/CAPTURE.md) (repeatable).
@@ -196,6 +201,7 @@ impl CaptureArgs {
             proxy_uid: self.proxy_uid,
             outbound: self.outbound.unwrap_or(defaults.outbound),
             outbound6: self.outbound6,
+            netns: self.netns,
             inbound_ports: self.inbound_ports,
             exclude_ports: self.exclude_ports,
             exclude_cidrs: if self.exclude_cidrs.is_empty() {
@@ -845,6 +851,18 @@ fn render_capture(v: &Value) -> String {
         if w["missing"].as_array().is_some_and(|m| !m.is_empty()) {
             out += &format!("  MISSING: {}\n", w["missing"]);
         }
+    }
+    let guard: Vec<String> = v["listener_guard"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| format!("{} (link {})", s(&a["program"]), s(&a["link_id"])))
+        .collect();
+    if !guard.is_empty() {
+        out += &format!(
+            "outbound listeners guarded at the top cgroup: {}\n",
+            guard.join(", ")
+        );
     }
     let counters: Vec<String> = v["counters"]
         .as_object()
