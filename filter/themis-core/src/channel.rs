@@ -19,23 +19,14 @@ use alloc::vec::Vec;
 
 use ring::aead;
 
-use crate::handshake::{HandshakeConfig, Role};
 use crate::identity::{MeshName, PeerId};
 use crate::keys::{nonce, DirectionKey, SessionKeys};
+pub use crate::params::ChannelMode;
+use crate::params::{HandshakeConfig, Role};
 use crate::suite::Suite;
 use crate::wire::{
     RecordHeader, WireError, MAX_RECORD_PAYLOAD, RECORD_HEADER_LEN, RECORD_OVERHEAD, TAG_LEN,
 };
-
-/// How records are ordered on the transport.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChannelMode {
-    /// A reliable, ordered transport (TCP): each record must be the next one.
-    Stream,
-    /// Datagrams (UDP) may be lost or reordered: each sequence number is accepted
-    /// once, within a window of [`REPLAY_WINDOW`] behind the highest seen.
-    Datagram,
-}
 
 /// How far behind the highest sequence number a datagram may arrive.
 pub const REPLAY_WINDOW: u64 = 128;

@@ -64,7 +64,7 @@ pub enum Peek {
 /// `docs/PROTOCOL.md` §3.1, the digest `handshake` signs and checks).
 fn hello_key(body_bytes: &[u8]) -> HelloKey {
     let mut key: HelloKey = [0; 16];
-    key.copy_from_slice(&crate::handshake::digests::hello(body_bytes)[..16]);
+    key.copy_from_slice(&crate::transcript::hello(body_bytes)[..16]);
     key
 }
 

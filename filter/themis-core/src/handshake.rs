@@ -19,67 +19,21 @@
 use alloc::vec::Vec;
 
 use ring::agreement::{self, EphemeralPrivateKey, UnparsedPublicKey};
+use ring::hmac;
 use ring::rand::SecureRandom;
-use ring::{digest, hmac};
 
-use crate::channel::{ChannelMode, Session, SessionInfo};
+use crate::channel::{Session, SessionInfo};
 use crate::guard::{Freshness, HelloGuard, HelloKey};
 use crate::identity::{Identity, MeshName, PeerId, PublicIdentity};
 use crate::keys::SessionKeys;
+use crate::params::MIN_RECORDS_PER_KEY;
+pub use crate::params::{HandshakeConfig, Role, DEFAULT_RECORDS_PER_KEY};
 use crate::suite::{Suite, SuiteSet};
+use crate::transcript as digests;
 use crate::wire::{
     self, Confirm, Hello, HelloBody, HelloReply, HelloReplyBody, Kind, Signature, WireError,
     PROTOCOL_VERSION,
 };
-
-/// Which end of the handshake a session came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    /// Sent message 1.
-    Initiator,
-    /// Answered it.
-    Responder,
-}
-
-/// Records per traffic key before the channel ratchets to a new one. Records carry
-/// up to 1 MiB, so 2^18 of them are at most 2^38 bytes (2^34 AES blocks) per key: the
-/// data volume TLS 1.3 allows one AES-GCM key (2^24.5 records of 16 KiB).
-pub const DEFAULT_RECORDS_PER_KEY: u64 = 1 << 18;
-
-/// Settings both roles use.
-#[derive(Clone, Debug)]
-pub struct HandshakeConfig {
-    /// AEAD suites, most preferred first. The initiator offers them all; the
-    /// responder picks its first one that was offered.
-    pub suites: &'static [Suite],
-    /// How the resulting channel orders records.
-    pub mode: ChannelMode,
-    /// Records per traffic key before rekeying (at least 2). Both sides use the
-    /// smaller of their two settings, agreed in the signed handshake.
-    pub records_per_key: u64,
-}
-
-/// The smallest rekey interval accepted (0 would divide by zero; 1, a key per record,
-/// only costs). Settings below it are raised to it.
-const MIN_RECORDS_PER_KEY: u64 = 2;
-
-impl HandshakeConfig {
-    /// The rekey interval this side offers or accepts: its setting, raised to the
-    /// minimum.
-    fn offered_records_per_key(&self) -> u64 {
-        self.records_per_key.max(MIN_RECORDS_PER_KEY)
-    }
-}
-
-impl Default for HandshakeConfig {
-    fn default() -> Self {
-        HandshakeConfig {
-            suites: Suite::preferred(),
-            mode: ChannelMode::Stream,
-            records_per_key: DEFAULT_RECORDS_PER_KEY,
-        }
-    }
-}
 
 /// Why a handshake failed. Drivers log it and count it; the peer learns nothing but
 /// that the handshake was rejected.
@@ -147,39 +101,6 @@ impl From<Freshness> for HandshakeError {
 }
 
 /// Signature digests, domain-separated per message.
-pub(crate) mod digests {
-    use super::*;
-
-    pub(crate) fn hello(body_bytes: &[u8]) -> [u8; 32] {
-        finish(&[b"themis/1 hello signature", body_bytes])
-    }
-
-    pub(super) fn hello_reply(hello_bytes: &[u8], body_bytes: &[u8]) -> [u8; 32] {
-        hello_reply_hashed(&hello_hash(hello_bytes), body_bytes)
-    }
-
-    /// The hash of message 1 that message 2's signature covers.
-    pub(super) fn hello_hash(hello_bytes: &[u8]) -> [u8; 32] {
-        finish(&[hello_bytes])
-    }
-
-    pub(super) fn hello_reply_hashed(hello_hash: &[u8; 32], body_bytes: &[u8]) -> [u8; 32] {
-        finish(&[b"themis/1 hello-reply signature", hello_hash, body_bytes])
-    }
-
-    pub(super) fn transcript(hello_bytes: &[u8], reply_bytes: &[u8]) -> [u8; 32] {
-        finish(&[b"themis/1 transcript", hello_bytes, reply_bytes])
-    }
-
-    pub(super) fn finish(parts: &[&[u8]]) -> [u8; 32] {
-        let mut ctx = digest::Context::new(&digest::SHA256);
-        parts.iter().for_each(|p| ctx.update(p));
-        let mut out = [0u8; 32];
-        out.copy_from_slice(ctx.finish().as_ref());
-        out
-    }
-}
-
 /// Verified values: constructible only here, and only after the checks pass.
 mod verified {
     use super::*;

@@ -51,8 +51,10 @@ pub mod guard;
 pub mod handshake;
 pub mod identity;
 mod keys;
+pub mod params;
 pub mod stream;
 pub mod suite;
+mod transcript;
 pub mod wire;
 
 pub use channel::{
