@@ -3,12 +3,34 @@
 //! returns, and a decoded frame re-encodes and decodes to the same bytes. The values
 //! the DHT stores (instance records with their grant chains, revocations) and the
 //! admissions are fuzzed by `trust_decoders`.
+//!
+//! Also what it decodes from local callers and its own state: the local API's request
+//! bodies (a workload's owner, a sign request, a revocation to publish) and
+//! `owners.json`. Each decodes or is refused, and what decodes round-trips.
 #![no_main]
 
+use std::collections::BTreeMap;
+
 use libfuzzer_sys::fuzz_target;
+use serde::{de::DeserializeOwned, Serialize};
 use themis_agent::overlay::Frame;
+use themis_contracts::api::{CreateWorkload, Owner, PublishRevocation, SignRequest};
+
+/// Decodes `bytes` as JSON of `T`; if it decodes, it encodes and decodes again to the
+/// same value.
+fn json_round_trip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(bytes: &[u8]) {
+    if let Ok(value) = serde_json::from_slice::<T>(bytes) {
+        let encoded = serde_json::to_vec(&value).expect("a decoded body encodes");
+        let again: T = serde_json::from_slice(&encoded).expect("and decodes");
+        assert_eq!(again, value);
+    }
+}
 
 fuzz_target!(|bytes: &[u8]| {
+    json_round_trip::<CreateWorkload>(bytes);
+    json_round_trip::<SignRequest>(bytes);
+    json_round_trip::<PublishRevocation>(bytes);
+    json_round_trip::<BTreeMap<String, Owner>>(bytes);
     if let Ok(frame) = postcard::from_bytes::<Frame>(bytes) {
         if let Frame::Dht { message, .. } = &frame {
             let _ = message.check();
