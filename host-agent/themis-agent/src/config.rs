@@ -154,7 +154,7 @@ impl Default for Settings {
             resolve_lookups_per_sec: 50,
             resolve_lookups_burst: 200,
             inbound_handshakes_per_sec: 200,
-            inbound_hellos_per_source_per_sec: 10,
+            inbound_hellos_per_source_per_sec: 50,
             admission_timeout_ms: 5_000,
         }
     }
@@ -307,7 +307,7 @@ pub struct AgentArgs {
     #[arg(long, value_name = "N")]
     pub inbound_handshakes_per_sec: Option<u32>,
     /// Handshakes one source (IPv4 address, IPv6 /64) may start per second on the
-    /// agent port [default: 10].
+    /// agent port [default: 50, as the sidecar's].
     #[arg(long, value_name = "N")]
     pub inbound_hellos_per_source_per_sec: Option<u32>,
     /// An inbound connection must prove its admission within this, ms [default: 5000].

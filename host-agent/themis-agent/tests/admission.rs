@@ -165,8 +165,8 @@ fn eventually(a: &Metered, what: &str, mut check: impl FnMut(&str) -> bool) {
     panic!("{what}; metrics:\n{text}");
 }
 
-/// Item 1: twenty sources complete handshakes with self-made keys as fast as the
-/// agent lets them, half of them then sending a frame with no valid admission, half
+/// Item 1: twenty sources complete handshakes with self-made keys, four a second
+/// each, half of them then sending a frame with no valid admission, half
 /// saying nothing, and hold every connection. Before the fix they were authenticated,
 /// hence never evicted, and their refused frames left them open: they held all 64
 /// slots and the legitimate agent was refused (`over_total_cap`). Now they are
@@ -196,7 +196,7 @@ fn self_made_keys_from_many_sources_cannot_hold_the_slots_an_admitted_agent_need
         flood.push(rt.spawn(async move {
             let from = IpAddr::V4(Ipv4Addr::new(127, 0, 0, last));
             let mut held = VecDeque::new();
-            for _ in 0..2000 {
+            for _ in 0..400 {
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
@@ -211,7 +211,9 @@ fn self_made_keys_from_many_sources_cannot_hold_the_slots_an_admitted_agent_need
                         held.pop_front();
                     }
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                // 80 handshakes a second in all: within the listener's open budget,
+                // so that this test is about the slots, not the budget.
+                tokio::time::sleep(Duration::from_millis(250)).await;
             }
         }));
     }
@@ -369,10 +371,10 @@ fn one_ipv6_64_with_many_addresses_is_capped_as_one_source() {
     assert_eq!(refused, 36, "connections closed at once");
 }
 
-/// Item 2: one source sends a hundred Hellos, each fresh and validly signed by a new
-/// self-made key, on a hundred connections. Before, every one was answered with the
-/// full public-key work (under one lock, on the async workers). Now the source's
-/// bucket (burst 20, then 10 a second) cuts it before any public-key work, counted
+/// Item 2: one source sends 300 Hellos, each fresh and validly signed by a new
+/// self-made key, on 300 connections. Before, every one was answered with the full
+/// public-key work (under one lock, on the async workers). Now the source's bucket
+/// (burst 100, then 50 a second) cuts it before any public-key work, counted
 /// `over_source_rate`, and the node's sidecars still get their handshakes signed.
 #[test]
 fn a_hello_flood_from_one_source_is_cut_to_its_bucket_and_sidecars_still_get_signatures() {
@@ -396,7 +398,7 @@ fn a_hello_flood_from_one_source_is_cut_to_its_bucket_and_sidecars_still_get_sig
         let mut answered = 0u32;
         // One connection at a time (closed after its answer): the per-source
         // connection cap plays no part, only the bucket.
-        for _ in 0..100 {
+        for _ in 0..300 {
             if let Some((_, yes)) = hello_from(from, target, peer).await {
                 answered += u32::from(yes);
             }
@@ -426,13 +428,13 @@ fn a_hello_flood_from_one_source_is_cut_to_its_bucket_and_sidecars_still_get_sig
     let answered = rt.block_on(flood).unwrap();
     let elapsed = started.elapsed().as_secs_f64();
     // What the bucket allows over the flood's duration, plus one for rounding.
-    let allowed = 20.0 + 10.0 * elapsed + 1.0;
+    let allowed = 100.0 + 50.0 * elapsed + 1.0;
     assert!(
         f64::from(answered) <= allowed,
-        "{answered} of 100 Hellos from one source answered in {elapsed:.1} s (the bucket allows {allowed:.0})"
+        "{answered} of 300 Hellos from one source answered in {elapsed:.1} s (the bucket allows {allowed:.0})"
     );
     eventually(&a, "the refused Hellos counted", |text| {
-        agent_limited(text, "over_source_rate") >= u64::from(100 - answered)
+        agent_limited(text, "over_source_rate") >= u64::from(300 - answered)
     });
 }
 

@@ -75,11 +75,12 @@ pub struct Limits {
 /// The default [`Limits::max_unadmitted_frame`]: 64 KiB.
 pub const DEFAULT_MAX_UNADMITTED_FRAME: usize = 64 << 10;
 
-/// The default [`Limits::hellos_per_source`]: far above what pooled connections from
-/// one node need, far below what a flood sends.
+/// The default [`Limits::hellos_per_source`], the sidecar's: far above what pooled
+/// connections from one node need (an agent opens about one per peer), far below
+/// what a flood sends.
 pub const DEFAULT_HELLOS_PER_SOURCE: Rate = Rate {
-    per_second: 10,
-    burst: 20,
+    per_second: 50,
+    burst: 100,
 };
 
 impl Default for Limits {

@@ -502,3 +502,63 @@ fn an_ipv6_source_is_its_64_and_an_ipv4_source_its_address() {
         source_of(v4)
     );
 }
+
+/// The listener's handshake budget: a flood of fresh Hellos from new sources takes the
+/// open share and is then closed with no message 2 (`handshake_budget`), while a
+/// source admitted recently still completes new handshakes from the reserved share.
+#[tokio::test]
+async fn a_hello_flood_spends_the_open_budget_and_admitted_sources_keep_the_reserve() {
+    let limits = Limits {
+        handshake_budget: themis_core::BudgetConfig {
+            rate: themis_core::Rate {
+                per_second: 1,
+                burst: 4,
+            },
+            known_good_percent: 50,
+            ..themis_core::BudgetConfig::default()
+        },
+        ..Limits::default()
+    };
+    let server = start_admitting(Config::default(), limits).await;
+    let id = server.identity.id();
+    let member = identity();
+    let mut first = connect(&member, server.addr, id, &Config::default())
+        .await
+        .unwrap();
+    assert_eq!(&first.request(b"admit me").await.unwrap()[..], b"ok");
+    drop(first);
+
+    // Ten fresh Hellos from ten new sources: the open share (2, then one every 2 s)
+    // answers a few, the rest are closed unanswered.
+    let mut answered = 0;
+    for last in 60..70 {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let (_, hello) = Initiator::start(
+            &identity(),
+            id,
+            &HandshakeConfig::default(),
+            now_ms,
+            &SystemRandom::new(),
+        )
+        .unwrap();
+        let mut tcp = connect_from(last, server.addr).await.unwrap();
+        tcp.write_all(&hello).await.unwrap();
+        let mut reply = [0u8; 1024];
+        let n = tokio::time::timeout(PATIENCE, tcp.read(&mut reply))
+            .await
+            .expect("message 2 or a close in time")
+            .unwrap_or(0);
+        answered += usize::from(n > 0);
+    }
+    assert!(answered < 10, "all ten answered");
+    assert!(limited(&server.stats, "handshake_budget", 1).await >= 1);
+
+    // The member, admitted a moment ago from 127.0.0.1, still gets in.
+    let mut again = connect(&member, server.addr, id, &Config::default())
+        .await
+        .expect("the reserved share answers a recently admitted source");
+    assert_eq!(&again.request(b"admit me").await.unwrap()[..], b"ok");
+}
