@@ -9,7 +9,8 @@
 //! * flood (second phase only): 20 IPv4 sources (127.0.0.2–21) and 20 addresses of
 //!   one IPv6 /64 (fd00:64::2–15), each completing key agreements with keys of its
 //!   own as fast as A lets it, sending a DHT frame whose admission credential is no
-//!   credential, and holding up to 16 connections;
+//!   credential, and holding up to 32 connections (the per-source cap: 40 sources
+//!   could hold 1280, over the agent's 1024);
 //! * a sidecar of A gets 100 handshake messages signed (`POST /v1/workloads/check/
 //!   sign`, one after another): p50 and p99;
 //! * a newly admitted agent joins through A (time to `joined`), registers `web`
@@ -178,7 +179,7 @@ async fn read_message(tcp: &mut TcpStream) -> Option<Vec<u8>> {
 }
 
 /// One flooding source: handshakes with keys of its own, a frame with no valid
-/// admission on each, up to 16 connections held.
+/// admission on each, up to 32 connections held.
 async fn flood_source(
     from: IpAddr,
     to: SocketAddr,
@@ -226,7 +227,7 @@ async fn flood_source(
         if let Some(tcp) = attempt.await {
             counts[1].fetch_add(1, Ordering::Relaxed);
             held.push_back(tcp);
-            while held.len() > 16 {
+            while held.len() > 32 {
                 held.pop_front();
             }
         }
