@@ -17,7 +17,7 @@ use tokio::sync::{Notify, Semaphore};
 use tracing::{debug, warn};
 
 use crate::limits::{Gate, Limits, Permit};
-use crate::stream::accept_charged;
+use crate::stream::{accept_charged, now_ms};
 use crate::{Config, NetError, SecureReader, SecureWriter};
 
 /// Requests handled at once on one connection; more wait (back-pressure on the peer).
@@ -245,13 +245,6 @@ impl Budget {
             admission => Ok(admission),
         }
     }
-}
-
-/// The wall clock, Unix milliseconds (the budgets' clock).
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// One accepted connection and what it shares with the listener.

@@ -58,8 +58,8 @@ fn handshake_frames(read: OwnedReadHalf) -> Frames {
     FramedRead::with_capacity(read, FrameCodec::handshake(), MAX_HANDSHAKE_LEN)
 }
 
-/// The wall clock, Unix milliseconds (handshake freshness).
-fn now_ms() -> u64 {
+/// The wall clock, Unix milliseconds (handshake freshness, the handshake budgets).
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
