@@ -12,6 +12,7 @@
 //! Randomness always comes from [`ring::rand::SystemRandom`]: nothing is seeded, so
 //! no run can be faster than real use because of a fixed key or nonce.
 
+pub mod admission_flood;
 pub mod noise;
 pub mod plaintext;
 pub mod primitives;

@@ -54,7 +54,7 @@ pub async fn serve(listener: TcpListener, overlay: Overlay) {
                 let number = frame.get_u64();
                 let (overlay, writer) = (overlay.clone(), writer.clone());
                 tokio::spawn(async move {
-                    let answer = overlay.handle_frame(PeerId(peer), &frame).await;
+                    let answer = overlay.handle_frame(PeerId(peer), &frame).await.payload;
                     let mut out = BytesMut::with_capacity(8 + answer.len());
                     out.put_u64(number);
                     out.extend_from_slice(&answer);

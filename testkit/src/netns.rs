@@ -109,3 +109,54 @@ impl Drop for Net {
         }
     }
 }
+
+/// A network namespace with nothing but its loopback, up, carrying extra addresses:
+/// many sources on one host (e.g. a whole IPv6 /64) without touching the host's own
+/// interfaces. Deleted on drop. Needs root.
+pub struct Alone {
+    pub name: String,
+}
+
+impl Alone {
+    /// Creates `th-<name>-<pid>` with `addresses` (CIDR, e.g. `fd00:64::2/64`) on `lo`.
+    pub fn create(name: &str, addresses: &[String]) -> Alone {
+        let alone = Alone {
+            name: format!("th-{name}-{}", std::process::id()),
+        };
+        ip(&["netns", "add", &alone.name]);
+        ip(&["-n", &alone.name, "link", "set", "lo", "up"]);
+        for address in addresses {
+            // nodad: usable at once, no duplicate address detection to wait for.
+            ip(&[
+                "-n",
+                &alone.name,
+                "addr",
+                "add",
+                address,
+                "dev",
+                "lo",
+                "nodad",
+            ]);
+        }
+        alone
+    }
+
+    /// Moves the calling thread into the namespace: the sockets it opens from now on
+    /// are there. Meant for a thread of its own, which ends there.
+    pub fn enter(&self) {
+        let path = format!("/var/run/netns/{}", self.name);
+        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        // SAFETY: setns(2) on a descriptor we own; it changes only this thread.
+        let done =
+            unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) };
+        assert_eq!(done, 0, "setns {path}: {}", std::io::Error::last_os_error());
+    }
+}
+
+impl Drop for Alone {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}

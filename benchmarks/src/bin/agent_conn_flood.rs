@@ -12,6 +12,11 @@
 //! cargo build --release -p themis-agent -p themis-benchmarks --bin themis --bin agent_conn_flood
 //! target/release/agent_conn_flood --connections 4000 --sources 200
 //! ```
+//!
+//! With `--admission-flood` it runs the issue 21 scenario instead
+//! ([`themis_benchmarks::admission_flood`]): self-made keys from many sources (IPv4
+//! and one IPv6 /64) against an admitted agent joining and the node's sidecars
+//! getting signatures, beside the same without the flood. Needs root.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -35,6 +40,9 @@ struct Args {
     /// The agent's handshake deadline, milliseconds.
     #[arg(long, default_value_t = 2000)]
     handshake_timeout_ms: u64,
+    /// Run the issue 21 scenario (self-made keys; see the module doc) instead.
+    #[arg(long)]
+    admission_flood: bool,
     /// Extra flags for the agent (e.g. "--max-inbound-connections 4096").
     #[arg(long, allow_hyphen_values = true, num_args = 1..)]
     agent_args: Vec<String>,
@@ -139,6 +147,10 @@ fn main() {
         .themis
         .clone()
         .unwrap_or_else(|| std::env::current_exe().unwrap().with_file_name("themis"));
+    if args.admission_flood {
+        themis_benchmarks::admission_flood::run(&themis);
+        return;
+    }
     let tmp = std::env::temp_dir().join(format!("themis-conn-flood-{}", std::process::id()));
     let (mesh, node) = (tmp.join("mesh"), tmp.join("node"));
     std::fs::create_dir_all(&node).unwrap();

@@ -166,6 +166,27 @@ impl HelloGuard {
         self.by_expiry.insert((expires, key));
     }
 
+    /// Remembers the whole message 1 `hello`, whose signature a handshake verified
+    /// without this guard (with one of capacity 0, so that the guard's lock is not
+    /// held across the public-key work), unless this guard refuses it now: `false` if
+    /// it is stale, was seen meanwhile (a replay raced it on another connection), or
+    /// is not a Hello. Check and remember are one step, so of two racing copies only
+    /// one is claimed.
+    pub fn claim(&mut self, hello: &[u8], now_ms: u64) -> bool {
+        let Ok(signed) = Hello::decode(hello) else {
+            return false;
+        };
+        let (timestamp_ms, key) = (
+            signed.message.body.timestamp_ms,
+            hello_key(signed.body_bytes),
+        );
+        if self.check(timestamp_ms, &key, now_ms).is_err() {
+            return false;
+        }
+        self.remember(timestamp_ms, key, now_ms);
+        true
+    }
+
     /// The checks that come before any public-key work, on the first bytes `buf` a
     /// peer sent on a stream, for a driver that charges a [`HandshakeBudget`] only for
     /// Hellos that would cost a full answer: [`Peek::More`] until message 1 is

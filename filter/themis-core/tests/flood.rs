@@ -541,3 +541,23 @@ fn the_budget_splits_exactly_and_the_known_good_table_expires_and_is_bounded() {
     assert_eq!(b.allow_unknown(t), Admission::Open);
     assert_eq!(b.allow_unknown(t), Admission::Busy);
 }
+
+/// `claim` is the replay check for a driver that verified a Hello off the shared
+/// guard: the first copy is remembered, a second (a replay that raced it on another
+/// connection) is refused, as are a stale Hello and bytes that are not a Hello; and a
+/// claimed Hello is then refused by the handshake as `Replayed`.
+#[test]
+fn a_claimed_hello_is_remembered_once_and_then_refused() {
+    let mut guard = HelloGuard::default();
+    let hello = hello_at(NOW_MS, 71);
+    assert!(guard.claim(&hello, NOW_MS));
+    assert!(!guard.claim(&hello, NOW_MS), "a second copy was claimed");
+    assert!(matches!(
+        respond(&mut guard, &hello, NOW_MS),
+        Err(HandshakeError::Replayed)
+    ));
+    let stale = hello_at(NOW_MS - 3_600_000, 72);
+    assert!(!guard.claim(&stale, NOW_MS));
+    assert!(!guard.claim(b"not a hello", NOW_MS));
+    assert_eq!(guard.len(), 1);
+}

@@ -58,12 +58,16 @@ fn bind_error(
 }
 
 /// What the read-only TCP resolution API holds at most: HTTP clients open a
-/// connection or a few each, and a connection silent for 30 s is closed.
-const RESOLVE_LIMITS: themis_net::Limits = themis_net::Limits {
-    max_connections: 256,
-    max_per_source: 32,
-    idle_timeout: Duration::from_secs(30),
-};
+/// connection or a few each, and a connection silent for 30 s is closed. (HTTP has
+/// no handshake: the handshake and admission limits do not apply.)
+fn resolve_limits() -> themis_net::Limits {
+    themis_net::Limits {
+        max_connections: 256,
+        max_per_source: 32,
+        idle_timeout: Duration::from_secs(30),
+        ..themis_net::Limits::default()
+    }
+}
 
 /// Runs the agent until `SIGTERM`/`SIGINT`, then leaves the ring and returns.
 pub async fn run(settings: Settings) -> Result<(), AgentError> {
@@ -173,7 +177,7 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
             Some(tokio::spawn(crate::api::serve_resolve(
                 listener,
                 registry.clone(),
-                RESOLVE_LIMITS,
+                resolve_limits(),
                 stats,
             )))
         }

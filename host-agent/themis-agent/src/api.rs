@@ -132,7 +132,7 @@ impl From<RegistryError> for ApiError {
             RegistryError::CaptureDisabled => {
                 ApiError::new(StatusCode::CONFLICT, "capture_disabled", e)
             }
-            RegistryError::RateLimited { .. } => {
+            RegistryError::RateLimited { .. } | RegistryError::LookupsLimited { .. } => {
                 ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", e)
             }
             RegistryError::Capture(ref c) => match c {
@@ -346,9 +346,12 @@ async fn resolve(
     let service = ServiceName::new(&service)?;
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     match r.resolve(&service, query.fresh, operator.is_some()).await {
-        // Over the budget of cache-skipping lookups, with nothing cached: 429 with
-        // when to try again (whole seconds, at least one).
-        Err(e @ RegistryError::RateLimited { retry_after, .. }) => {
+        // Over a budget of lookups, with nothing cached to answer: 429 with when to
+        // try again (whole seconds, at least one).
+        Err(
+            e @ (RegistryError::RateLimited { retry_after, .. }
+            | RegistryError::LookupsLimited { retry_after, .. }),
+        ) => {
             let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
             let mut response = ApiError::from(e).into_response();
             response.headers_mut().insert(

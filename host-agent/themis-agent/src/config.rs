@@ -90,6 +90,20 @@ pub struct Settings {
     /// agent's own cgroup, which is always one. Empty by default: only the agent's own
     /// cgroup. Never list a cgroup that contains pods.
     pub operator_cgroups: Vec<PathBuf>,
+    /// Resolutions that miss the cache (each is `replicas + 1` DHT lookups) allowed
+    /// per second, the operator's excepted.
+    pub resolve_lookups_per_sec: u32,
+    /// Resolutions missing the cache allowed in a burst.
+    pub resolve_lookups_burst: u32,
+    /// Handshakes the agent port answers per second, every source together (twice
+    /// that in a burst); half is reserved for sources admitted in the last 10 minutes.
+    pub inbound_handshakes_per_sec: u32,
+    /// Handshakes one source (an IPv4 address, an IPv6 /64) may start per second
+    /// (twice that in a burst).
+    pub inbound_hellos_per_source_per_sec: u32,
+    /// An authenticated inbound connection must prove its admission (send a frame
+    /// carrying a valid admission) within this, in milliseconds.
+    pub admission_timeout_ms: u64,
 }
 
 /// How logs are written.
@@ -137,6 +151,11 @@ impl Default for Settings {
             fast_path: false,
             operator_uids: vec![0],
             operator_cgroups: Vec::new(),
+            resolve_lookups_per_sec: 50,
+            resolve_lookups_burst: 200,
+            inbound_handshakes_per_sec: 200,
+            inbound_hellos_per_source_per_sec: 50,
+            admission_timeout_ms: 5_000,
         }
     }
 }
@@ -276,6 +295,24 @@ pub struct AgentArgs {
     /// /sys/fs/cgroup/user.slice for an admin's shell; never a cgroup holding pods.
     #[arg(long = "operator-cgroup", value_name = "DIR")]
     pub operator_cgroups: Vec<PathBuf>,
+    /// Resolutions missing the cache allowed per second, the operator's excepted;
+    /// over it (and the burst) a resolution is refused with 429 [default: 50].
+    #[arg(long, value_name = "N")]
+    pub resolve_lookups_per_sec: Option<u32>,
+    /// Resolutions missing the cache allowed in a burst [default: 200].
+    #[arg(long, value_name = "N")]
+    pub resolve_lookups_burst: Option<u32>,
+    /// Handshakes the agent port answers per second, all sources together, half of
+    /// them reserved for recently admitted sources [default: 200].
+    #[arg(long, value_name = "N")]
+    pub inbound_handshakes_per_sec: Option<u32>,
+    /// Handshakes one source (IPv4 address, IPv6 /64) may start per second on the
+    /// agent port [default: 50, as the sidecar's].
+    #[arg(long, value_name = "N")]
+    pub inbound_hellos_per_source_per_sec: Option<u32>,
+    /// An inbound connection must prove its admission within this, ms [default: 5000].
+    #[arg(long, value_name = "MS")]
+    pub admission_timeout_ms: Option<u64>,
 }
 
 impl Settings {
@@ -306,7 +343,12 @@ impl Settings {
             resolve_fresh_per_sec,
             resolve_fresh_burst,
             log_format,
-            revocation_poll_ms
+            revocation_poll_ms,
+            resolve_lookups_per_sec,
+            resolve_lookups_burst,
+            inbound_handshakes_per_sec,
+            inbound_hellos_per_source_per_sec,
+            admission_timeout_ms
         );
         if args.mesh_root.is_some() {
             s.mesh_root = args.mesh_root.clone();
@@ -406,9 +448,14 @@ impl Settings {
         if self.max_inbound_connections == 0
             || self.max_inbound_per_ip == 0
             || self.handshake_timeout_ms == 0
+            || self.inbound_handshakes_per_sec == 0
+            || self.inbound_hellos_per_source_per_sec == 0
+            || self.admission_timeout_ms == 0
         {
             return invalid(
-                "max_inbound_connections, max_inbound_per_ip and handshake_timeout_ms must be non-zero"
+                "max_inbound_connections, max_inbound_per_ip, handshake_timeout_ms, \
+                 inbound_handshakes_per_sec, inbound_hellos_per_source_per_sec and \
+                 admission_timeout_ms must be non-zero"
                     .into(),
             );
         }
@@ -488,6 +535,8 @@ impl Settings {
             cache_capacity: self.resolve_cache_entries.max(1),
             fresh_per_sec: self.resolve_fresh_per_sec,
             fresh_burst: self.resolve_fresh_burst.max(1),
+            lookups_per_sec: self.resolve_lookups_per_sec,
+            lookups_burst: self.resolve_lookups_burst.max(1),
         }
     }
 
@@ -502,6 +551,19 @@ impl Settings {
                 max_connections: self.max_inbound_connections,
                 max_per_source: self.max_inbound_per_ip,
                 idle_timeout: Duration::from_secs(self.inbound_idle_secs),
+                admission_timeout: Duration::from_millis(self.admission_timeout_ms),
+                max_unadmitted_frame: crate::overlay::MAX_REQUEST_FRAME,
+                hellos_per_source: themis_core::Rate {
+                    per_second: self.inbound_hellos_per_source_per_sec,
+                    burst: self.inbound_hellos_per_source_per_sec.saturating_mul(2),
+                },
+                handshake_budget: themis_core::BudgetConfig {
+                    rate: themis_core::Rate {
+                        per_second: self.inbound_handshakes_per_sec,
+                        burst: self.inbound_handshakes_per_sec.saturating_mul(2),
+                    },
+                    ..themis_core::BudgetConfig::default()
+                },
             },
         )
     }

@@ -45,6 +45,7 @@ pub struct Metrics {
     resolve_cache: Family<Labels, Counter>,
     resolve_cache_evictions: Counter,
     resolve_fresh_limited: Family<Labels, Counter>,
+    resolve_lookups_limited: Family<Labels, Counter>,
     connections_limited: Family<Labels, Counter>,
     connections: Family<Labels, Gauge>,
     /// Listeners whose connection limits are reported, by name.
@@ -107,6 +108,7 @@ impl Metrics {
             resolve_cache: Family::default(),
             resolve_cache_evictions: Counter::default(),
             resolve_fresh_limited: Family::default(),
+            resolve_lookups_limited: Family::default(),
             connections_limited: Family::default(),
             connections: Family::default(),
             listeners: Mutex::default(),
@@ -228,13 +230,18 @@ impl Metrics {
             m.resolve_fresh_limited.clone(),
         );
         r.register(
+            "resolve_lookups_limited",
+            "Resolutions missing the cache over their rate limit, by outcome (served_cached, refused)",
+            m.resolve_lookups_limited.clone(),
+        );
+        r.register(
             "connections_limited",
             "Inbound connections refused or closed by a limit, by listener (agent, resolve) and reason",
             m.connections_limited.clone(),
         );
         r.register(
             "connections",
-            "Inbound connections held now (authenticated or not), by listener",
+            "Inbound connections held now (admitted or not), by listener",
             m.connections.clone(),
         );
         Metrics { registry, ..m }
@@ -256,6 +263,13 @@ impl Metrics {
     /// Counts a fresh resolution over the rate limit.
     pub fn resolve_fresh_limited(&self, outcome: &'static str) {
         self.resolve_fresh_limited
+            .get_or_create(&labels(&[("outcome", outcome)]))
+            .inc();
+    }
+
+    /// Counts a missing-the-cache resolution over the rate limit.
+    pub fn resolve_lookups_limited(&self, outcome: &'static str) {
+        self.resolve_lookups_limited
             .get_or_create(&labels(&[("outcome", outcome)]))
             .inc();
     }

@@ -21,7 +21,7 @@ use futures_util::future::{join_all, BoxFuture};
 use serde::{Deserialize, Serialize};
 use themis_core::{MeshName, PeerId};
 use themis_dht::{Contact, Event, Key, Message, Node, OpId, Rejection};
-use themis_net::{Client, NetError};
+use themis_net::{Answer, Client, NetError, Standing};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, info, warn};
 
@@ -73,6 +73,18 @@ pub enum Frame {
         reason: String,
     },
 }
+
+/// The longest frame an agent sends as a request, in bytes: a `Handover` of
+/// [`MAX_HANDOVER_OBJECTS`](themis_dht::message::MAX_HANDOVER_OBJECTS) maximal values
+/// with a maximal admission credential, and room for the rest. Any request can be the
+/// first on a new connection, so this is what a connection not admitted yet may send
+/// (`max_unadmitted_frame`): about 140 KiB, where an admitted one may send 1 MiB.
+pub const MAX_REQUEST_FRAME: usize = {
+    use themis_dht::message::{MAX_HANDOVER_OBJECTS, MAX_VALUE_LEN};
+    // Per object: key, value with its length, ttl (postcard varints, at most 10 bytes).
+    let object = 32 + MAX_VALUE_LEN + 10 + 10;
+    MAX_HANDOVER_OBJECTS * object + themis_trust::MAX_ENCODED_LEN + 10 + 1024
+};
 
 impl Frame {
     fn encode(&self) -> Vec<u8> {
@@ -441,23 +453,47 @@ impl Overlay {
 
     /// Answers one frame from the authenticated agent `peer`: the server side of the
     /// transport. Anything that is not a well-formed DHT request is refused with a
-    /// reason and counted; the caller keeps serving.
-    pub async fn handle_frame(&self, peer: PeerId, frame: &[u8]) -> Vec<u8> {
+    /// reason and counted. The answer says what the frame proved: a valid admission
+    /// credential admits the connection ([`Standing::Admitted`]); a frame refused for
+    /// its admission closes it ([`Standing::Refused`]); a frame refused before its
+    /// admission could be checked proves nothing ([`Standing::Unproven`]: the server
+    /// closes a connection that has not been admitted yet).
+    pub async fn handle_frame(&self, peer: PeerId, frame: &[u8]) -> Answer {
+        let unproven = |payload| Answer {
+            payload,
+            standing: Standing::Unproven,
+        };
         let (listen, admission, message) = match postcard::from_bytes::<Frame>(frame) {
             Ok(Frame::Dht {
                 listen,
                 admission,
                 message,
             }) => (listen, admission, message),
-            Ok(Frame::Refused { .. }) => return self.refuse("unexpected_refusal"),
-            Err(_) => return self.refuse("malformed"),
+            Ok(Frame::Refused { .. }) => return unproven(self.refuse("unexpected_refusal")),
+            Err(_) => return unproven(self.refuse("malformed")),
         };
         if let Err(error) = self.trust.check_peer(&peer, &admission) {
             debug!(peer = %peer.printable(&self.mesh), %error, "refused a frame from an unadmitted peer");
             // Counted by reason here; the peer learns no more than "rejected".
             self.metrics.frame_refused(&not_admitted(&error));
-            return Frame::refused("rejected");
+            return Answer {
+                payload: Frame::refused("rejected"),
+                standing: Standing::Refused,
+            };
         }
+        Answer {
+            payload: self.answer_admitted(peer, listen, message).await,
+            standing: Standing::Admitted,
+        }
+    }
+
+    /// The answer to a frame from `peer`, whose admission was checked.
+    async fn answer_admitted(
+        &self,
+        peer: PeerId,
+        listen: SocketAddr,
+        message: Message<SocketAddr>,
+    ) -> Vec<u8> {
         if listen.ip().is_unspecified() || listen.port() == 0 {
             return self.refuse("bad_listen_address");
         }
@@ -819,5 +855,38 @@ impl Driver {
         info!(messages = sent, complete = flushed.is_ok(), "left the ring");
         self.publish_membership();
         self.refresh_snapshot();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use themis_dht::message::{Object, Request, MAX_HANDOVER_OBJECTS, MAX_VALUE_LEN};
+
+    /// The largest request an agent can send fits what a connection not admitted yet
+    /// may send: else a leaving node's first `Handover` on a new connection would be
+    /// refused at its header.
+    #[test]
+    fn the_largest_request_fits_the_unadmitted_frame_limit() {
+        let object = Object {
+            key: Key([0xff; 32]),
+            value: vec![0xff; MAX_VALUE_LEN],
+            ttl_ms: u64::MAX,
+        };
+        let frame = Frame::Dht {
+            listen: "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535"
+                .parse()
+                .unwrap(),
+            admission: vec![0xff; themis_trust::MAX_ENCODED_LEN],
+            message: Message::Request {
+                id: u64::MAX,
+                body: Request::Handover {
+                    objects: vec![object; MAX_HANDOVER_OBJECTS],
+                },
+            },
+        };
+        let len = frame.encode().len();
+        assert!(len <= MAX_REQUEST_FRAME, "{len} > {MAX_REQUEST_FRAME}");
+        const { assert!(MAX_REQUEST_FRAME < themis_core::wire::MAX_RECORD_PAYLOAD / 4) };
     }
 }

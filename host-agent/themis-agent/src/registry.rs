@@ -45,6 +45,12 @@ pub struct RegistryConfig {
     pub fresh_per_sec: u32,
     /// Fresh resolutions allowed in a burst above the average.
     pub fresh_burst: u32,
+    /// Resolutions that miss the cache (fresh ones included), per second on average:
+    /// a caller resolving ever-new names makes one each. Over the budget a resolution
+    /// is refused ([`RegistryError::LookupsLimited`]); the operator's are not counted.
+    pub lookups_per_sec: u32,
+    /// Resolutions missing the cache allowed in a burst above the average.
+    pub lookups_burst: u32,
 }
 
 impl Default for RegistryConfig {
@@ -56,6 +62,8 @@ impl Default for RegistryConfig {
             cache_capacity: 1024,
             fresh_per_sec: 20,
             fresh_burst: 40,
+            lookups_per_sec: 50,
+            lookups_burst: 200,
         }
     }
 }
@@ -118,6 +126,17 @@ pub enum RegistryError {
         /// When a token is available again.
         retry_after: Duration,
     },
+    /// Too many resolutions missing the cache (lookups of names not cached).
+    #[error(
+        "too many resolutions of names not in the cache (over {per_sec} a second): try \
+         again in {retry_after:?}"
+    )]
+    LookupsLimited {
+        /// The configured average rate.
+        per_sec: u32,
+        /// When a token is available again.
+        retry_after: Duration,
+    },
     /// Saving the registrations failed.
     #[error("saving {path}: {source}")]
     Save {
@@ -157,6 +176,8 @@ pub struct Registry {
     cache: Mutex<ResolveCache>,
     /// The budget of resolutions that skip the cache.
     fresh: Mutex<TokenBucket>,
+    /// The budget of resolutions that miss the cache.
+    lookups: Mutex<TokenBucket>,
     /// The eBPF loader, when the agent runs with `--capture`.
     capture: Option<Mutex<Capture>>,
     /// Which pod each local workload belongs to, and who may call what.
@@ -176,6 +197,7 @@ impl Registry {
     ) -> Self {
         let cache = ResolveCache::new(config.cache_capacity);
         let fresh = TokenBucket::new(config.fresh_per_sec, config.fresh_burst);
+        let lookups = TokenBucket::new(config.lookups_per_sec, config.lookups_burst);
         Registry {
             overlay,
             keys,
@@ -196,6 +218,7 @@ impl Registry {
             kept_revocations: Default::default(),
             cache: Mutex::new(cache),
             fresh: Mutex::new(fresh),
+            lookups: Mutex::new(lookups),
             capture: None,
         }
     }
@@ -524,8 +547,9 @@ impl Registry {
     }
 
     /// The live, endorsed instances of `service`, from the cache unless `fresh` (or
-    /// a revocation arrived since it was cached). Fresh lookups draw from a budget
-    /// unless `unbudgeted` (the node's operator).
+    /// a revocation arrived since it was cached). Fresh lookups draw from a budget,
+    /// and every lookup that misses the cache from another, unless `unbudgeted` (the
+    /// node's operator).
     pub async fn resolve(
         &self,
         service: &ServiceName,
@@ -556,6 +580,20 @@ impl Registry {
                 retry_after,
             });
         }
+        if let Some(retry_after) = (!unbudgeted).then(|| self.take_lookup().err()).flatten() {
+            // Ever-new names would each cost `replicas + 1` DHT lookups: over the
+            // budget, refused (a fresh one over it is served from the cache if it can).
+            if let Some(resolution) = fresh.then(cached).flatten() {
+                self.metrics.resolve_lookups_limited("served_cached");
+                self.metrics.resolve_cache(true);
+                return Ok(resolution);
+            }
+            self.metrics.resolve_lookups_limited("refused");
+            return Err(RegistryError::LookupsLimited {
+                per_sec: self.config.lookups_per_sec,
+                retry_after,
+            });
+        }
         self.metrics.resolve_cache(false);
         let (resolution, _) = self.lookup(service).await?;
         let evicted = self.cache.lock().expect("never poisoned").insert(
@@ -572,6 +610,11 @@ impl Registry {
     /// A token from the budget of cache-skipping resolutions, or how long until one.
     fn take_fresh(&self) -> Result<(), Duration> {
         self.fresh.lock().expect("never poisoned").take()
+    }
+
+    /// A token from the budget of resolutions missing the cache, or how long until one.
+    fn take_lookup(&self) -> Result<(), Duration> {
+        self.lookups.lock().expect("never poisoned").take()
     }
 
     /// Every value stored for `service` (all replicas), with why it is or is not

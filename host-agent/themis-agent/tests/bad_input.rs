@@ -470,7 +470,9 @@ fn handshakes_that_do_not_add_up_are_refused_by_reason() {
 /// An admitted agent of the mesh, properly authenticated, sends frames that are not
 /// well-formed DHT requests. Each one is answered with `Frame::Refused` and its reason,
 /// counted, and the session stays up: a well-formed `Ping` on the same connection
-/// afterwards is answered.
+/// afterwards is answered. (Its first frame is a well-formed `Ping`: a connection is
+/// admitted by a frame carrying a valid admission, and one that has not been admitted
+/// is closed by its first frame that proves nothing; see admission.rs.)
 #[test]
 fn an_authenticated_peer_sending_bad_frames_is_refused_frame_by_frame() {
     let dir = common::workdir();
@@ -564,6 +566,13 @@ fn an_authenticated_peer_sending_bad_frames_is_refused_frame_by_frame() {
             None,
         ),
     ];
+    match ask(&dht(nowhere(), 41, Request::Ping)) {
+        Frame::Dht {
+            message: Message::Response { id: 41, .. },
+            ..
+        } => {}
+        other => panic!("the admitting ping got {other:?}"),
+    }
     let mut frames_refused = std::collections::BTreeMap::<&str, u64>::new();
     let mut over_limit = 0;
     for (what, payload, reason, counted) in cases {
@@ -642,6 +651,9 @@ fn admission_by(
 /// uses the same mesh name, one with a forged root signature, and root-signed ones
 /// that are expired, for another mesh, or issued in the future. The two-agent ring
 /// they target stays as it was and keeps serving.
+///
+/// Each request goes on a connection of its own: the first frame refused for its
+/// admission closes the connection (issue 21).
 ///
 /// (Before admission, every key of the mesh was a DHT peer: a `Notify` from any of
 /// them could make it an agent's predecessor.)
@@ -742,21 +754,25 @@ fn unadmitted_peers_are_refused_by_reason_and_the_ring_is_unaffected() {
             requests.retain(|(_, r)| matches!(r, Request::Notify | Request::FindStep { .. }));
         }
         let answers: Vec<Frame> = rt.block_on(async {
-            let mut stream = themis_net::connect(
-                peer,
-                x.listen(),
-                x.peer_id(),
-                &themis_net::Config::default(),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{reason}: the handshake itself must succeed: {e}"));
             let mut answers = Vec::new();
             for (id, body) in requests {
+                let mut stream = themis_net::connect(
+                    peer,
+                    x.listen(),
+                    x.peer_id(),
+                    &themis_net::Config::default(),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{reason}: the handshake itself must succeed: {e}"));
                 let answer = stream
                     .request(&dht(listen, admission, id, body))
                     .await
                     .unwrap();
                 answers.push(postcard::from_bytes::<Frame>(&answer).unwrap());
+                match stream.recv().await {
+                    Ok(None) | Err(_) => {}
+                    Ok(Some(_)) => panic!("{reason}: more after the refusal"),
+                }
             }
             answers
         });

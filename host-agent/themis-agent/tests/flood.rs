@@ -209,6 +209,12 @@ fn a_name_in_use_stays_cached_through_a_flood_of_names_and_fresh_lookups_are_bud
             "1",
             "--resolve-fresh-burst",
             "3",
+            // This test is about the cache: the budget of lookups missing it is
+            // admission.rs's.
+            "--resolve-lookups-per-sec",
+            "100000",
+            "--resolve-lookups-burst",
+            "100000",
         ],
     );
 

@@ -220,21 +220,34 @@ fn ask_as(
     requests: Vec<Request<SocketAddr>>,
 ) -> Vec<Frame> {
     rt.block_on(async {
-        let mut stream = themis_net::connect(me, to.1, to.0, &themis_net::Config::default())
-            .await
-            .expect("the handshake succeeds: the channel only checks the key");
+        let mut stream = None;
         let mut answers = Vec::new();
         for (id, body) in (1..).zip(requests) {
+            if stream.is_none() {
+                stream = Some(
+                    themis_net::connect(me, to.1, to.0, &themis_net::Config::default())
+                        .await
+                        .expect("the handshake succeeds: the channel only checks the key"),
+                );
+            }
             let frame = Frame::Dht {
                 listen,
                 admission: admission.to_vec(),
                 message: Message::Request { id, body },
             };
             let answer = stream
+                .as_mut()
+                .expect("connected above")
                 .request(&postcard::to_allocvec(&frame).unwrap())
                 .await
                 .unwrap();
-            answers.push(postcard::from_bytes::<Frame>(&answer).unwrap());
+            let answer = postcard::from_bytes::<Frame>(&answer).unwrap();
+            // A frame refused for its admission closes the connection (issue 21):
+            // the next request goes on a new one.
+            if matches!(answer, Frame::Refused { .. }) {
+                stream = None;
+            }
+            answers.push(answer);
         }
         answers
     })

@@ -1,7 +1,7 @@
 //! Message boundaries on a byte stream, as the wire format defines them.
 
 use bytes::BytesMut;
-use themis_core::wire::{self, MAX_HANDSHAKE_LEN, MAX_RECORD_LEN};
+use themis_core::wire::{self, MAX_HANDSHAKE_LEN, MAX_RECORD_LEN, RECORD_OVERHEAD};
 use themis_core::WireError;
 use tokio_util::codec::Decoder;
 
@@ -44,6 +44,13 @@ impl FrameCodec {
     /// Lifts the limit to a maximal record, once the peer is authenticated.
     pub(crate) fn established(&mut self) {
         self.max_len = MAX_RECORD_LEN;
+    }
+
+    /// Limits records to `max_payload` bytes of plaintext (at most a maximal record).
+    pub(crate) fn limit_payload(&mut self, max_payload: usize) {
+        self.max_len = max_payload
+            .saturating_add(RECORD_OVERHEAD)
+            .min(MAX_RECORD_LEN);
     }
 }
 

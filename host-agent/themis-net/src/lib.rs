@@ -5,7 +5,9 @@
 //! * [`connect`] and [`accept`] run the three-message key agreement of `themis-core`
 //!   on a TCP connection and return a [`SecureStream`] bound to an authenticated peer.
 //! * [`serve`] answers requests on a listener, concurrently per connection, holding
-//!   what unauthenticated peers can make it keep within [`Limits`] ([`serve_with`]).
+//!   what peers that are not admitted can make it keep within [`Limits`]
+//!   ([`serve_with`]): a connection is admitted when its [`Handler`] says a request
+//!   proved the peer belongs ([`Standing`]), not merely when its handshake is done.
 //! * [`Client`] sends requests to peers by id and address over pooled connections,
 //!   matching responses to requests by their sealed `reply_to`.
 //!
@@ -23,8 +25,11 @@ mod stream;
 
 pub use client::{Client, ClientConfig};
 pub use codec::FrameCodec;
-pub use limits::{Gate, Guarded, Limits, Permit};
-pub use server::{serve, serve_with, Handler, NetStats};
+pub use limits::{
+    source_of, Gate, Guarded, Limits, Permit, DEFAULT_HELLOS_PER_SOURCE,
+    DEFAULT_MAX_UNADMITTED_FRAME,
+};
+pub use server::{serve, serve_with, Answer, Handler, NetStats, Standing};
 pub use stream::{accept, connect, Received, SecureReader, SecureStream, SecureWriter};
 
 use std::time::Duration;
@@ -74,6 +79,10 @@ pub enum NetError {
     /// Nothing came in time.
     #[error("timed out {0}")]
     Timeout(&'static str),
+    /// A fresh Hello over a handshake limit, refused before any public-key work; the
+    /// reason is the limit's label in [`NetStats::limits`].
+    #[error("refused the handshake: {0}")]
+    Busy(&'static str),
 }
 
 impl NetError {
@@ -96,6 +105,7 @@ impl NetError {
             NetError::Closed => "closed",
             NetError::UnexpectedHandshake => "unexpected_handshake",
             NetError::Timeout(_) => "timeout",
+            NetError::Busy(_) => "busy",
         }
     }
 }

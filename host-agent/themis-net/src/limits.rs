@@ -1,29 +1,44 @@
-//! What unauthenticated peers can make a server hold: a cap on connections in all, a
-//! cap per source address, and room made for newcomers by dropping the connection
-//! that has waited longest without completing its handshake.
+//! What peers that are not admitted can make a server hold: a cap on connections in
+//! all, a cap per source (an IPv4 address, an IPv6 /64), and room made for newcomers
+//! by dropping the oldest connection that has not been *admitted* yet.
+//!
+//! Authenticated is not admitted: a key agreement proves only that the peer holds
+//! the key of its id, and anyone can make a key. A connection is admitted once its
+//! [`Handler`](crate::Handler) says a request proved the peer belongs
+//! ([`Standing::Admitted`](crate::Standing)); until then it is evictable exactly like
+//! one still in its handshake, its frames are limited to
+//! [`Limits::max_unadmitted_frame`], and it must prove itself within
+//! [`Limits::admission_timeout`]. Admitted connections are what the caps protect.
 //!
 //! Every refusal and every close a limit causes is counted by reason in
 //! [`NetStats::limited`]:
 //!
 //! | reason | what happened |
 //! |---|---|
-//! | `over_source_cap` | a new connection from an address that already holds [`Limits::max_per_source`] |
-//! | `over_total_cap` | a new connection while [`Limits::max_connections`] authenticated connections are open |
-//! | `evicted_before_handshake` | the oldest unauthenticated connection, closed to admit a new one at the total cap |
+//! | `over_source_cap` | a new connection from a source that already holds [`Limits::max_per_source`] |
+//! | `over_total_cap` | a new connection while [`Limits::max_connections`] admitted connections are open |
+//! | `evicted_before_handshake` | the oldest connection in its handshake, closed to admit a new one at the total cap |
+//! | `evicted_unadmitted` | the oldest authenticated but not admitted connection, closed likewise |
 //! | `handshake_timeout` | no completed key agreement within the handshake deadline |
 //! | `oversize_before_handshake` | a frame longer than a handshake message before the key agreement |
-//! | `idle_timeout` | an authenticated connection that sent nothing for [`Limits::idle_timeout`] |
+//! | `over_source_rate` | a fresh Hello from a source whose bucket ([`Limits::hellos_per_source`]) is empty: closed before any public-key work |
+//! | `handshake_budget` | a fresh Hello while the listener's [`Limits::handshake_budget`] is spent (its reserve is for recently admitted sources): closed likewise |
+//! | `oversize_unadmitted` | a frame longer than [`Limits::max_unadmitted_frame`] before admission |
+//! | `admission_timeout` | no request proved admission within [`Limits::admission_timeout`] of the handshake |
+//! | `unadmitted` | a request that did not prove admission (before it), or that the handler refused (after): answered, then closed |
+//! | `idle_timeout` | an admitted connection that sent nothing for [`Limits::idle_timeout`] |
 //! | `accept_error` | the listener failed to accept (e.g. out of file descriptors); it retries |
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use themis_core::{BudgetConfig, Rate};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
@@ -35,14 +50,38 @@ use crate::NetStats;
 /// Bounds on the connections a server holds.
 #[derive(Clone, Debug)]
 pub struct Limits {
-    /// Connections held at once, authenticated or not. At the cap a new connection
-    /// replaces the oldest one still in its handshake, or is refused if there is none.
+    /// Connections held at once, admitted or not. At the cap a new connection replaces
+    /// the oldest one not admitted yet, or is refused if there is none.
     pub max_connections: usize,
-    /// Connections held at once from one source address.
+    /// Connections held at once from one source ([`source_of`]: an IPv4 address, an
+    /// IPv6 /64).
     pub max_per_source: usize,
-    /// An authenticated connection that sends nothing this long is closed.
+    /// An admitted connection that sends nothing this long is closed.
     pub idle_timeout: Duration,
+    /// An authenticated connection must prove admission (its first request) within
+    /// this after its handshake.
+    pub admission_timeout: Duration,
+    /// Longest request payload before admission, in bytes (the first request must
+    /// fit: a server sets it to its protocol's largest request); records up to the
+    /// record limit after.
+    pub max_unadmitted_frame: usize,
+    /// Fresh Hellos (those that would cost a full answer) one source may send.
+    pub hellos_per_source: Rate,
+    /// Fresh Hellos the listener answers, every source together, with a share
+    /// reserved for sources admitted recently.
+    pub handshake_budget: BudgetConfig,
 }
+
+/// The default [`Limits::max_unadmitted_frame`]: 64 KiB.
+pub const DEFAULT_MAX_UNADMITTED_FRAME: usize = 64 << 10;
+
+/// The default [`Limits::hellos_per_source`], the sidecar's: far above what pooled
+/// connections from one node need (an agent opens about one per peer), far below
+/// what a flood sends.
+pub const DEFAULT_HELLOS_PER_SOURCE: Rate = Rate {
+    per_second: 50,
+    burst: 100,
+};
 
 impl Default for Limits {
     fn default() -> Self {
@@ -50,7 +89,25 @@ impl Default for Limits {
             max_connections: 1024,
             max_per_source: 32,
             idle_timeout: Duration::from_secs(120),
+            admission_timeout: Duration::from_secs(5),
+            max_unadmitted_frame: DEFAULT_MAX_UNADMITTED_FRAME,
+            hellos_per_source: DEFAULT_HELLOS_PER_SOURCE,
+            handshake_budget: BudgetConfig::default(),
         }
+    }
+}
+
+/// The source a connection from `ip` is counted under: an IPv4 address (an
+/// IPv4-mapped IPv6 one too), or the /64 an IPv6 address is in. One IPv6 host
+/// commonly holds a whole /64, so counting its addresses one by one would give it
+/// 2^64 sources.
+pub fn source_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
     }
 }
 
@@ -59,6 +116,8 @@ impl Default for Limits {
 struct Slot {
     source: IpAddr,
     released: AtomicBool,
+    /// Past its handshake (for the eviction's reason label).
+    authenticated: AtomicBool,
     evicted: Notify,
 }
 
@@ -66,8 +125,8 @@ struct Slot {
 struct Held {
     total: usize,
     by_source: HashMap<IpAddr, usize>,
-    /// Connections still in their handshake, oldest first.
-    handshaking: BTreeMap<u64, Arc<Slot>>,
+    /// Connections not admitted yet (in their handshake or after it), oldest first.
+    unadmitted: BTreeMap<u64, Arc<Slot>>,
     next: u64,
 }
 
@@ -120,10 +179,11 @@ impl Gate {
         &self.stats
     }
 
-    /// A place for a new connection from `source`, or `None` (counted) if it must be
-    /// refused. At the total cap, the oldest connection still in its handshake is told
-    /// to close ([`Permit::evicted`]) and the new one takes its place.
-    pub fn admit(self: &Arc<Self>, source: IpAddr) -> Option<Permit> {
+    /// A place for a new connection from `ip`, or `None` (counted) if it must be
+    /// refused. At the total cap, the oldest connection not admitted yet is told to
+    /// close ([`Permit::evicted`]) and the new one takes its place.
+    pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Permit> {
+        let source = source_of(ip);
         let mut held = self.held.lock().expect("never poisoned");
         if held.by_source.get(&source).copied().unwrap_or(0) >= self.limits.max_per_source {
             drop(held);
@@ -131,14 +191,18 @@ impl Gate {
             return None;
         }
         if held.total >= self.limits.max_connections.max(1) {
-            let Some((_, oldest)) = held.handshaking.pop_first() else {
+            let Some((_, oldest)) = held.unadmitted.pop_first() else {
                 drop(held);
                 self.stats.limited("over_total_cap");
                 return None;
             };
             held.release(&oldest);
             oldest.evicted.notify_one();
-            self.stats.limited("evicted_before_handshake");
+            self.stats
+                .limited(match oldest.authenticated.load(Ordering::Relaxed) {
+                    true => "evicted_unadmitted",
+                    false => "evicted_before_handshake",
+                });
         }
         held.total += 1;
         *held.by_source.entry(source).or_default() += 1;
@@ -147,9 +211,10 @@ impl Gate {
         let slot = Arc::new(Slot {
             source,
             released: AtomicBool::new(false),
+            authenticated: AtomicBool::new(false),
             evicted: Notify::new(),
         });
-        held.handshaking.insert(seq, slot.clone());
+        held.unadmitted.insert(seq, slot.clone());
         self.stats.set_connections(held.total as u64);
         Some(Permit {
             gate: self.clone(),
@@ -184,12 +249,25 @@ impl Gate {
 }
 
 impl Permit {
-    /// The connection is authenticated: it can no longer be evicted to make room.
-    /// `false` if it was evicted meanwhile (then it must close).
+    /// The connection completed its key agreement; it stays evictable until
+    /// [`Permit::admitted`]. `false` if it was evicted meanwhile (then it must close).
     pub fn authenticated(&self) -> bool {
-        let mut held = self.gate.held.lock().expect("never poisoned");
-        held.handshaking.remove(&self.seq);
+        let _held = self.gate.held.lock().expect("never poisoned");
+        self.slot.authenticated.store(true, Ordering::Relaxed);
         !self.slot.released.load(Ordering::Relaxed)
+    }
+
+    /// The peer proved it belongs: the connection can no longer be evicted to make
+    /// room. `false` if it was evicted meanwhile (then it must close).
+    pub fn admitted(&self) -> bool {
+        let mut held = self.gate.held.lock().expect("never poisoned");
+        held.unadmitted.remove(&self.seq);
+        !self.slot.released.load(Ordering::Relaxed)
+    }
+
+    /// The source the connection counts under ([`source_of`]).
+    pub fn source(&self) -> IpAddr {
+        self.slot.source
     }
 
     /// Resolves when the gate evicts this connection to make room for a new one.
@@ -201,7 +279,7 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         let mut held = self.gate.held.lock().expect("never poisoned");
-        held.handshaking.remove(&self.seq);
+        held.unadmitted.remove(&self.seq);
         held.release(&self.slot);
         self.gate.stats.set_connections(held.total as u64);
     }
@@ -223,9 +301,9 @@ impl<S> Guarded<S> {
     pub fn new(io: S, permit: Permit) -> Self {
         let idle = permit.gate.limits.idle_timeout;
         let stats = permit.gate.stats.clone();
-        // An HTTP server has no handshake: a connection counts as authenticated (and
-        // cannot be evicted) from the start; the idle timeout bounds it instead.
-        permit.authenticated();
+        // An HTTP server has no handshake and no admission: a connection counts as
+        // admitted (and cannot be evicted) from the start; the idle timeout bounds it.
+        permit.admitted();
         Guarded {
             io,
             idle,

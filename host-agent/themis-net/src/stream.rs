@@ -1,14 +1,14 @@
 //! An authenticated, encrypted TCP connection.
 
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bytes::BytesMut;
 use futures_util::StreamExt;
 use ring::rand::SystemRandom;
 use themis_core::handshake::{self, Initiator};
 use themis_core::wire::{MAX_HANDSHAKE_LEN, RECORD_HEADER_LEN, RECORD_OVERHEAD};
-use themis_core::{HelloGuard, Identity, Opener, PeerId, Sealer, SessionInfo};
+use themis_core::{HelloGuard, Identity, Opener, Peek, PeerId, Sealer, SessionInfo};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -58,8 +58,8 @@ fn handshake_frames(read: OwnedReadHalf) -> Frames {
     FramedRead::with_capacity(read, FrameCodec::handshake(), MAX_HANDSHAKE_LEN)
 }
 
-/// The wall clock, Unix milliseconds (handshake freshness).
-fn now_ms() -> u64 {
+/// The wall clock, Unix milliseconds (handshake freshness, the handshake budgets).
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -100,32 +100,41 @@ pub async fn connect(
 /// `guard` is the listener's: one [`HelloGuard`] shared by every connection it
 /// accepts ([`crate::serve_with`] keeps one per listener), so a Hello seen on one
 /// connection is refused on the next (`Replayed`) before any public-key work, and a
-/// Hello outside the freshness window (`Stale`) too. The guard is locked only while
-/// message 1 is checked and message 2 made (no await under the lock).
+/// Hello outside the freshness window (`Stale`) too. The guard is locked only for
+/// those cheap checks and for remembering the Hello afterwards, never across the
+/// public-key work (see [`accept_charged`]).
 pub async fn accept(
-    me: &Identity,
+    me: &Arc<Identity>,
     tcp: TcpStream,
     config: &Config,
     guard: &Mutex<HelloGuard>,
+) -> Result<SecureStream, NetError> {
+    accept_charged(me, tcp, config, guard, || Ok(())).await
+}
+
+/// [`accept`], calling `charge` for a Hello that passes every cheap check (it would
+/// cost a full answer) before any public-key work; an error from `charge` refuses
+/// the connection with no message 2.
+///
+/// The public-key work (checking message 1's signature, making the ephemeral key,
+/// signing message 2) runs on the blocking pool, off the async workers and off the
+/// guard's lock: a flood of Hellos neither stalls the other tasks of the process nor
+/// serialises every handshake of the listener behind one lock. The Hello is then
+/// claimed in the guard ([`HelloGuard::claim`]): of two copies racing on two
+/// connections, one is answered.
+pub(crate) async fn accept_charged(
+    me: &Arc<Identity>,
+    tcp: TcpStream,
+    config: &Config,
+    guard: &Mutex<HelloGuard>,
+    charge: impl FnOnce() -> Result<(), NetError>,
 ) -> Result<SecureStream, NetError> {
     let handshake = async {
         tcp.set_nodelay(true)?;
         let (read, mut write) = tcp.into_split();
         let mut frames = handshake_frames(read);
         let hello = next_frame(&mut frames).await?;
-        let (pending, reply) = {
-            let mut guard = guard
-                .lock()
-                .expect("never poisoned: the core does not panic");
-            handshake::respond(
-                me,
-                &hello,
-                &config.handshake,
-                &mut guard,
-                now_ms(),
-                &SystemRandom::new(),
-            )?
-        };
+        let (pending, reply) = respond_off_lock(me, hello, config, guard, charge).await?;
         write.write_all(&reply).await?;
         let confirm = next_frame(&mut frames).await?;
         let session = pending.read_confirm(&confirm)?;
@@ -134,6 +143,57 @@ pub async fn accept(
     tokio::time::timeout(config.handshake_timeout, handshake)
         .await
         .map_err(|_| NetError::Timeout("in the handshake"))?
+}
+
+async fn respond_off_lock(
+    me: &Arc<Identity>,
+    hello: BytesMut,
+    config: &Config,
+    guard: &Mutex<HelloGuard>,
+    charge: impl FnOnce() -> Result<(), NetError>,
+) -> Result<(handshake::AwaitingConfirm, Vec<u8>), NetError> {
+    let lock = || {
+        guard
+            .lock()
+            .expect("never poisoned: the core does not panic")
+    };
+    let window_ms = {
+        let mut guard = lock();
+        if guard.peek(&hello, me.public(), now_ms()) != Peek::Fresh {
+            // Refused before any public-key work (stale, replayed, not for us,
+            // malformed): cheap enough to run under the lock, with the right error.
+            return Ok(handshake::respond(
+                me,
+                &hello,
+                &config.handshake,
+                &mut guard,
+                now_ms(),
+                &SystemRandom::new(),
+            )?);
+        }
+        guard.window_ms()
+    };
+    charge()?;
+    let (me_, config_) = (me.clone(), config.handshake.clone());
+    let hello_ = hello.clone();
+    let answered = tokio::task::spawn_blocking(move || {
+        // The window alone: the shared guard remembers the Hello below.
+        let mut window_only = HelloGuard::new(window_ms, 0);
+        handshake::respond(
+            &me_,
+            &hello_,
+            &config_,
+            &mut window_only,
+            now_ms(),
+            &SystemRandom::new(),
+        )
+    })
+    .await
+    .map_err(|_| std::io::Error::other("the handshake's blocking task did not finish"))??;
+    match lock().claim(&hello, now_ms()) {
+        true => Ok(answered),
+        false => Err(themis_core::HandshakeError::Replayed.into()),
+    }
 }
 
 impl SecureStream {
@@ -188,6 +248,17 @@ impl SecureStream {
 }
 
 impl SecureReader {
+    /// Limits the records this reader takes to `max_payload` bytes of plaintext
+    /// (at most the record limit); a longer one is refused at its header.
+    pub fn limit_payload(&mut self, max_payload: usize) {
+        self.frames.decoder_mut().limit_payload(max_payload);
+    }
+
+    /// Lifts the limit back to a maximal record.
+    pub fn unlimit_payload(&mut self) {
+        self.frames.decoder_mut().established();
+    }
+
     /// The next record, opened; `None` when the peer closed the connection cleanly
     /// between records. Any refused record is an error after which the connection is
     /// unusable (on a stream, a missing or altered record cannot be skipped).

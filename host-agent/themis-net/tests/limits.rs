@@ -11,7 +11,9 @@ use ring::rand::SystemRandom;
 use themis_core::handshake::Initiator;
 use themis_core::wire::{Kind, RecordHeader, MAX_RECORD_PAYLOAD};
 use themis_core::{HandshakeConfig, SessionInfo, PROTOCOL_VERSION};
-use themis_net::{connect, serve_with, Config, Limits, NetError, NetStats};
+use themis_net::{
+    connect, serve_with, source_of, Answer, Config, Limits, NetError, NetStats, Standing,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
@@ -305,4 +307,258 @@ async fn a_replayed_hello_to_the_agent_port_is_refused_at_message_1() {
         server.stats.failures()
     );
     assert_eq!(server.stats.handshakes(), 0, "no handshake completed");
+}
+
+/// A server whose handler admits a peer only for the request `admit me` (standing in
+/// for the agent's admission check); other requests prove nothing.
+async fn start_admitting(config: Config, limits: Limits) -> Server {
+    let identity = identity();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stats = Arc::new(NetStats::default());
+    let handler = Arc::new(|_: Arc<SessionInfo>, request: BytesMut| async move {
+        let standing = match &request[..] {
+            b"admit me" => Standing::Admitted,
+            b"refuse me" => Standing::Refused,
+            _ => Standing::Unproven,
+        };
+        Answer {
+            payload: b"ok".to_vec(),
+            standing,
+        }
+    });
+    let task = tokio::spawn(serve_with(
+        listener,
+        identity.clone(),
+        config,
+        limits,
+        handler,
+        stats.clone(),
+    ));
+    Server {
+        identity,
+        addr,
+        stats,
+        task,
+    }
+}
+
+/// Authenticated is not admitted: connections that finished their handshake with
+/// keys of their own but never proved admission are evicted, oldest first, to make
+/// room, exactly like connections in their handshake; admitted ones are not.
+#[tokio::test]
+async fn authenticated_connections_that_are_not_admitted_are_evicted_to_make_room() {
+    let limits = Limits {
+        max_connections: 4,
+        ..Limits::default()
+    };
+    let server = start_admitting(Config::default(), limits).await;
+    let id = server.identity.id();
+    let mut admitted = connect(&identity(), server.addr, id, &Config::default())
+        .await
+        .unwrap();
+    assert_eq!(&admitted.request(b"admit me").await.unwrap()[..], b"ok");
+    let mut squatters = Vec::new();
+    for _ in 0..3 {
+        squatters.push(
+            connect(&identity(), server.addr, id, &Config::default())
+                .await
+                .unwrap(),
+        );
+    }
+    // At the cap: a newcomer evicts the oldest squatter, and is admitted itself.
+    let mut newcomer = connect(&identity(), server.addr, id, &Config::default())
+        .await
+        .unwrap();
+    assert_eq!(&newcomer.request(b"admit me").await.unwrap()[..], b"ok");
+    assert_eq!(limited(&server.stats, "evicted_unadmitted", 1).await, 1);
+    match tokio::time::timeout(PATIENCE, squatters[0].recv()).await {
+        Ok(Ok(None) | Err(_)) => {}
+        other => panic!("the oldest squatter was not closed: {other:?}"),
+    }
+    // The admitted connections are untouched.
+    assert_eq!(&admitted.request(b"1").await.unwrap()[..], b"ok");
+    assert_eq!(&newcomer.request(b"2").await.unwrap()[..], b"ok");
+    assert_eq!(server.stats.open_connections(), 2);
+}
+
+/// Before admission a request that proves nothing is answered and the connection
+/// closed; after admission such a request is answered and the connection stays; a
+/// request answered `Refused` closes even an admitted connection.
+#[tokio::test]
+async fn a_request_that_does_not_prove_admission_closes_the_connection() {
+    let server = start_admitting(Config::default(), Limits::default()).await;
+    let id = server.identity.id();
+    let mut unproven = connect(&identity(), server.addr, id, &Config::default())
+        .await
+        .unwrap();
+    assert_eq!(&unproven.request(b"hi").await.unwrap()[..], b"ok");
+    match tokio::time::timeout(PATIENCE, unproven.recv()).await {
+        Ok(Ok(None) | Err(_)) => {}
+        other => panic!("an unproven connection stayed open: {other:?}"),
+    }
+    assert_eq!(limited(&server.stats, "unadmitted", 1).await, 1);
+
+    let mut admitted = connect(&identity(), server.addr, id, &Config::default())
+        .await
+        .unwrap();
+    assert_eq!(&admitted.request(b"admit me").await.unwrap()[..], b"ok");
+    assert_eq!(&admitted.request(b"hi").await.unwrap()[..], b"ok");
+    assert_eq!(&admitted.request(b"refuse me").await.unwrap()[..], b"ok");
+    match tokio::time::timeout(PATIENCE, admitted.recv()).await {
+        Ok(Ok(None) | Err(_)) => {}
+        other => panic!("a refused peer's connection stayed open: {other:?}"),
+    }
+    assert_eq!(limited(&server.stats, "unadmitted", 2).await, 2);
+}
+
+/// A connection that completes its handshake and then says nothing is closed at the
+/// admission deadline, counted.
+#[tokio::test]
+async fn a_connection_that_never_proves_admission_is_closed_at_the_deadline() {
+    let limits = Limits {
+        admission_timeout: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let server = start_admitting(Config::default(), limits).await;
+    let mut silent = connect(
+        &identity(),
+        server.addr,
+        server.identity.id(),
+        &Config::default(),
+    )
+    .await
+    .unwrap();
+    match tokio::time::timeout(PATIENCE, silent.recv()).await {
+        Ok(Ok(None) | Err(_)) => {}
+        other => panic!("the silent connection stayed open: {other:?}"),
+    }
+    assert_eq!(limited(&server.stats, "admission_timeout", 1).await, 1);
+}
+
+/// Fresh Hellos from one source beyond its bucket are closed with no message 2,
+/// before any public-key work (`over_source_rate`); those within it are answered.
+#[tokio::test]
+async fn fresh_hellos_beyond_the_source_bucket_are_refused_before_any_work() {
+    let limits = Limits {
+        hellos_per_source: themis_core::Rate {
+            per_second: 1,
+            burst: 3,
+        },
+        ..Limits::default()
+    };
+    let server = start(Config::default(), limits).await;
+    let mut answered = 0;
+    for _ in 0..10 {
+        let caller = identity();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let (_, hello) = Initiator::start(
+            &caller,
+            server.identity.id(),
+            &HandshakeConfig::default(),
+            now_ms,
+            &SystemRandom::new(),
+        )
+        .unwrap();
+        let mut tcp = connect_from(43, server.addr).await.unwrap();
+        tcp.write_all(&hello).await.unwrap();
+        // Message 2, or a close with nothing; then the caller goes away.
+        let mut reply = [0u8; 1024];
+        let n = tokio::time::timeout(PATIENCE, tcp.read(&mut reply))
+            .await
+            .expect("message 2 or a close in time")
+            .unwrap_or(0);
+        answered += usize::from(n > 0);
+    }
+    // The burst, and at most a token or two refilled meanwhile.
+    assert!((3..=5).contains(&answered), "{answered} of 10 answered");
+    assert_eq!(
+        limited(&server.stats, "over_source_rate", 1).await,
+        10 - answered as u64
+    );
+}
+
+#[test]
+fn an_ipv6_source_is_its_64_and_an_ipv4_source_its_address() {
+    use std::net::Ipv6Addr;
+    let a: Ipv6Addr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+    let b: Ipv6Addr = "2001:db8:1:2:ffff:ffff:ffff:ffff".parse().unwrap();
+    let other: Ipv6Addr = "2001:db8:1:3::1".parse().unwrap();
+    assert_eq!(source_of(IpAddr::V6(a)), source_of(IpAddr::V6(b)));
+    assert_eq!(
+        source_of(IpAddr::V6(a)),
+        IpAddr::V6("2001:db8:1:2::".parse().unwrap())
+    );
+    assert_ne!(source_of(IpAddr::V6(a)), source_of(IpAddr::V6(other)));
+    let v4 = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 9));
+    assert_eq!(source_of(v4), v4);
+    let mapped = IpAddr::V6(Ipv4Addr::new(127, 0, 0, 9).to_ipv6_mapped());
+    assert_eq!(source_of(mapped), v4);
+    assert_ne!(
+        source_of(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 10))),
+        source_of(v4)
+    );
+}
+
+/// The listener's handshake budget: a flood of fresh Hellos from new sources takes the
+/// open share and is then closed with no message 2 (`handshake_budget`), while a
+/// source admitted recently still completes new handshakes from the reserved share.
+#[tokio::test]
+async fn a_hello_flood_spends_the_open_budget_and_admitted_sources_keep_the_reserve() {
+    let limits = Limits {
+        handshake_budget: themis_core::BudgetConfig {
+            rate: themis_core::Rate {
+                per_second: 1,
+                burst: 4,
+            },
+            known_good_percent: 50,
+            ..themis_core::BudgetConfig::default()
+        },
+        ..Limits::default()
+    };
+    let server = start_admitting(Config::default(), limits).await;
+    let id = server.identity.id();
+    let member = identity();
+    let mut first = connect(&member, server.addr, id, &Config::default())
+        .await
+        .unwrap();
+    assert_eq!(&first.request(b"admit me").await.unwrap()[..], b"ok");
+    drop(first);
+
+    // Ten fresh Hellos from ten new sources: the open share (2, then one every 2 s)
+    // answers a few, the rest are closed unanswered.
+    let mut answered = 0;
+    for last in 60..70 {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let (_, hello) = Initiator::start(
+            &identity(),
+            id,
+            &HandshakeConfig::default(),
+            now_ms,
+            &SystemRandom::new(),
+        )
+        .unwrap();
+        let mut tcp = connect_from(last, server.addr).await.unwrap();
+        tcp.write_all(&hello).await.unwrap();
+        let mut reply = [0u8; 1024];
+        let n = tokio::time::timeout(PATIENCE, tcp.read(&mut reply))
+            .await
+            .expect("message 2 or a close in time")
+            .unwrap_or(0);
+        answered += usize::from(n > 0);
+    }
+    assert!(answered < 10, "all ten answered");
+    assert!(limited(&server.stats, "handshake_budget", 1).await >= 1);
+
+    // The member, admitted a moment ago from 127.0.0.1, still gets in.
+    let mut again = connect(&member, server.addr, id, &Config::default())
+        .await
+        .expect("the reserved share answers a recently admitted source");
+    assert_eq!(&again.request(b"admit me").await.unwrap()[..], b"ok");
 }
