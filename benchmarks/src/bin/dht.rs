@@ -210,11 +210,15 @@ async fn node(security: Security, bootstrap: Option<&Peer>) -> Node {
                 async move { o.handle_frame(peer.peer_id, &frame).await }
             };
             let stats = Arc::new(NetStats::default());
+            // The agent's own listener settings (admission deadline, frame limit before
+            // admission, Hello budgets), as `themis agent` runs them.
+            let (net_config, limits) = themis_agent::config::Settings::default().inbound();
             tokio::spawn(async move {
-                let _ = themis_net::serve(
+                let _ = themis_net::serve_with(
                     listener,
                     identity,
-                    themis_net::Config::default(),
+                    net_config,
+                    limits,
                     Arc::new(handler),
                     stats,
                 )

@@ -342,7 +342,7 @@ fn raise_file_limit(settings: &Settings) {
     let needed = (settings.max_inbound_connections
         + settings.max_sessions
         + crate::local_socket::MAX_CONNECTIONS
-        + RESOLVE_LIMITS.max_connections
+        + resolve_limits().max_connections
         + 256) as u64;
     match crate::sys::raise_nofile_limit() {
         Ok((soft, _)) if soft < needed => warn!(
