@@ -15,9 +15,20 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use themis_net::NetStats;
 
-use crate::overlay::{OverlayError, Snapshot};
-
 type Labels = Vec<(&'static str, String)>;
+
+/// Counters the DHT node keeps, refreshed about once a second by the overlay for
+/// metrics. (Defined here, not in the overlay, so that metrics import nothing of the
+/// parts that report to them.)
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// The node's counters.
+    pub stats: themis_dht::Stats,
+    /// Object ids held.
+    pub objects: usize,
+    /// Values held over all objects.
+    pub values: usize,
+}
 
 fn labels(pairs: &[(&'static str, &str)]) -> Labels {
     pairs.iter().map(|(k, v)| (*k, (*v).to_owned())).collect()
@@ -274,15 +285,14 @@ impl Metrics {
             .inc();
     }
 
-    /// Records a completed DHT operation.
+    /// Records a completed DHT operation; `result` is `ok` or the error's reason.
     pub fn operation(
         &self,
         op: &'static str,
-        error: Option<&OverlayError>,
+        result: &'static str,
         hops: Option<u32>,
         took: Duration,
     ) {
-        let result = error.map_or("ok", OverlayError::reason);
         self.operations
             .get_or_create(&labels(&[("op", op), ("result", result)]))
             .inc();

@@ -26,6 +26,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
+pub use crate::metrics::Snapshot;
 use crate::trust::{MeshTrust, TrustPolicy};
 
 /// A peer agent: its ring id and the address it listens on.
@@ -211,17 +212,6 @@ pub struct RingView {
     pub objects: Vec<(String, usize)>,
 }
 
-/// Counters the node keeps, refreshed about once a second for metrics.
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    /// The node's counters.
-    pub stats: themis_dht::Stats,
-    /// Object ids held.
-    pub objects: usize,
-    /// Values held over all objects.
-    pub values: usize,
-}
-
 type Reply<T> = oneshot::Sender<T>;
 
 enum Command {
@@ -364,7 +354,7 @@ impl Overlay {
         };
         let hops = result.as_ref().ok().map(|f| f.hops);
         self.metrics
-            .operation("find", result.as_ref().err(), hops, started.elapsed());
+            .operation("find", outcome(&result), hops, started.elapsed());
         result
     }
 
@@ -392,7 +382,7 @@ impl Overlay {
             Err(e) => Err(e),
         };
         self.metrics
-            .operation("store", result.as_ref().err(), None, started.elapsed());
+            .operation("store", outcome(&result), None, started.elapsed());
         result
     }
 
@@ -427,7 +417,7 @@ impl Overlay {
         };
         let hops = result.as_ref().ok().map(|r| r.hops);
         self.metrics
-            .operation("resolve", result.as_ref().err(), hops, started.elapsed());
+            .operation("resolve", outcome(&result), hops, started.elapsed());
         result
     }
 
@@ -542,6 +532,11 @@ impl Overlay {
             Err(_) => Err(OverlayError::Timeout),
         }
     }
+}
+
+/// The metrics label of an operation's result: `ok` or the error's reason.
+fn outcome<T>(result: &Result<T, OverlayError>) -> &'static str {
+    result.as_ref().err().map_or("ok", OverlayError::reason)
 }
 
 /// The metrics label of a frame refused for its admission: `not_admitted_<reason>`.
