@@ -47,7 +47,15 @@ fn seal_config_of(outbound: &str) -> String {
     config.to_string()
 }
 
-/// The plugin configuration of the inbound role, with an optional policy (JSON).
+/// The inbound policy of the tests' callees: instances of `handler` (the caller the
+/// two-node tests start) may call, nobody else.
+pub const ALLOW_HANDLER: &str = r#"{"allow":[{"service":"handler"}]}"#;
+
+/// The inbound policy of a sidecar nobody is meant to call (handler's own).
+pub const ALLOW_NOBODY: &str = r#"{"allow":[]}"#;
+
+/// The plugin configuration of the inbound role, with its policy (JSON); `None`
+/// leaves `policy` out, and then the sidecar refuses every caller.
 pub fn inbound_config(
     mesh_root: &str,
     workload: &str,

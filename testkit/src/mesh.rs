@@ -11,7 +11,10 @@ use serde_json::Value;
 
 use crate::agent::{Agent, Spawn};
 use crate::app::App;
-use crate::envoy::{inbound_config, mesh_root, outbound_config, AppProtocol, Envoy, Sidecar};
+use crate::envoy::{
+    inbound_config, mesh_root, outbound_config, AppProtocol, Envoy, Sidecar, ALLOW_HANDLER,
+    ALLOW_NOBODY,
+};
 use crate::http::{self, Response};
 
 /// Node A's address.
@@ -97,7 +100,8 @@ pub fn create_workload(agent: &Agent, workload: &str) -> String {
 impl Mesh {
     /// Both nodes, with `handler` registered at Envoy A's inbound listener; `check`
     /// is not registered yet (see [`Mesh::register`]). `policy` is Envoy B's inbound
-    /// policy (JSON).
+    /// policy (JSON; `None`: none, which refuses every caller). Nobody may call
+    /// Envoy A.
     pub fn start(policy: Option<&str>) -> Mesh {
         let dir = tempdir();
         let root = dir.path();
@@ -116,7 +120,12 @@ impl Mesh {
                 agent_socket: &a.dir.join("agent.sock"),
                 app: closed_port(IP_A),
                 outbound_config: &outbound_config(&mesh_root(root), "handler", "handler"),
-                inbound_config: &inbound_config(&mesh_root(root), "handler", "handler", None),
+                inbound_config: &inbound_config(
+                    &mesh_root(root),
+                    "handler",
+                    "handler",
+                    Some(ALLOW_NOBODY),
+                ),
             },
         );
         let envoy_b = start_envoy_b(root, &b, "envoy-b", app.addr, policy);
@@ -140,9 +149,10 @@ impl Mesh {
         mesh
     }
 
-    /// [`Mesh::start`] with `check` registered at Envoy B's inbound listener.
+    /// [`Mesh::start`] with `check` registered at Envoy B's inbound listener, which
+    /// admits `handler` ([`ALLOW_HANDLER`]).
     pub fn standard() -> Mesh {
-        let mesh = Mesh::start(None);
+        let mesh = Mesh::start(Some(ALLOW_HANDLER));
         mesh.register("check", "check", mesh.envoy_b.inbound);
         mesh
     }
