@@ -2,14 +2,18 @@
 //! real Envoy and real `themis` agents:
 //!
 //! * a sidecar with no `policy` refuses every caller; admitting any member of the
-//!   mesh takes `"allow_any_caller": true`, which is warned about and shown in stats.
+//!   mesh takes `"allow_any_caller": true`, which is warned about and shown in stats;
+//! * a caller's `x_themis_peer_id` (and other underscore spellings) never reaches a
+//!   WSGI app, whose server would read it as `HTTP_X_THEMIS_PEER_ID`.
 
 use themis_testkit as support;
 
 use std::time::{Duration, Instant};
 
-use support::envoy::Envoy;
-use support::mesh::Mesh;
+use support::apps::PyServer;
+use support::envoy::{AppProtocol, Envoy};
+use support::mesh::{create_workload, Mesh, IP_B};
+use support::pair::Nodes;
 use support::require;
 
 /// How long a counter gets to show what just happened.
@@ -76,4 +80,76 @@ fn a_sidecar_without_a_policy_refuses_every_caller() {
     let r = mesh.call("GET", "check-any", "/any", &[], b"");
     assert_eq!(r.status, 200, "{r}\n{}", open.log_tail(30));
     assert_eq!(mesh.app.count(), 1);
+}
+
+/// Issue 21 (6): the caller (`handler`) sends another workload's id in headers that
+/// differ from `x-themis-peer-id` only by underscores. The inbound HCM strips
+/// `x-themis-*`, which these are not; a WSGI server (wsgiref) maps each onto
+/// `HTTP_X_THEMIS_PEER_ID`. The app must only ever see the caller's true id.
+#[test]
+fn underscore_spellings_of_the_peer_headers_never_reach_a_wsgi_app() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
+    let nodes = Nodes::start();
+    let victim = create_workload(&nodes.b, "victim");
+    let wsgi = PyServer::start(nodes.path(), "wsgi-app", "wsgi_echo.py", IP_B, &[]);
+    let envoy_a = nodes.envoy_a(None, &[]);
+    let envoy_b = nodes.envoy_b_serving("wsgi", wsgi.addr, AppProtocol::Http1);
+    let forged_ids = [
+        "x_themis_peer_id",
+        "X_THEMIS_PEER_ID",
+        "x_themis-peer-id",
+        "x-themis_peer_id",
+        "x-themis-peer_id",
+        "X-Themis_Peer-Id",
+    ];
+    let call = |headers: &[(&str, &str)]| {
+        let mut all = vec![("host", "wsgi")];
+        all.extend_from_slice(headers);
+        let r = support::http::request(envoy_a.outbound, "GET", "/env", &all, b"");
+        assert_eq!(
+            r.status,
+            200,
+            "{headers:?}: {r}\n--- envoy-a:\n{}\n--- envoy-b:\n{}\n--- app:\n{}",
+            envoy_a.log_tail(20),
+            envoy_b.log_tail(20),
+            wsgi.log()
+        );
+        r.json()
+    };
+    let check = |environ: &serde_json::Value, sent: &str| {
+        assert_eq!(
+            environ["HTTP_X_THEMIS_PEER_ID"].as_str(),
+            Some(nodes.handler_id.as_str()),
+            "sent {sent}: the app's environ names someone else as the caller: {environ}"
+        );
+        assert_eq!(
+            environ["HTTP_X_THEMIS_PEER_SERVICE"].as_str(),
+            Some("handler"),
+            "sent {sent}: {environ}"
+        );
+    };
+    // The control: what the app sees for an honest call.
+    check(&call(&[]), "nothing forged");
+    for name in forged_ids {
+        check(&call(&[(name, &victim)]), name);
+    }
+    check(
+        &call(&[("x_themis_peer_service", "admin")]),
+        "x_themis_peer_service",
+    );
+    let all: Vec<(&str, &str)> = forged_ids.iter().map(|n| (*n, victim.as_str())).collect();
+    check(&call(&all), "every spelling at once");
+    let dropped: u64 = envoy_b
+        .stats()
+        .iter()
+        .filter(|(n, _)| n.contains("dropped_headers_with_underscores"))
+        .map(|(_, v)| v)
+        .sum();
+    assert!(
+        dropped >= forged_ids.len() as u64,
+        "Envoy B counted {dropped} dropped underscore headers:\n{}",
+        envoy_b.stats_matching("underscore")
+    );
 }
