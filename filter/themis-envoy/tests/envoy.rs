@@ -569,6 +569,7 @@ fn bad_configuration_is_rejected() {
             base("outbound", r#","private_key":"x""#),
             good_inbound.clone(),
             "themis filter configuration: unknown field `private_key`",
+            "outbound",
         ),
         // A key of the callout design: refused, not silently ignored.
         (
@@ -576,12 +577,14 @@ fn bad_configuration_is_rejected() {
             good_outbound.clone(),
             base("inbound", r#","app_cluster":"app""#),
             "themis filter configuration: unknown field `app_cluster`",
+            "inbound",
         ),
         (
             "unknown-role",
             good_outbound.clone(),
             base("responder", ""),
             "themis filter configuration: unknown variant `responder`",
+            "inbound",
         ),
         // The outbound and sealing roles cannot enforce a policy.
         (
@@ -589,9 +592,13 @@ fn bad_configuration_is_rejected() {
             base("outbound", r#","policy":{"allow":[{"service":"check"}]}"#),
             good_inbound.clone(),
             "themis filter configuration: policy: policies are enforced by the inbound role",
+            "outbound",
         ),
     ];
-    for (name, outbound, inbound, expected) in cases {
+    // The module is pinned (fetched, then checked): Envoy configures the plugin after
+    // the fetch, so a refused configuration fails the filter closed rather than
+    // stopping Envoy; either way the log says why.
+    for (name, outbound, inbound, expected, refused_role) in cases {
         let (status, log) = Envoy::start_refused(
             dir.path(),
             name,
@@ -603,19 +610,25 @@ fn bad_configuration_is_rejected() {
                 outbound_config: &outbound,
                 inbound_config: &inbound,
             },
+            expected,
             limit,
-        );
-        let status = status.unwrap_or_else(|| {
-            panic!("{name}: Envoy still ran {limit:?} after starting with a bad filter configuration:\n{log}")
-        });
-        assert!(
-            !status.success(),
-            "{name}: Envoy exited successfully:\n{log}"
         );
         assert!(
             log.contains(expected),
-            "{name}: Envoy's log does not say {expected:?}:\n{log}"
+            "{name}: Envoy's log does not say {expected:?} within {limit:?}:\n{log}"
         );
+        // The refused role never runs (its plugin fails closed on every worker).
+        let configured = format!("themis {refused_role} filter for workload");
+        assert!(
+            !log.contains(&configured),
+            "{name}: the {refused_role} role was configured anyway:\n{log}"
+        );
+        if let Some(status) = status {
+            assert!(
+                !status.success(),
+                "{name}: Envoy exited successfully:\n{log}"
+            );
+        }
     }
 }
 

@@ -4,15 +4,21 @@
 //! * a sidecar with no `policy` refuses every caller; admitting any member of the
 //!   mesh takes `"allow_any_caller": true`, which is warned about and shown in stats;
 //! * a caller's `x_themis_peer_id` (and other underscore spellings) never reaches a
-//!   WSGI app, whose server would read it as `HTTP_X_THEMIS_PEER_ID`.
+//!   WSGI app, whose server would read it as `HTTP_X_THEMIS_PEER_ID`;
+//! * the sidecar refuses a module whose bytes differ from the SHA-256 it pins.
 
 use themis_testkit as support;
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use support::apps::PyServer;
-use support::envoy::{AppProtocol, Envoy};
-use support::mesh::{create_workload, Mesh, IP_B};
+use support::envoy::{
+    inbound_config, outbound_config, render_pinned, AppProtocol, Envoy, Sidecar, ALLOW_HANDLER,
+};
+use support::mesh::{closed_port, create_workload, tempdir, Mesh, IP_B};
+use support::module::{filter_pin, ModuleServer};
 use support::pair::Nodes;
 use support::require;
 
@@ -152,4 +158,109 @@ fn underscore_spellings_of_the_peer_headers_never_reach_a_wsgi_app() {
         "Envoy B counted {dropped} dropped underscore headers:\n{}",
         envoy_b.stats_matching("underscore")
     );
+}
+
+/// The real filter with a custom section appended: a valid module that loads and
+/// runs, whose bytes are not the pinned ones.
+fn tampered_module() -> Vec<u8> {
+    let mut bytes = std::fs::read(support::build::filter_wasm()).unwrap();
+    // Custom section (id 0) of 7 bytes: a 6-byte name and nothing else.
+    bytes.extend_from_slice(&[0, 7, 6]);
+    bytes.extend_from_slice(b"tamper");
+    bytes
+}
+
+/// Issue 21 (7): the module a sidecar loads is swapped (the file on the node, or what
+/// its server serves). The sidecar pins the real module's SHA-256: it must refuse
+/// the other bytes and fail closed, and load the real ones.
+#[test]
+fn a_module_whose_bytes_differ_from_the_pin_is_refused() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
+    let dir = tempdir();
+    let root = format!("{}:{}", support::agent::MESH, "11".repeat(32));
+    let pinned = filter_pin().sha256.clone();
+    let agent_socket = dir.path().join("no-agent.sock");
+    let (outbound, inbound) = (
+        outbound_config(&root, "check", "check"),
+        inbound_config(&root, "check", "check", Some(ALLOW_HANDLER)),
+    );
+    let sidecar = Sidecar {
+        app_protocol: AppProtocol::Http1,
+        ip: IP_B,
+        agent_socket: &agent_socket,
+        app: closed_port(IP_B),
+        outbound_config: &outbound,
+        inbound_config: &inbound,
+    };
+
+    // The swapped module, served where the sidecar fetches it; the pin is the real
+    // module's hash.
+    let tampered = tampered_module();
+    assert_ne!(support::module::sha256_hex(&tampered), pinned);
+    let swapped = ModuleServer::start(tampered);
+    let yaml = render_pinned(&sidecar, &swapped.pin(&pinned));
+    let mut refused = Envoy::start_yaml(dir.path(), "envoy-swapped", &yaml);
+    wait_stat(
+        &refused,
+        "wasm.remote_load_fetch_failures",
+        1,
+        "fetching a module whose hash is not the pin",
+    );
+    let stats = refused.stats();
+    assert_eq!(
+        stats.get("wasm.remote_load_fetch_successes").copied(),
+        Some(0),
+        "Envoy accepted bytes whose hash is not the pin"
+    );
+    let ran: Vec<&String> = stats
+        .keys()
+        .filter(|n| n.starts_with("wasmcustom.themis"))
+        .collect();
+    assert!(ran.is_empty(), "the swapped module ran: {ran:?}");
+    // Fail closed: a connection to the inbound listener is closed, no byte through.
+    let mut peer = TcpStream::connect(refused.inbound).unwrap();
+    peer.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let _ = peer.write_all(&[0u8; 64]);
+    let mut answer = Vec::new();
+    let _ = peer.read_to_end(&mut answer);
+    assert!(
+        answer.is_empty(),
+        "the inbound listener answered {answer:?}"
+    );
+    let log = refused.log_tail(400);
+    assert!(
+        log.contains("Plugin configured to fail closed failed to load"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("filter for workload check in mesh"),
+        "the swapped module was configured:\n{log}"
+    );
+    refused.stop();
+
+    // The positive control: the real bytes, same pin, load and run.
+    let real = ModuleServer::start(std::fs::read(support::build::filter_wasm()).unwrap());
+    let yaml = render_pinned(&sidecar, &real.pin(&pinned));
+    let loaded = Envoy::start_yaml(dir.path(), "envoy-pinned", &yaml);
+    wait_stat(
+        &loaded,
+        "wasm.remote_load_fetch_successes",
+        1,
+        "fetching the pinned module",
+    );
+    let deadline = Instant::now() + COUNT_LIMIT;
+    while !loaded
+        .log_tail(400)
+        .contains("themis inbound filter for workload check in mesh")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the pinned module did not configure:\n{}",
+            loaded.log_tail(40)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
