@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::agent::{Agent, Spawn};
+use crate::agent::{metered, Agent, Spawn};
 use crate::app::App;
 use crate::envoy::{
     inbound_config, mesh_root, outbound_config, AppProtocol, Envoy, Sidecar, ALLOW_HANDLER,
@@ -55,6 +55,8 @@ pub struct Mesh {
     pub app: App,
     pub a: Agent,
     pub b: Agent,
+    /// Agent B's Prometheus metrics (what Envoy B makes it do).
+    pub b_metrics: SocketAddr,
     /// The printable ids of the two workloads.
     pub handler_id: String,
     pub check_id: String,
@@ -66,6 +68,12 @@ pub struct Mesh {
 /// Agents A (on [`IP_A`], which creates the test mesh under `root`) and B (on
 /// [`IP_B`], admitted to it and joining A's ring), once both have joined.
 pub fn two_agents(root: &Path) -> (Agent, Agent) {
+    let (a, b, _) = two_agents_metered(root);
+    (a, b)
+}
+
+/// [`two_agents`], agent B serving its metrics at the address returned.
+pub fn two_agents_metered(root: &Path) -> (Agent, Agent, SocketAddr) {
     let a = Agent::spawn(
         root,
         "agent-a",
@@ -74,18 +82,21 @@ pub fn two_agents(root: &Path) -> (Agent, Agent) {
             ..Spawn::default()
         },
     );
+    let (args, metrics) = metered(&[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let b = Agent::spawn(
         root,
         "agent-b",
         Spawn {
             listen: &format!("{IP_B}:0"),
             join: Some(&a.contact),
+            extra: &args,
             ..Spawn::default()
         },
     );
     a.wait_joined();
     b.wait_joined();
-    (a, b)
+    (a, b, metrics)
 }
 
 /// Creates `workload` on `agent` with the `themis` tool; returns its printable id.
@@ -105,7 +116,7 @@ impl Mesh {
     pub fn start(policy: Option<&str>) -> Mesh {
         let dir = tempdir();
         let root = dir.path();
-        let (a, b) = two_agents(root);
+        let (a, b, b_metrics) = two_agents_metered(root);
         let handler_id = create_workload(&a, "handler");
         let check_id = create_workload(&b, "check");
         let app_marker = format!("RESPMARK-{}", random_hex(12));
@@ -138,6 +149,7 @@ impl Mesh {
             app,
             a,
             b,
+            b_metrics,
             handler_id,
             check_id,
             app_marker,

@@ -3,6 +3,8 @@
 //!
 //! * a sidecar with no `policy` refuses every caller; admitting any member of the
 //!   mesh takes `"allow_any_caller": true`, which is warned about and shown in stats;
+//! * a caller's claimed service makes the callee resolve it (DHT lookups) only when
+//!   the callee's policy names that service;
 //! * a caller's `x_themis_peer_id` (and other underscore spellings) never reaches a
 //!   WSGI app, whose server would read it as `HTTP_X_THEMIS_PEER_ID`;
 //! * the sidecar refuses a module whose bytes differ from the SHA-256 it pins.
@@ -86,6 +88,55 @@ fn a_sidecar_without_a_policy_refuses_every_caller() {
     let r = mesh.call("GET", "check-any", "/any", &[], b"");
     assert_eq!(r.status, 200, "{r}\n{}", open.log_tail(30));
     assert_eq!(mesh.app.count(), 1);
+}
+
+/// Resolutions agent B served (from its cache or the DHT): what its sidecars asked.
+fn resolutions(mesh: &Mesh) -> u64 {
+    let text = support::agent::scrape(mesh.b_metrics).expect("agent B's metrics");
+    ["hit", "miss"]
+        .iter()
+        .map(|r| support::agent::sample(&text, "themis_resolve_cache_total", &[("result", r)]))
+        .sum()
+}
+
+/// Issue 21 (3): every caller claims a service, and a claim costs the callee a
+/// resolution (k+1 DHT lookups). A callee whose policy admits `handler` by its id
+/// must not resolve what `handler` claims; one whose policy names the service must.
+#[test]
+fn a_callers_claim_is_resolved_only_when_the_policy_names_it() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
+    let mesh = Mesh::start(Some(r#"{"allow":[{"service":"handler"}]}"#));
+    mesh.register("check", "check", mesh.envoy_b.inbound);
+    let by_id = format!(r#"{{"allow":[{{"id":"{}"}}]}}"#, mesh.handler_id);
+    let envoy_id = mesh.start_envoy_b("envoy-b-by-id", Some(&by_id));
+    envoy_id.wait_identity();
+    mesh.register("check-by-id", "check", envoy_id.inbound);
+
+    let before = resolutions(&mesh);
+    let r = mesh.call("GET", "check-by-id", "/by-id", &[], b"");
+    assert_eq!(r.status, 200, "{r}\n{}", envoy_id.log_tail(30));
+    // Agent B answers the sidecar's resolutions at once; give a stray one time to
+    // show before counting.
+    std::thread::sleep(Duration::from_millis(500));
+    let after = resolutions(&mesh);
+    assert_eq!(
+        after, before,
+        "the callee resolved the caller's claim although its policy admits the caller by id"
+    );
+    assert!(
+        r.json().to_string().contains(&mesh.handler_id),
+        "the app learnt the caller's id: {r}"
+    );
+
+    // The control: a policy that names the claimed service resolves it.
+    let r = mesh.call("GET", "check", "/by-service", &[], b"");
+    assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
+    assert!(
+        resolutions(&mesh) > after,
+        "a service rule admitted the caller without resolving its claim"
+    );
 }
 
 /// Issue 21 (6): the caller (`handler`) sends another workload's id in headers that
