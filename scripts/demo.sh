@@ -241,8 +241,8 @@ pods() {
     start_app check 3 0 --role check
     start_pod handler handler 1 0 '{"allow":[{"service":"client"}]}'
     start_app handler 1 0 --role handler --upstream http://check
-    start_pod client client 2 0
-    echo "    policies: check admits callers verified as 'handler', handler admits 'client'"
+    start_pod client client 2 0 '{"allow":[]}'
+    echo "    policies: check admits callers verified as 'handler', handler admits 'client', client admits nobody"
     for pair in "2 handler" "1 check" "3 handler" "1 client"; do
         # shellcheck disable=SC2086 # node and service, as two words
         retry 50 resolves $pair 1 || fail "node ${pair% *} cannot resolve ${pair#* }"

@@ -31,7 +31,7 @@ use themis_core::{MeshName, PeerId};
 use themis_envoy::agent::{
     parse_instances, parse_public_identity, parse_revocations, parse_signature, Instance,
 };
-use themis_envoy::config::{is_name, Canary, Config, Role, Rule};
+use themis_envoy::config::{is_name, Canary, Config, Policy, Role, Rule};
 use themis_envoy::route::{Pick, Routes};
 use themis_fuzz::trust::{trust, SERVICE};
 use themis_fuzz::{mesh, Edit, MESH};
@@ -544,7 +544,11 @@ fn config(body: &Body<ConfigIn>) {
     for c in &config.canary {
         assert!(is_name(&c.service) && c.weight_percent <= 100 && !c.matches.is_empty());
     }
-    for rule in config.policy.iter().flat_map(|p| &p.allow) {
+    let rules = match &config.policy {
+        Some(Policy::Allow(rules)) => rules.as_slice(),
+        Some(Policy::AnyCaller) | None => &[],
+    };
+    for rule in rules {
         match rule {
             Rule::Service(s) => assert!(is_name(s), "rule service {s:?}"),
             Rule::Id(id) => {

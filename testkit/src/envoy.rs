@@ -10,8 +10,9 @@ use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use crate::build::{filter_wasm, venv_binary, workspace};
+use crate::build::{venv_binary, workspace};
 use crate::http;
+use crate::module::{filter_pin, Pin};
 use crate::process::{wait_until, Process};
 
 /// How long Envoy gets to become ready (the filter is compiled by V8 per worker).
@@ -47,7 +48,15 @@ fn seal_config_of(outbound: &str) -> String {
     config.to_string()
 }
 
-/// The plugin configuration of the inbound role, with an optional policy (JSON).
+/// The inbound policy of the tests' callees: instances of `handler` (the caller the
+/// two-node tests start) may call, nobody else.
+pub const ALLOW_HANDLER: &str = r#"{"allow":[{"service":"handler"}]}"#;
+
+/// The inbound policy of a sidecar nobody is meant to call (handler's own).
+pub const ALLOW_NOBODY: &str = r#"{"allow":[]}"#;
+
+/// The plugin configuration of the inbound role, with its policy (JSON); `None`
+/// leaves `policy` out, and then the sidecar refuses every caller.
 pub fn inbound_config(
     mesh_root: &str,
     workload: &str,
@@ -93,8 +102,14 @@ pub struct Sidecar<'a> {
     pub inbound_config: &'a str,
 }
 
-/// `deploy/envoy/sidecar.yaml` with every placeholder filled in.
+/// `deploy/envoy/sidecar.yaml` with every placeholder filled in, the module fetched
+/// from the test process's own server and pinned to the built filter's hash.
 pub fn render(sidecar: &Sidecar<'_>) -> String {
+    render_pinned(sidecar, filter_pin())
+}
+
+/// [`render`] with the module fetched and pinned as `pin` says.
+pub fn render_pinned(sidecar: &Sidecar<'_>, pin: &Pin) -> String {
     let template_path = workspace().join("deploy/envoy/sidecar.yaml");
     let template = std::fs::read_to_string(&template_path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", template_path.display()));
@@ -104,7 +119,8 @@ pub fn render(sidecar: &Sidecar<'_>) -> String {
         ("OUTBOUND_PORT", "0".to_owned()),
         ("INBOUND_ADDRESS", sidecar.ip.to_owned()),
         ("INBOUND_PORT", "0".to_owned()),
-        ("FILTER_WASM", filter_wasm().display().to_string()),
+        ("FILTER_CODE", pin.code()),
+        ("MODULE_CLUSTER", pin.cluster()),
         ("AGENT_SOCKET", sidecar.agent_socket.display().to_string()),
         ("APP_ADDRESS", sidecar.app.ip().to_string()),
         ("APP_PORT", sidecar.app.port().to_string()),
@@ -227,20 +243,31 @@ impl Envoy {
         }
     }
 
-    /// Starts Envoy on a configuration it must refuse: waits (bounded) for it to
-    /// exit and returns how it exited and its log. `None` if it still runs.
+    /// Starts Envoy on a filter configuration it must refuse and waits (bounded)
+    /// until its log says `refusal` or it exits; returns how it exited (`None`: it
+    /// still ran, and was stopped) and its log. With the module pinned (a `remote`
+    /// source) Envoy configures the plugin only after the fetch, so a refused
+    /// configuration leaves Envoy running with the filter failed closed; with a
+    /// local file Envoy exits.
     pub fn start_refused(
         dir: &Path,
         name: &str,
         sidecar: &Sidecar<'_>,
+        refusal: &str,
         limit: Duration,
     ) -> (Option<ExitStatus>, String) {
         let (mut process, _) = spawn(dir, name, &render(sidecar));
-        let status = process.wait_exit(limit);
-        let status = status.or_else(|| {
-            process.stop();
-            None
-        });
+        let deadline = std::time::Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = process.exited() {
+                break Some(status);
+            }
+            if process.log().contains(refusal) || std::time::Instant::now() > deadline {
+                process.stop();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         (status, process.log())
     }
 

@@ -3,6 +3,7 @@
 //! * [`agent`]: `themis agent` processes and the operator's `themis` commands;
 //! * [`build`]: the builds the tests run (the filter, the component, the agent);
 //! * [`envoy`]: a real Envoy on the rendered sidecar configuration, its stats;
+//! * [`module`]: the filter module served to the sidecars, pinned to its SHA-256;
 //! * [`app`], [`apps`]: the apps behind the sidecars (echo, gRPC, WebSocket, an upload
 //!   sink, redis) and their clients; [`http`]: a small HTTP/1.1 client;
 //! * [`mesh`], [`pair`]: the two-node topologies of the end-to-end tests;
@@ -27,6 +28,7 @@ pub mod envoy;
 pub mod http;
 pub mod mesh;
 pub mod mitm;
+pub mod module;
 pub mod netns;
 pub mod pair;
 pub mod pods;

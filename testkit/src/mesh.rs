@@ -9,9 +9,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::agent::{Agent, Spawn};
+use crate::agent::{metered, Agent, Spawn};
 use crate::app::App;
-use crate::envoy::{inbound_config, mesh_root, outbound_config, AppProtocol, Envoy, Sidecar};
+use crate::envoy::{
+    inbound_config, mesh_root, outbound_config, AppProtocol, Envoy, Sidecar, ALLOW_HANDLER,
+    ALLOW_NOBODY,
+};
 use crate::http::{self, Response};
 
 /// Node A's address.
@@ -52,6 +55,8 @@ pub struct Mesh {
     pub app: App,
     pub a: Agent,
     pub b: Agent,
+    /// Agent B's Prometheus metrics (what Envoy B makes it do).
+    pub b_metrics: SocketAddr,
     /// The printable ids of the two workloads.
     pub handler_id: String,
     pub check_id: String,
@@ -63,6 +68,12 @@ pub struct Mesh {
 /// Agents A (on [`IP_A`], which creates the test mesh under `root`) and B (on
 /// [`IP_B`], admitted to it and joining A's ring), once both have joined.
 pub fn two_agents(root: &Path) -> (Agent, Agent) {
+    let (a, b, _) = two_agents_metered(root);
+    (a, b)
+}
+
+/// [`two_agents`], agent B serving its metrics at the address returned.
+pub fn two_agents_metered(root: &Path) -> (Agent, Agent, SocketAddr) {
     let a = Agent::spawn(
         root,
         "agent-a",
@@ -71,18 +82,21 @@ pub fn two_agents(root: &Path) -> (Agent, Agent) {
             ..Spawn::default()
         },
     );
+    let (args, metrics) = metered(&[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let b = Agent::spawn(
         root,
         "agent-b",
         Spawn {
             listen: &format!("{IP_B}:0"),
             join: Some(&a.contact),
+            extra: &args,
             ..Spawn::default()
         },
     );
     a.wait_joined();
     b.wait_joined();
-    (a, b)
+    (a, b, metrics)
 }
 
 /// Creates `workload` on `agent` with the `themis` tool; returns its printable id.
@@ -97,11 +111,12 @@ pub fn create_workload(agent: &Agent, workload: &str) -> String {
 impl Mesh {
     /// Both nodes, with `handler` registered at Envoy A's inbound listener; `check`
     /// is not registered yet (see [`Mesh::register`]). `policy` is Envoy B's inbound
-    /// policy (JSON).
+    /// policy (JSON; `None`: none, which refuses every caller). Nobody may call
+    /// Envoy A.
     pub fn start(policy: Option<&str>) -> Mesh {
         let dir = tempdir();
         let root = dir.path();
-        let (a, b) = two_agents(root);
+        let (a, b, b_metrics) = two_agents_metered(root);
         let handler_id = create_workload(&a, "handler");
         let check_id = create_workload(&b, "check");
         let app_marker = format!("RESPMARK-{}", random_hex(12));
@@ -116,7 +131,12 @@ impl Mesh {
                 agent_socket: &a.dir.join("agent.sock"),
                 app: closed_port(IP_A),
                 outbound_config: &outbound_config(&mesh_root(root), "handler", "handler"),
-                inbound_config: &inbound_config(&mesh_root(root), "handler", "handler", None),
+                inbound_config: &inbound_config(
+                    &mesh_root(root),
+                    "handler",
+                    "handler",
+                    Some(ALLOW_NOBODY),
+                ),
             },
         );
         let envoy_b = start_envoy_b(root, &b, "envoy-b", app.addr, policy);
@@ -129,6 +149,7 @@ impl Mesh {
             app,
             a,
             b,
+            b_metrics,
             handler_id,
             check_id,
             app_marker,
@@ -140,9 +161,10 @@ impl Mesh {
         mesh
     }
 
-    /// [`Mesh::start`] with `check` registered at Envoy B's inbound listener.
+    /// [`Mesh::start`] with `check` registered at Envoy B's inbound listener, which
+    /// admits `handler` ([`ALLOW_HANDLER`]).
     pub fn standard() -> Mesh {
-        let mesh = Mesh::start(None);
+        let mesh = Mesh::start(Some(ALLOW_HANDLER));
         mesh.register("check", "check", mesh.envoy_b.inbound);
         mesh
     }

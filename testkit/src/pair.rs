@@ -19,6 +19,7 @@ use crate::agent::Agent;
 pub use crate::capture::{Capture, Captured};
 use crate::envoy::{
     inbound_config, mesh_root, outbound_config, render, stats_of, AppProtocol, Envoy, Sidecar,
+    ALLOW_HANDLER,
 };
 use crate::mesh::{closed_port, create_workload, tempdir, two_agents, IP_A, IP_B};
 
@@ -136,6 +137,8 @@ pub struct Spec<'a> {
     /// TCP services that get a listener of their own (`--tcp SERVICE=IP:PORT`; the
     /// port is chosen here).
     pub tcp: &'a [&'a str],
+    /// Who may call it (the inbound `policy`, JSON).
+    pub policy: &'a str,
 }
 
 /// `scripts/render-sidecar`'s `add_tcp_listeners`, on a rendered configuration: a
@@ -277,7 +280,12 @@ impl Nodes {
             agent_socket: &spec.agent.dir.join("agent.sock"),
             app: spec.app,
             outbound_config: &outbound.to_string(),
-            inbound_config: &inbound_config(&self.mesh_root, spec.workload, spec.service, None),
+            inbound_config: &inbound_config(
+                &self.mesh_root,
+                spec.workload,
+                spec.service,
+                Some(spec.policy),
+            ),
         });
         if !spec.tcp.is_empty() {
             let outbound = closed_port(spec.ip);
@@ -316,6 +324,7 @@ impl Nodes {
                 app_protocol: AppProtocol::Http1,
                 canary,
                 tcp,
+                policy: ALLOW_HANDLER,
             },
             edit,
         );
@@ -349,6 +358,7 @@ impl Nodes {
             app_protocol,
             canary: None,
             tcp: &[],
+            policy: ALLOW_HANDLER,
         };
         self.envoy_b_from(&spec, metadata, |yaml| yaml.to_owned())
     }
@@ -371,6 +381,7 @@ impl Nodes {
             app_protocol,
             canary: None,
             tcp: &[],
+            policy: ALLOW_HANDLER,
         };
         self.envoy_b_from(&spec, None, edit).0
     }

@@ -106,7 +106,11 @@ struct RawCanary {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPolicy {
-    allow: Vec<RawRule>,
+    allow: Option<Vec<RawRule>>,
+    /// The explicit, logged opt-out of authorization: every authenticated member of
+    /// the mesh may call.
+    #[serde(default)]
+    allow_any_caller: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -189,7 +193,8 @@ pub struct Config {
     pub resolve_ttl: Duration,
     /// Outbound: how long an instance whose connection failed is avoided.
     pub down: Duration,
-    /// Inbound: who may call. `None`: every authenticated peer of the mesh.
+    /// Inbound: who may call. `None` (no `policy` configured): nobody, the sidecar
+    /// fails closed (`refused.no_policy`).
     pub policy: Option<Policy>,
     /// Outbound: traffic splits by instance metadata.
     pub canary: Vec<Canary>,
@@ -217,11 +222,15 @@ pub struct Canary {
     pub weight_percent: u32,
 }
 
-/// An allow list; a request is allowed if any rule matches.
+/// Who may call the inbound side.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Policy {
-    /// The rules.
-    pub allow: Vec<Rule>,
+pub enum Policy {
+    /// An allow list; a caller is allowed if any rule matches.
+    Allow(Vec<Rule>),
+    /// Every authenticated member of the mesh (`"allow_any_caller": true`): an
+    /// explicit choice, warned about at start and shown as the gauge
+    /// `themis.inbound.allow_any_caller`.
+    AnyCaller,
 }
 
 /// One allow rule.
@@ -395,28 +404,7 @@ impl Config {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let policy = raw
-            .policy
-            .map(|p| {
-                p.allow
-                    .into_iter()
-                    .map(|rule| match (rule.service, rule.id) {
-                        (Some(service), None) => {
-                            check_name("policy.allow.service", &service)?;
-                            Ok(Rule::Service(service))
-                        }
-                        (None, Some(id)) => PeerId::parse_in(&id, &mesh)
-                            .map(Rule::Id)
-                            .map_err(|e| invalid("policy.allow.id", format!("{id:?}: {e}"))),
-                        _ => Err(invalid(
-                            "policy.allow",
-                            "each rule names exactly one of service or id",
-                        )),
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-                    .map(|allow| Policy { allow })
-            })
-            .transpose()?;
+        let policy = raw.policy.map(|p| parse_policy(p, &mesh)).transpose()?;
         Ok(Config {
             role: raw.role,
             mesh,
@@ -449,14 +437,60 @@ impl Config {
     }
 }
 
+fn parse_policy(raw: RawPolicy, mesh: &MeshName) -> Result<Policy, ConfigError> {
+    match (raw.allow, raw.allow_any_caller) {
+        (None, true) => Ok(Policy::AnyCaller),
+        (Some(_), true) => Err(invalid(
+            "policy",
+            "allow_any_caller already admits every caller of the mesh: drop allow, or drop allow_any_caller to admit only the callers allow lists",
+        )),
+        (None, false) => Err(invalid(
+            "policy",
+            "name who may call: allow (a list of rules, [] for nobody) or \"allow_any_caller\": true",
+        )),
+        (Some(rules), false) => rules
+            .into_iter()
+            .map(|rule| match (rule.service, rule.id) {
+                (Some(service), None) => {
+                    check_name("policy.allow.service", &service)?;
+                    Ok(Rule::Service(service))
+                }
+                (None, Some(id)) => PeerId::parse_in(&id, mesh)
+                    .map(Rule::Id)
+                    .map_err(|e| invalid("policy.allow.id", format!("{id:?}: {e}"))),
+                _ => Err(invalid(
+                    "policy.allow",
+                    "each rule names exactly one of service or id",
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Policy::Allow),
+    }
+}
+
 impl Policy {
     /// Whether a peer with this id, verified as an instance of `service` (if any),
     /// may call.
     pub fn allows(&self, peer: &PeerId, service: Option<&str>) -> bool {
-        self.allow.iter().any(|rule| match rule {
-            Rule::Id(id) => id == peer,
-            Rule::Service(s) => service == Some(s.as_str()),
-        })
+        match self {
+            Policy::AnyCaller => true,
+            Policy::Allow(rules) => rules.iter().any(|rule| match rule {
+                Rule::Id(id) => id == peer,
+                Rule::Service(s) => service == Some(s.as_str()),
+            }),
+        }
+    }
+
+    /// Whether one of the rules names this id (no lookup needed to allow it).
+    pub fn names_id(&self, peer: &PeerId) -> bool {
+        matches!(self, Policy::Allow(rules) if rules.contains(&Rule::Id(*peer)))
+    }
+
+    /// Whether the decision can depend on the caller being an instance of
+    /// `service`: only then is a claim of it worth a lookup.
+    pub fn names_service(&self, service: &str) -> bool {
+        matches!(self, Policy::Allow(rules)
+            if rules.iter().any(|r| matches!(r, Rule::Service(s) if s == service)))
     }
 }
 
@@ -585,6 +619,22 @@ mod tests {
                 r#"{"role":"inbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","policy":{"allow":[{"service":"Bad Name"}]}}"#,
                 "policy.allow.service",
             ),
+            (
+                r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","policy":{}}"#,
+                "policy: name who may call",
+            ),
+            (
+                r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","policy":{"allow_any_caller":false}}"#,
+                "policy: name who may call",
+            ),
+            (
+                r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","policy":{"allow_any_caller":true,"allow":[]}}"#,
+                "allow_any_caller already admits every caller",
+            ),
+            (
+                r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","policy":{"allow_any_caller":"yes"}}"#,
+                "invalid type",
+            ),
         ];
         for (json, expected) in cases {
             let err = parse(json).unwrap_err().to_string();
@@ -645,6 +695,21 @@ mod tests {
         assert!(is_name("check.default.svc"));
     }
 
+    /// No policy denies (the filter fails closed); admitting anyone must be said.
+    #[test]
+    fn admitting_any_caller_is_explicit() {
+        let base = r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w""#;
+        assert_eq!(parse(&format!("{base}}}")).unwrap().policy, None);
+        let open = parse(&format!(r#"{base},"policy":{{"allow_any_caller":true}}}}"#)).unwrap();
+        assert_eq!(open.policy, Some(Policy::AnyCaller));
+        let nobody = parse(&format!(r#"{base},"policy":{{"allow":[]}}}}"#)).unwrap();
+        assert_eq!(nobody.policy, Some(Policy::Allow(vec![])));
+        let any = PeerId([7; 32]);
+        assert!(Policy::AnyCaller.allows(&any, None));
+        assert!(!Policy::Allow(vec![]).allows(&any, Some("handler")));
+        assert!(!Policy::AnyCaller.names_service("handler"));
+    }
+
     #[test]
     fn policies_allow_by_service_or_id() {
         let rng = ring::rand::SystemRandom::new();
@@ -657,6 +722,8 @@ mod tests {
             peer.printable_id()
         );
         let policy = parse(&json).unwrap().policy.unwrap();
+        assert!(policy.names_id(&peer.id()) && !policy.names_id(&other.id()));
+        assert!(policy.names_service("handler") && !policy.names_service("intruder"));
         assert!(policy.allows(&other.id(), Some("handler")));
         assert!(!policy.allows(&other.id(), Some("intruder")));
         assert!(!policy.allows(&other.id(), None));

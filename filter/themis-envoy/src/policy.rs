@@ -1,13 +1,17 @@
 //! Inbound authorization, sans-IO: decided once per connection, when the caller has
 //! proved its id. A claimed service counts only if the DHT (through the agent,
-//! verified against the mesh root here) lists the caller's id for it.
+//! verified against the mesh root here) lists the caller's id for it, and it is
+//! looked up only when the decision depends on it: the policy names that service and
+//! no other rule already allows the caller. So a caller makes the sidecar resolve
+//! only names its own policy lists, and nothing with no policy, an id-only policy
+//! or `allow_any_caller`. With no policy at all every caller is refused.
 
 use std::collections::HashMap;
 
 use themis_core::stream::Established;
 use themis_core::PeerId;
 
-use crate::config::{is_name, Policy};
+use crate::config::Policy;
 
 /// At most this many verified services are remembered per worker.
 pub const MAX_CALLER_SERVICES: usize = 1024;
@@ -24,9 +28,38 @@ pub enum Verdict {
     Deny {
         /// The caller's verified service, for the log.
         service: Option<String>,
+        /// Why.
+        denial: Denial,
     },
     /// Resolve this service (the caller's claim) and decide again.
     Verify(String),
+}
+
+/// Why a caller was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denial {
+    /// The sidecar has no `policy`: it fails closed.
+    NoPolicy,
+    /// No rule of the policy matches the caller.
+    NotAllowed,
+}
+
+impl Denial {
+    /// The reason counted (`refused.<reason>`) and logged.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Denial::NoPolicy => "no_policy",
+            Denial::NotAllowed => "policy",
+        }
+    }
+
+    /// What the log says about it.
+    pub fn explain(self) -> &'static str {
+        match self {
+            Denial::NoPolicy => "no policy: deny by default",
+            Denial::NotAllowed => "not allowed by the policy",
+        }
+    }
 }
 
 /// Services resolved to check callers' claims, with the ids they list.
@@ -80,25 +113,38 @@ impl Callers {
     }
 }
 
-/// Decides for the caller `established` at `now_ms`.
+/// Decides for the caller `established` at `now_ms`. `policy` is `None` when the
+/// sidecar has none configured: then nobody is allowed.
 pub fn decide(
     policy: Option<&Policy>,
     callers: &Callers,
     established: &Established,
     now_ms: u64,
 ) -> Verdict {
+    let Some(policy) = policy else {
+        return Verdict::Deny {
+            service: None,
+            denial: Denial::NoPolicy,
+        };
+    };
     let peer = &established.peer_id;
     let service = match established.meta.service.as_deref() {
-        Some(claim) if is_name(claim) => match callers.lists(claim, peer, now_ms) {
-            Some(true) => Some(claim.to_string()),
-            Some(false) => None,
-            None => return Verdict::Verify(claim.to_string()),
-        },
+        // A lookup per claim only where the claim can change the decision.
+        Some(claim) if !policy.allows(peer, None) && policy.names_service(claim) => {
+            match callers.lists(claim, peer, now_ms) {
+                Some(true) => Some(claim.to_string()),
+                Some(false) => None,
+                None => return Verdict::Verify(claim.to_string()),
+            }
+        }
         _ => None,
     };
-    match policy.is_none_or(|p| p.allows(peer, service.as_deref())) {
+    match policy.allows(peer, service.as_deref()) {
         true => Verdict::Allow { service },
-        false => Verdict::Deny { service },
+        false => Verdict::Deny {
+            service,
+            denial: Denial::NotAllowed,
+        },
     }
 }
 
@@ -119,9 +165,7 @@ mod tests {
 
     #[test]
     fn a_claim_is_verified_before_it_counts() {
-        let policy = Policy {
-            allow: vec![Rule::Service("handler".into())],
-        };
+        let policy = Policy::Allow(vec![Rule::Service("handler".into())]);
         let mut callers = Callers::default();
         let c = caller(1, Some("handler"));
         assert_eq!(
@@ -139,7 +183,10 @@ mod tests {
         let liar = caller(2, Some("handler"));
         assert_eq!(
             decide(Some(&policy), &callers, &liar, 0),
-            Verdict::Deny { service: None }
+            Verdict::Deny {
+                service: None,
+                denial: Denial::NotAllowed
+            }
         );
         // Expired verification: verify again.
         assert_eq!(
@@ -148,11 +195,62 @@ mod tests {
         );
     }
 
+    /// The attack of issue 21 (3): a caller claims a service to make the callee
+    /// resolve it, k+1 DHT lookups each. Only a policy that names the claimed service
+    /// (and allows the caller no other way) may look it up.
+    #[test]
+    fn a_claim_is_looked_up_only_when_the_policy_names_it() {
+        let callers = Callers::default();
+        let claimant = caller(4, Some("anything-at-all"));
+        let no_lookup = |policy: Option<&Policy>, who: &Established| {
+            let verdict = decide(policy, &callers, who, 0);
+            assert!(
+                !matches!(verdict, Verdict::Verify(_)),
+                "{policy:?} looks up the claim of {:?}: {verdict:?}",
+                who.meta.service
+            );
+            verdict
+        };
+        // No policy, an id-only policy, allow_any_caller, a policy naming another
+        // service: the claim decides nothing.
+        no_lookup(None, &claimant);
+        let ids = Policy::Allow(vec![Rule::Id(PeerId([3; 32]))]);
+        no_lookup(Some(&ids), &claimant);
+        no_lookup(Some(&Policy::AnyCaller), &claimant);
+        let handler_only = Policy::Allow(vec![Rule::Service("handler".into())]);
+        no_lookup(Some(&handler_only), &claimant);
+        // A caller the policy allows by id needs no lookup of what it claims either.
+        let both = Policy::Allow(vec![
+            Rule::Id(PeerId([3; 32])),
+            Rule::Service("handler".into()),
+        ]);
+        no_lookup(Some(&both), &caller(3, Some("handler")));
+        // The one case that looks up: the policy names the claim.
+        assert_eq!(
+            decide(Some(&both), &callers, &caller(4, Some("handler")), 0),
+            Verdict::Verify("handler".into())
+        );
+    }
+
+    /// Issue 21 (4): a sidecar without a policy fails closed.
+    #[test]
+    fn no_policy_denies_every_caller() {
+        let callers = Callers::default();
+        for who in [caller(4, None), caller(5, Some("handler"))] {
+            assert_eq!(
+                decide(None, &callers, &who, 0),
+                Verdict::Deny {
+                    service: None,
+                    denial: Denial::NoPolicy
+                }
+            );
+        }
+        assert_eq!(Denial::NoPolicy.explain(), "no policy: deny by default");
+    }
+
     #[test]
     fn ids_and_open_policies_need_no_lookup() {
-        let policy = Policy {
-            allow: vec![Rule::Id(PeerId([3; 32]))],
-        };
+        let policy = Policy::Allow(vec![Rule::Id(PeerId([3; 32]))]);
         let callers = Callers::default();
         assert_eq!(
             decide(Some(&policy), &callers, &caller(3, None), 0),
@@ -160,11 +258,27 @@ mod tests {
         );
         assert_eq!(
             decide(Some(&policy), &callers, &caller(4, None), 0),
-            Verdict::Deny { service: None }
+            Verdict::Deny {
+                service: None,
+                denial: Denial::NotAllowed
+            }
         );
         assert_eq!(
-            decide(None, &callers, &caller(4, Some("Not A Name")), 0),
+            decide(
+                Some(&Policy::AnyCaller),
+                &callers,
+                &caller(4, Some("Not A Name")),
+                0
+            ),
             Verdict::Allow { service: None }
+        );
+        // Nobody, explicitly.
+        assert_eq!(
+            decide(Some(&Policy::Allow(vec![])), &callers, &caller(4, None), 0),
+            Verdict::Deny {
+                service: None,
+                denial: Denial::NotAllowed
+            }
         );
     }
 

@@ -147,11 +147,11 @@ fn the_wasmtime_tool_calls_a_service_through_its_envoy_sidecar_over_http2() {
         return;
     }
     let component = release_wasm("themis-component", "wasm32-wasip2");
-    let mesh = Mesh::standard();
-
     // The tool's identity: a workload of node A (its key from agent A's key store), a
-    // member of the mesh like any other; Envoy B's default policy admits every
-    // authenticated member.
+    // member of the mesh like any other, which Envoy B admits by its explicit
+    // `allow_any_caller` policy.
+    let mesh = Mesh::start(Some(r#"{"allow_any_caller":true}"#));
+    mesh.register("check", "check", mesh.envoy_b.inbound);
     let tool_id = create_workload(&mesh.a, "tool");
     let work = mesh.dir.path().join("tool");
     std::fs::create_dir_all(&work).unwrap();

@@ -22,7 +22,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::app::seen_header;
-use support::envoy::{inbound_config, outbound_config, AppProtocol, Envoy, Sidecar};
+use support::envoy::{
+    inbound_config, outbound_config, AppProtocol, Envoy, Sidecar, ALLOW_HANDLER, ALLOW_NOBODY,
+};
 use support::http;
 use support::mesh::{
     closed_port, random_hex, tempdir, Mesh, IP_A, IP_B, IP_DEAD, IP_EVIL, IP_MITM,
@@ -387,7 +389,7 @@ fn mitm_tampering_is_rejected() {
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
-    let mesh = Mesh::start(None);
+    let mesh = Mesh::start(Some(ALLOW_HANDLER));
     let mitm = Mitm::start(IP_MITM, mesh.envoy_b.inbound);
     mesh.register("check", "check", mitm.addr);
     // Bodies of several records (16 KiB of plaintext each), so that there is a next
@@ -524,7 +526,7 @@ fn policy_refuses_a_caller_it_does_not_allow() {
 
     // A second sidecar of the same workload that allows `handler`, registered as
     // another service.
-    let open = mesh.start_envoy_b("envoy-b-open", Some(r#"{"allow":[{"service":"handler"}]}"#));
+    let open = mesh.start_envoy_b("envoy-b-open", Some(ALLOW_HANDLER));
     open.wait_identity();
     mesh.register("check-open", "check", open.inbound);
     let r = mesh.call("GET", "check-open", "/allowed", &[], b"");
@@ -557,7 +559,7 @@ fn bad_configuration_is_rejected() {
     let limit = Duration::from_secs(60);
     let root = format!("{}:{}", MESH, "11".repeat(32));
     let good_outbound = outbound_config(&root, "handler", "handler");
-    let good_inbound = inbound_config(&root, "check", "check", None);
+    let good_inbound = inbound_config(&root, "check", "check", Some(ALLOW_HANDLER));
     let base = |role: &str, extra: &str| {
         format!(r#"{{"role":"{role}","mesh_root":"{root}","workload":"handler"{extra}}}"#)
     };
@@ -567,6 +569,7 @@ fn bad_configuration_is_rejected() {
             base("outbound", r#","private_key":"x""#),
             good_inbound.clone(),
             "themis filter configuration: unknown field `private_key`",
+            "outbound",
         ),
         // A key of the callout design: refused, not silently ignored.
         (
@@ -574,12 +577,14 @@ fn bad_configuration_is_rejected() {
             good_outbound.clone(),
             base("inbound", r#","app_cluster":"app""#),
             "themis filter configuration: unknown field `app_cluster`",
+            "inbound",
         ),
         (
             "unknown-role",
             good_outbound.clone(),
             base("responder", ""),
             "themis filter configuration: unknown variant `responder`",
+            "inbound",
         ),
         // The outbound and sealing roles cannot enforce a policy.
         (
@@ -587,9 +592,13 @@ fn bad_configuration_is_rejected() {
             base("outbound", r#","policy":{"allow":[{"service":"check"}]}"#),
             good_inbound.clone(),
             "themis filter configuration: policy: policies are enforced by the inbound role",
+            "outbound",
         ),
     ];
-    for (name, outbound, inbound, expected) in cases {
+    // The module is pinned (fetched, then checked): Envoy configures the plugin after
+    // the fetch, so a refused configuration fails the filter closed rather than
+    // stopping Envoy; either way the log says why.
+    for (name, outbound, inbound, expected, refused_role) in cases {
         let (status, log) = Envoy::start_refused(
             dir.path(),
             name,
@@ -601,19 +610,25 @@ fn bad_configuration_is_rejected() {
                 outbound_config: &outbound,
                 inbound_config: &inbound,
             },
+            expected,
             limit,
-        );
-        let status = status.unwrap_or_else(|| {
-            panic!("{name}: Envoy still ran {limit:?} after starting with a bad filter configuration:\n{log}")
-        });
-        assert!(
-            !status.success(),
-            "{name}: Envoy exited successfully:\n{log}"
         );
         assert!(
             log.contains(expected),
-            "{name}: Envoy's log does not say {expected:?}:\n{log}"
+            "{name}: Envoy's log does not say {expected:?} within {limit:?}:\n{log}"
         );
+        // The refused role never runs (its plugin fails closed on every worker).
+        let configured = format!("themis {refused_role} filter for workload");
+        assert!(
+            !log.contains(&configured),
+            "{name}: the {refused_role} role was configured anyway:\n{log}"
+        );
+        if let Some(status) = status {
+            assert!(
+                !status.success(),
+                "{name}: Envoy exited successfully:\n{log}"
+            );
+        }
     }
 }
 
@@ -622,7 +637,7 @@ fn unknown_service_and_dead_instance() {
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
-    let mesh = Mesh::start(None);
+    let mesh = Mesh::start(Some(ALLOW_HANDLER));
     // A second instance of `check` that never answers, registered before anything
     // resolves `check` (the filter caches resolutions).
     let dead = closed_port(IP_DEAD);
@@ -840,7 +855,7 @@ fn an_admitted_node_without_a_grant_cannot_serve_or_claim_a_name() {
                 &support::envoy::mesh_root(root),
                 "evil",
                 "handler",
-                None,
+                Some(ALLOW_NOBODY),
             ),
         },
     );
@@ -968,7 +983,7 @@ fn a_dotted_service_name_resolves_and_is_called() {
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
-    let mesh = Mesh::start(None);
+    let mesh = Mesh::start(Some(ALLOW_HANDLER));
     mesh.register("check.default.svc", "check", mesh.envoy_b.inbound);
     let r = mesh.call("GET", "check.default.svc:8080", "/dotted", &[], b"");
     assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
@@ -1051,7 +1066,7 @@ fn hello_floods_are_refused_cheaply_and_counted_by_reason() {
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
-    let mesh = Mesh::start(None);
+    let mesh = Mesh::start(Some(ALLOW_HANDLER));
     let mitm = Mitm::start(IP_MITM, mesh.envoy_b.inbound);
     mesh.register("check", "check", mitm.addr);
     let r = mesh.call("GET", "check", "/first", &[], b"");
@@ -1091,8 +1106,10 @@ fn hello_floods_are_refused_cheaply_and_counted_by_reason() {
     // it, but stale once a second has passed.
     let limited = mesh.start_envoy_b(
         "envoy-b-limited",
-        // (The policy slot of the test config: null, then the flood settings.)
-        Some(r#"null,"hellos_per_source":{"per_second":1,"burst":1},"hello_window_secs":1"#),
+        // (The policy slot of the test config: the policy, then the flood settings.)
+        Some(&format!(
+            r#"{ALLOW_HANDLER},"hellos_per_source":{{"per_second":1,"burst":1}},"hello_window_secs":1"#
+        )),
     );
     limited.wait_identity();
     mesh.register("check-limited", "check", limited.inbound);
@@ -1154,13 +1171,13 @@ fn a_flood_of_fresh_hellos_from_many_sources_is_refused_busy_and_pooled_callers_
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
-    let mesh = Mesh::start(None);
+    let mesh = Mesh::start(Some(ALLOW_HANDLER));
     let budgeted = mesh.start_envoy_b(
         "envoy-b-budget",
-        // (The policy slot of the test config: null, then the budget.)
-        Some(
-            r#"null,"handshake_budget":{"per_second":1,"burst":10},"known_good_share_percent":90"#,
-        ),
+        // (The policy slot of the test config: the policy, then the budget.)
+        Some(&format!(
+            r#"{ALLOW_HANDLER},"handshake_budget":{{"per_second":1,"burst":10}},"known_good_share_percent":90"#
+        )),
     );
     budgeted.wait_identity();
     mesh.register("check-budget", "check", budgeted.inbound);

@@ -460,6 +460,21 @@ fn envoyfilter_rebuilds_the_sidecar_data_path() {
     );
     assert_eq!(strip.operation, "INSERT_FIRST");
     assert_eq!(strip.value, http_filter(&inbound_hcm, "themis.strip"));
+    // Inbound: headers with underscores dropped (x_themis_peer_id is not x-themis-*),
+    // as the bootstrap's HCM.
+    let underscores = the_patch(&patches, "headers_with_underscores_action", |p| {
+        p.apply_to == "NETWORK_FILTER" && p.operation == "MERGE"
+    });
+    assert_eq!(underscores.context, "SIDECAR_INBOUND");
+    let options = "common_http_protocol_options";
+    assert_eq!(
+        underscores.value["typed_config"][options],
+        inbound_hcm[options]
+    );
+    assert_eq!(
+        inbound_hcm[options]["headers_with_underscores_action"],
+        "DROP_HEADER"
+    );
     let headers = the_patch(&patches, "ROUTE_CONFIGURATION", |p| {
         p.apply_to == "ROUTE_CONFIGURATION"
     });

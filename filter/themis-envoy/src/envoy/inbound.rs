@@ -153,10 +153,13 @@ impl Inbound {
                 self.gate = Gate::Allowed;
                 true
             }
-            Verdict::Deny { service } => {
+            Verdict::Deny { service, denial } => {
                 self.close(
-                    "policy",
-                    &format!("{peer} (verified service {service:?}) is not allowed"),
+                    denial.reason(),
+                    &format!(
+                        "{peer} (verified service {service:?}): {}",
+                        denial.explain()
+                    ),
                 );
                 false
             }

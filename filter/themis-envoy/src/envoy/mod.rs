@@ -27,7 +27,7 @@ use themis_core::{HandshakeBudget, HelloGuard, SourceLimiter};
 use themis_trust::{Revocations, Verifier};
 
 use crate::agent::{self, Instance};
-use crate::config::{Config, Role};
+use crate::config::{Config, Policy, Role};
 use crate::policy::Callers;
 use crate::route::Routes;
 
@@ -272,8 +272,12 @@ impl RootContext for Root {
             config.workload,
             config.mesh.as_str()
         );
+        let metrics = Metrics::new(config.role);
+        if config.role == Role::Inbound {
+            announce_policy(&config, &metrics);
+        }
         self.worker = Some(Rc::new(RefCell::new(Worker {
-            metrics: Metrics::new(config.role),
+            metrics,
             routes: Routes::new(config.canary.clone()),
             guard: HelloGuard::new(
                 config.hello_window.as_millis() as u64,
@@ -326,6 +330,28 @@ impl RootContext for Root {
             Role::Outbound => ContextType::HttpContext,
             Role::Seal | Role::Inbound => ContextType::StreamContext,
         })
+    }
+}
+
+/// Says at start who the inbound side admits; the permissive choice loudly, and as
+/// the gauge `themis.inbound.allow_any_caller` (1 per worker that admits anyone).
+fn announce_policy(config: &Config, metrics: &Metrics) {
+    let workload = &config.workload;
+    match &config.policy {
+        None => warn!(
+            "themis inbound for workload {workload}: no policy configured, every caller is refused (no policy: deny by default)"
+        ),
+        Some(Policy::AnyCaller) => {
+            warn!(
+                "themis inbound for workload {workload}: policy allow_any_caller: EVERY authenticated member of mesh {} may call, unchecked by service or id",
+                config.mesh.as_str()
+            );
+            metrics.gauge("allow_any_caller", 1);
+        }
+        Some(Policy::Allow(rules)) => info!(
+            "themis inbound for workload {workload}: {} allow rule(s)",
+            rules.len()
+        ),
     }
 }
 
