@@ -29,14 +29,11 @@ use hyper::Method;
 use ring::rand::SystemRandom;
 use serde_json::{json, Value};
 use themis_agent::client::ApiClient;
-use themis_agent::overlay::Frame;
 use themis_core::handshake::Initiator;
 use themis_core::identity::PublicIdentity;
-use themis_core::wire;
 use themis_core::{HandshakeConfig, Identity, MeshName, PeerId};
-use themis_dht::message::{Message, Request};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use themis_testkit::intruder;
+use tokio::io::AsyncWriteExt;
 
 const MESH: &str = "bench";
 const PORT: u16 = 7400;
@@ -162,22 +159,6 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-async fn read_message(tcp: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut buf = Vec::new();
-    loop {
-        if let Ok(Some(len)) = wire::frame_len(&buf) {
-            if buf.len() >= len {
-                return Some(buf[..len].to_vec());
-            }
-        }
-        let mut chunk = [0u8; 4096];
-        match tcp.read(&mut chunk).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-}
-
 /// One flooding source: handshakes with keys of its own, a frame with no valid
 /// admission on each, up to 32 connections held.
 async fn flood_source(
@@ -187,39 +168,12 @@ async fn flood_source(
     stop: Arc<AtomicBool>,
     counts: Arc<[AtomicU64; 2]>,
 ) {
-    let frame = postcard::to_allocvec(&Frame::Dht {
-        listen: "127.0.0.1:9".parse().unwrap(),
-        admission: vec![0x5a; 64],
-        message: Message::Request {
-            id: 1,
-            body: Request::Ping,
-        },
-    })
-    .unwrap();
-    let mesh = MeshName::new(MESH).unwrap();
+    let frame = intruder::unadmitted_frame();
     let mut held = std::collections::VecDeque::new();
     while !stop.load(Ordering::Relaxed) {
         counts[0].fetch_add(1, Ordering::Relaxed);
         let attempt = async {
-            let me = Identity::generate(mesh.clone(), &SystemRandom::new()).ok()?;
-            let (waiting, hello) = Initiator::start(
-                &me,
-                peer,
-                &HandshakeConfig::default(),
-                now_ms(),
-                &SystemRandom::new(),
-            )
-            .ok()?;
-            let socket = match from {
-                IpAddr::V4(_) => TcpSocket::new_v4().ok()?,
-                IpAddr::V6(_) => TcpSocket::new_v6().ok()?,
-            };
-            socket.bind(SocketAddr::new(from, 0)).ok()?;
-            let mut tcp = socket.connect(to).await.ok()?;
-            tcp.write_all(&hello).await.ok()?;
-            let reply = read_message(&mut tcp).await?;
-            let (mut session, confirm) = waiting.read_hello_reply(&reply).ok()?;
-            tcp.write_all(&confirm).await.ok()?;
+            let (mut tcp, mut session) = intruder::handshake_from(MESH, from, to, peer).await?;
             let (_, record) = session.seal(&frame, None).ok()?;
             tcp.write_all(&record).await.ok()?;
             Some(tcp)

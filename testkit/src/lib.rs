@@ -7,6 +7,7 @@
 //! * [`app`], [`apps`]: the apps behind the sidecars (echo, gRPC, WebSocket, an upload
 //!   sink, redis) and their clients; [`http`]: a small HTTP/1.1 client;
 //! * [`mesh`], [`pair`]: the two-node topologies of the end-to-end tests;
+//! * [`intruder`]: a key of its own and no admission, at the agent port;
 //! * [`mitm`]: a man in the middle of the sealed stream; [`capture`]: tcpdump;
 //! * [`cgroup`], [`pods`]: cgroup v2 trees, bpffs, programs placed in pods;
 //! * [`netns`]: network namespaces joined by a veth pair;
@@ -26,6 +27,7 @@ pub mod cgroup;
 pub mod component;
 pub mod envoy;
 pub mod http;
+pub mod intruder;
 pub mod mesh;
 pub mod mitm;
 pub mod module;

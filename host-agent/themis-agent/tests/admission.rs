@@ -17,14 +17,12 @@ use std::time::{Duration, Instant};
 use common::{free_port, metered, sample, scrape, workdir, Agent, Metered, Spawn, MESH};
 use ring::rand::SystemRandom;
 use serde_json::{json, Value};
-use themis_agent::overlay::Frame;
 use themis_core::handshake::Initiator;
-use themis_core::wire::{self, Kind, RecordHeader, MAX_RECORD_PAYLOAD};
-use themis_core::{HandshakeConfig, Identity, MeshName, PeerId, Session, PROTOCOL_VERSION};
-use themis_dht::message::{Message, Request};
-use themis_testkit::require;
+use themis_core::wire::{Kind, RecordHeader, MAX_RECORD_PAYLOAD};
+use themis_core::{HandshakeConfig, MeshName, PROTOCOL_VERSION};
+use themis_testkit::{intruder, require};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 
 const LIMITED: &str = "themis_connections_limited_total";
 
@@ -45,94 +43,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-/// A key pair anyone can make: a valid id in the mesh, no admission.
-fn self_made_key() -> Identity {
-    Identity::generate(MeshName::new(MESH).unwrap(), &SystemRandom::new()).unwrap()
-}
-
-/// A TCP connection from `from` (any port) to `to`.
-async fn tcp_from(from: IpAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
-    let socket = match from {
-        IpAddr::V4(_) => TcpSocket::new_v4()?,
-        IpAddr::V6(_) => TcpSocket::new_v6()?,
-    };
-    socket.bind(SocketAddr::new(from, 0))?;
-    socket.connect(to).await
-}
-
-/// Reads one whole Themis message (handshake message or record); `None` if the
-/// connection closes first.
-async fn read_message(tcp: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut buf = Vec::new();
-    loop {
-        if let Ok(Some(len)) = wire::frame_len(&buf) {
-            if buf.len() >= len {
-                return Some(buf[..len].to_vec());
-            }
-        }
-        let mut chunk = [0u8; 4096];
-        match tcp.read(&mut chunk).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-}
-
-/// A Hello from `from` to the agent `peer` at `to` with a self-made key: the open
-/// connection and whether it was answered with message 2.
-async fn hello_from(from: IpAddr, to: SocketAddr, peer: PeerId) -> Option<(TcpStream, bool)> {
-    let me = self_made_key();
-    let (_, hello) = Initiator::start(
-        &me,
-        peer,
-        &HandshakeConfig::default(),
-        now_ms(),
-        &SystemRandom::new(),
-    )
-    .unwrap();
-    let mut tcp = tcp_from(from, to).await.ok()?;
-    tcp.write_all(&hello).await.ok()?;
-    let answered = read_message(&mut tcp).await.is_some();
-    Some((tcp, answered))
-}
-
-/// A complete key agreement from `from` with a self-made key: authenticated, not
-/// admitted. `None` if the agent refused or closed it.
-async fn handshake_from(
-    from: IpAddr,
-    to: SocketAddr,
-    peer: PeerId,
-) -> Option<(TcpStream, Session)> {
-    let me = self_made_key();
-    let (waiting, hello) = Initiator::start(
-        &me,
-        peer,
-        &HandshakeConfig::default(),
-        now_ms(),
-        &SystemRandom::new(),
-    )
-    .unwrap();
-    let mut tcp = tcp_from(from, to).await.ok()?;
-    tcp.write_all(&hello).await.ok()?;
-    let reply = read_message(&mut tcp).await?;
-    let (session, confirm) = waiting.read_hello_reply(&reply).ok()?;
-    tcp.write_all(&confirm).await.ok()?;
-    Some((tcp, session))
-}
-
-/// A well-formed DHT request whose admission credential is no credential.
-fn unadmitted_frame() -> Vec<u8> {
-    postcard::to_allocvec(&Frame::Dht {
-        listen: "127.0.0.1:9".parse().unwrap(),
-        admission: vec![0x5a; 64],
-        message: Message::Request {
-            id: 1,
-            body: Request::Ping,
-        },
-    })
-    .unwrap()
 }
 
 /// Waits (30 s at most) until the agent closes `tcp`; `false` if it stays open.
@@ -200,10 +110,13 @@ fn self_made_keys_from_many_sources_cannot_hold_the_slots_an_admitted_agent_need
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
-                if let Some((mut tcp, mut session)) = handshake_from(from, target, peer).await {
+                if let Some((mut tcp, mut session)) =
+                    intruder::handshake_from(MESH, from, target, peer).await
+                {
                     authenticated.fetch_add(1, Ordering::Relaxed);
                     if last % 2 == 0 {
-                        let (_, record) = session.seal(&unadmitted_frame(), None).unwrap();
+                        let (_, record) =
+                            session.seal(&intruder::unadmitted_frame(), None).unwrap();
                         let _ = tcp.write_all(&record).await;
                     }
                     held.push_back(tcp);
@@ -269,7 +182,7 @@ fn a_peer_that_is_not_admitted_can_send_neither_a_large_frame_nor_a_second_frame
     let local = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
     let (mut big, session) = rt
-        .block_on(handshake_from(local, target, peer))
+        .block_on(intruder::handshake_from(MESH, local, target, peer))
         .expect("a self-made key completes the handshake");
     let header = RecordHeader {
         version: PROTOCOL_VERSION,
@@ -289,11 +202,11 @@ fn a_peer_that_is_not_admitted_can_send_neither_a_large_frame_nor_a_second_frame
     });
 
     let (mut refused, mut session) = rt
-        .block_on(handshake_from(local, target, peer))
+        .block_on(intruder::handshake_from(MESH, local, target, peer))
         .expect("a self-made key completes the handshake");
-    let (_, record) = session.seal(&unadmitted_frame(), None).unwrap();
+    let (_, record) = session.seal(&intruder::unadmitted_frame(), None).unwrap();
     rt.block_on(refused.write_all(&record)).unwrap();
-    let answer = rt.block_on(read_message(&mut refused));
+    let answer = rt.block_on(intruder::read_message(&mut refused));
     assert!(answer.is_some(), "the refused frame was not answered");
     assert!(
         rt.block_on(closed(&mut refused)),
@@ -340,7 +253,7 @@ fn one_ipv6_64_with_many_addresses_is_capped_as_one_source() {
             let mut held = Vec::new();
             for i in 2..=41u16 {
                 let from = IpAddr::V6(Ipv6Addr::new(0xfd00, 0x64, 0, 0, 0, 0, 0, i));
-                held.push(rt.block_on(tcp_from(from, listen)).unwrap());
+                held.push(rt.block_on(intruder::tcp_from(from, listen)).unwrap());
             }
             let mut text = String::new();
             for _ in 0..300 {
@@ -399,14 +312,14 @@ fn a_hello_flood_from_one_source_is_cut_to_its_bucket_and_sidecars_still_get_sig
         // One connection at a time (closed after its answer): the per-source
         // connection cap plays no part, only the bucket.
         for _ in 0..300 {
-            if let Some((_, yes)) = hello_from(from, target, peer).await {
+            if let Some((_, yes)) = intruder::hello_from(MESH, from, target, peer).await {
                 answered += u32::from(yes);
             }
         }
         answered
     });
     // During the flood, a sidecar's Hello is signed by the agent.
-    let other = self_made_key();
+    let other = intruder::self_made_key(MESH);
     let pending = Initiator::start_unsigned(
         &workload,
         other.id(),
