@@ -26,12 +26,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hyper::Method;
-use ring::rand::SystemRandom;
 use serde_json::{json, Value};
 use themis_agent::client::ApiClient;
-use themis_core::handshake::Initiator;
-use themis_core::identity::PublicIdentity;
-use themis_core::{HandshakeConfig, Identity, MeshName, PeerId};
+use themis_core::PeerId;
 use themis_testkit::intruder;
 use tokio::io::AsyncWriteExt;
 
@@ -153,12 +150,6 @@ async fn time_until(mut check: impl AsyncFnMut() -> bool) -> Option<Duration> {
     None
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// One flooding source: handshakes with keys of its own, a frame with no valid
 /// admission on each, up to 32 connections held.
 async fn flood_source(
@@ -271,12 +262,7 @@ pub fn run(binary: &Path) {
         let (_, status) = call(&a_api, Method::GET, "/v1/status", None).await;
         call(&a_api, Method::PUT, "/v1/workloads/check", None).await;
         let (_, identity) = call(&a_api, Method::GET, "/v1/workloads/check/identity", None).await;
-        let mut key = [0u8; 32];
-        hex::decode_to_slice(identity["public_key"].as_str().unwrap(), &mut key).unwrap();
-        (
-            status["id"].as_str().unwrap().to_owned(),
-            PublicIdentity::new(key, MeshName::new(MESH).unwrap()),
-        )
+        (status["id"].as_str().unwrap().to_owned(), identity)
     });
     let a_peer = PeerId::parse(&a_id).unwrap().1;
     let contact = format!("{a_id}@[fd00:64::1]:{PORT}");
@@ -327,17 +313,7 @@ pub fn run(binary: &Path) {
         let row = rt.block_on(async {
             let mut signs = Vec::new();
             for _ in 0..100 {
-                let other =
-                    Identity::generate(MeshName::new(MESH).unwrap(), &SystemRandom::new()).unwrap();
-                let pending = Initiator::start_unsigned(
-                    &workload,
-                    other.id(),
-                    &HandshakeConfig::default(),
-                    now_ms(),
-                    &SystemRandom::new(),
-                )
-                .unwrap();
-                let body = json!({ "kind": "hello", "body": hex::encode(&pending.to_sign().body) });
+                let body = themis_testkit::agent::hello_sign_request(&workload, MESH);
                 let started = Instant::now();
                 let (code, answer) = call(
                     &a_api,

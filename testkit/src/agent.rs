@@ -626,3 +626,27 @@ impl Metered {
         sample(&self.scrape(), name, labels)
     }
 }
+
+/// The body of `POST /v1/workloads/{w}/sign` a sidecar sends for a fresh Hello of its
+/// workload (to a self-made peer), from the agent's `GET /v1/workloads/{w}/identity`
+/// answer.
+pub fn hello_sign_request(identity: &Value, mesh: &str) -> Value {
+    use themis_core::identity::PublicIdentity;
+    let mut key = [0u8; 32];
+    hex::decode_to_slice(identity["public_key"].as_str().unwrap(), &mut key).unwrap();
+    let me = PublicIdentity::new(key, themis_core::MeshName::new(mesh).unwrap());
+    let peer = crate::intruder::self_made_key(mesh).id();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let pending = themis_core::handshake::Initiator::start_unsigned(
+        &me,
+        peer,
+        &themis_core::HandshakeConfig::default(),
+        now_ms,
+        &ring::rand::SystemRandom::new(),
+    )
+    .unwrap();
+    serde_json::json!({"kind": "hello", "body": hex::encode(&pending.to_sign().body)})
+}

@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use ring::rand::SystemRandom;
 use themis_agent::overlay::Frame;
 use themis_core::handshake::Initiator;
-use themis_core::{wire, HandshakeConfig, Identity, MeshName, PeerId, Session};
+use themis_core::{wire, AwaitingHelloReply, HandshakeConfig, Identity, MeshName, PeerId, Session};
 use themis_dht::message::{Message, Request};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -51,16 +51,16 @@ pub async fn read_message(tcp: &mut TcpStream) -> Option<Vec<u8>> {
     }
 }
 
-/// A Hello with a self-made key from `from` to the agent `peer` at `to`: the open
-/// connection and whether it was answered with message 2.
-pub async fn hello_from(
+/// A connection from `from` to the agent `peer` at `to` on which a Hello with a
+/// self-made key was sent, and the handshake state that reads its answer.
+async fn send_hello(
     mesh: &str,
     from: IpAddr,
     to: SocketAddr,
     peer: PeerId,
-) -> Option<(TcpStream, bool)> {
+) -> Option<(TcpStream, AwaitingHelloReply)> {
     let me = self_made_key(mesh);
-    let (_, hello) = Initiator::start(
+    let (waiting, hello) = Initiator::start(
         &me,
         peer,
         &HandshakeConfig::default(),
@@ -70,6 +70,18 @@ pub async fn hello_from(
     .ok()?;
     let mut tcp = tcp_from(from, to).await.ok()?;
     tcp.write_all(&hello).await.ok()?;
+    Some((tcp, waiting))
+}
+
+/// A Hello with a self-made key from `from` to the agent `peer` at `to`: the open
+/// connection and whether it was answered with message 2.
+pub async fn hello_from(
+    mesh: &str,
+    from: IpAddr,
+    to: SocketAddr,
+    peer: PeerId,
+) -> Option<(TcpStream, bool)> {
+    let (mut tcp, _) = send_hello(mesh, from, to, peer).await?;
     let answered = read_message(&mut tcp).await.is_some();
     Some((tcp, answered))
 }
@@ -82,17 +94,7 @@ pub async fn handshake_from(
     to: SocketAddr,
     peer: PeerId,
 ) -> Option<(TcpStream, Session)> {
-    let me = self_made_key(mesh);
-    let (waiting, hello) = Initiator::start(
-        &me,
-        peer,
-        &HandshakeConfig::default(),
-        now_ms(),
-        &SystemRandom::new(),
-    )
-    .ok()?;
-    let mut tcp = tcp_from(from, to).await.ok()?;
-    tcp.write_all(&hello).await.ok()?;
+    let (mut tcp, waiting) = send_hello(mesh, from, to, peer).await?;
     let reply = read_message(&mut tcp).await?;
     let (session, confirm) = waiting.read_hello_reply(&reply).ok()?;
     tcp.write_all(&confirm).await.ok()?;

@@ -15,11 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{free_port, metered, sample, scrape, workdir, Agent, Metered, Spawn, MESH};
-use ring::rand::SystemRandom;
-use serde_json::{json, Value};
-use themis_core::handshake::Initiator;
+use serde_json::Value;
 use themis_core::wire::{Kind, RecordHeader, MAX_RECORD_PAYLOAD};
-use themis_core::{HandshakeConfig, MeshName, PROTOCOL_VERSION};
+use themis_core::PROTOCOL_VERSION;
 use themis_testkit::{intruder, require};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -28,13 +26,6 @@ const LIMITED: &str = "themis_connections_limited_total";
 
 fn agent_limited(text: &str, reason: &str) -> u64 {
     sample(text, LIMITED, &[("listener", "agent"), ("reason", reason)])
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -300,9 +291,6 @@ fn a_hello_flood_from_one_source_is_cut_to_its_bucket_and_sidecars_still_get_sig
         .unwrap();
     assert!(code == 200 || code == 201, "creating the workload: {code}");
     let (_, identity) = a.agent.get("/v1/workloads/check/identity").unwrap();
-    let mut key = [0u8; 32];
-    hex::decode_to_slice(identity["public_key"].as_str().unwrap(), &mut key).unwrap();
-    let workload = themis_core::identity::PublicIdentity::new(key, MeshName::new(MESH).unwrap());
 
     let rt = runtime();
     let started = Instant::now();
@@ -319,16 +307,7 @@ fn a_hello_flood_from_one_source_is_cut_to_its_bucket_and_sidecars_still_get_sig
         answered
     });
     // During the flood, a sidecar's Hello is signed by the agent.
-    let other = intruder::self_made_key(MESH);
-    let pending = Initiator::start_unsigned(
-        &workload,
-        other.id(),
-        &HandshakeConfig::default(),
-        now_ms(),
-        &SystemRandom::new(),
-    )
-    .unwrap();
-    let request = json!({ "kind": "hello", "body": hex::encode(&pending.to_sign().body) });
+    let request = common::hello_sign_request(&identity, MESH);
     let (code, answer): (u16, Value) = a
         .agent
         .call(

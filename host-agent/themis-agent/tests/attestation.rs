@@ -13,20 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
-use ring::rand::SystemRandom;
 use serde_json::{json, Value};
-use themis_core::handshake::Initiator;
-use themis_core::identity::PublicIdentity;
-use themis_core::{HandshakeConfig, MeshName, PeerId};
 use themis_testkit::cgroup::Tree;
 use themis_testkit::require;
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
 
 /// The uid Istio runs its sidecars as.
 const PROXY_UID: u32 = 1337;
@@ -148,21 +137,7 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
 
     // Each sidecar gets its own workload's public identity and has its own Hellos
     // signed...
-    let hello_of = |identity: &Value| {
-        let mut key = [0u8; 32];
-        hex::decode_to_slice(identity["public_key"].as_str().unwrap(), &mut key).unwrap();
-        let me = PublicIdentity::new(key, MeshName::new(MESH).unwrap());
-        let rng = SystemRandom::new();
-        let pending = Initiator::start_unsigned(
-            &me,
-            PeerId([7; 32]),
-            &HandshakeConfig::default(),
-            now_ms(),
-            &rng,
-        )
-        .unwrap();
-        json!({"kind": "hello", "body": hex::encode(&pending.to_sign().body)})
-    };
+    let hello_of = |identity: &Value| hello_sign_request(identity, MESH);
     let mut hellos = std::collections::BTreeMap::new();
     for (who, workload) in [(&sidecar_a, "a"), (&sidecar_b, "b")] {
         let (code, identity) = call(
