@@ -650,3 +650,21 @@ pub fn hello_sign_request(identity: &Value, mesh: &str) -> Value {
     .unwrap();
     serde_json::json!({"kind": "hello", "body": hex::encode(&pending.to_sign().body)})
 }
+
+/// `GET path` on an agent's `--resolve-listen` listener over HTTP/1.0: the status, the
+/// head in lower case, and the JSON body.
+pub fn resolve_listener_get(addr: std::net::SocketAddr, path: &str) -> (u16, String, Value) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (
+        status,
+        head.to_ascii_lowercase(),
+        serde_json::from_str(body).unwrap(),
+    )
+}

@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{free_port, metered, sample, scrape, workdir, Agent, Metered, Spawn, MESH};
+use common::{
+    free_port, metered, resolve_listener_get, sample, scrape, workdir, Agent, Metered, Spawn, MESH,
+};
 use serde_json::Value;
 use themis_core::wire::{Kind, RecordHeader, MAX_RECORD_PAYLOAD};
 use themis_core::PROTOCOL_VERSION;
@@ -330,23 +332,6 @@ fn a_hello_flood_from_one_source_is_cut_to_its_bucket_and_sidecars_still_get_sig
     });
 }
 
-/// `GET path` on the resolve listener over HTTP/1.0: status, headers, JSON body.
-fn get(addr: SocketAddr, path: &str) -> (u16, String, Value) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (
-        status,
-        head.to_ascii_lowercase(),
-        serde_json::from_str(body).unwrap(),
-    )
-}
-
 /// Item 3: a caller on the resolve listener asks for ever-new names, each a miss of
 /// the cache and `replicas + 1` DHT lookups. Before, none was ever refused. Now the
 /// lookups beyond the budget (a burst of 200, then 50 a second, by default) are
@@ -360,7 +345,8 @@ fn ever_new_names_hit_the_lookup_budget_and_the_operator_is_exempt() {
     let a = Metered::spawn(dir.path(), "a", None, &["--resolve-listen", &resolve_arg]);
     let mut refused = None;
     for i in 0..1000 {
-        let (status, head, answer) = get(resolve, &format!("/v1/services/new-{i}"));
+        let (status, head, answer) =
+            resolve_listener_get(resolve, &format!("/v1/services/new-{i}"));
         if status == 429 {
             refused = Some((head, answer));
             break;

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{free_port, sample, workdir, Agent, Metered, Spawn};
+use common::{free_port, resolve_listener_get, sample, workdir, Agent, Metered, Spawn};
 use serde_json::Value;
 use themis_core::wire::{Kind, RecordHeader, MAX_RECORD_PAYLOAD};
 use themis_core::PROTOCOL_VERSION;
@@ -177,22 +177,6 @@ fn silent_and_oversize_connections_are_closed_before_the_handshake_and_counted()
     });
 }
 
-/// `GET path` on the resolve listener over HTTP/1.0: status, headers, JSON body.
-fn get(addr: SocketAddr, path: &str) -> (u16, String, Value) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (
-        status,
-        head.to_ascii_lowercase(),
-        serde_json::from_str(body).unwrap(),
-    )
-}
-
 #[test]
 fn a_name_in_use_stays_cached_through_a_flood_of_names_and_fresh_lookups_are_budgeted() {
     let dir = workdir();
@@ -219,21 +203,21 @@ fn a_name_in_use_stays_cached_through_a_flood_of_names_and_fresh_lookups_are_bud
     );
 
     // `check` is in use: resolved now and again every 100 other names.
-    let (status, _, first) = get(resolve, "/v1/services/check");
+    let (status, _, first) = resolve_listener_get(resolve, "/v1/services/check");
     assert_eq!(
         (status, &first["cached"]),
         (200, &Value::Bool(false)),
         "{first}"
     );
     for i in 0..2000 {
-        let (status, _, answer) = get(resolve, &format!("/v1/services/flood-{i}"));
+        let (status, _, answer) = resolve_listener_get(resolve, &format!("/v1/services/flood-{i}"));
         assert_eq!(status, 200, "{answer}");
         if i % 100 == 99 {
-            let (_, _, check) = get(resolve, "/v1/services/check");
+            let (_, _, check) = resolve_listener_get(resolve, "/v1/services/check");
             assert_eq!(check["cached"], true, "check evicted after {} names", i + 1);
         }
     }
-    let (_, _, check) = get(resolve, "/v1/services/check");
+    let (_, _, check) = resolve_listener_get(resolve, "/v1/services/check");
     assert_eq!(check["cached"], true, "{check}");
     // The cache (1024 services) made room one service at a time.
     let evictions = a.value("themis_resolve_cache_evictions_total", &[]);
@@ -243,7 +227,7 @@ fn a_name_in_use_stays_cached_through_a_flood_of_names_and_fresh_lookups_are_bud
     // answered from the cache...
     let mut served_cached = false;
     for _ in 0..50 {
-        let (status, _, answer) = get(resolve, "/v1/services/check?fresh=true");
+        let (status, _, answer) = resolve_listener_get(resolve, "/v1/services/check?fresh=true");
         assert_eq!(status, 200, "{answer}");
         if answer["cached"] == true {
             served_cached = true;
@@ -257,7 +241,8 @@ fn a_name_in_use_stays_cached_through_a_flood_of_names_and_fresh_lookups_are_bud
     // ...and one never cached is refused with 429 rate_limited and Retry-After.
     let mut refused = None;
     for i in 0..50 {
-        let (status, head, answer) = get(resolve, &format!("/v1/services/fresh-{i}?fresh=true"));
+        let (status, head, answer) =
+            resolve_listener_get(resolve, &format!("/v1/services/fresh-{i}?fresh=true"));
         if status == 429 {
             refused = Some((head, answer));
             break;

@@ -7,47 +7,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use ring::rand::SystemRandom;
-use themis_core::handshake::Initiator;
 use themis_core::wire::{Kind, RecordHeader, MAX_RECORD_PAYLOAD};
-use themis_core::{HandshakeConfig, SessionInfo, PROTOCOL_VERSION};
-use themis_net::{
-    connect, serve_with, source_of, Answer, Config, Limits, NetError, NetStats, Standing,
-};
+use themis_core::{SessionInfo, PROTOCOL_VERSION};
+use themis_net::{connect, source_of, Answer, Config, Limits, NetError, NetStats, Standing};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpSocket, TcpStream};
 
 /// How long a test waits for something that must happen (not a speed requirement).
 const PATIENCE: Duration = Duration::from_secs(20);
 
 mod common;
 
-use common::{identity, Server};
+use common::{hello, identity, Server};
 
 async fn start(config: Config, limits: Limits) -> Server {
-    let identity = identity();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let stats = Arc::new(NetStats::default());
-    let handler = Arc::new(|_: Arc<SessionInfo>, request: BytesMut| async move {
+    let echo = |_: Arc<SessionInfo>, request: BytesMut| async move {
         let mut answer = b"echo: ".to_vec();
         answer.extend_from_slice(&request);
         answer
-    });
-    let task = tokio::spawn(serve_with(
-        listener,
-        identity.clone(),
-        config,
-        limits,
-        handler,
-        stats.clone(),
-    ));
-    Server {
-        identity,
-        addr,
-        stats,
-        task,
-    }
+    };
+    Server::start(config, limits, echo).await
 }
 
 /// A connection to `to` from the loopback address `127.0.0.<last>`.
@@ -256,18 +235,7 @@ async fn an_authenticated_connection_that_goes_silent_is_closed_after_the_idle_t
 async fn a_replayed_hello_to_the_agent_port_is_refused_at_message_1() {
     let server = start(Config::default(), Limits::default()).await;
     let caller = identity();
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    let (_, hello) = Initiator::start(
-        &caller,
-        server.identity.id(),
-        &HandshakeConfig::default(),
-        now_ms,
-        &SystemRandom::new(),
-    )
-    .unwrap();
+    let hello = hello(&caller, server.identity.id());
     // The genuine connection is answered with message 2; then the caller goes away.
     let mut genuine = connect_from(41, server.addr).await.unwrap();
     genuine.write_all(&hello).await.unwrap();
@@ -312,11 +280,7 @@ async fn a_replayed_hello_to_the_agent_port_is_refused_at_message_1() {
 /// A server whose handler admits a peer only for the request `admit me` (standing in
 /// for the agent's admission check); other requests prove nothing.
 async fn start_admitting(config: Config, limits: Limits) -> Server {
-    let identity = identity();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let stats = Arc::new(NetStats::default());
-    let handler = Arc::new(|_: Arc<SessionInfo>, request: BytesMut| async move {
+    let admitting = |_: Arc<SessionInfo>, request: BytesMut| async move {
         let standing = match &request[..] {
             b"admit me" => Standing::Admitted,
             b"refuse me" => Standing::Refused,
@@ -326,21 +290,8 @@ async fn start_admitting(config: Config, limits: Limits) -> Server {
             payload: b"ok".to_vec(),
             standing,
         }
-    });
-    let task = tokio::spawn(serve_with(
-        listener,
-        identity.clone(),
-        config,
-        limits,
-        handler,
-        stats.clone(),
-    ));
-    Server {
-        identity,
-        addr,
-        stats,
-        task,
-    }
+    };
+    Server::start(config, limits, admitting).await
 }
 
 /// Authenticated is not admitted: connections that finished their handshake with
@@ -451,18 +402,7 @@ async fn fresh_hellos_beyond_the_source_bucket_are_refused_before_any_work() {
     let mut answered = 0;
     for _ in 0..10 {
         let caller = identity();
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64;
-        let (_, hello) = Initiator::start(
-            &caller,
-            server.identity.id(),
-            &HandshakeConfig::default(),
-            now_ms,
-            &SystemRandom::new(),
-        )
-        .unwrap();
+        let hello = hello(&caller, server.identity.id());
         let mut tcp = connect_from(43, server.addr).await.unwrap();
         tcp.write_all(&hello).await.unwrap();
         // Message 2, or a close with nothing; then the caller goes away.
@@ -532,18 +472,7 @@ async fn a_hello_flood_spends_the_open_budget_and_admitted_sources_keep_the_rese
     // answers a few, the rest are closed unanswered.
     let mut answered = 0;
     for last in 60..70 {
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64;
-        let (_, hello) = Initiator::start(
-            &identity(),
-            id,
-            &HandshakeConfig::default(),
-            now_ms,
-            &SystemRandom::new(),
-        )
-        .unwrap();
+        let hello = hello(&identity(), id);
         let mut tcp = connect_from(last, server.addr).await.unwrap();
         tcp.write_all(&hello).await.unwrap();
         let mut reply = [0u8; 1024];

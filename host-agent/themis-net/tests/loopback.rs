@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use ring::rand::SystemRandom;
 use themis_core::{Identity, PeerId, SessionInfo};
-use themis_net::{connect, serve, Client, ClientConfig, Config, NetError, NetStats};
+use themis_net::{connect, Client, ClientConfig, Config, Limits, NetError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -18,11 +18,7 @@ use common::{identity, Server};
 /// A server answering "<peer id> asked: <request>", after a delay the request may
 /// name ("sleep N ms"), so that concurrent responses come back out of order.
 async fn start_server() -> Server {
-    let identity = identity();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let stats = Arc::new(NetStats::default());
-    let handler = Arc::new(|peer: Arc<SessionInfo>, request: BytesMut| async move {
+    let handler = |peer: Arc<SessionInfo>, request: BytesMut| async move {
         let text = String::from_utf8_lossy(&request).into_owned();
         if let Some(ms) = text
             .strip_prefix("sleep ")
@@ -31,20 +27,8 @@ async fn start_server() -> Server {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
         format!("{} asked: {text}", peer.peer_id).into_bytes()
-    });
-    let task = tokio::spawn(serve(
-        listener,
-        identity.clone(),
-        Config::default(),
-        handler,
-        stats.clone(),
-    ));
-    Server {
-        identity,
-        addr,
-        stats,
-        task,
-    }
+    };
+    Server::start(Config::default(), Limits::default(), handler).await
 }
 
 #[tokio::test]
