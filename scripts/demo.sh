@@ -65,6 +65,10 @@ app_port() { echo $((8080 + $1)); }
 outbound_of() { echo "127.0.0.1:$((15001 + 10 * $1))"; }
 inbound_port() { echo $((15006 + 10 * $1)); }
 admin_port() { echo $((15000 + 10 * $1)); }
+# The filter module, served on each node's loopback to its sidecars, which fetch it
+# and load it only if its SHA-256 is the one pinned in their configuration.
+MODULE_PORT=15090
+module_url() { echo "http://127.0.0.1:$MODULE_PORT/themis_envoy.wasm"; }
 on() { local n=$1; shift; "$themis" --socket "$work/n$n/agent.sock" "$@"; }
 
 binaries() {
@@ -192,6 +196,24 @@ agents() {
     sleep 1 # a few stabilisation rounds
 }
 
+# --- the filter module, pinned -----------------------------------------------------------
+serve_module() { # N
+    local n=$1
+    spawn "n$n module server" "$(ns "$n")" - "$work/n$n/module-server.log" \
+        python3 -m http.server "$MODULE_PORT" --bind 127.0.0.1 --directory "$work/module"
+    retry_while "$last_pid" 50 on_node "$(ns "$n")" curl -sf -o /dev/null "$(module_url)" ||
+        fail "node $n's module server did not start"
+}
+
+modules() {
+    local n
+    mkdir -p "$work/module"
+    cp "$wasm" "$work/module/themis_envoy.wasm"
+    for n in 1 2 3; do serve_module "$n"; done
+    echo "    the filter module, pinned: every sidecar fetches $(module_url) on its node and"
+    echo "    loads it only if its SHA-256 is $(sha256sum "$work/module/themis_envoy.wasm" | cut -c1-16)… (as rendered into its configuration)"
+}
+
 # --- the pods ----------------------------------------------------------------------------
 # A pod: its cgroup; its workload's identity (created by the agent); its registration
 # (the agent attaches the capture to the pod's cgroup, the proxy exempt, then signs and
@@ -211,7 +233,7 @@ start_pod() { # SERVICE WORKLOAD NODE SLOT [POLICY]
     scripts/render-sidecar --mesh-root "$work/mesh/mesh.root" --workload "$workload" --service "$service" \
         --agent-socket "$work/n$n/agent.sock" --app "127.0.0.1:$(app_port "$slot")" \
         --outbound "$(outbound_of "$slot")" --inbound "$(ip_of "$n"):$(inbound_port "$slot")" \
-        --admin-port "$(admin_port "$slot")" --wasm "$wasm" \
+        --admin-port "$(admin_port "$slot")" --wasm "$work/module/themis_envoy.wasm" --wasm-url "$(module_url)" \
         --access-log "$work/n$n/$workload-outbound.access" ${policy:+--policy "$policy"} \
         > "$work/n$n/$workload-envoy.yaml"
     spawn "n$n pod $workload envoy" "$(ns "$n")" "$pod/proxy" "$work/n$n/$workload-envoy.log" \
@@ -237,6 +259,7 @@ resolves() { on "$1" --json resolve "$2" --fresh | json 'len(v["instances"])' | 
 pods() {
     local pair
     section "pods: a cgroup each (app, proxy), registered with the capture, a sidecar Envoy"
+    modules
     start_pod check check 3 0 '{"allow":[{"service":"handler"}]}'
     start_app check 3 0 --role check
     start_pod handler handler 1 0 '{"allow":[{"service":"client"}]}'
