@@ -45,7 +45,7 @@ struct Raw {
     mesh_root: String,
     /// The mesh name; optional, and then taken from the root (must agree if given).
     mesh: Option<String>,
-    /// The local workload whose key the agent hands over.
+    /// The local workload; the agent holds its key and signs for it.
     workload: String,
     /// The service the local workload is registered as (the inbound side checks the
     /// caller's claim against the DHT).

@@ -57,12 +57,12 @@ pub struct Settings {
     pub max_sessions: usize,
     /// Most connections from other agents held at once, authenticated or not.
     pub max_inbound_connections: usize,
-    /// Most connections held at once from one source address.
+    /// Most connections held at once from one source (an IPv4 address, an IPv6 /64).
     pub max_inbound_per_ip: usize,
     /// An inbound connection must complete the key agreement within this, in
     /// milliseconds.
     pub handshake_timeout_ms: u64,
-    /// An authenticated inbound connection silent this long is closed, in seconds.
+    /// An admitted inbound connection silent this long is closed, in seconds.
     pub inbound_idle_secs: u64,
     /// Resolutions skipping the cache (`?fresh=true`) allowed per second.
     pub resolve_fresh_per_sec: u32,
@@ -244,12 +244,14 @@ pub struct AgentArgs {
     /// Stabilisation period, milliseconds [default: 1000].
     #[arg(long)]
     pub stabilise_ms: Option<u64>,
-    /// Most connections from other agents held at once, authenticated or still in
-    /// the handshake [default: 1024]. At the cap, a new connection replaces the
-    /// oldest one still in its handshake, or is refused.
+    /// Most connections from other agents held at once, admitted or not
+    /// [default: 1024]. At the cap, a new connection replaces the oldest one not
+    /// admitted yet (in its handshake or after it); it is refused only if every held
+    /// connection is admitted.
     #[arg(long, value_name = "N")]
     pub max_inbound_connections: Option<usize>,
-    /// Most connections held at once from one source address [default: 32]. Each
+    /// Most connections held at once from one source (an IPv4 address, an IPv6 /64)
+    /// [default: 32]. Each
     /// agent keeps one connection to each peer: raise it only for many agents
     /// behind one address (NAT, one host).
     #[arg(long, value_name = "N")]
@@ -258,8 +260,8 @@ pub struct AgentArgs {
     /// closed, milliseconds [default: 5000].
     #[arg(long, value_name = "MS")]
     pub handshake_timeout_ms: Option<u64>,
-    /// An authenticated inbound connection that sends nothing this long is closed,
-    /// seconds [default: 120]. Must exceed the outbound session idle time (60 s), so
+    /// An admitted inbound connection that sends nothing this long is closed,
+    /// seconds [default: 120] (one not admitted yet has the admission deadline). Must exceed the outbound session idle time (60 s), so
     /// the peer that opened a connection is the one that closes it.
     #[arg(long, value_name = "SECS")]
     pub inbound_idle_secs: Option<u64>,

@@ -223,7 +223,7 @@ impl Registry {
         }
     }
 
-    /// With these operators (default: root, from any cgroup).
+    /// With these operators (default: uid 0 but no operator cgroup, so nobody until the agent sets them).
     pub fn with_operators(mut self, operators: Operators) -> Self {
         self.access = Access { operators };
         self

@@ -98,10 +98,12 @@ enum Command {
         /// Workload name (DNS subdomain rules: `web`, `web.prod`).
         name: String,
         /// Bind it to its pod: only callers in this cgroup v2 directory (or below) may
-        /// use its identity (docs/AGENT.md, "The node's trust model").
+        /// use its identity (docs/AGENT.md, "The node's trust model"); needs
+        /// --owner-uid or --any-uid.
         #[arg(long, value_name = "DIR")]
         owner_cgroup: Option<PathBuf>,
-        /// With --owner-cgroup: the caller must also run as this uid (Istio's sidecar: 1337).
+        /// Required with --owner-cgroup (unless --any-uid): the proxy's uid, which callers
+        /// must run as (Istio's sidecar: 1337).
         #[arg(long, value_name = "UID", requires = "owner_cgroup")]
         owner_uid: Option<u32>,
         /// With --owner-cgroup and no --owner-uid: any uid in the cgroup may use the
@@ -144,7 +146,7 @@ enum Command {
     /// Registrations of this node.
     Workloads,
     /// eBPF capture on this node: workloads, their cgroups and attached programs (from
-    /// the kernel), the fast path, counters.
+    /// the kernel), the outbound listeners' guard, the fast path, counters.
     Capture,
     /// Raw DHT operations, for debugging.
     #[command(subcommand)]
