@@ -276,27 +276,63 @@ pub fn listener_guard6(ctx: SockAddrContext) -> i32 {
 fn guard_listener(ctx: &SockAddrContext, family: u16) -> i32 {
     let sa: *mut bpf_sock_addr = ctx.sock_addr;
     // SAFETY: the context pointer the kernel passed; fields by the verifier's rules.
-    unsafe {
+    let (port, netns, ip4, ip6) = unsafe {
         if (*sa).protocol != IPPROTO_TCP {
             return ALLOW;
         }
         let port = u16::from_be((*sa).user_port as u16);
         let netns = bpf_get_netns_cookie(ctx.as_ptr());
-        let destination = if family == AF_INET {
-            address_key(u32::from(AF_INET), (*sa).user_ip4, [0; 4], port, netns)
+        if family == AF_INET {
+            (port, netns, (*sa).user_ip4, [0u32; 4])
         } else {
-            address_key(u32::from(AF_INET6), 0, read_ip6(sa), port, netns)
-        };
-        let Some(owner) = OUTBOUND_LISTENERS.get(&destination) else {
-            return ALLOW;
-        };
-        let owner = *owner;
-        if current_within(owner) {
-            return ALLOW;
+            (port, netns, 0, read_ip6(sa))
+        }
+    };
+    let destination = address_key(u32::from(family), ip4, ip6, port, netns);
+    if refused_by(&destination) {
+        count(stats::OUTBOUND_LISTENER_REFUSED);
+        return REFUSE;
+    }
+    // A connect to the unspecified address (0.0.0.0, ::, ::ffff:0.0.0.0) goes to this
+    // host: to loopback, or to the address the socket is bound to. Judge it as a
+    // connect to each loopback listener on that port.
+    let unspecified = if family == AF_INET {
+        ip4 == 0
+    } else {
+        ip6[0] == 0 && ip6[1] == 0 && (ip6[2] == 0 || ip6[2] == u32::to_be(0xffff)) && ip6[3] == 0
+    };
+    if unspecified {
+        let loopback4 = address_key(
+            u32::from(AF_INET),
+            u32::to_be(0x7f00_0001),
+            [0; 4],
+            port,
+            netns,
+        );
+        let loopback6 = address_key(
+            u32::from(AF_INET6),
+            0,
+            [0, 0, 0, u32::to_be(1)],
+            port,
+            netns,
+        );
+        if refused_by(&loopback4) || refused_by(&loopback6) {
+            count(stats::OUTBOUND_LISTENER_REFUSED);
+            return REFUSE;
         }
     }
-    count(stats::OUTBOUND_LISTENER_REFUSED);
-    REFUSE
+    ALLOW
+}
+
+/// `destination` is a workload's outbound listener and the current task is outside
+/// that workload's cgroup.
+#[inline(always)]
+fn refused_by(destination: &SocketAddrKey) -> bool {
+    // SAFETY: a map lookup; the value is copied out at once.
+    match unsafe { OUTBOUND_LISTENERS.get(destination) } {
+        Some(owner) => !current_within(*owner),
+        None => false,
+    }
 }
 
 /// The current task's cgroup is `cgroup` or below it.

@@ -634,6 +634,31 @@ fn only_its_own_pod_connects_to_a_workloads_outbound_listener() {
     // The same listener as an IPv4-mapped address, from an IPv6 socket (connect6).
     let mapped = format!("::ffff:{listener_a}");
     assert_eq!(run_here(&client(&mapped)), "failed EPERM", "{mapped}");
+    // The unspecified address, which the kernel sends to this host: 0.0.0.0 reaches
+    // the loopback listener, and so does [::] from a socket bound to a mapped loopback
+    // address. Both are judged as connects to the loopback listener.
+    let unspecified = format!("0.0.0.0:{port_a}");
+    assert_eq!(
+        pod_a.run("outside", &client(&unspecified)),
+        "failed EPERM",
+        "{unspecified}"
+    );
+    let via_any6 = format!(
+        r#"
+import errno, socket
+try:
+    s = socket.socket(socket.AF_INET6); s.settimeout(2)
+    s.bind(("::ffff:127.0.0.1", 0)); s.connect(("::", {port_a}))
+    s.sendall(b"hello"); print(s.recv(100).decode() or "closed", flush=True)
+except OSError as e:
+    print("failed", errno.errorcode.get(e.errno, "timeout"), flush=True)
+"#
+    );
+    assert_eq!(
+        pod_a.run("outside", &via_any6),
+        "failed EPERM",
+        "[::] from a socket bound to ::ffff:127.0.0.1"
+    );
 
     // The controls: pod a's app reaches its listener, directly and captured (judged
     // after capture rewrote the connect), and pod b's captured connect its own.
@@ -646,7 +671,7 @@ fn only_its_own_pod_connects_to_a_workloads_outbound_listener() {
     let counters = capture.status().unwrap().counters;
     assert_eq!(
         counters.get("outbound_listener_refused"),
-        Some(&4),
+        Some(&6),
         "{counters:?}"
     );
 
