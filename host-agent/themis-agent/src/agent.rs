@@ -316,6 +316,13 @@ fn operators(settings: &Settings) -> crate::caller::Operators {
         .ok()
         .and_then(crate::caller::cgroup_of);
     match &own_cgroup {
+        Some(own) if own.as_path() == crate::caller::cgroup_root() => warn!(
+            uids = ?uids,
+            "the agent runs in the cgroup v2 root, so every operator uid calling from the \
+             root is the operator; where pods' processes also sit in the root (cgroup v2 \
+             unused by the runtime), cgroups cannot tell a pod from the host: run the \
+             agent in a cgroup of its own"
+        ),
         Some(own) => info!(
             uids = ?uids,
             own_cgroup = %own.display(),

@@ -226,7 +226,10 @@ impl Access {
             Need::Owner => {
                 let owner = owner.ok_or(Refusal::Unbound)?;
                 let caller = caller.ok_or(Refusal::NotOwner)?;
-                let uid_ok = owner.uid.is_none_or(|uid| uid == caller.uid);
+                // No uid: only where the operator (or a capture without a proxy uid)
+                // said any uid will do; an older owners.json's uid-less entry is not
+                // such a statement and admits nobody until bound again.
+                let uid_ok = owner.uid.map_or(owner.any_uid, |uid| uid == caller.uid);
                 if uid_ok && caller.is_within(Path::new(&owner.cgroup)) {
                     Ok(())
                 } else {
