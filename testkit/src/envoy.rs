@@ -89,6 +89,15 @@ impl AppProtocol {
             AppProtocol::Tcp => "# tcp".to_string(),
         }
     }
+
+    /// The inbound CONNECT route, as `scripts/render-sidecar` writes it: a TCP app's
+    /// only (an HTTP app takes no tunnel).
+    fn connect_route(self) -> String {
+        match self {
+            AppProtocol::Tcp => "- {match: {connect_matcher: {}}, route: {cluster: app, timeout: 0s, upgrade_configs: [{upgrade_type: CONNECT, connect_config: {}}]}}".to_string(),
+            AppProtocol::Http1 | AppProtocol::Http2 => "# (no CONNECT route: this app speaks HTTP)".to_string(),
+        }
+    }
 }
 
 /// What one sidecar is made of.
@@ -130,6 +139,10 @@ pub fn render_pinned(sidecar: &Sidecar<'_>, pin: &Pin) -> String {
         // without its routing options.
         ("SEAL_CONFIG", seal_config_of(sidecar.outbound_config)),
         ("APP_PROTOCOL_OPTIONS", sidecar.app_protocol.options()),
+        (
+            "INBOUND_CONNECT_ROUTE",
+            sidecar.app_protocol.connect_route(),
+        ),
     ];
     let mut yaml = template;
     for (name, value) in values {

@@ -804,3 +804,57 @@ fn a_server_that_speaks_first_is_heard() {
     let between = between.finish();
     between.assert_sealed(64, &[&banner, question.trim_end()]);
 }
+
+/// An HTTP app takes no CONNECT tunnel: raw bytes inside one reach the app past the
+/// inbound header rules, so a caller the policy admits could hand the app a forged
+/// `X-Themis-Peer-Id`. A caller opens a tunnel to an HTTP service anyway: it is
+/// refused at the callee's sidecar, and the app never sees a connection. (Before, the
+/// inbound route ended every CONNECT at the app, whatever it spoke.)
+#[test]
+fn an_http_app_takes_no_tunnel() {
+    use std::io::{Read, Write};
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
+    let _serial = serial();
+    let nodes = Nodes::start();
+    // The HTTP app: a socket whose connections the test looks at, never answered.
+    let app = std::net::TcpListener::bind((IP_B, 0)).unwrap();
+    app.set_nonblocking(true).unwrap();
+    let app_addr = app.local_addr().unwrap();
+    let envoy_a = nodes.envoy_a(None, &["check"]);
+    let envoy_b = nodes.envoy_b_serving("check", app_addr, AppProtocol::Http1);
+    let listener = *envoy_a
+        .tcp
+        .get("check")
+        .expect("Envoy A's tunnel listener for check");
+
+    let mut client = std::net::TcpStream::connect(listener).unwrap();
+    // A guard against a hang, not a measurement.
+    client
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let forged = "GET / HTTP/1.1\r\nHost: check\r\nX-Themis-Peer-Id: victim\r\n\r\n";
+    let _ = client.write_all(forged.as_bytes());
+    let mut answer = Vec::new();
+    let _ = client.read_to_end(&mut answer);
+    // Once the caller's tunnel is closed, a connection the callee's sidecar made to
+    // the app would be in its listen queue.
+    match app.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        Ok((mut tunnel, _)) => {
+            tunnel.set_nonblocking(false).unwrap();
+            tunnel
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            let mut got = vec![0u8; 4096];
+            let n = tunnel.read(&mut got).unwrap_or(0);
+            panic!(
+                "the HTTP app was handed a tunnel carrying {:?}\n{}",
+                String::from_utf8_lossy(&got[..n]),
+                logs(&[&envoy_a, &envoy_b])
+            );
+        }
+        Err(e) => panic!("accept: {e}"),
+    }
+}
