@@ -552,6 +552,7 @@ impl Settings {
             themis_net::Limits {
                 max_connections: self.max_inbound_connections,
                 max_per_source: self.max_inbound_per_ip,
+                max_per_peer: themis_net::DEFAULT_MAX_PER_PEER,
                 idle_timeout: Duration::from_secs(self.inbound_idle_secs),
                 admission_timeout: Duration::from_millis(self.admission_timeout_ms),
                 max_unadmitted_frame: crate::overlay::MAX_REQUEST_FRAME,

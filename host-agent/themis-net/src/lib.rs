@@ -26,7 +26,7 @@ mod stream;
 pub use client::{Client, ClientConfig};
 pub use codec::FrameCodec;
 pub use limits::{
-    source_of, Gate, Guarded, Limits, Permit, DEFAULT_HELLOS_PER_SOURCE,
+    source_of, Gate, Guarded, Limits, Permit, DEFAULT_HELLOS_PER_SOURCE, DEFAULT_MAX_PER_PEER,
     DEFAULT_MAX_UNADMITTED_FRAME,
 };
 pub use server::{serve, serve_with, Answer, Handler, NetStats, Standing};

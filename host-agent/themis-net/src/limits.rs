@@ -25,6 +25,7 @@
 //! | `handshake_budget` | a fresh Hello while the listener's [`Limits::handshake_budget`] is spent (its reserve is for recently admitted sources): closed likewise |
 //! | `oversize_unadmitted` | a frame longer than [`Limits::max_unadmitted_frame`] before admission |
 //! | `admission_timeout` | no request proved admission within [`Limits::admission_timeout`] of the handshake |
+//! | `over_peer_cap` | an admitted connection of a peer that already holds [`Limits::max_per_peer`] admitted ones: closed |
 //! | `unadmitted` | a request that did not prove admission (before it), or that the handler refused (after): answered, then closed |
 //! | `idle_timeout` | an admitted connection that sent nothing for [`Limits::idle_timeout`] |
 //! | `accept_error` | the listener failed to accept (e.g. out of file descriptors); it retries |
@@ -56,6 +57,10 @@ pub struct Limits {
     /// Connections held at once from one source ([`source_of`]: an IPv4 address, an
     /// IPv6 /64).
     pub max_per_source: usize,
+    /// Admitted connections held at once from one peer id: an admitted node cannot
+    /// hold the whole port from many addresses (agents keep one connection to each
+    /// peer; the rest is room for reconnects).
+    pub max_per_peer: usize,
     /// An admitted connection that sends nothing this long is closed.
     pub idle_timeout: Duration,
     /// An authenticated connection must prove admission (its first request) within
@@ -71,6 +76,9 @@ pub struct Limits {
     /// reserved for sources admitted recently.
     pub handshake_budget: BudgetConfig,
 }
+
+/// The default [`Limits::max_per_peer`].
+pub const DEFAULT_MAX_PER_PEER: usize = 4;
 
 /// The default [`Limits::max_unadmitted_frame`]: 64 KiB.
 pub const DEFAULT_MAX_UNADMITTED_FRAME: usize = 64 << 10;
@@ -88,6 +96,7 @@ impl Default for Limits {
         Limits {
             max_connections: 1024,
             max_per_source: 32,
+            max_per_peer: DEFAULT_MAX_PER_PEER,
             idle_timeout: Duration::from_secs(120),
             admission_timeout: Duration::from_secs(5),
             max_unadmitted_frame: DEFAULT_MAX_UNADMITTED_FRAME,
@@ -118,6 +127,8 @@ struct Slot {
     released: AtomicBool,
     /// Past its handshake (for the eviction's reason label).
     authenticated: AtomicBool,
+    /// The peer it was admitted as (counted in `Held::by_peer`).
+    peer: std::sync::OnceLock<themis_core::PeerId>,
     evicted: Notify,
 }
 
@@ -125,6 +136,7 @@ struct Slot {
 struct Held {
     total: usize,
     by_source: HashMap<IpAddr, usize>,
+    by_peer: HashMap<themis_core::PeerId, usize>,
     /// Connections not admitted yet (in their handshake or after it), oldest first.
     unadmitted: BTreeMap<u64, Arc<Slot>>,
     next: u64,
@@ -140,6 +152,14 @@ impl Held {
             *n -= 1;
             if *n == 0 {
                 self.by_source.remove(&slot.source);
+            }
+        }
+        if let Some(peer) = slot.peer.get() {
+            if let Some(n) = self.by_peer.get_mut(peer) {
+                *n -= 1;
+                if *n == 0 {
+                    self.by_peer.remove(peer);
+                }
             }
         }
     }
@@ -212,6 +232,7 @@ impl Gate {
             source,
             released: AtomicBool::new(false),
             authenticated: AtomicBool::new(false),
+            peer: std::sync::OnceLock::new(),
             evicted: Notify::new(),
         });
         held.unadmitted.insert(seq, slot.clone());
@@ -257,8 +278,29 @@ impl Permit {
         !self.slot.released.load(Ordering::Relaxed)
     }
 
-    /// The peer proved it belongs: the connection can no longer be evicted to make
-    /// room. `false` if it was evicted meanwhile (then it must close).
+    /// The peer `peer` proved it belongs: the connection can no longer be evicted to
+    /// make room. `false` if it was evicted meanwhile, or if `peer` already holds
+    /// [`Limits::max_per_peer`] admitted connections (counted `over_peer_cap`): then
+    /// it must close.
+    pub fn admitted_as(&self, peer: themis_core::PeerId) -> bool {
+        let mut held = self.gate.held.lock().expect("never poisoned");
+        if self.slot.released.load(Ordering::Relaxed) {
+            return false;
+        }
+        let n = held.by_peer.entry(peer).or_default();
+        if *n >= self.gate.limits.max_per_peer.max(1) {
+            drop(held);
+            self.gate.stats.limited("over_peer_cap");
+            return false;
+        }
+        *n += 1;
+        let _ = self.slot.peer.set(peer);
+        held.unadmitted.remove(&self.seq);
+        true
+    }
+
+    /// The connection needs no proof (an HTTP server's): it can no longer be evicted
+    /// to make room. `false` if it was evicted meanwhile (then it must close).
     pub fn admitted(&self) -> bool {
         let mut held = self.gate.held.lock().expect("never poisoned");
         held.unadmitted.remove(&self.seq);

@@ -320,7 +320,7 @@ impl<H: Handler> Connection<H> {
                 false
             }
         };
-        if !admitted || !permit.admitted() {
+        if !admitted || !permit.admitted_as(info.peer_id) {
             return;
         }
         budget

@@ -333,6 +333,47 @@ async fn authenticated_connections_that_are_not_admitted_are_evicted_to_make_roo
     assert_eq!(server.stats.open_connections(), 2);
 }
 
+/// One admitted peer cannot hold the port: past `max_per_peer` admitted connections
+/// of one id (from any sources), the next is closed once admitted, and counted; the
+/// peer's first ones and other peers are unaffected. Before, an admitted node with
+/// enough source addresses could hold every slot, and no other peer got in.
+#[tokio::test]
+async fn one_admitted_peer_holds_at_most_its_share() {
+    let limits = Limits {
+        max_per_peer: 2,
+        ..Limits::default()
+    };
+    let server = start_admitting(Config::default(), limits).await;
+    let id = server.identity.id();
+    let rogue = identity();
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut c = connect(&rogue, server.addr, id, &Config::default())
+            .await
+            .unwrap();
+        assert_eq!(&c.request(b"admit me").await.unwrap()[..], b"ok");
+        held.push(c);
+    }
+    let mut third = connect(&rogue, server.addr, id, &Config::default())
+        .await
+        .unwrap();
+    // Answered, then closed: admitted, but over the peer's share.
+    let _ = third.request(b"admit me").await;
+    match tokio::time::timeout(PATIENCE, third.recv()).await {
+        Ok(Ok(None) | Err(_)) => {}
+        other => panic!("a third admitted connection of one peer stayed open: {other:?}"),
+    }
+    assert_eq!(limited(&server.stats, "over_peer_cap", 1).await, 1);
+    for c in &mut held {
+        assert_eq!(&c.request(b"still here").await.unwrap()[..], b"ok");
+    }
+    let mut other = connect(&identity(), server.addr, id, &Config::default())
+        .await
+        .unwrap();
+    assert_eq!(&other.request(b"admit me").await.unwrap()[..], b"ok");
+    assert_eq!(server.stats.open_connections(), 3);
+}
+
 /// Before admission a request that proves nothing is answered and the connection
 /// closed; after admission such a request is answered and the connection stays; a
 /// request answered `Refused` closes even an admitted connection.
