@@ -214,6 +214,26 @@ impl Agent {
     }
 
     /// Waits until the agent reports it is in a ring.
+    /// A new admitted agent joins the ring through this one, registers `web` at
+    /// 127.0.0.1:8080, and this one resolves it (each within 30 s): the ring still
+    /// works for a newcomer. Returns the newcomer.
+    pub fn a_newcomer_joins_registers_and_is_resolved(&self, root: &Path) -> Agent {
+        let b = Agent::spawn(
+            root,
+            "b",
+            Spawn {
+                join: Some(&self.contact),
+                ..Spawn::default()
+            },
+        );
+        b.wait_joined();
+        b.register("web", "web-1", "127.0.0.1:8080");
+        self.wait_for("web resolved", Duration::from_secs(30), |a| {
+            a.endpoints("web").filter(|e| e == &["127.0.0.1:8080"])
+        });
+        b
+    }
+
     pub fn wait_joined(&self) {
         self.wait_for("join", Duration::from_secs(30), |a| {
             a.get("/v1/status").filter(|(_, s)| s["joined"] == true)

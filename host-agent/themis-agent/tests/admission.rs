@@ -130,21 +130,9 @@ fn self_made_keys_from_many_sources_cannot_hold_the_slots_an_admitted_agent_need
         "the flood never got going"
     );
 
-    let b = Agent::spawn(
-        dir.path(),
-        "b",
-        Spawn {
-            join: Some(&a.agent.contact),
-            ..Spawn::default()
-        },
-    );
-    b.wait_joined();
-    b.register("web", "web-1", "127.0.0.1:8080");
-    a.agent.wait_for(
-        "web resolved during the flood",
-        Duration::from_secs(30),
-        |a| a.endpoints("web").filter(|e| e == &["127.0.0.1:8080"]),
-    );
+    let _b = a
+        .agent
+        .a_newcomer_joins_registers_and_is_resolved(dir.path());
     assert!(
         flood.iter().all(|f| !f.is_finished()),
         "the flood stopped before the join was done"

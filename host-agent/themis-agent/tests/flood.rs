@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{free_port, resolve_listener_get, sample, workdir, Agent, Metered, Spawn};
+use common::{free_port, resolve_listener_get, sample, workdir, Metered};
 use serde_json::Value;
 use themis_core::wire::{Kind, RecordHeader, MAX_RECORD_PAYLOAD};
 use themis_core::PROTOCOL_VERSION;
@@ -105,21 +105,9 @@ fn a_connection_flood_is_capped_and_counted_while_another_agent_joins_and_resolv
 
     // During the flood, a second agent joins through the first, registers, and the
     // first resolves it.
-    let b = Agent::spawn(
-        dir.path(),
-        "b",
-        Spawn {
-            join: Some(&a.agent.contact),
-            ..Spawn::default()
-        },
-    );
-    b.wait_joined();
-    b.register("web", "web-1", "127.0.0.1:8080");
-    a.agent.wait_for(
-        "web resolved during the flood",
-        Duration::from_secs(30),
-        |a| a.endpoints("web").filter(|e| e == &["127.0.0.1:8080"]),
-    );
+    let _b = a
+        .agent
+        .a_newcomer_joins_registers_and_is_resolved(dir.path());
     let text = a.scrape();
     let held = sample(&text, CONNECTIONS, &[("listener", "agent")]);
     assert!(held <= 64, "{held} connections held over a cap of 64");

@@ -29,6 +29,15 @@ async fn start(config: Config, limits: Limits) -> Server {
     Server::start(config, limits, echo).await
 }
 
+/// Waits until the server closes `stream` (or refuses what it sends); panics with
+/// `what` if it stays open.
+async fn assert_closed(stream: &mut themis_net::SecureStream, what: &str) {
+    match tokio::time::timeout(PATIENCE, stream.recv()).await {
+        Ok(Ok(None) | Err(_)) => {}
+        other => panic!("{what}: {other:?}"),
+    }
+}
+
 /// A connection to `to` from the loopback address `127.0.0.<last>`.
 async fn connect_from(last: u8, to: SocketAddr) -> std::io::Result<TcpStream> {
     let socket = TcpSocket::new_v4()?;
@@ -323,10 +332,7 @@ async fn authenticated_connections_that_are_not_admitted_are_evicted_to_make_roo
         .unwrap();
     assert_eq!(&newcomer.request(b"admit me").await.unwrap()[..], b"ok");
     assert_eq!(limited(&server.stats, "evicted_unadmitted", 1).await, 1);
-    match tokio::time::timeout(PATIENCE, squatters[0].recv()).await {
-        Ok(Ok(None) | Err(_)) => {}
-        other => panic!("the oldest squatter was not closed: {other:?}"),
-    }
+    assert_closed(&mut squatters[0], "the oldest squatter was not closed").await;
     // The admitted connections are untouched.
     assert_eq!(&admitted.request(b"1").await.unwrap()[..], b"ok");
     assert_eq!(&newcomer.request(b"2").await.unwrap()[..], b"ok");
@@ -359,10 +365,11 @@ async fn one_admitted_peer_holds_at_most_its_share() {
         .unwrap();
     // Answered, then closed: admitted, but over the peer's share.
     let _ = third.request(b"admit me").await;
-    match tokio::time::timeout(PATIENCE, third.recv()).await {
-        Ok(Ok(None) | Err(_)) => {}
-        other => panic!("a third admitted connection of one peer stayed open: {other:?}"),
-    }
+    assert_closed(
+        &mut third,
+        "a third admitted connection of one peer stayed open",
+    )
+    .await;
     assert_eq!(limited(&server.stats, "over_peer_cap", 1).await, 1);
     for c in &mut held {
         assert_eq!(&c.request(b"still here").await.unwrap()[..], b"ok");
@@ -385,10 +392,7 @@ async fn a_request_that_does_not_prove_admission_closes_the_connection() {
         .await
         .unwrap();
     assert_eq!(&unproven.request(b"hi").await.unwrap()[..], b"ok");
-    match tokio::time::timeout(PATIENCE, unproven.recv()).await {
-        Ok(Ok(None) | Err(_)) => {}
-        other => panic!("an unproven connection stayed open: {other:?}"),
-    }
+    assert_closed(&mut unproven, "an unproven connection stayed open").await;
     assert_eq!(limited(&server.stats, "unadmitted", 1).await, 1);
 
     let mut admitted = connect(&identity(), server.addr, id, &Config::default())
@@ -397,10 +401,7 @@ async fn a_request_that_does_not_prove_admission_closes_the_connection() {
     assert_eq!(&admitted.request(b"admit me").await.unwrap()[..], b"ok");
     assert_eq!(&admitted.request(b"hi").await.unwrap()[..], b"ok");
     assert_eq!(&admitted.request(b"refuse me").await.unwrap()[..], b"ok");
-    match tokio::time::timeout(PATIENCE, admitted.recv()).await {
-        Ok(Ok(None) | Err(_)) => {}
-        other => panic!("a refused peer's connection stayed open: {other:?}"),
-    }
+    assert_closed(&mut admitted, "a refused peer's connection stayed open").await;
     assert_eq!(limited(&server.stats, "unadmitted", 2).await, 2);
 }
 
@@ -421,10 +422,7 @@ async fn a_connection_that_never_proves_admission_is_closed_at_the_deadline() {
     )
     .await
     .unwrap();
-    match tokio::time::timeout(PATIENCE, silent.recv()).await {
-        Ok(Ok(None) | Err(_)) => {}
-        other => panic!("the silent connection stayed open: {other:?}"),
-    }
+    assert_closed(&mut silent, "the silent connection stayed open").await;
     assert_eq!(limited(&server.stats, "admission_timeout", 1).await, 1);
 }
 
