@@ -61,7 +61,7 @@ start)
     sidecar() { # node workload address admin-port app outbound-port inbound-port app-protocol
         scripts/render-sidecar --mesh-root "$DIR/mesh/mesh.root" --workload "$2" --service "$2" \
             --agent-socket "$DIR/$1/agent.sock" --app "$5" --app-protocol "$8" \
-            --outbound "$3:$6" --inbound "$3:$7" --admin-port "$4" --wasm "$WASM" \
+            --outbound "$3:$6" --inbound "$3:$7" --admin-port "$4" --wasm "$WASM" --unpinned \
             --policy '{"allow":[{"service":"handler"}]}' > "$DIR/envoy-$2.yaml"
         "${ENVOY:-.venv/bin/envoy}" -c "$DIR/envoy-$2.yaml" --concurrency "${ENVOY_CONCURRENCY:-2}" \
             --disable-hot-restart --base-id $((4000 + $4 % 1000)) -l warn \
