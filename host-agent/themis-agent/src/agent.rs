@@ -160,11 +160,13 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
         let capture = themis_capture::Capture::start(&settings.bpf_pin_dir, settings.fast_path)?;
         registry = registry.with_capture(capture);
     }
-    let registry = Arc::new(registry.with_operators(operators(&settings)));
+    let operators = operators(&settings);
+    let own_cgroup = operators.own_cgroup.clone();
+    let registry = Arc::new(registry.with_operators(operators));
     let socket = settings.api_socket();
     let api = bind_unix(&socket)?;
     let api_task = tokio::spawn(serve_api(
-        crate::local_socket::AttestedListener::new(api, metrics.clone()),
+        crate::local_socket::AttestedListener::new(api, metrics.clone(), own_cgroup),
         crate::api::router(registry.clone()),
     ));
     let resolve_task = match settings.resolve_listen {

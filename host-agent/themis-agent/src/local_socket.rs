@@ -26,58 +26,75 @@ pub const MAX_CONNECTIONS: usize = 512;
 /// operator's shell): a sidecar needs a handful.
 pub const MAX_PER_CGROUP: usize = 64;
 
-/// What counts against the per-caller cap: the caller's cgroup (`None`: unknown).
-type Key = Option<PathBuf>;
+/// What counts against the per-caller cap: the caller's cgroup, or its uid where the
+/// cgroup is unknown (a caller that exited at once, say), so that unknown callers do
+/// not share one share.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Key {
+    Cgroup(PathBuf),
+    Uid(Option<u32>),
+}
 
 #[derive(Default)]
 struct Held {
     total: usize,
-    by_cgroup: HashMap<Key, usize>,
+    by_caller: HashMap<Key, usize>,
+}
+
+/// The caps, apart from any socket.
+struct Caps {
+    held: Arc<Mutex<Held>>,
+    total: usize,
+    per_caller: usize,
+    /// The agent's own cgroup: its callers (the operator's shell, the readiness probe)
+    /// are held to their own share, not to the total, so pods filling the total
+    /// cannot lock the operator out.
+    own_cgroup: Option<PathBuf>,
+}
+
+impl Caps {
+    fn admit(&self, caller: &Option<Caller>) -> Option<Slot> {
+        let cgroup = caller.as_ref().and_then(|c| c.cgroup.clone());
+        let own = cgroup.is_some() && cgroup == self.own_cgroup;
+        let key = match cgroup {
+            Some(cgroup) => Key::Cgroup(cgroup),
+            None => Key::Uid(caller.as_ref().map(|c| c.uid)),
+        };
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mine = held.by_caller.get(&key).copied().unwrap_or(0);
+        if (held.total >= self.total && !own) || mine >= self.per_caller {
+            return None;
+        }
+        held.total += 1;
+        *held.by_caller.entry(key.clone()).or_default() += 1;
+        Some(Slot {
+            held: self.held.clone(),
+            key,
+        })
+    }
 }
 
 /// The local API's listener, for `axum::serve`.
 pub struct AttestedListener {
     listener: UnixListener,
-    held: Arc<Mutex<Held>>,
+    caps: Caps,
     metrics: Arc<Metrics>,
-    caps: (usize, usize),
 }
 
 impl AttestedListener {
-    /// Wraps `listener` with the default caps.
-    pub fn new(listener: UnixListener, metrics: Arc<Metrics>) -> Self {
-        Self::with_caps(listener, metrics, MAX_CONNECTIONS, MAX_PER_CGROUP)
-    }
-
-    /// Wraps `listener`, holding at most `total` connections, `per_cgroup` from one
-    /// cgroup.
-    pub fn with_caps(
-        listener: UnixListener,
-        metrics: Arc<Metrics>,
-        total: usize,
-        per_cgroup: usize,
-    ) -> Self {
+    /// Wraps `listener` with the default caps; callers in exactly `own_cgroup` (the
+    /// agent's) are not held to the total.
+    pub fn new(listener: UnixListener, metrics: Arc<Metrics>, own_cgroup: Option<PathBuf>) -> Self {
         AttestedListener {
             listener,
-            held: Arc::default(),
+            caps: Caps {
+                held: Arc::default(),
+                total: MAX_CONNECTIONS,
+                per_caller: MAX_PER_CGROUP,
+                own_cgroup,
+            },
             metrics,
-            caps: (total, per_cgroup),
         }
-    }
-
-    fn admit(&self, caller: &Option<Caller>) -> Option<Slot> {
-        let key: Key = caller.as_ref().and_then(|c| c.cgroup.clone());
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let mine = held.by_cgroup.get(&key).copied().unwrap_or(0);
-        if held.total >= self.caps.0 || mine >= self.caps.1 {
-            return None;
-        }
-        held.total += 1;
-        *held.by_cgroup.entry(key.clone()).or_default() += 1;
-        Some(Slot {
-            held: self.held.clone(),
-            key,
-        })
     }
 }
 
@@ -91,10 +108,10 @@ impl Drop for Slot {
     fn drop(&mut self) {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         held.total -= 1;
-        if let Some(n) = held.by_cgroup.get_mut(&self.key) {
+        if let Some(n) = held.by_caller.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
-                held.by_cgroup.remove(&self.key);
+                held.by_caller.remove(&self.key);
             }
         }
     }
@@ -116,7 +133,7 @@ impl axum::serve::Listener for AttestedListener {
             match self.listener.accept().await {
                 Ok((io, addr)) => {
                     let caller = Caller::of(&io);
-                    match self.admit(&caller) {
+                    match self.caps.admit(&caller) {
                         Some(slot) => {
                             let _ = addr;
                             return (
@@ -179,5 +196,59 @@ impl AsyncWrite for Attested {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caller(uid: u32, cgroup: Option<&str>) -> Option<Caller> {
+        Some(Caller {
+            pid: Some(42),
+            uid,
+            gid: uid,
+            cgroup: cgroup.map(PathBuf::from),
+        })
+    }
+
+    /// Pods filling the total (each container its own cgroup, each at its own cap) do
+    /// not lock the operator out; unknown callers are counted by uid, not all together.
+    #[test]
+    fn the_operator_gets_in_when_pods_hold_the_total() {
+        let caps = Caps {
+            held: Arc::default(),
+            total: 4,
+            per_caller: 2,
+            own_cgroup: Some("/sys/fs/cgroup/themis-agent".into()),
+        };
+        let mut slots = Vec::new();
+        for container in ["c1", "c2"] {
+            let pod = caller(
+                0,
+                Some(&format!("/sys/fs/cgroup/kubepods/pod-x/{container}")),
+            );
+            for _ in 0..2 {
+                slots.push(caps.admit(&pod).expect("within its share"));
+            }
+            assert!(caps.admit(&pod).is_none(), "over its share");
+        }
+        let other_pod = caller(1337, Some("/sys/fs/cgroup/kubepods/pod-y/proxy"));
+        assert!(caps.admit(&other_pod).is_none(), "the total is full");
+        let operator = caller(0, Some("/sys/fs/cgroup/themis-agent"));
+        slots.push(caps.admit(&operator).expect("the agent's own cgroup"));
+        slots.push(caps.admit(&operator).expect("within its own share"));
+        assert!(caps.admit(&operator).is_none(), "still held to its share");
+
+        // Unknown cgroups: one share per uid.
+        slots.clear();
+        let gone = |uid| caller(uid, None);
+        slots.push(caps.admit(&gone(1000)).unwrap());
+        slots.push(caps.admit(&gone(1000)).unwrap());
+        assert!(caps.admit(&gone(1000)).is_none());
+        assert!(
+            caps.admit(&gone(1001)).is_some(),
+            "another uid has its own share"
+        );
     }
 }
