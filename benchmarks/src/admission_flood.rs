@@ -37,7 +37,7 @@ const PORT: u16 = 7400;
 const METRICS: &str = "127.0.0.1:9464";
 
 /// A child process stopped (SIGTERM, then SIGKILL) when dropped.
-struct Stopped(Child);
+pub struct Stopped(pub Child);
 
 impl Drop for Stopped {
     fn drop(&mut self) {

@@ -20,8 +20,9 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use themis_benchmarks::admission_flood::Stopped;
 
 use clap::Parser;
 use tokio::io::AsyncWriteExt;
@@ -46,24 +47,6 @@ struct Args {
     /// Extra flags for the agent (e.g. "--max-inbound-connections 4096").
     #[arg(long, allow_hyphen_values = true, num_args = 1..)]
     agent_args: Vec<String>,
-}
-
-struct Stopped(Child);
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on the pid of our own child.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn run(themis: &PathBuf, args: &[&str]) {
