@@ -194,7 +194,9 @@ fn scrape() -> String {
         .unwrap_or_default()
 }
 
-fn limited(text: &str) -> String {
+/// The agent listener's `themis_connections_limited_total` samples, as
+/// `reason=count` words.
+pub fn limited(text: &str) -> String {
     let mut out = Vec::new();
     for line in text.lines() {
         if let Some(rest) =

@@ -22,7 +22,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use themis_benchmarks::admission_flood::Stopped;
+use themis_benchmarks::admission_flood::{limited, Stopped};
 
 use clap::Parser;
 use tokio::io::AsyncWriteExt;
@@ -108,20 +108,6 @@ fn value(text: &str, series: &str) -> u64 {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
         .map_or(0, |v| v as u64)
-}
-
-fn limited(text: &str) -> String {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        if let Some(rest) =
-            line.strip_prefix("themis_connections_limited_total{listener=\"agent\",reason=\"")
-        {
-            if let Some((reason, n)) = rest.split_once("\"} ") {
-                out.push(format!("{reason}={n}"));
-            }
-        }
-    }
-    out.join(" ")
 }
 
 fn main() {

@@ -135,15 +135,12 @@ impl axum::serve::Listener for AttestedListener {
                     let caller = Caller::of(&io);
                     match self.caps.admit(&caller) {
                         Some(slot) => {
-                            let _ = addr;
-                            return (
-                                Attested {
-                                    io,
-                                    caller,
-                                    _slot: slot,
-                                },
-                                self.listener.local_addr().unwrap_or(addr),
-                            );
+                            let attested = Attested {
+                                io,
+                                caller,
+                                _slot: slot,
+                            };
+                            return (attested, addr);
                         }
                         None => {
                             debug!(?caller, "refused a local API connection over its cap");
