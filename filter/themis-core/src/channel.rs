@@ -22,7 +22,7 @@ use ring::aead;
 use crate::identity::{MeshName, PeerId};
 use crate::keys::{nonce, DirectionKey, SessionKeys};
 pub use crate::params::ChannelMode;
-use crate::params::{HandshakeConfig, Role};
+use crate::params::{Carries, HandshakeConfig, Role};
 use crate::suite::Suite;
 use crate::wire::{
     RecordHeader, WireError, MAX_RECORD_PAYLOAD, RECORD_HEADER_LEN, RECORD_OVERHEAD, TAG_LEN,
@@ -111,6 +111,11 @@ pub struct SessionInfo {
     pub peer_public_key: [u8; 32],
     /// The mesh both belong to.
     pub mesh: MeshName,
+    /// What the stream carries, as agreed in the handshake.
+    pub carries: Carries,
+    /// The endorsement the peer sent with its handshake message (opaque here: the
+    /// driver verifies it against the mesh root); empty for none.
+    pub peer_endorsement: Vec<u8>,
 }
 
 /// An established, authenticated session: a [`Sealer`] for what we send and an
@@ -537,6 +542,8 @@ mod tests {
             peer_id: PeerId([peer; 32]),
             peer_public_key: [0; 32],
             mesh: MeshName::new("unit").unwrap(),
+            carries: Carries::HTTP2,
+            peer_endorsement: Vec::new(),
         };
         (
             Session::new(info(Role::Initiator, 1, 2), &keys, config),

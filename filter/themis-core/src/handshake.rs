@@ -23,16 +23,17 @@ use ring::hmac;
 use ring::rand::SecureRandom;
 
 use crate::channel::{Session, SessionInfo};
+use crate::delegation::{self, DelegationError, HandshakeSigner};
 use crate::guard::{Freshness, HelloGuard, HelloKey};
 use crate::identity::{Identity, MeshName, PeerId, PublicIdentity};
 use crate::keys::SessionKeys;
 use crate::params::MIN_RECORDS_PER_KEY;
-pub use crate::params::{HandshakeConfig, Role, DEFAULT_RECORDS_PER_KEY};
+pub use crate::params::{Carries, HandshakeConfig, Role, DEFAULT_RECORDS_PER_KEY};
 use crate::suite::{Suite, SuiteSet};
 use crate::transcript as digests;
 use crate::wire::{
     self, Confirm, Hello, HelloBody, HelloReply, HelloReplyBody, Kind, Signature, WireError,
-    PROTOCOL_VERSION,
+    MAX_ENDORSEMENT_LEN, PROTOCOL_VERSION,
 };
 
 /// Why a handshake failed. Drivers log it and count it; the peer learns nothing but
@@ -52,9 +53,23 @@ pub enum HandshakeError {
     /// key, to the id the initiator meant to reach).
     #[error("the peer's public key does not match its id")]
     KeyIdMismatch,
-    /// The signature does not verify under the sender's public key.
+    /// The signature does not verify under the sender's public key (or the key it
+    /// delegated to).
     #[error("the handshake signature is invalid")]
     BadSignature,
+    /// The message came with a delegation that is not the sender key's, not current
+    /// or too long.
+    #[error("the peer's key delegation is refused: {0}")]
+    Delegation(DelegationError),
+    /// The endorsement carried is longer than allowed.
+    #[error("the peer's endorsement is too long")]
+    Endorsement,
+    /// The initiator offered nothing to carry that the responder takes.
+    #[error("no stream protocol in common")]
+    NoCommonCarries,
+    /// The responder chose a stream protocol that was not offered (or several).
+    #[error("the responder chose a stream protocol that was not offered")]
+    CarriesNotOffered,
     /// The signature a delegated signer (the node agent) returned for one of our own
     /// messages does not verify under our own public key: nothing is sent.
     #[error("the signature the signer returned for our own message is invalid")]
@@ -121,7 +136,7 @@ mod verified {
         signed: &wire::Signed<'_, Hello<'_>>,
         guard: &mut HelloGuard,
         now_ms: u64,
-    ) -> Result<(Share, SuiteSet, u64), HandshakeError> {
+    ) -> Result<(Share, SuiteSet, u64, Carries), HandshakeError> {
         let body = &signed.message.body;
         let digest = digests::hello(signed.body_bytes);
         let mut key: HelloKey = [0; 16];
@@ -137,11 +152,13 @@ mod verified {
         if peer_id.0 != body.initiator_id {
             return Err(HandshakeError::KeyIdMismatch);
         }
-        if !crate::identity::verify_signature(
-            &body.initiator_key,
-            &digest,
-            &signed.message.signature.0,
-        ) {
+        if body.endorsement.len() > MAX_ENDORSEMENT_LEN {
+            return Err(HandshakeError::Endorsement);
+        }
+        let peer = PublicIdentity::new(body.initiator_key, me.mesh().clone());
+        let signing_key = delegation::signing_key(&peer, body.delegation.as_ref(), now_ms)
+            .map_err(HandshakeError::Delegation)?;
+        if !crate::identity::verify_signature(signing_key, &digest, &signed.message.signature.0) {
             return Err(HandshakeError::BadSignature);
         }
         guard.remember(body.timestamp_ms, key, now_ms);
@@ -156,6 +173,7 @@ mod verified {
             },
             SuiteSet(body.suites),
             body.records_per_key,
+            Carries(body.carries),
         ))
     }
 
@@ -163,7 +181,7 @@ mod verified {
     pub(super) fn hello_reply(
         state: &AwaitingHelloReply,
         signed: &wire::Signed<'_, HelloReply>,
-    ) -> Result<(Share, Suite), HandshakeError> {
+    ) -> Result<(Share, Suite, Carries), HandshakeError> {
         let body = &signed.message.body;
         let suite = Suite::ALL
             .into_iter()
@@ -172,16 +190,22 @@ mod verified {
         if body.initiator_id != state.local_id.0 {
             return Err(HandshakeError::NotForMe);
         }
+        let carries = Carries(body.carries);
+        if !carries.is_single() || !state.config.carries.contains(carries) {
+            return Err(HandshakeError::CarriesNotOffered);
+        }
         let peer_id = PeerId::derive(&body.responder_key, state.mesh.as_str());
         if peer_id != state.peer_id {
             return Err(HandshakeError::KeyIdMismatch);
         }
+        if body.endorsement.len() > MAX_ENDORSEMENT_LEN {
+            return Err(HandshakeError::Endorsement);
+        }
+        let peer = PublicIdentity::new(body.responder_key, state.mesh.clone());
+        let key = delegation::signing_key(&peer, body.delegation.as_ref(), state.started_ms)
+            .map_err(HandshakeError::Delegation)?;
         let digest = digests::hello_reply(&state.hello, signed.body_bytes);
-        if !crate::identity::verify_signature(
-            &body.responder_key,
-            &digest,
-            &signed.message.signature.0,
-        ) {
+        if !crate::identity::verify_signature(key, &digest, &signed.message.signature.0) {
             return Err(HandshakeError::BadSignature);
         }
         if !(MIN_RECORDS_PER_KEY..=state.config.offered_records_per_key())
@@ -196,6 +220,7 @@ mod verified {
                 peer_id,
             },
             suite,
+            carries,
         ))
     }
 
@@ -247,14 +272,22 @@ impl Initiator {
     /// freshness window). Draws 64 bytes from `rng`: the ephemeral X25519 key, then
     /// the nonce. Returns the state to keep and message 1 to send.
     pub fn start(
-        me: &Identity,
+        me: &dyn HandshakeSigner,
         peer: PeerId,
         config: &HandshakeConfig,
         now_ms: u64,
         rng: &dyn SecureRandom,
     ) -> Result<(AwaitingHelloReply, Vec<u8>), HandshakeError> {
-        let pending = Self::start_unsigned(me.public(), peer, config, now_ms, rng)?;
-        let signature = me.sign(&pending.digest);
+        let pending = Self::make(
+            me.identity(),
+            me.delegation().copied(),
+            me.endorsement(),
+            peer,
+            config,
+            now_ms,
+            rng,
+        )?;
+        let signature = me.sign_digest(&pending.digest);
         Ok(pending.attach(&signature))
     }
 
@@ -266,6 +299,18 @@ impl Initiator {
     /// send the same bytes.
     pub fn start_unsigned(
         me: &PublicIdentity,
+        peer: PeerId,
+        config: &HandshakeConfig,
+        now_ms: u64,
+        rng: &dyn SecureRandom,
+    ) -> Result<PendingHello, HandshakeError> {
+        Self::make(me, None, &[], peer, config, now_ms, rng)
+    }
+
+    fn make(
+        me: &PublicIdentity,
+        delegation: Option<delegation::Delegation>,
+        endorsement: &[u8],
         peer: PeerId,
         config: &HandshakeConfig,
         now_ms: u64,
@@ -288,9 +333,13 @@ impl Initiator {
             ephemeral: share,
             nonce,
             timestamp_ms: now_ms,
+            carries: config.carries.0,
+            delegation,
+            endorsement,
         };
         let body = wire::encode(&body);
         Ok(PendingHello {
+            started_ms: now_ms,
             digest: digests::hello(&body),
             body,
             signer: me.clone(),
@@ -393,6 +442,7 @@ pub fn signing_digest(signer: &PublicIdentity, request: &ToSign) -> Result<[u8; 
             if body.mesh != signer.mesh().as_str()
                 || body.initiator_key != *signer.public_key()
                 || body.initiator_id != signer.id().0
+                || body.delegation.is_some()
             {
                 return Err(SigningError::NotMine);
             }
@@ -400,7 +450,7 @@ pub fn signing_digest(signer: &PublicIdentity, request: &ToSign) -> Result<[u8; 
         }
         (Kind::HelloReply, Some(hello_hash)) => {
             let body: HelloReplyBody = decode_body(&request.body, Kind::HelloReply)?;
-            if body.responder_key != *signer.public_key() {
+            if body.responder_key != *signer.public_key() || body.delegation.is_some() {
                 return Err(SigningError::NotMine);
             }
             Ok(digests::hello_reply_hashed(hello_hash, &request.body))
@@ -437,6 +487,7 @@ pub fn sign_message_at(
 
 /// Message 1 made but not yet signed ([`Initiator::start_unsigned`]).
 pub struct PendingHello {
+    started_ms: u64,
     ephemeral: EphemeralPrivateKey,
     body: Vec<u8>,
     digest: [u8; 32],
@@ -479,6 +530,7 @@ impl PendingHello {
         let mut hello = self.body;
         hello.extend_from_slice(&wire::encode(&Signature(*signature)));
         let state = AwaitingHelloReply {
+            started_ms: self.started_ms,
             ephemeral: self.ephemeral,
             hello: hello.clone(),
             offered: self.offered,
@@ -493,6 +545,8 @@ impl PendingHello {
 
 /// The initiator after sending message 1.
 pub struct AwaitingHelloReply {
+    /// When message 1 was made: the responder's delegation is checked at this time.
+    started_ms: u64,
     ephemeral: EphemeralPrivateKey,
     hello: Vec<u8>,
     offered: SuiteSet,
@@ -512,7 +566,7 @@ impl AwaitingHelloReply {
     /// sent before any record (it is what lets the responder use the session).
     pub fn read_hello_reply(self, bytes: &[u8]) -> Result<(Session, Vec<u8>), HandshakeError> {
         let signed = HelloReply::decode(bytes)?;
-        let (share, suite) = verified::hello_reply(&self, &signed)?;
+        let (share, suite, carries) = verified::hello_reply(&self, &signed)?;
         let transcript_hash = digests::transcript(&self.hello, bytes);
         let keys = verified::agree(self.ephemeral, &share, &transcript_hash)?;
         let confirm = Confirm {
@@ -532,9 +586,12 @@ impl AwaitingHelloReply {
             peer_id: share.peer_id,
             peer_public_key: share.peer_key,
             mesh: self.mesh,
+            carries,
+            peer_endorsement: signed.message.body.endorsement.clone(),
         };
         let agreed = HandshakeConfig {
             records_per_key: signed.message.body.records_per_key,
+            carries,
             ..self.config
         };
         let session = Session::new(info, &keys, &agreed);
@@ -552,15 +609,24 @@ impl AwaitingHelloReply {
 /// sender cannot complete message 3 without the initiator's ephemeral secret, so it
 /// never yields a confirmed session.
 pub fn respond(
-    me: &Identity,
+    me: &dyn HandshakeSigner,
     hello_bytes: &[u8],
     config: &HandshakeConfig,
     guard: &mut HelloGuard,
     now_ms: u64,
     rng: &dyn SecureRandom,
 ) -> Result<(AwaitingConfirm, Vec<u8>), HandshakeError> {
-    let pending = respond_unsigned(me.public(), hello_bytes, config, guard, now_ms, rng)?;
-    let signature = me.sign(&pending.digest);
+    let pending = reply(
+        me.identity(),
+        me.delegation().copied(),
+        me.endorsement(),
+        hello_bytes,
+        config,
+        guard,
+        now_ms,
+        rng,
+    )?;
+    let signature = me.sign_digest(&pending.digest);
     pending.attach(&signature)
 }
 
@@ -576,15 +642,34 @@ pub fn respond_unsigned(
     now_ms: u64,
     rng: &dyn SecureRandom,
 ) -> Result<PendingReply, HandshakeError> {
+    reply(me, None, &[], hello_bytes, config, guard, now_ms, rng)
+}
+
+#[allow(clippy::too_many_arguments)] // the two public entry points name them
+fn reply(
+    me: &PublicIdentity,
+    delegation: Option<delegation::Delegation>,
+    endorsement: &[u8],
+    hello_bytes: &[u8],
+    config: &HandshakeConfig,
+    guard: &mut HelloGuard,
+    now_ms: u64,
+    rng: &dyn SecureRandom,
+) -> Result<PendingReply, HandshakeError> {
     let signed = Hello::decode(hello_bytes)?;
-    let (share, offered, initiator_records_per_key) = verified::hello(me, &signed, guard, now_ms)?;
+    let (share, offered, initiator_records_per_key, offered_carries) =
+        verified::hello(me, &signed, guard, now_ms)?;
     let suite = offered
         .pick(config.suites)
         .ok_or(HandshakeError::NoCommonSuite)?;
+    let carries =
+        Carries::pick(offered_carries, config.carries).ok_or(HandshakeError::NoCommonCarries)?;
     let agreed = HandshakeConfig {
         records_per_key: initiator_records_per_key.min(config.offered_records_per_key()),
+        carries,
         ..config.clone()
     };
+    let peer_endorsement = signed.message.body.endorsement.to_vec();
     let (ephemeral, my_share, nonce) = fresh_ephemeral(rng)?;
     let body = HelloReplyBody {
         version: PROTOCOL_VERSION,
@@ -595,6 +680,9 @@ pub fn respond_unsigned(
         responder_key: *me.public_key(),
         ephemeral: my_share,
         nonce,
+        carries: carries.0,
+        delegation,
+        endorsement: endorsement.to_vec(),
     };
     let body = wire::encode(&body);
     let hello_hash = digests::hello_hash(hello_bytes);
@@ -608,6 +696,7 @@ pub fn respond_unsigned(
         share,
         suite,
         config: agreed,
+        peer_endorsement,
     })
 }
 
@@ -623,6 +712,7 @@ pub struct PendingReply {
     body: Vec<u8>,
     digest: [u8; 32],
     signer: PublicIdentity,
+    peer_endorsement: Vec<u8>,
 }
 
 impl PendingReply {
@@ -668,6 +758,8 @@ impl PendingReply {
             peer_id: self.share.peer_id,
             peer_public_key: self.share.peer_key,
             mesh: self.signer.mesh().clone(),
+            carries: self.config.carries,
+            peer_endorsement: self.peer_endorsement,
         };
         Ok((
             AwaitingConfirm {

@@ -47,6 +47,7 @@
 extern crate alloc;
 
 pub mod channel;
+pub mod delegation;
 pub mod guard;
 pub mod handshake;
 pub mod identity;
@@ -60,8 +61,10 @@ pub mod wire;
 pub use channel::{
     ChannelError, ChannelMode, Opened, Opener, ReplayWindow, Sealer, Session, SessionInfo,
 };
+pub use delegation::{Credential, DelegatedKey, Delegation, HandshakeSigner};
 pub use guard::{Admission, BudgetConfig, HandshakeBudget, HelloGuard, Peek, Rate, SourceLimiter};
 pub use handshake::{AwaitingConfirm, AwaitingHelloReply, HandshakeConfig, HandshakeError, Role};
 pub use identity::{Identity, KeyFileError, MeshName, MeshNameError, PeerId, PeerIdError};
+pub use params::Carries;
 pub use suite::Suite;
 pub use wire::{WireError, PROTOCOL_VERSION};

@@ -29,6 +29,63 @@ pub enum Role {
 /// data volume TLS 1.3 allows one AES-GCM key (2^24.5 records of 16 KiB).
 pub const DEFAULT_RECORDS_PER_KEY: u64 = 1 << 18;
 
+/// What a sealed stream carries, negotiated in the handshake as ALPN is in TLS: the
+/// initiator offers a set, the responder picks one (its own preference first). A
+/// responder in front of an HTTP/2-only server (the Wasm runtime) offers only
+/// [`Carries::HTTP2`]; a native one in front of an auto-detecting server takes any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Carries(pub u8);
+
+impl Carries {
+    /// HTTP/2 (gRPC, and TCP tunnelled in `CONNECT`): the stream starts with the
+    /// HTTP/2 client preface.
+    pub const HTTP2: Carries = Carries(0b001);
+    /// HTTP/1.1 as the app wrote it.
+    pub const HTTP1: Carries = Carries(0b010);
+    /// Raw TCP bytes.
+    pub const TCP: Carries = Carries(0b100);
+    /// The preference order when several are acceptable.
+    pub const PREFERENCE: [Carries; 3] = [Carries::HTTP2, Carries::HTTP1, Carries::TCP];
+
+    /// The union of two sets.
+    pub const fn or(self, other: Carries) -> Carries {
+        Carries(self.0 | other.0)
+    }
+
+    /// True if every bit of `other` is in `self`.
+    pub const fn contains(self, other: Carries) -> bool {
+        other.0 != 0 && self.0 & other.0 == other.0
+    }
+
+    /// True if exactly one protocol is named.
+    pub const fn is_single(self) -> bool {
+        self.0.count_ones() == 1 && self.0 & !0b111 == 0
+    }
+
+    /// The first of `ours` (in [`Carries::PREFERENCE`] order) the peer offered.
+    pub fn pick(offered: Carries, ours: Carries) -> Option<Carries> {
+        Carries::PREFERENCE
+            .into_iter()
+            .find(|c| ours.contains(*c) && offered.contains(*c))
+    }
+
+    /// The ALPN-style name (`h2`, `http/1.1`, `tcp`) of a single protocol.
+    pub fn name(self) -> &'static str {
+        match self {
+            Carries::HTTP2 => "h2",
+            Carries::HTTP1 => "http/1.1",
+            Carries::TCP => "tcp",
+            _ => "several",
+        }
+    }
+}
+
+impl Default for Carries {
+    fn default() -> Self {
+        Carries::HTTP2
+    }
+}
+
 /// Settings both roles use.
 #[derive(Clone, Debug)]
 pub struct HandshakeConfig {
@@ -40,6 +97,8 @@ pub struct HandshakeConfig {
     /// Records per traffic key before rekeying (at least 2). Both sides use the
     /// smaller of their two settings, agreed in the signed handshake.
     pub records_per_key: u64,
+    /// What the stream may carry: offered by an initiator, accepted by a responder.
+    pub carries: Carries,
 }
 
 /// The smallest rekey interval accepted (0 would divide by zero; 1, a key per record,
@@ -60,6 +119,7 @@ impl Default for HandshakeConfig {
             suites: Suite::preferred(),
             mode: ChannelMode::Stream,
             records_per_key: DEFAULT_RECORDS_PER_KEY,
+            carries: Carries::HTTP2,
         }
     }
 }

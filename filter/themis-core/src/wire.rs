@@ -6,14 +6,23 @@
 //! Messages are self-delimiting, so the same bytes travel over a stream or in a
 //! datagram; [`frame_len`] tells a stream driver how long the next message is.
 
+use alloc::vec::Vec;
+
 use serde::{Deserialize, Serialize};
 use serde_big_array::BigArray;
 
+use crate::delegation::Delegation;
+
 /// The protocol version every message carries first.
-/// Version 2: message 1 carries `timestamp_ms`.
-pub const PROTOCOL_VERSION: u8 = 2;
-/// The longest handshake message accepted (the largest one is about 290 bytes).
-pub const MAX_HANDSHAKE_LEN: usize = 512;
+/// Version 2: message 1 carries `timestamp_ms`. Version 3: messages 1 and 2 may be
+/// signed by a delegated key ([`crate::delegation`]) and carry the sender's
+/// endorsement and what the stream carries.
+pub const PROTOCOL_VERSION: u8 = 3;
+/// The longest endorsement a handshake message carries (a mesh record with its grant
+/// chain is at most 2 KiB).
+pub const MAX_ENDORSEMENT_LEN: usize = 2048;
+/// The longest handshake message accepted: an endorsement and about 450 bytes.
+pub const MAX_HANDSHAKE_LEN: usize = 3072;
 /// The largest record payload: 1 MiB.
 pub const MAX_RECORD_PAYLOAD: usize = 1 << 20;
 /// The bytes of a record header on the wire.
@@ -184,7 +193,7 @@ fn decode_exact<'a, T: Deserialize<'a>>(bytes: &'a [u8], kind: Kind) -> Result<T
 }
 
 /// An Ed25519 signature.
-#[derive(Clone, Copy, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Signature(#[serde(with = "BigArray")] pub [u8; 64]);
 
 /// Message 1 (paper Fig. 2, A → B): the initiator's signed ephemeral share, nonce,
@@ -215,6 +224,14 @@ pub struct HelloBody<'a> {
     /// When the initiator sent it, Unix milliseconds: the responder refuses a Hello
     /// outside its freshness window before any public-key work ([`crate::guard`]).
     pub timestamp_ms: u64,
+    /// What the sealed stream may carry, as a bitmask ([`crate::params::Carries`]).
+    pub carries: u8,
+    /// If a delegated key signed the message: the initiator key's delegation to it.
+    pub delegation: Option<Delegation>,
+    /// The initiator's endorsement (opaque here: its record and grant chain), at
+    /// most [`MAX_ENDORSEMENT_LEN`] bytes; empty for none.
+    #[serde(borrow)]
+    pub endorsement: &'a [u8],
 }
 
 /// Message 1 with its signature over the body.
@@ -247,6 +264,12 @@ pub struct HelloReplyBody {
     pub ephemeral: [u8; 32],
     /// The responder's fresh nonce.
     pub nonce: [u8; 32],
+    /// What the stream carries: one bit of the initiator's offer.
+    pub carries: u8,
+    /// If a delegated key signed the message: the responder key's delegation to it.
+    pub delegation: Option<Delegation>,
+    /// The responder's endorsement, at most [`MAX_ENDORSEMENT_LEN`]; empty for none.
+    pub endorsement: Vec<u8>,
 }
 
 /// Message 2 with its signature.
@@ -394,8 +417,9 @@ mod tests {
     #[test]
     fn peek_rejects_unknown_versions_and_kinds() {
         assert_eq!(peek_kind(&[1, 1]), Err(WireError::UnsupportedVersion(1)));
-        assert_eq!(peek_kind(&[3, 1]), Err(WireError::UnsupportedVersion(3)));
-        assert_eq!(peek_kind(&[2, 9]), Err(WireError::UnknownKind(9)));
+        assert_eq!(peek_kind(&[2, 1]), Err(WireError::UnsupportedVersion(2)));
+        assert_eq!(peek_kind(&[4, 1]), Err(WireError::UnsupportedVersion(4)));
+        assert_eq!(peek_kind(&[3, 9]), Err(WireError::UnknownKind(9)));
         assert_eq!(peek_kind(&[1]), Err(WireError::Truncated));
         assert_eq!(peek_kind(&[]), Err(WireError::Truncated));
     }

@@ -50,6 +50,7 @@ fn config(suite: Suite, mode: ChannelMode) -> HandshakeConfig {
         suites: suite.only(),
         mode,
         records_per_key: DEFAULT_RECORDS_PER_KEY,
+        carries: themis_core::Carries::HTTP2,
     }
 }
 
@@ -581,13 +582,14 @@ fn printable_ids_are_canonical() {
 /// length of a complete one).
 #[test]
 fn frame_len_bounds_complete_handshake_messages() {
-    // Version, kind, suites, records per key (varint 16), a mesh name of 600 bytes,
-    // five 32-byte fields, the timestamp (varint 1), signature.
-    let mut hello = vec![wire::PROTOCOL_VERSION, 1, 3, 16, 0xd8, 0x04];
-    hello.extend([b'a'; 600]);
-    hello.extend([0; 5 * 32 + 1 + 64]);
+    // Version, kind, suites, records per key (varint 16), a mesh name of 3200 bytes,
+    // five 32-byte fields, the timestamp (varint 1), carries, no delegation, no
+    // endorsement, signature.
+    let mut hello = vec![wire::PROTOCOL_VERSION, 1, 3, 16, 0x80, 0x19];
+    hello.extend([b'a'; 3200]);
+    hello.extend([0; 5 * 32 + 1 + 3 + 64]);
     assert!(matches!(
-        wire::frame_len(&hello[..600]),
+        wire::frame_len(&hello[..3100]),
         Err(wire::WireError::TooLarge { .. })
     ));
     assert!(matches!(

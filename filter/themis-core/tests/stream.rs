@@ -1210,8 +1210,8 @@ fn a_huge_record_is_refused_at_its_header() {
 
 #[test]
 fn a_hello_longer_than_the_limit_is_refused_by_then() {
-    // version, kind Hello, suites, records_per_key, then a 1000-byte mesh name.
-    let mut long = vec![PROTOCOL_VERSION, Kind::Hello as u8, 1, 16, 0xe8, 0x07];
+    // version, kind Hello, suites, records_per_key, then a 4000-byte mesh name.
+    let mut long = vec![PROTOCOL_VERSION, Kind::Hello as u8, 1, 16, 0xa0, 0x1f];
     long.resize(4 * MAX_HANDSHAKE_LEN, b'm');
     let rng = FixedByteRandom { byte: RESP_RNG };
 

@@ -1,5 +1,5 @@
 //! Known-answer tests: handshakes and records made with fixed keys and randomness,
-//! checked into `tests/vectors/v2.json`. The same test runs natively and, compiled to
+//! checked into `tests/vectors/v3.json`. The same test runs natively and, compiled to
 //! `wasm32-wasip2`, under wasmtime (`scripts/test.sh`), so every target must produce
 //! the same bytes.
 //!
@@ -15,7 +15,7 @@ use themis_core::handshake::{self, Initiator};
 use themis_core::HelloGuard;
 use themis_core::{ChannelMode, HandshakeConfig, Identity, MeshName, PeerId, Session, Suite};
 
-const VECTORS: &str = include_str!("vectors/v2.json");
+const VECTORS: &str = include_str!("vectors/v3.json");
 
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
 struct Vectors {
@@ -118,6 +118,7 @@ fn run_handshake(ids: &[Identity], spec: &HandshakeVector) -> HandshakeVector {
         suites: suites(&spec.initiator_suites),
         mode: ChannelMode::Stream,
         records_per_key: spec.records_per_key,
+        carries: themis_core::Carries::HTTP2,
     };
     let config_b = HandshakeConfig {
         suites: suites(&spec.responder_suites),
@@ -220,7 +221,7 @@ fn vectors_reproduce_exactly() {
     let expected: Vectors = serde_json::from_str(VECTORS).unwrap();
     let actual = compute(&expected);
     if std::env::var_os("THEMIS_WRITE_VECTORS").is_some() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vectors/v2.json");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vectors/v3.json");
         std::fs::write(path, serde_json::to_string_pretty(&actual).unwrap() + "\n").unwrap();
         return;
     }
@@ -251,6 +252,7 @@ fn recorded_messages_are_accepted() {
             suites: suites(&h.responder_suites),
             mode: ChannelMode::Stream,
             records_per_key: h.records_per_key,
+            carries: themis_core::Carries::HTTP2,
         };
         let (pending, reply) = with_rng(
             &[
