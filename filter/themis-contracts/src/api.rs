@@ -404,6 +404,39 @@ pub struct SignRequest {
     pub hello_hash: Option<String>,
 }
 
+/// `POST /v1/workloads/{workload}/delegate`: the proxy's short-lived handshake key,
+/// for the agent to delegate to (wire v3). The agent refuses a revoked workload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DelegateRequest {
+    /// The Ed25519 public key the proxy generated, hex (32 bytes).
+    pub delegated_key: String,
+    /// The lifetime asked for, seconds (default one hour, at most one day).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifetime_secs: Option<u64>,
+}
+
+/// The answer to a [`DelegateRequest`]: the delegation, and the workload's current
+/// endorsement (its record with the grant chain) for the handshakes to carry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delegated {
+    /// The workload's public identity.
+    pub identity: PublicIdentity,
+    /// The encoded delegation, hex.
+    pub delegation: String,
+    /// When it expires, Unix ms.
+    pub not_after_ms: u64,
+    /// When to ask again, Unix ms: half the delegation's lifetime, or sooner if the
+    /// endorsement's record is renewed first.
+    pub renew_at_ms: u64,
+    /// The service the endorsement is for, if the workload is registered.
+    #[serde(default)]
+    pub service: Option<ServiceName>,
+    /// The endorsement (the DHT value of the workload's record), hex.
+    #[serde(default)]
+    pub endorsement: Option<String>,
+}
+
 /// The answer to a [`SignRequest`]: an Ed25519 signature.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SignResponse {

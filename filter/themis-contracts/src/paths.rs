@@ -73,6 +73,12 @@ pub fn workload_sign(workload: impl AsRef<str>) -> String {
     format!("/v1/workloads/{}/sign", workload.as_ref())
 }
 
+/// `POST`: the agent delegates handshake signing to the proxy's own short-lived key
+/// ([`api::DelegateRequest`](crate::api::DelegateRequest)).
+pub fn workload_delegate(workload: impl AsRef<str>) -> String {
+    format!("/v1/workloads/{}/delegate", workload.as_ref())
+}
+
 /// `GET`: raw `find` of a 64-hex-digit key.
 pub fn debug_find(key: impl AsRef<str>) -> String {
     format!("/v1/debug/find/{}", key.as_ref())
@@ -100,6 +106,8 @@ pub mod route {
     pub const WORKLOAD_IDENTITY: &str = "/v1/workloads/{workload}/identity";
     /// [`workload_sign`](super::workload_sign).
     pub const WORKLOAD_SIGN: &str = "/v1/workloads/{workload}/sign";
+    /// [`workload_delegate`](super::workload_delegate).
+    pub const WORKLOAD_DELEGATE: &str = "/v1/workloads/{workload}/delegate";
     /// [`debug_find`](super::debug_find).
     pub const DEBUG_FIND: &str = "/v1/debug/find/{key}";
     /// [`debug_values`](super::debug_values).
@@ -120,6 +128,7 @@ mod tests {
         assert_eq!(workload_key("{workload}"), route::WORKLOAD_KEY);
         assert_eq!(workload_identity("{workload}"), route::WORKLOAD_IDENTITY);
         assert_eq!(workload_sign("{workload}"), route::WORKLOAD_SIGN);
+        assert_eq!(workload_delegate("{workload}"), route::WORKLOAD_DELEGATE);
         assert_eq!(debug_find("{key}"), route::DEBUG_FIND);
         assert_eq!(
             debug_values("{name}", 2),

@@ -15,6 +15,7 @@
 //! | `PUT /v1/workloads/{workload}` | create the workload's identity if it has none |
 //! | `GET /v1/workloads/{workload}/identity` | the workload's public identity, for its proxy |
 //! | `POST /v1/workloads/{workload}/sign` | sign one of the workload's handshake messages, for its proxy |
+//! | `POST /v1/workloads/{workload}/delegate` | delegate handshake signing to the proxy's short-lived key (wire v3), with the workload's endorsement |
 //! | `GET /v1/workloads/{workload}/key` | the workload's private key (operator only) |
 //! | `GET /v1/debug/find/{key}` | raw `find` of a 64-hex-digit key |
 //! | `POST /v1/debug/store` | raw `store` `{"name", "value", "hex", "replicas", "ttl_ms"}` (the ring still verifies what it keeps) |
@@ -194,6 +195,10 @@ pub fn router(registry: Arc<Registry>) -> Router {
         .route(
             "/v1/workloads/{workload}/sign",
             post(crate::signing::sign_route),
+        )
+        .route(
+            "/v1/workloads/{workload}/delegate",
+            post(crate::signing::delegate_route),
         )
         .route("/v1/debug/find/{key}", get(debug_find))
         .route("/v1/debug/store", post(debug_store))

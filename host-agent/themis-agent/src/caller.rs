@@ -145,7 +145,11 @@ impl Need {
                 Need::Anyone
             }
             "/v1/workloads/{workload}/identity" if read => Need::Owner,
-            "/v1/workloads/{workload}/sign" if method == Method::POST => Need::Owner,
+            "/v1/workloads/{workload}/sign" | "/v1/workloads/{workload}/delegate"
+                if method == Method::POST =>
+            {
+                Need::Owner
+            }
             // Everything else, the private key and any route added later included.
             _ => Need::Operator,
         }

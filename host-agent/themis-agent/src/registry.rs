@@ -736,6 +736,26 @@ impl Registry {
             .collect()
     }
 
+    /// The workload's current endorsement: the service, the DHT value being re-stored
+    /// for it (record and grant chain) and when that record was signed.
+    pub async fn endorsement_of(
+        &self,
+        workload: &WorkloadName,
+    ) -> Option<(ServiceName, Vec<u8>, u64)> {
+        self.local
+            .lock()
+            .await
+            .iter()
+            .filter(|((_, w), _)| w == workload)
+            .map(|((s, _), (r, value))| (s.clone(), value.clone(), r.serial))
+            .max_by_key(|(_, _, serial)| *serial)
+    }
+
+    /// How long a record lives, ms.
+    pub fn record_ttl_ms(&self) -> u64 {
+        u64::try_from(self.config.record_ttl.as_millis()).unwrap_or(u64::MAX)
+    }
+
     /// The key material of a local workload, for its proxy.
     pub fn key_material(&self, workload: &WorkloadName) -> Result<KeyMaterial, RegistryError> {
         let identity = self

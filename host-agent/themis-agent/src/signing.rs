@@ -19,7 +19,16 @@
 //!   → 200 {"signature": "<hex>"}
 //! GET /v1/workloads/{workload}/identity
 //!   → 200 {"workload", "mesh", "id", "public_key"}
+//! POST /v1/workloads/{workload}/delegate          (wire v3)
+//!   {"delegated_key": "<hex>", "lifetime_secs": n?}
+//!   → 200 {"identity", "delegation", "not_after_ms", "renew_at_ms", "service", "endorsement"}
 //! ```
+//!
+//! Wire v3 moves the signing of each handshake into the proxy: it generates a
+//! short-lived key and the agent signs a delegation to it with the workload key
+//! ([`themis_core::delegation`]), refused once the workload is revoked. The workload
+//! key still never leaves the agent; a proxy holds a key that speaks for its workload
+//! until the delegation's `not_after` (one hour by default, at most a day).
 
 use std::sync::Arc;
 
@@ -28,6 +37,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use themis_core::delegation::{self, Delegation};
 use themis_core::handshake::{self, SigningError, ToSign};
 use themis_core::wire::{Kind, MAX_HANDSHAKE_LEN};
 use themis_core::Identity;
@@ -35,7 +45,7 @@ use themis_core::Identity;
 use crate::names::{NameError, WorkloadName};
 use crate::registry::{Registry, RegistryError};
 
-pub use themis_contracts::api::{SignRequest, SignResponse};
+pub use themis_contracts::api::{DelegateRequest, Delegated, SignRequest, SignResponse};
 
 /// Why the agent did not sign.
 #[derive(Debug, thiserror::Error)]
@@ -144,13 +154,10 @@ pub fn parse(request: &SignRequest) -> Result<ToSign, SignError> {
 /// Signs `request` as `identity` if it is a handshake message of `identity`'s own
 /// and, for a Hello, fresh by this clock.
 pub fn sign(identity: &Identity, request: &SignRequest) -> Result<[u8; 64], SignError> {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     Ok(handshake::sign_message_at(
         identity,
         &parse(request)?,
-        now_ms,
+        now_ms(),
         themis_core::guard::DEFAULT_HELLO_WINDOW_MS,
     )?)
 }
@@ -208,6 +215,143 @@ pub async fn sign_route(
     }
 }
 
+/// Why the agent did not delegate.
+#[derive(Debug, thiserror::Error)]
+pub enum DelegateError {
+    /// As for signing: a bad name, an unknown workload, unreadable storage.
+    #[error(transparent)]
+    Workload(#[from] SignError),
+    /// `delegated_key` is not 32 bytes of hex.
+    #[error("delegated_key must be 32 bytes of hex")]
+    Key,
+    /// The mesh root revoked the workload: no new delegation.
+    #[error("the workload {0} is revoked")]
+    Revoked(String),
+}
+
+impl DelegateError {
+    /// The stable reason (API and metric label).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            DelegateError::Workload(e) => e.reason(),
+            DelegateError::Key => "bad_hex",
+            DelegateError::Revoked(_) => "revoked",
+        }
+    }
+
+    fn status(&self) -> StatusCode {
+        match self {
+            DelegateError::Workload(e) => e.status(),
+            DelegateError::Key => StatusCode::BAD_REQUEST,
+            DelegateError::Revoked(_) => StatusCode::FORBIDDEN,
+        }
+    }
+}
+
+impl IntoResponse for DelegateError {
+    fn into_response(self) -> Response {
+        let body = Json(themis_contracts::api::ErrorBody {
+            error: self.to_string(),
+            reason: self.reason().into(),
+        });
+        (self.status(), body).into_response()
+    }
+}
+
+fn public_identity(
+    workload: WorkloadName,
+    identity: &Identity,
+) -> themis_contracts::api::PublicIdentity {
+    themis_contracts::api::PublicIdentity {
+        workload,
+        mesh: identity.mesh().as_str().to_owned(),
+        id: identity.printable_id(),
+        public_key: hex::encode(identity.public_key()),
+    }
+}
+
+/// Delegates `workload`'s handshake signing to the proxy's key in `request` at
+/// `now_ms`, with the workload's current endorsement: what
+/// `POST /v1/workloads/{workload}/delegate` answers.
+pub async fn delegate_for(
+    registry: &Registry,
+    workload: &str,
+    request: &DelegateRequest,
+    now_ms: u64,
+) -> Result<Delegated, DelegateError> {
+    let workload = WorkloadName::new(workload).map_err(SignError::from)?;
+    let identity = registry
+        .workload_identity(&workload)
+        .map_err(SignError::from)?;
+    let mut key = [0u8; 32];
+    hex::decode_to_slice(&request.delegated_key, &mut key).map_err(|_| DelegateError::Key)?;
+    if registry.trust().revocations().contains(&identity.id()) {
+        return Err(DelegateError::Revoked(identity.printable_id()));
+    }
+    let lifetime_ms = request
+        .lifetime_secs
+        .map_or(delegation::DEFAULT_LIFETIME_MS, |s| s.saturating_mul(1000));
+    let d = Delegation::issue(&identity, key, now_ms, lifetime_ms);
+    let endorsement = registry.endorsement_of(&workload).await;
+    // Ask again at half the delegation's life, or once the record was renewed (the
+    // agent re-signs it at half its life), whichever is first.
+    let renew_at_ms = endorsement
+        .as_ref()
+        .map(|(_, _, signed)| signed + registry.record_ttl_ms() * 3 / 4)
+        .map_or(d.renew_at_ms(), |r| {
+            r.max(now_ms + 1000).min(d.renew_at_ms())
+        });
+    Ok(Delegated {
+        identity: public_identity(workload, &identity),
+        delegation: hex::encode(d.encode()),
+        not_after_ms: d.not_after_ms,
+        renew_at_ms,
+        service: endorsement.as_ref().map(|(s, _, _)| s.clone()),
+        endorsement: endorsement.map(|(_, value, _)| hex::encode(value)),
+    })
+}
+
+/// `POST /v1/workloads/{workload}/delegate`. Who may call it is the API's caller
+/// authorisation's decision (the workload's own proxy, as for `/sign`); delegations
+/// and refusals are counted (`themis_handshake_signatures{kind="delegation"}`,
+/// `themis_handshake_sign_refused`).
+pub async fn delegate_route(
+    State(r): State<Arc<Registry>>,
+    Path(workload): Path<String>,
+    body: Result<Json<DelegateRequest>, JsonRejection>,
+) -> Response {
+    let request = match body {
+        Ok(Json(request)) => request,
+        Err(e) => {
+            r.metrics().sign_refused("bad_request");
+            let body = Json(themis_contracts::api::ErrorBody {
+                error: e.body_text(),
+                reason: "bad_request".into(),
+            });
+            return (e.status(), body).into_response();
+        }
+    };
+    match delegate_for(&r, &workload, &request, now_ms()).await {
+        Ok(delegated) => {
+            r.metrics().signed("delegation");
+            tracing::info!(%workload, not_after_ms = delegated.not_after_ms,
+                service = ?delegated.service, "delegated handshake signing to the proxy's key");
+            Json(delegated).into_response()
+        }
+        Err(error) => {
+            r.metrics().sign_refused(error.reason());
+            tracing::warn!(%workload, reason = error.reason(), %error, "refused to delegate");
+            error.into_response()
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// `GET /v1/workloads/{workload}/identity`: the public identity, all a sidecar needs.
 pub async fn identity_route(
     State(r): State<Arc<Registry>>,
@@ -217,13 +361,7 @@ pub async fn identity_route(
         .map_err(SignError::from)
         .and_then(|w| Ok((r.workload_identity(&w)?, w)));
     match result {
-        Ok((identity, workload)) => Json(themis_contracts::api::PublicIdentity {
-            workload,
-            mesh: identity.mesh().as_str().to_owned(),
-            id: identity.printable_id(),
-            public_key: hex::encode(identity.public_key()),
-        })
-        .into_response(),
+        Ok((identity, workload)) => Json(public_identity(workload, &identity)).into_response(),
         Err(error) => error.into_response(),
     }
 }

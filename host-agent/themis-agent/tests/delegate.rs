@@ -1,0 +1,150 @@
+//! Wire v3 through a real agent: `POST /v1/workloads/{workload}/delegate` delegates the
+//! workload's handshake signing to the proxy's own short-lived key, with the workload's
+//! endorsement, and refuses once the mesh root revoked the workload.
+
+use themis_testkit::agent as common;
+
+use common::{workdir, Agent, Spawn, MESH};
+use hyper::Method;
+use ring::rand::SystemRandom;
+use serde_json::{json, Value};
+use themis_core::handshake::{self, Initiator};
+use themis_core::identity::PublicIdentity;
+use themis_core::{
+    Credential, DelegatedKey, Delegation, HandshakeConfig, HelloGuard, Identity, MeshName,
+};
+use themis_trust::{MeshRoot, Revocations, Verifier};
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn delegate(agent: &Agent, workload: &str, body: &Value) -> (u16, Value) {
+    agent
+        .call(
+            Method::POST,
+            &format!("/v1/workloads/{workload}/delegate"),
+            Some(body),
+        )
+        .expect("the agent answers")
+}
+
+#[test]
+fn the_agent_delegates_to_the_proxys_key_with_the_endorsement_and_stops_at_revocation() {
+    let root = workdir();
+    let agent = Agent::spawn(root.path(), "a", Spawn::default());
+    let mesh = MeshName::new(MESH).unwrap();
+    let rng = SystemRandom::new();
+    agent.register("check", "check-1", "127.0.0.1:15001");
+
+    // The proxy's key, delegated: the answer verifies and makes a working credential.
+    let key = DelegatedKey::generate(&rng).unwrap();
+    let request = json!({ "delegated_key": hex::encode(key.public_key()), "lifetime_secs": 600 });
+    let (code, answer) = delegate(&agent, "check-1", &request);
+    assert_eq!(code, 200, "{answer}");
+    let mut public = [0u8; 32];
+    hex::decode_to_slice(
+        answer["identity"]["public_key"].as_str().unwrap(),
+        &mut public,
+    )
+    .unwrap();
+    let me = PublicIdentity::new(public, mesh.clone());
+    assert_eq!(answer["identity"]["id"], me.printable_id());
+    let delegation =
+        Delegation::decode(&hex::decode(answer["delegation"].as_str().unwrap()).unwrap()).unwrap();
+    assert_eq!(delegation.not_after_ms - delegation.not_before_ms, 600_000);
+    assert!(answer["renew_at_ms"].as_u64().unwrap() <= delegation.renew_at_ms());
+    assert_eq!(answer["service"], "check");
+    let endorsement = hex::decode(answer["endorsement"].as_str().unwrap()).unwrap();
+
+    // The endorsement is the record a peer checks offline: check, for this very key.
+    let mesh_root: MeshRoot =
+        std::fs::read_to_string(common::mesh_dir(root.path()).join("mesh.root"))
+            .unwrap()
+            .trim()
+            .parse()
+            .expect("the mesh root");
+    let revoked = Revocations::new();
+    let verifier = Verifier {
+        root: &mesh_root,
+        now_ms: now_ms(),
+        revoked: &revoked,
+    };
+    let instance = verifier
+        .instance(&endorsement, "check")
+        .expect("endorsed for check");
+    assert_eq!(instance.id, me.id());
+
+    // A handshake signed by the proxy's key alone, accepted by a peer as the workload.
+    let credential = Credential::new(me.clone(), key, delegation, endorsement, now_ms()).unwrap();
+    let peer = Identity::generate(mesh.clone(), &rng).unwrap();
+    let config = HandshakeConfig::default();
+    let (waiting, hello) =
+        Initiator::start(&credential, peer.id(), &config, now_ms(), &rng).unwrap();
+    let (pending, reply) = handshake::respond(
+        &peer,
+        &hello,
+        &config,
+        &mut HelloGuard::default(),
+        now_ms(),
+        &rng,
+    )
+    .unwrap();
+    let (session, confirm) = waiting.read_hello_reply(&reply).unwrap();
+    let peer_side = pending.read_confirm(&confirm).unwrap();
+    assert_eq!(peer_side.info().peer_id, me.id());
+    assert_eq!(session.info().peer_id, peer.id());
+    assert_eq!(
+        verifier
+            .instance(&peer_side.info().peer_endorsement, "check")
+            .unwrap()
+            .id,
+        me.id()
+    );
+
+    // Bad input: a clear refusal, nothing issued.
+    let (code, answer) = delegate(&agent, "check-1", &json!({ "delegated_key": "zz" }));
+    assert_eq!(
+        (code, answer["reason"].as_str()),
+        (400, Some("bad_hex")),
+        "{answer}"
+    );
+    let (code, _) = delegate(
+        &agent,
+        "check-1",
+        &json!({ "delegated_key": "00", "extra": 1 }),
+    );
+    assert_eq!(code, 422);
+    let (code, answer) = delegate(&agent, "nobody", &request);
+    assert_eq!(code, 404, "{answer}");
+
+    // Revoked by the mesh root: no new delegation.
+    let mesh_arg = common::mesh_dir(root.path()).display().to_string();
+    let id = me.printable_id();
+    let (code, stdout, stderr) = agent.cli(&[
+        "revoke",
+        &id,
+        "--mesh-dir",
+        &mesh_arg,
+        "--reason",
+        "stolen",
+        "--publish",
+    ]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let (code, answer) = agent.wait_for(
+        "the revocation to be known",
+        std::time::Duration::from_secs(30),
+        |agent| {
+            let (code, answer) = delegate(&agent, "check-1", &request);
+            (code != 200).then_some((code, answer))
+        },
+    );
+    assert_eq!(
+        (code, answer["reason"].as_str()),
+        (403, Some("revoked")),
+        "{answer}"
+    );
+}
