@@ -162,7 +162,7 @@ fn the_agent_signs_its_workloads_handshake_messages_and_nothing_else() {
             "malformed",
         ),
         (
-            json!({ "kind": "hello", "body": "00".repeat(600) }),
+            json!({ "kind": "hello", "body": "00".repeat(3100) }),
             400,
             "too_large",
         ),
