@@ -158,6 +158,20 @@ impl Inbox {
         self.next()
     }
 
+    /// The next whole record, refused by its header if it is longer than a stream
+    /// record may be ([`MAX_RECORD_LEN`]): a peer cannot make us hold more.
+    fn next_record(&mut self) -> Result<Option<Vec<u8>>, Refusal> {
+        if let Some(len) = frame_len(&self.buf).map_err(Refusal::Malformed)? {
+            if len > MAX_RECORD_LEN {
+                return Err(Refusal::Malformed(WireError::TooLarge {
+                    len,
+                    max: MAX_RECORD_LEN,
+                }));
+            }
+        }
+        self.next()
+    }
+
     fn next(&mut self) -> Result<Option<Vec<u8>>, Refusal> {
         match frame_len(&self.buf).map_err(Refusal::Malformed)? {
             Some(len) if len <= self.buf.len() => {
@@ -594,7 +608,7 @@ impl StreamResponder {
                     self.state = ResponderState::AwaitingMeta(session);
                 }
                 ResponderState::AwaitingMeta(session) => {
-                    let Some(mut record) = self.inbox.next()? else {
+                    let Some(mut record) = self.inbox.next_record()? else {
                         return Ok(out);
                     };
                     let opened = session

@@ -1208,6 +1208,39 @@ fn a_huge_record_is_refused_at_its_header() {
     }
 }
 
+/// The first record after message 3 (the Meta) has the stream's 16 KiB bound too: an
+/// initiator that completed the handshake cannot make the responder hold a 1 MiB
+/// record before it has said who it claims to be (found in review).
+#[test]
+fn a_huge_record_in_place_of_the_meta_is_refused_at_its_header() {
+    let mut link = Link::pair(Split::Whole);
+    link.connect(HTTP2_PREFACE, SETTINGS).unwrap();
+    let tail = link.i2r_after_hello();
+    let confirm = frames(&tail)[0].to_vec();
+    let session = RecordHeader::decode(frames(&tail)[1]).unwrap().session_id;
+    for len in [(themis_core::stream::MAX_CHUNK + 1) as u32, MAX_RECORD_PAYLOAD as u32] {
+        // The same fixed randomness: a responder in the state message 3 finds.
+        let (mut resp, _) = responder_after_reply(&link.hello, &*fixed(RESP_RNG));
+        let rng = fixed(RESP_RNG);
+        let mut deliver = |bytes: &[u8]| {
+            resp.from_peer(
+                bytes,
+                bob(),
+                &HandshakeConfig::default(),
+                &mut HelloGuard::default(),
+                NOW_MS,
+                &*rng,
+            )
+        };
+        assert!(deliver(&confirm).unwrap().to_app.is_empty());
+        let refusal = deliver(&header(session, 1, len)).unwrap_err();
+        assert!(
+            matches!(refusal, Refusal::Malformed(WireError::TooLarge { .. })),
+            "{len}: {refusal:?}"
+        );
+    }
+}
+
 #[test]
 fn a_hello_longer_than_the_limit_is_refused_by_then() {
     // version, kind Hello, suites, records_per_key, then a 4000-byte mesh name.
