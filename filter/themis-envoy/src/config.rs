@@ -377,6 +377,14 @@ impl Config {
         if !(1..=86_400).contains(&raw.known_good_secs) {
             return Err(invalid("known_good_secs", "must be between 1 and 86400"));
         }
+        if raw.resolve_ttl_secs == 0 {
+            // 0 made every request a resolution and connections loop on agent calls
+            // (found in review).
+            return Err(invalid(
+                "resolve_ttl_secs",
+                "must be at least 1 (a resolution is cached this long)",
+            ));
+        }
         if !(1..=1 << 16).contains(&raw.known_good_entries) {
             return Err(invalid("known_good_entries", "must be between 1 and 65536"));
         }
@@ -570,6 +578,10 @@ mod tests {
             (
                 r#"{"role":"outbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","timeout_ms":0}"#,
                 "timeout_ms",
+            ),
+            (
+                r#"{"role":"outbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","resolve_ttl_secs":0}"#,
+                "resolve_ttl_secs: must be at least 1",
             ),
             (
                 r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","hellos_per_source":{"per_second":0,"burst":1}}"#,
