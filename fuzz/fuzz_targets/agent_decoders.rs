@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 use libfuzzer_sys::fuzz_target;
 use serde::{de::DeserializeOwned, Serialize};
 use themis_agent::overlay::Frame;
-use themis_contracts::api::{CreateWorkload, Owner, PublishRevocation, SignRequest};
+use themis_contracts::api::{
+    CreateWorkload, DelegateRequest, Delegated, Owner, PublishRevocation, SignRequest,
+};
 
 /// Decodes `bytes` as JSON of `T`; if it decodes, it encodes and decodes again to the
 /// same value.
@@ -29,6 +31,18 @@ fn json_round_trip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug
 fuzz_target!(|bytes: &[u8]| {
     json_round_trip::<CreateWorkload>(bytes);
     json_round_trip::<SignRequest>(bytes);
+    json_round_trip::<DelegateRequest>(bytes);
+    json_round_trip::<Delegated>(bytes);
+    // The /sign parser and the checks before any signature: they return.
+    if let Ok(request) = serde_json::from_slice::<SignRequest>(bytes) {
+        if let Ok(to_sign) = themis_agent::signing::parse(&request) {
+            let someone = themis_core::identity::PublicIdentity::new(
+                [7; 32],
+                themis_core::MeshName::new("fuzz").unwrap(),
+            );
+            let _ = themis_core::handshake::signing_digest(&someone, &to_sign);
+        }
+    }
     json_round_trip::<PublishRevocation>(bytes);
     json_round_trip::<BTreeMap<String, Owner>>(bytes);
     if let Ok(frame) = postcard::from_bytes::<Frame>(bytes) {

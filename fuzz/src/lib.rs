@@ -77,6 +77,7 @@ impl Settings {
             suites: if self.chacha { Suite::ChaCha20Poly1305 } else { Suite::Aes256Gcm }.only(),
             mode: if self.datagram { ChannelMode::Datagram } else { ChannelMode::Stream },
             records_per_key: self.records_per_key.map_or(DEFAULT_RECORDS_PER_KEY, u64::from),
+            carries: themis_core::Carries::HTTP2,
         }
     }
 }
