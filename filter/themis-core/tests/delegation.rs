@@ -250,3 +250,34 @@ fn an_oversize_endorsement_is_refused() {
     );
     let _ = mesh(MESH);
 }
+
+/// The rolling-upgrade decision (docs/PROTOCOL.md §3): v3 does not speak v2, and
+/// fails closed. A v2 peer's message 1 is refused by its first byte, before any
+/// public-key work, and a v2 responder refuses a v3 Hello the same way: a connection
+/// between a v2 and a v3 sidecar is refused, never downgraded.
+#[test]
+fn a_v2_peer_is_refused_by_its_first_byte() {
+    let (alice, bob) = (identity(MESH, 1), identity(MESH, 2));
+    let config = HandshakeConfig::default();
+    let rng = SystemRandom::new();
+    let (_, mut hello) = Initiator::start(&alice, bob.id(), &config, NOW_MS, &rng).unwrap();
+    hello[0] = 2;
+    let err = handshake::respond(
+        &bob,
+        &hello,
+        &config,
+        &mut HelloGuard::default(),
+        NOW_MS,
+        &rng,
+    )
+    .err()
+    .unwrap();
+    assert_eq!(
+        err,
+        HandshakeError::Wire(wire::WireError::UnsupportedVersion(2))
+    );
+    assert_eq!(
+        wire::frame_len(&hello),
+        Err(wire::WireError::UnsupportedVersion(2))
+    );
+}

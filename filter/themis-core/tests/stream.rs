@@ -1218,7 +1218,10 @@ fn a_huge_record_in_place_of_the_meta_is_refused_at_its_header() {
     let tail = link.i2r_after_hello();
     let confirm = frames(&tail)[0].to_vec();
     let session = RecordHeader::decode(frames(&tail)[1]).unwrap().session_id;
-    for len in [(themis_core::stream::MAX_CHUNK + 1) as u32, MAX_RECORD_PAYLOAD as u32] {
+    for len in [
+        (themis_core::stream::MAX_CHUNK + 1) as u32,
+        MAX_RECORD_PAYLOAD as u32,
+    ] {
         // The same fixed randomness: a responder in the state message 3 finds.
         let (mut resp, _) = responder_after_reply(&link.hello, &*fixed(RESP_RNG));
         let rng = fixed(RESP_RNG);
