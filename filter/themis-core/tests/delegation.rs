@@ -160,22 +160,17 @@ fn every_field_of_a_delegation_is_signed() {
     let d = Delegation::issue(&alice, *key.public_key(), NOW_MS, HOUR);
     assert_eq!(d.verify(alice.public(), NOW_MS), Ok(()));
     let encoded = d.encode();
-    let mut refused = 0;
+    // Every bit flipped: it no longer decodes, or no longer verifies.
     for i in 0..encoded.len() {
         for bit in [0x01u8, 0x80] {
             let mut bytes = encoded.clone();
             bytes[i] ^= bit;
-            match Delegation::decode(&bytes) {
-                Some(t) => assert!(
-                    t.verify(alice.public(), NOW_MS).is_err(),
-                    "byte {i} bit {bit}"
-                ),
-                None => {}
+            if let Some(t) = Delegation::decode(&bytes) {
+                let verdict = t.verify(alice.public(), NOW_MS);
+                assert!(verdict.is_err(), "byte {i} bit {bit}");
             }
-            refused += 1;
         }
     }
-    assert_eq!(refused, encoded.len() * 2);
     // Truncation and trailing bytes do not decode.
     for n in 0..encoded.len() {
         assert!(Delegation::decode(&encoded[..n]).is_none());

@@ -138,7 +138,7 @@ fn the_agent_delegates_to_the_proxys_key_with_the_endorsement_and_stops_at_revoc
         "the revocation to be known",
         std::time::Duration::from_secs(30),
         |agent| {
-            let (code, answer) = delegate(&agent, "check-1", &request);
+            let (code, answer) = delegate(agent, "check-1", &request);
             (code != 200).then_some((code, answer))
         },
     );
