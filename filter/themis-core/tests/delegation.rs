@@ -52,6 +52,22 @@ fn run(
     Ok((sa.info().clone(), sb.info().clone()))
 }
 
+/// What `responder` answers to `hello` (a fresh replay guard), as an error.
+fn refusal_of(responder: &Identity, hello: &[u8], now_ms: u64) -> HandshakeError {
+    let config = HandshakeConfig::default();
+    let mut guard = HelloGuard::default();
+    handshake::respond(
+        responder,
+        hello,
+        &config,
+        &mut guard,
+        now_ms,
+        &SystemRandom::new(),
+    )
+    .err()
+    .expect("the responder refuses")
+}
+
 #[test]
 fn delegated_keys_authenticate_the_workload_id_and_carry_endorsements() {
     let (alice, bob) = (identity(MESH, 1), identity(MESH, 2));
@@ -82,9 +98,7 @@ fn an_expired_or_future_delegation_is_refused_by_the_peer() {
         let rng = SystemRandom::new();
         // The Hello is made at `now`, so freshness passes; the delegation does not.
         let (_, hello) = Initiator::start(&a, bob.id(), &config, now, &rng).unwrap();
-        let err = handshake::respond(&bob, &hello, &config, &mut HelloGuard::default(), now, &rng)
-            .err()
-            .unwrap();
+        let err = refusal_of(&bob, &hello, now);
         assert!(
             matches!(
                 err,
@@ -137,16 +151,7 @@ fn a_delegation_of_another_workload_or_mesh_is_refused() {
     body.initiator_id = bob.id().0;
     let mut forged = postcard::to_allocvec(&body).unwrap();
     forged.extend_from_slice(&decoded.message.signature.0);
-    let err = handshake::respond(
-        &mallory,
-        &forged,
-        &config,
-        &mut HelloGuard::default(),
-        NOW_MS,
-        &rng,
-    )
-    .err()
-    .unwrap();
+    let err = refusal_of(&mallory, &forged, NOW_MS);
     assert_eq!(
         err,
         HandshakeError::Delegation(DelegationError::BadSignature)
@@ -257,16 +262,7 @@ fn a_v2_peer_is_refused_by_its_first_byte() {
     let rng = SystemRandom::new();
     let (_, mut hello) = Initiator::start(&alice, bob.id(), &config, NOW_MS, &rng).unwrap();
     hello[0] = 2;
-    let err = handshake::respond(
-        &bob,
-        &hello,
-        &config,
-        &mut HelloGuard::default(),
-        NOW_MS,
-        &rng,
-    )
-    .err()
-    .unwrap();
+    let err = refusal_of(&bob, &hello, NOW_MS);
     assert_eq!(
         err,
         HandshakeError::Wire(wire::WireError::UnsupportedVersion(2))

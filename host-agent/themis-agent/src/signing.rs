@@ -105,13 +105,18 @@ impl SignError {
     }
 }
 
+/// The API's error answer: `{"error", "reason"}` with `status`.
+fn refusal(status: StatusCode, error: impl std::fmt::Display, reason: &str) -> Response {
+    let body = Json(themis_contracts::api::ErrorBody {
+        error: error.to_string(),
+        reason: reason.into(),
+    });
+    (status, body).into_response()
+}
+
 impl IntoResponse for SignError {
     fn into_response(self) -> Response {
-        let body = Json(themis_contracts::api::ErrorBody {
-            error: self.to_string(),
-            reason: self.reason().into(),
-        });
-        (self.status(), body).into_response()
+        refusal(self.status(), &self, self.reason())
     }
 }
 
@@ -191,11 +196,7 @@ pub async fn sign_route(
             let status = e.status();
             let error = SignError::Json(e.body_text());
             r.metrics().sign_refused(error.reason());
-            let body = Json(themis_contracts::api::ErrorBody {
-                error: error.to_string(),
-                reason: error.reason().into(),
-            });
-            return (status, body).into_response();
+            return refusal(status, &error, error.reason());
         }
     };
     match result {
@@ -250,11 +251,7 @@ impl DelegateError {
 
 impl IntoResponse for DelegateError {
     fn into_response(self) -> Response {
-        let body = Json(themis_contracts::api::ErrorBody {
-            error: self.to_string(),
-            reason: self.reason().into(),
-        });
-        (self.status(), body).into_response()
+        refusal(self.status(), &self, self.reason())
     }
 }
 
@@ -324,11 +321,7 @@ pub async fn delegate_route(
         Ok(Json(request)) => request,
         Err(e) => {
             r.metrics().sign_refused("bad_request");
-            let body = Json(themis_contracts::api::ErrorBody {
-                error: e.body_text(),
-                reason: "bad_request".into(),
-            });
-            return (e.status(), body).into_response();
+            return refusal(e.status(), e.body_text(), "bad_request");
         }
     };
     match delegate_for(&r, &workload, &request, now_ms()).await {
