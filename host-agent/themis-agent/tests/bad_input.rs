@@ -293,7 +293,7 @@ fn junk_before_the_handshake_is_refused_and_counted() {
     // other cases are played.
     let mut idle = TcpStream::connect(addr).unwrap();
 
-    // Not Themis at all: the first byte is not protocol version 1.
+    // Not Themis at all: the first byte is not the protocol version.
     send_raw(
         addr,
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -301,7 +301,7 @@ fn junk_before_the_handshake_is_refused_and_counted() {
     );
     a.expect(CHANNEL_FAILURES, &inbound("malformed"), 1);
 
-    // Random bytes (the first one kept off version 2, where the parse would merely
+    // Random bytes (the first one kept off version 3, where the parse would merely
     // wait for more).
     let mut junk: [u8; 256] = random_bytes();
     junk[0] = 0xa5;
@@ -321,11 +321,11 @@ fn junk_before_the_handshake_is_refused_and_counted() {
     send_raw(addr, &oversize.encode(), "an oversize record header");
     a.expect(CHANNEL_FAILURES, &inbound("malformed"), 3);
 
-    // A Hello whose mesh name claims 64 KiB: refused once more than the 512 bytes a
-    // handshake message may have are in.
+    // A Hello whose mesh name claims 64 KiB: refused once more than the 3072 bytes a
+    // handshake message may have (wire v3) are in.
     let mut long_hello = vec![PROTOCOL_VERSION, Kind::Hello as u8, 0x03, 0x80, 0x80, 0x10];
     long_hello.extend([0xff, 0xff, 0x03]); // the mesh name's length, 65535
-    long_hello.resize(600, b'a');
+    long_hello.resize(themis_core::wire::MAX_HANDSHAKE_LEN + 100, b'a');
     send_raw(addr, &long_hello, "a Hello with a 64 KiB mesh name");
     a.expect(CHANNEL_FAILURES, &inbound("malformed"), 4);
 

@@ -11,7 +11,8 @@ use crate::NetError;
 /// [`wire::frame_len`]: a record's header says its length, and a handshake message is
 /// self-delimiting. Lengths are bounded before anything is buffered for them, so a peer
 /// cannot make us reserve more than one frame of the current limit: a handshake
-/// message (512 bytes) until the key agreement is done, then a maximal record.
+/// message ([`MAX_HANDSHAKE_LEN`], 3072 bytes) until the key agreement is done, then a
+/// maximal record.
 #[derive(Debug, Clone, Copy)]
 pub struct FrameCodec {
     max_len: usize,
