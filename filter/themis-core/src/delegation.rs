@@ -29,7 +29,8 @@ pub const LABEL: &str = "themis/3 delegation";
 pub const MAX_LIFETIME_MS: u64 = 24 * 3600 * 1000;
 /// The lifetime the agent grants when none is asked for: one hour (renewed at half).
 pub const DEFAULT_LIFETIME_MS: u64 = 3600 * 1000;
-/// How far apart two clocks may be, as for the mesh's signed records.
+/// How far apart two clocks may be: for delegations here and for the mesh's signed
+/// records (`themis_trust::MAX_CLOCK_SKEW_MS` is this one).
 pub const MAX_CLOCK_SKEW_MS: u64 = 60_000;
 
 /// What the workload key signs (never sent as such: both ends rebuild it from the
@@ -78,20 +79,6 @@ pub enum DelegationError {
     /// The random number generator failed.
     #[error("the random number generator failed")]
     Random,
-}
-
-impl DelegationError {
-    /// A short label for metrics.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            DelegationError::BadSignature => "bad_signature",
-            DelegationError::NotYetValid => "not_yet_valid",
-            DelegationError::Expired => "expired",
-            DelegationError::BadLifetime => "bad_lifetime",
-            DelegationError::KeyMismatch => "key_mismatch",
-            DelegationError::Random => "random",
-        }
-    }
 }
 
 fn statement_bytes(workload: &PublicIdentity, d: &Delegation) -> Vec<u8> {
@@ -232,11 +219,6 @@ impl Credential {
     /// The delegation (for its expiry and renewal time).
     pub fn delegation(&self) -> &Delegation {
         &self.delegation
-    }
-
-    /// Replaces the endorsement (a renewed record).
-    pub fn set_endorsement(&mut self, endorsement: Vec<u8>) {
-        self.endorsement = endorsement;
     }
 }
 

@@ -41,7 +41,7 @@ pub use statement::{
 pub use verify::{check_metadata, live, Instance, Verifier};
 
 /// How far in the future a statement's `issued_at` may lie (clocks differ).
-pub const MAX_CLOCK_SKEW_MS: u64 = 60_000;
+pub const MAX_CLOCK_SKEW_MS: u64 = themis_core::delegation::MAX_CLOCK_SKEW_MS;
 /// The longest validity window of an instance record. Agents re-sign well before
 /// their records' `not_after`; the bound is what makes a stolen or replayed record
 /// useless after a day at most, whatever it says.

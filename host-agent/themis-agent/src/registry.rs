@@ -335,7 +335,7 @@ impl Registry {
     ) -> Result<Vec<u8>, RegistryError> {
         let chain = self.check_granted(service)?;
         themis_trust::check_metadata(&metadata)?;
-        let ttl = u64::try_from(self.config.record_ttl.as_millis()).unwrap_or(u64::MAX);
+        let ttl = self.record_ttl_ms();
         let record = Record {
             mesh: identity.mesh().as_str().to_owned(),
             service: service.as_str().to_owned(),

@@ -44,6 +44,7 @@ use themis_core::Identity;
 
 use crate::names::{NameError, WorkloadName};
 use crate::registry::{Registry, RegistryError};
+use crate::trust::unix_millis;
 
 pub use themis_contracts::api::{DelegateRequest, Delegated, SignRequest, SignResponse};
 
@@ -162,7 +163,7 @@ pub fn sign(identity: &Identity, request: &SignRequest) -> Result<[u8; 64], Sign
     Ok(handshake::sign_message_at(
         identity,
         &parse(request)?,
-        now_ms(),
+        unix_millis(),
         themis_core::guard::DEFAULT_HELLO_WINDOW_MS,
     )?)
 }
@@ -324,7 +325,7 @@ pub async fn delegate_route(
             return refusal(e.status(), e.body_text(), "bad_request");
         }
     };
-    match delegate_for(&r, &workload, &request, now_ms()).await {
+    match delegate_for(&r, &workload, &request, unix_millis()).await {
         Ok(delegated) => {
             r.metrics().signed("delegation");
             tracing::info!(%workload, not_after_ms = delegated.not_after_ms,
@@ -337,12 +338,6 @@ pub async fn delegate_route(
             error.into_response()
         }
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// `GET /v1/workloads/{workload}/identity`: the public identity, all a sidecar needs.
