@@ -39,6 +39,18 @@ async fn assert_closed(stream: &mut themis_net::SecureStream, what: &str) {
 }
 
 /// A connection to `to` from the loopback address `127.0.0.<last>`.
+/// Sends `hello` from 127.0.0.`last` and reads the first answer: its length (message
+/// 2), or 0 for a close with nothing. Then the caller goes away.
+async fn hello_answer_len(last: u8, to: SocketAddr, hello: &[u8]) -> usize {
+    let mut tcp = connect_from(last, to).await.unwrap();
+    tcp.write_all(hello).await.unwrap();
+    let mut reply = [0u8; 1024];
+    tokio::time::timeout(PATIENCE, tcp.read(&mut reply))
+        .await
+        .expect("message 2 or a close in time")
+        .unwrap_or(0)
+}
+
 async fn connect_from(last: u8, to: SocketAddr) -> std::io::Result<TcpStream> {
     let socket = TcpSocket::new_v4()?;
     socket.bind(SocketAddr::new(
@@ -246,15 +258,8 @@ async fn a_replayed_hello_to_the_agent_port_is_refused_at_message_1() {
     let caller = identity();
     let hello = hello(&caller, server.identity.id());
     // The genuine connection is answered with message 2; then the caller goes away.
-    let mut genuine = connect_from(41, server.addr).await.unwrap();
-    genuine.write_all(&hello).await.unwrap();
-    let mut reply = [0u8; 1024];
-    let n = tokio::time::timeout(PATIENCE, genuine.read(&mut reply))
-        .await
-        .expect("message 2 in time")
-        .unwrap();
+    let n = hello_answer_len(41, server.addr, &hello).await;
     assert!(n > 0, "the genuine Hello was not answered");
-    drop(genuine);
     for last in [41, 42] {
         let mut replay = connect_from(last, server.addr).await.unwrap();
         replay.write_all(&hello).await.unwrap();
@@ -442,15 +447,7 @@ async fn fresh_hellos_beyond_the_source_bucket_are_refused_before_any_work() {
     for _ in 0..10 {
         let caller = identity();
         let hello = hello(&caller, server.identity.id());
-        let mut tcp = connect_from(43, server.addr).await.unwrap();
-        tcp.write_all(&hello).await.unwrap();
-        // Message 2, or a close with nothing; then the caller goes away.
-        let mut reply = [0u8; 1024];
-        let n = tokio::time::timeout(PATIENCE, tcp.read(&mut reply))
-            .await
-            .expect("message 2 or a close in time")
-            .unwrap_or(0);
-        answered += usize::from(n > 0);
+        answered += usize::from(hello_answer_len(43, server.addr, &hello).await > 0);
     }
     // The burst, and at most a token or two refilled meanwhile.
     assert!((3..=5).contains(&answered), "{answered} of 10 answered");
@@ -512,14 +509,7 @@ async fn a_hello_flood_spends_the_open_budget_and_admitted_sources_keep_the_rese
     let mut answered = 0;
     for last in 60..70 {
         let hello = hello(&identity(), id);
-        let mut tcp = connect_from(last, server.addr).await.unwrap();
-        tcp.write_all(&hello).await.unwrap();
-        let mut reply = [0u8; 1024];
-        let n = tokio::time::timeout(PATIENCE, tcp.read(&mut reply))
-            .await
-            .expect("message 2 or a close in time")
-            .unwrap_or(0);
-        answered += usize::from(n > 0);
+        answered += usize::from(hello_answer_len(last, server.addr, &hello).await > 0);
     }
     assert!(answered < 10, "all ten answered");
     assert!(limited(&server.stats, "handshake_budget", 1).await >= 1);
