@@ -671,6 +671,22 @@ pub fn hello_sign_request(identity: &Value, mesh: &str) -> Value {
     serde_json::json!({"kind": "hello", "body": hex::encode(&pending.to_sign().body)})
 }
 
+/// GETs each of `paths` on an agent's `--resolve-listen` listener until one is refused
+/// with 429: its head and body (`None`: none was). Every answer before must be 200.
+pub fn first_rate_limited(
+    addr: std::net::SocketAddr,
+    paths: impl IntoIterator<Item = String>,
+) -> Option<(String, Value)> {
+    for path in paths {
+        let (status, head, answer) = resolve_listener_get(addr, &path);
+        if status == 429 {
+            return Some((head, answer));
+        }
+        assert_eq!(status, 200, "{path}: {answer}");
+    }
+    None
+}
+
 /// `GET path` on an agent's `--resolve-listen` listener over HTTP/1.0: the status, the
 /// head in lower case, and the JSON body.
 pub fn resolve_listener_get(addr: std::net::SocketAddr, path: &str) -> (u16, String, Value) {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{
-    free_port, metered, resolve_listener_get, sample, scrape, workdir, Agent, Metered, Spawn, MESH,
+    first_rate_limited, free_port, metered, sample, scrape, workdir, Agent, Metered, Spawn, MESH,
 };
 use serde_json::Value;
 use themis_core::wire::{Kind, RecordHeader, MAX_RECORD_PAYLOAD};
@@ -331,16 +331,7 @@ fn ever_new_names_hit_the_lookup_budget_and_the_operator_is_exempt() {
     let resolve = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let resolve_arg = resolve.to_string();
     let a = Metered::spawn(dir.path(), "a", None, &["--resolve-listen", &resolve_arg]);
-    let mut refused = None;
-    for i in 0..1000 {
-        let (status, head, answer) =
-            resolve_listener_get(resolve, &format!("/v1/services/new-{i}"));
-        if status == 429 {
-            refused = Some((head, answer));
-            break;
-        }
-        assert_eq!(status, 200, "{answer}");
-    }
+    let refused = first_rate_limited(resolve, (0..1000).map(|i| format!("/v1/services/new-{i}")));
     let (head, answer) = refused.expect("1000 lookups of new names were never refused");
     assert_eq!(answer["reason"], "rate_limited", "{answer}");
     assert!(head.contains("\r\nretry-after: "), "{head}");

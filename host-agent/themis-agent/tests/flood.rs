@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{free_port, resolve_listener_get, sample, workdir, Metered};
+use common::{first_rate_limited, free_port, resolve_listener_get, sample, workdir, Metered};
 use serde_json::Value;
 use themis_core::wire::{Kind, RecordHeader, MAX_RECORD_PAYLOAD};
 use themis_core::PROTOCOL_VERSION;
@@ -227,16 +227,10 @@ fn a_name_in_use_stays_cached_through_a_flood_of_names_and_fresh_lookups_are_bud
         "fresh lookups of a cached service never hit the budget"
     );
     // ...and one never cached is refused with 429 rate_limited and Retry-After.
-    let mut refused = None;
-    for i in 0..50 {
-        let (status, head, answer) =
-            resolve_listener_get(resolve, &format!("/v1/services/fresh-{i}?fresh=true"));
-        if status == 429 {
-            refused = Some((head, answer));
-            break;
-        }
-        assert_eq!(status, 200, "{answer}");
-    }
+    let refused = first_rate_limited(
+        resolve,
+        (0..50).map(|i| format!("/v1/services/fresh-{i}?fresh=true")),
+    );
     let (head, answer) = refused.expect("fresh lookups were never refused");
     assert_eq!(answer["reason"], "rate_limited", "{answer}");
     assert!(answer["error"].is_string(), "{answer}");
