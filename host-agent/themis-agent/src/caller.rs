@@ -506,6 +506,14 @@ mod tests {
             Need::Owner
         );
         assert_eq!(
+            Need::of(&Method::POST, "/v1/workloads/{workload}/delegate"),
+            Need::Owner
+        );
+        assert_eq!(
+            Need::of(&Method::GET, "/v1/workloads/{workload}/delegate"),
+            Need::Operator
+        );
+        assert_eq!(
             Need::of(&Method::PUT, "/v1/workloads/{workload}"),
             Need::Operator
         );

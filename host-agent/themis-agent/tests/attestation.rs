@@ -138,6 +138,7 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
     // Each sidecar gets its own workload's public identity and has its own Hellos
     // signed...
     let hello_of = |identity: &Value| hello_sign_request(identity, MESH);
+    let delegate_request = json!({ "delegated_key": hex::encode([7u8; 32]) });
     let mut hellos = std::collections::BTreeMap::new();
     for (who, workload) in [(&sidecar_a, "a"), (&sidecar_b, "b")] {
         let (code, identity) = call(
@@ -158,6 +159,15 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
         assert_eq!(code, 200, "{signed}");
         assert!(signed["signature"].is_string());
         hellos.insert(workload, hello);
+        // Wire v3: a delegation to its own short-lived key, too.
+        let (code, delegated) = call(
+            who,
+            "POST",
+            &format!("/v1/workloads/{workload}/delegate"),
+            Some(&delegate_request),
+        );
+        assert_eq!(code, 200, "{delegated}");
+        assert!(delegated["delegation"].is_string());
     }
     // ...and not the other's: not its identity, not a signature in its name (even of
     // a well-formed Hello of that workload), and no private key, not even its own.
@@ -168,6 +178,11 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
                 "POST",
                 format!("/v1/workloads/{other}/sign"),
                 Some(&hellos[other]),
+            ),
+            (
+                "POST",
+                format!("/v1/workloads/{other}/delegate"),
+                Some(&delegate_request),
             ),
         ] {
             let (code, answer) = call(who, method, &path, body);
@@ -190,6 +205,13 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
     // The app beside the sidecar (another uid, same pod) is not the sidecar.
     let app_a = (pods.cgroup("pod-a/app"), Some(1000));
     let (code, _) = call(&app_a, "POST", "/v1/workloads/a/sign", Some(&hellos["a"]));
+    assert_eq!(code, 403);
+    let (code, _) = call(
+        &app_a,
+        "POST",
+        "/v1/workloads/a/delegate",
+        Some(&delegate_request),
+    );
     assert_eq!(code, 403);
 
     // Everything of the operator's is refused to a sidecar — and to root in a pod.
@@ -256,7 +278,7 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
     // Every refusal is counted by reason.
     let text = scrape(node.metrics).unwrap();
     let refused = |reason| sample(&text, "themis_api_refused_total", &[("reason", reason)]);
-    assert_eq!(refused("not_owner"), 5, "{text}");
+    assert_eq!(refused("not_owner"), 8, "{text}"); // 5, and the three /delegate calls above
     assert_eq!(refused("not_operator"), 22, "{text}");
 }
 
