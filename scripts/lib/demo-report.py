@@ -169,10 +169,19 @@ def http_messages(stream):
         stream = rest[length:]
 
 
-# themis_core::wire: the version (PROTOCOL_VERSION, 2), then the kind (1 Hello,
-# 2 HelloReply, 3 Confirm, 4 Record). A record's header is 30 bytes: version, kind, session id (8), sequence
-# number (8), reply-to (8), payload length (u32 LE); a 16-byte tag follows the payload.
-VERSION = 2
+# themis_core::wire: the version (PROTOCOL_VERSION, read from the source so the two
+# never disagree), then the kind (1 Hello, 2 HelloReply, 3 Confirm, 4 Record). A
+# record's header is 30 bytes: version, kind, session id (8), sequence number (8),
+# reply-to (8), payload length (u32 LE); a 16-byte tag follows the payload.
+def protocol_version():
+    wire_rs = os.path.join(os.path.dirname(__file__), "../../filter/themis-core/src/wire.rs")
+    for line in open(wire_rs):
+        if line.startswith("pub const PROTOCOL_VERSION: u8 ="):
+            return int(line.split("=")[1].strip(" ;\n"))
+    raise SystemExit(f"no PROTOCOL_VERSION in {wire_rs}")
+
+
+VERSION = protocol_version()
 KINDS = {1: "hello", 2: "hello-reply", 3: "confirm", 4: "record"}
 
 
