@@ -97,3 +97,16 @@ pub fn themis_binary() -> &'static str {
         path.to_str().expect("a UTF-8 target directory").to_owned()
     })
 }
+
+/// The native module (release, `libthemis_native.so`), built once; Envoy finds it
+/// in its directory (`ENVOY_DYNAMIC_MODULES_SEARCH_PATH`).
+pub fn native_module() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        cargo_build(&["-p", "themis-native", "--release"]);
+        present(
+            target_dir().join("release/libthemis_native.so"),
+            " after the build",
+        )
+    })
+}

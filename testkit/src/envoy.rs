@@ -36,16 +36,10 @@ pub fn outbound_config(mesh_root: &str, workload: &str, service: &str) -> String
 
 /// The sealing role's configuration for a sidecar whose outbound role has `outbound`.
 fn seal_config_of(outbound: &str) -> String {
-    let mut config: serde_json::Value = match serde_json::from_str(outbound) {
-        Ok(config) => config,
-        // A deliberately broken configuration (the refusal tests): keep it broken.
-        Err(_) => return outbound.to_string(),
-    };
-    if let Some(map) = config.as_object_mut() {
+    edit_json(outbound, |map| {
         map.insert("role".into(), "seal".into());
         map.remove("canary");
-    }
-    config.to_string()
+    })
 }
 
 /// The inbound policy of the tests' callees: instances of `handler` (the caller the
@@ -119,10 +113,92 @@ pub fn render(sidecar: &Sidecar<'_>) -> String {
 
 /// [`render`] with the module fetched and pinned as `pin` says.
 pub fn render_pinned(sidecar: &Sidecar<'_>, pin: &Pin) -> String {
-    let template_path = workspace().join("deploy/envoy/sidecar.yaml");
-    let template = std::fs::read_to_string(&template_path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", template_path.display()));
-    let values = [
+    let mut values = common_values(sidecar, pin);
+    values.extend([
+        ("INBOUND_CONFIG", sidecar.inbound_config.to_owned()),
+        // The sealing filter is configured like the outbound one (same workload),
+        // without its routing options.
+        ("SEAL_CONFIG", seal_config_of(sidecar.outbound_config)),
+    ]);
+    fill("deploy/envoy/sidecar.yaml", &values)
+}
+
+/// `deploy/envoy/sidecar-native.yaml` for `sidecar`, whose app calls `calls`: the
+/// native module's transport sockets seal (one sealing cluster per called service);
+/// the outbound role (resolution, pick) is the pinned Wasm filter's.
+pub fn render_native(sidecar: &Sidecar<'_>, calls: &[&str]) -> String {
+    crate::build::native_module();
+    let socket = sidecar.agent_socket.display().to_string();
+    let with_socket = |config: &str| {
+        edit_json(config, |map| {
+            map.insert("agent_socket".into(), socket.clone().into());
+        })
+    };
+    let clusters: Vec<String> = calls
+        .iter()
+        .map(|service| {
+            let config = edit_json(&seal_config_of(sidecar.outbound_config), |map| {
+                map.insert("agent_socket".into(), socket.clone().into());
+                map.insert("peer_service".into(), (*service).into());
+            });
+            format!(
+                r#"  - name: themis_to_{service}
+    connect_timeout: 2s
+    type: ORIGINAL_DST
+    lb_policy: CLUSTER_PROVIDED
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{allow_connect: true}}}}
+    transport_socket:
+      name: envoy.transport_sockets.dynamic_modules
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.dynamic_modules.v3.DynamicModuleTransportSocket
+        dynamic_module_config: {{name: themis_native, do_not_close: true}}
+        transport_socket_name: outbound
+        implements_secure_transport: true
+        transport_socket_config:
+          "@type": type.googleapis.com/google.protobuf.StringValue
+          value: '{config}'
+"#
+            )
+        })
+        .collect();
+    let vhosts: Vec<String> = calls
+        .iter()
+        .map(|service| {
+            format!(
+                "- {{name: {service}, domains: [\"{service}\", \"{service}:*\"], routes: [{{match: {{connect_matcher: {{}}}}, route: {{cluster: themis_to_{service}, timeout: 0s}}, request_headers_to_remove: [x-themis-destination, x-themis-expect-peer]}}, {{match: {{prefix: \"/\"}}, route: {{cluster: themis_to_{service}, timeout: 0s}}, request_headers_to_remove: [x-themis-destination, x-themis-expect-peer]}}]}}"
+            )
+        })
+        .collect();
+    let mut values = common_values(sidecar, filter_pin());
+    values.extend([
+        ("INBOUND_CONFIG", with_socket(sidecar.inbound_config)),
+        ("SEAL_CLUSTERS", clusters.concat()),
+        ("OUTBOUND_VHOSTS", vhosts.join("\n            ")),
+    ]);
+    fill("deploy/envoy/sidecar-native.yaml", &values)
+}
+
+/// `config` (JSON) changed by `edit`; a deliberately broken one stays broken.
+fn edit_json(
+    config: &str,
+    edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
+) -> String {
+    let mut value: serde_json::Value = match serde_json::from_str(config) {
+        Ok(value) => value,
+        Err(_) => return config.to_string(),
+    };
+    if let Some(map) = value.as_object_mut() {
+        edit(map);
+    }
+    value.to_string()
+}
+
+/// The values both runtimes' templates take.
+fn common_values(sidecar: &Sidecar<'_>, pin: &Pin) -> Vec<(&'static str, String)> {
+    vec![
         ("ADMIN_PORT", "0".to_owned()),
         ("OUTBOUND_ADDRESS", sidecar.ip.to_owned()),
         ("OUTBOUND_PORT", "0".to_owned()),
@@ -134,16 +210,19 @@ pub fn render_pinned(sidecar: &Sidecar<'_>, pin: &Pin) -> String {
         ("APP_ADDRESS", sidecar.app.ip().to_string()),
         ("APP_PORT", sidecar.app.port().to_string()),
         ("OUTBOUND_CONFIG", sidecar.outbound_config.to_owned()),
-        ("INBOUND_CONFIG", sidecar.inbound_config.to_owned()),
-        // The sealing filter is configured like the outbound one (same workload),
-        // without its routing options.
-        ("SEAL_CONFIG", seal_config_of(sidecar.outbound_config)),
         ("APP_PROTOCOL_OPTIONS", sidecar.app_protocol.options()),
         (
             "INBOUND_CONNECT_ROUTE",
             sidecar.app_protocol.connect_route(),
         ),
-    ];
+    ]
+}
+
+/// The template at `path` (from the workspace root) with every placeholder filled.
+fn fill(path: &str, values: &[(&str, String)]) -> String {
+    let template_path = workspace().join(path);
+    let template = std::fs::read_to_string(&template_path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", template_path.display()));
     let mut yaml = template;
     for (name, value) in values {
         let placeholder = format!("${{{name}}}");
@@ -152,7 +231,7 @@ pub fn render_pinned(sidecar: &Sidecar<'_>, pin: &Pin) -> String {
             "{} has no {placeholder}",
             template_path.display()
         );
-        yaml = yaml.replace(&placeholder, &value);
+        yaml = yaml.replace(&placeholder, value);
     }
     if let Some(left) = placeholder_in(&yaml) {
         panic!(
@@ -194,6 +273,8 @@ pub struct Envoy {
     pub inbound: SocketAddr,
     /// Every listener's address, by name (those a test added among them).
     pub listeners: BTreeMap<String, SocketAddr>,
+    /// It runs the native module (its configuration loads it).
+    native: bool,
     process: Process,
 }
 
@@ -204,13 +285,23 @@ fn spawn(dir: &Path, name: &str, yaml: &str) -> (Process, PathBuf) {
     let admin_file = dir.join(format!("{name}.admin"));
     let mut command = Command::new(venv_binary("envoy"));
     command
+        // Where a native sidecar's module is (see `build::native_module`).
+        .env(
+            "ENVOY_DYNAMIC_MODULES_SEARCH_PATH",
+            crate::build::target_dir().join("release"),
+        )
         .arg("-c")
         .arg(&config)
         .args(["--concurrency", "2", "--disable-hot-restart"])
         .args(["--base-id", &base_id().to_string()])
         .arg("--admin-address-path")
         .arg(&admin_file)
-        .args(["-l", "warn", "--component-log-level", "wasm:info"]);
+        .args([
+            "-l",
+            "warn",
+            "--component-log-level",
+            "wasm:info,dynamic_modules:info",
+        ]);
     let process = Process::spawn(name, command, &dir.join(format!("{name}.log")));
     (process, admin_file)
 }
@@ -252,6 +343,7 @@ impl Envoy {
             outbound,
             inbound,
             listeners,
+            native: yaml.contains("themis_native"),
             process,
         }
     }
@@ -311,6 +403,15 @@ impl Envoy {
 
     /// Waits until every worker's sealing and inbound filters hold the workload's key.
     pub fn wait_identity(&self) {
+        if self.native {
+            let what = format!("{}'s native module to hold a delegated key", self.name());
+            return wait_until(&what, READY_LIMIT, || {
+                self.process
+                    .log()
+                    .contains("holds a delegated key")
+                    .then_some(())
+            });
+        }
         let what = format!("{}'s filters to load the workload key", self.name());
         wait_until(&what, READY_LIMIT, || {
             let stats = self.stats();
@@ -320,6 +421,22 @@ impl Envoy {
                     .copied()
             };
             (loaded("seal") >= Some(2) && loaded("inbound") >= Some(2)).then_some(())
+        });
+    }
+
+    /// Waits until its native module resolves `service` to an instance at `endpoint`.
+    pub fn wait_native_resolves(&self, service: &str, endpoint: SocketAddr) {
+        let what = format!(
+            "{}'s native module to resolve {service} at {endpoint}",
+            self.name()
+        );
+        wait_until(&what, READY_LIMIT, || {
+            self.process
+                .log()
+                .lines()
+                .rfind(|l| l.contains(&format!("themis native: {service} resolves to")))
+                .filter(|l| l.contains(&format!(" at {endpoint}")))
+                .map(|_| ())
         });
     }
 

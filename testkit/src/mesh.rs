@@ -114,6 +114,11 @@ impl Mesh {
     /// policy (JSON; `None`: none, which refuses every caller). Nobody may call
     /// Envoy A.
     pub fn start(policy: Option<&str>) -> Mesh {
+        Mesh::start_on(Runtime::Wasm, Runtime::Wasm, policy)
+    }
+
+    /// [`Mesh::start`] with Envoy A on runtime `a` and Envoy B on runtime `b`.
+    pub fn start_on(a_runtime: Runtime, b_runtime: Runtime, policy: Option<&str>) -> Mesh {
         let dir = tempdir();
         let root = dir.path();
         let (a, b, b_metrics) = two_agents_metered(root);
@@ -122,7 +127,7 @@ impl Mesh {
         let app_marker = format!("RESPMARK-{}", random_hex(12));
         let app = App::start(IP_B, &app_marker);
         // Node A has no app: its inbound role forwards to a port nobody listens on.
-        let envoy_a = Envoy::start(
+        let envoy_a = a_runtime.start(
             root,
             "envoy-a",
             &Sidecar {
@@ -139,7 +144,7 @@ impl Mesh {
                 ),
             },
         );
-        let envoy_b = start_envoy_b(root, &b, "envoy-b", app.addr, policy);
+        let envoy_b = start_envoy_b(b_runtime, root, &b, "envoy-b", app.addr, policy);
         envoy_a.wait_identity();
         envoy_b.wait_identity();
         a.register("handler", "handler", &envoy_a.inbound.to_string());
@@ -206,7 +211,14 @@ impl Mesh {
 
     /// Another Envoy on node B (workload `check`), with its own inbound policy.
     pub fn start_envoy_b(&self, name: &str, policy: Option<&str>) -> Envoy {
-        start_envoy_b(self.dir.path(), &self.b, name, self.app.addr, policy)
+        start_envoy_b(
+            Runtime::Wasm,
+            self.dir.path(),
+            &self.b,
+            name,
+            self.app.addr,
+            policy,
+        )
     }
 
     /// What `handler`'s app does: calls `http://<host><path>` through Envoy A.
@@ -249,13 +261,14 @@ impl Drop for Mesh {
 }
 
 fn start_envoy_b(
+    runtime: Runtime,
     root: &Path,
     b: &Agent,
     name: &str,
     app: SocketAddr,
     policy: Option<&str>,
 ) -> Envoy {
-    Envoy::start(
+    runtime.start(
         root,
         name,
         &Sidecar {
@@ -267,4 +280,28 @@ fn start_envoy_b(
             inbound_config: &inbound_config(&mesh_root(root), "check", "check", policy),
         },
     )
+}
+
+/// Which runtime of the filter a sidecar runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Runtime {
+    /// The proxy-wasm filter (`deploy/envoy/sidecar.yaml`).
+    Wasm,
+    /// The native module's transport sockets (`deploy/envoy/sidecar-native.yaml`),
+    /// sealing toward the services of the two-node tests.
+    Native,
+}
+
+impl Runtime {
+    /// Starts Envoy on `sidecar` with this runtime and waits until it is ready.
+    pub fn start(self, root: &Path, name: &str, sidecar: &Sidecar<'_>) -> Envoy {
+        match self {
+            Runtime::Wasm => Envoy::start(root, name, sidecar),
+            Runtime::Native => Envoy::start_yaml(
+                root,
+                name,
+                &crate::envoy::render_native(sidecar, &["check", "handler"]),
+            ),
+        }
+    }
 }

@@ -32,13 +32,14 @@ use alloc::vec::Vec;
 use ring::rand::SecureRandom;
 use serde::{Deserialize, Serialize};
 
-use crate::channel::{ChannelError, Session};
+use crate::channel::{ChannelError, Session, SessionInfo};
+use crate::delegation::HandshakeSigner;
 use crate::guard::HelloGuard;
 use crate::handshake::{
     self, AwaitingConfirm, AwaitingHelloReply, HandshakeConfig, HandshakeError, PendingHello,
     PendingReply, ToSign,
 };
-use crate::identity::{Identity, PeerId, PublicIdentity};
+use crate::identity::{PeerId, PublicIdentity};
 use crate::wire::{
     frame_len, peek_kind, Kind, WireError, RECORD_HEADER_LEN, RECORD_OVERHEAD, TAG_LEN,
 };
@@ -255,7 +256,7 @@ impl StreamInitiator {
     /// Starts the key agreement with `peer`; returns the stream and message 1, to
     /// send when the app's first bytes are held ([`StreamInitiator::from_app`]).
     pub fn start(
-        me: &Identity,
+        me: &dyn HandshakeSigner,
         peer: PeerId,
         meta: Meta,
         config: &HandshakeConfig,
@@ -330,6 +331,15 @@ impl StreamInitiator {
     /// True once the key agreement finished.
     pub fn is_open(&self) -> bool {
         matches!(self.state, InitiatorState::Open(_))
+    }
+
+    /// The session, once message 2 verified: the peer, what the stream carries and
+    /// the endorsement the peer sent.
+    pub fn info(&self) -> Option<&SessionInfo> {
+        match &self.state {
+            InitiatorState::Open(s) => Some(s.info()),
+            _ => None,
+        }
     }
 
     /// Bytes the app wrote: held until the session exists, then sealed.
@@ -416,7 +426,7 @@ enum ResponderState {
 /// through [`StreamResponder::to_sign`].
 #[derive(Clone, Copy)]
 enum Signer<'a> {
-    Own(&'a Identity),
+    Own(&'a dyn HandshakeSigner),
     Delegated(&'a PublicIdentity),
 }
 
@@ -427,6 +437,9 @@ pub struct Established {
     pub peer_id: PeerId,
     /// What it says about itself (unverified claims).
     pub meta: Meta,
+    /// The endorsement it carried in message 1 (opaque: the driver verifies it
+    /// against the mesh root); empty for none.
+    pub peer_endorsement: Vec<u8>,
 }
 
 /// The accepting end: its app answers the preface, and that write carries message 2.
@@ -469,7 +482,7 @@ impl StreamResponder {
     pub fn from_peer(
         &mut self,
         data: &[u8],
-        me: &Identity,
+        me: &dyn HandshakeSigner,
         config: &HandshakeConfig,
         guard: &mut HelloGuard,
         now_ms: u64,
@@ -615,8 +628,12 @@ impl StreamResponder {
                         .open_in_place(&mut record)
                         .map_err(Refusal::Record)?;
                     let meta = Meta::decode(opened.payload)?;
-                    let peer_id = session.info().peer_id;
-                    self.established = Some(Established { peer_id, meta });
+                    let info = session.info();
+                    self.established = Some(Established {
+                        peer_id: info.peer_id,
+                        meta,
+                        peer_endorsement: info.peer_endorsement.clone(),
+                    });
                     let ResponderState::AwaitingMeta(session) =
                         core::mem::replace(&mut self.state, ResponderState::Closed)
                     else {

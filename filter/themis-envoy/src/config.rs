@@ -52,6 +52,11 @@ struct Raw {
     service: Option<String>,
     #[serde(default = "defaults::agent_cluster")]
     agent_cluster: String,
+    /// Native runtime: the agent's Unix socket, reached from the module's own thread.
+    agent_socket: Option<String>,
+    /// Native runtime, seal role: the service every connection of this cluster
+    /// reaches (an upstream transport socket learns nothing else per connection).
+    peer_service: Option<String>,
     #[serde(default = "defaults::timeout_ms")]
     timeout_ms: u64,
     #[serde(default = "defaults::resolve_ttl_secs")]
@@ -187,6 +192,10 @@ pub struct Config {
     pub service: Option<String>,
     /// The cluster that reaches the agent's Unix socket.
     pub agent_cluster: String,
+    /// Native runtime: the agent's Unix socket itself.
+    pub agent_socket: Option<String>,
+    /// Native runtime, seal role: the service this cluster's connections reach.
+    pub peer_service: Option<String>,
     /// Limit on every call to the agent.
     pub timeout: Duration,
     /// How long a resolution (and a verified caller service) is reused.
@@ -325,6 +334,18 @@ impl Config {
             check_name("service", service)?;
         }
         check_nonempty("agent_cluster", &raw.agent_cluster)?;
+        if let Some(socket) = &raw.agent_socket {
+            check_nonempty("agent_socket", socket)?;
+        }
+        if let Some(peer_service) = &raw.peer_service {
+            if raw.role != Role::Seal {
+                return Err(invalid(
+                    "peer_service",
+                    "names the service of a sealing cluster (the seal role)",
+                ));
+            }
+            check_name("peer_service", peer_service)?;
+        }
         if raw.role != Role::Inbound && raw.policy.is_some() {
             return Err(invalid(
                 "policy",
@@ -418,6 +439,8 @@ impl Config {
             mesh,
             mesh_root,
             revocation_poll: Duration::from_secs(raw.revocation_poll_secs),
+            agent_socket: raw.agent_socket,
+            peer_service: raw.peer_service,
             workload: raw.workload,
             service: raw.service,
             agent_cluster: raw.agent_cluster,

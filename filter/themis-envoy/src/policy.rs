@@ -113,13 +113,28 @@ impl Callers {
     }
 }
 
-/// Decides for the caller `established` at `now_ms`. `policy` is `None` when the
-/// sidecar has none configured: then nobody is allowed.
+/// Decides for the caller `established` at `now_ms`, with the services verified so
+/// far (`callers`, from DHT lookups). `policy` is `None` when the sidecar has none
+/// configured: then nobody is allowed.
 pub fn decide(
     policy: Option<&Policy>,
     callers: &Callers,
     established: &Established,
     now_ms: u64,
+) -> Verdict {
+    decide_with(policy, established, |claim, peer| {
+        callers.lists(claim, peer, now_ms)
+    })
+}
+
+/// [`decide`] with the claim checked by `lists(service, peer)`: `Some(true)` if
+/// `peer` is verified as an instance of `service`, `Some(false)` if not, `None` if
+/// that is not known yet (then the verdict asks to [`Verdict::Verify`] it). It is
+/// asked only when the claim can change the decision.
+pub fn decide_with(
+    policy: Option<&Policy>,
+    established: &Established,
+    lists: impl FnOnce(&str, &PeerId) -> Option<bool>,
 ) -> Verdict {
     let Some(policy) = policy else {
         return Verdict::Deny {
@@ -131,7 +146,7 @@ pub fn decide(
     let service = match established.meta.service.as_deref() {
         // A lookup per claim only where the claim can change the decision.
         Some(claim) if !policy.allows(peer, None) && policy.names_service(claim) => {
-            match callers.lists(claim, peer, now_ms) {
+            match lists(claim, peer) {
                 Some(true) => Some(claim.to_string()),
                 Some(false) => None,
                 None => return Verdict::Verify(claim.to_string()),
@@ -160,6 +175,7 @@ mod tests {
             meta: Meta {
                 service: claim.map(str::to_string),
             },
+            peer_endorsement: Vec::new(),
         }
     }
 

@@ -1,0 +1,576 @@
+//! The one `unsafe` module: the subset of Envoy 1.40's dynamic-module C ABI this
+//! module uses, declared here from the ABI as the stock 1.40.0 binary implements it
+//! (`docs/FILTER.md`, "The native runtime", says how it was checked), and the hooks
+//! Envoy calls, each handing over to safe code at once.
+//!
+//! Envoy owns the connection objects; the module owns what it returns from the `new`
+//! hooks (a `Box`, given back in `destroy`). Every hook of one connection runs on that
+//! connection's worker thread.
+
+#![allow(unsafe_code)]
+
+use std::ffi::{c_char, c_void};
+
+use crate::filter::{InboundFilter, InboundFilterConfig};
+use crate::socket::{Connection, Factory, Io, IoStatus};
+
+/// What `envoy_dynamic_module_on_program_init` returns: the ABI this module was
+/// written against. (1.40 only warns on a mismatch, so `Factory::new` also checks
+/// nothing else; the docs say which Envoy runs this module.)
+const ABI_VERSION: &[u8] = b"v0.2.0\0";
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EnvoyBuffer {
+    ptr: *const c_char,
+    length: usize,
+}
+
+impl EnvoyBuffer {
+    /// # Safety
+    /// `ptr` must be valid for `length` bytes for the returned lifetime.
+    unsafe fn as_bytes<'a>(self) -> &'a [u8] {
+        if self.ptr.is_null() || self.length == 0 {
+            &[]
+        } else {
+            std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.length)
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ModuleBuffer {
+    ptr: *const c_char,
+    length: usize,
+}
+
+impl ModuleBuffer {
+    fn of(bytes: &[u8]) -> Self {
+        ModuleBuffer {
+            ptr: bytes.as_ptr().cast(),
+            length: bytes.len(),
+        }
+    }
+}
+
+#[repr(C)]
+pub struct IoResult {
+    /// 0 keep open, 1 close, 2 close as a reset.
+    action: u32,
+    bytes_processed: u64,
+    end_stream_read: bool,
+}
+
+/// `envoy_dynamic_module_type_transport_socket_io_status`.
+const IO_SUCCESS: u32 = 0;
+const IO_AGAIN: u32 = 1;
+
+/// `envoy_dynamic_module_type_network_connection_event_Connected`.
+const EVENT_CONNECTED: u32 = 2;
+
+type SocketPtr = *mut c_void;
+type FilterPtr = *mut c_void;
+
+extern "C" {
+    fn envoy_dynamic_module_callback_log(level: u32, message: ModuleBuffer);
+
+    fn envoy_dynamic_module_callback_transport_socket_io_read(
+        s: SocketPtr,
+        buffer: *mut c_char,
+        length: usize,
+        bytes_read: *mut usize,
+    ) -> u32;
+    fn envoy_dynamic_module_callback_transport_socket_io_write(
+        s: SocketPtr,
+        buffer: *const c_char,
+        length: usize,
+        bytes_written: *mut usize,
+    ) -> u32;
+    fn envoy_dynamic_module_callback_transport_socket_io_shutdown_write(s: SocketPtr);
+    fn envoy_dynamic_module_callback_transport_socket_read_buffer_add(
+        s: SocketPtr,
+        data: *const c_char,
+        length: usize,
+    );
+    fn envoy_dynamic_module_callback_transport_socket_write_buffer_drain(
+        s: SocketPtr,
+        length: usize,
+    );
+    fn envoy_dynamic_module_callback_transport_socket_write_buffer_get_slices(
+        s: SocketPtr,
+        slices: *mut EnvoyBuffer,
+        slices_count: *mut usize,
+    );
+    fn envoy_dynamic_module_callback_transport_socket_raise_event(s: SocketPtr, event: u32);
+    fn envoy_dynamic_module_callback_transport_socket_should_drain_read_buffer(
+        s: SocketPtr,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_transport_socket_set_is_readable(s: SocketPtr);
+    fn envoy_dynamic_module_callback_transport_socket_get_remote_address(
+        s: SocketPtr,
+        address_out: *mut EnvoyBuffer,
+        port_out: *mut u32,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_transport_socket_get_connection_id(
+        s: SocketPtr,
+        id_out: *mut u64,
+    ) -> bool;
+
+    fn envoy_dynamic_module_callback_network_filter_get_connection_id(f: FilterPtr) -> u64;
+    fn envoy_dynamic_module_callback_network_set_filter_state_bytes(
+        f: FilterPtr,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    ) -> bool;
+}
+
+/// Envoy's log (levels 0 trace … 5 critical).
+pub fn log(level: u32, message: &str) {
+    // SAFETY: the buffer lives for the call; Envoy copies it.
+    unsafe { envoy_dynamic_module_callback_log(level, ModuleBuffer::of(message.as_bytes())) }
+}
+
+/// One connection's transport socket, as Envoy gives it to a hook: valid for the hook.
+pub struct EnvoySocket(SocketPtr);
+
+impl Io for EnvoySocket {
+    fn read(&mut self, buf: &mut [u8]) -> (IoStatus, usize) {
+        let mut n = 0;
+        // SAFETY: `buf` is writable for its length; `n` is a valid out pointer.
+        let status = unsafe {
+            envoy_dynamic_module_callback_transport_socket_io_read(
+                self.0,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut n,
+            )
+        };
+        (status_of(status), n.min(buf.len()))
+    }
+
+    fn write(&mut self, data: &[u8]) -> (IoStatus, usize) {
+        let mut n = 0;
+        // SAFETY: `data` is readable for its length; `n` is a valid out pointer.
+        let status = unsafe {
+            envoy_dynamic_module_callback_transport_socket_io_write(
+                self.0,
+                data.as_ptr().cast(),
+                data.len(),
+                &mut n,
+            )
+        };
+        (status_of(status), n.min(data.len()))
+    }
+
+    fn shutdown_write(&mut self) {
+        // SAFETY: the socket pointer is valid during the hook.
+        unsafe { envoy_dynamic_module_callback_transport_socket_io_shutdown_write(self.0) }
+    }
+
+    fn deliver(&mut self, plaintext: &[u8]) {
+        // SAFETY: Envoy copies the bytes into the read buffer (only inside do_read,
+        // which is the only place the driver delivers from).
+        unsafe {
+            envoy_dynamic_module_callback_transport_socket_read_buffer_add(
+                self.0,
+                plaintext.as_ptr().cast(),
+                plaintext.len(),
+            )
+        }
+    }
+
+    fn with_write_buffer(&mut self, take: &mut dyn FnMut(&[u8]) -> bool) -> usize {
+        // Two calls: the count, then the slices (Envoy writes exactly that many).
+        let mut count = 0usize;
+        // SAFETY: a null array asks for the count only.
+        unsafe {
+            envoy_dynamic_module_callback_transport_socket_write_buffer_get_slices(
+                self.0,
+                std::ptr::null_mut(),
+                &mut count,
+            )
+        };
+        if count == 0 {
+            return 0;
+        }
+        let mut slices = vec![
+            EnvoyBuffer {
+                ptr: std::ptr::null(),
+                length: 0
+            };
+            count
+        ];
+        // SAFETY: `slices` holds `count` entries, as many as Envoy reported.
+        unsafe {
+            envoy_dynamic_module_callback_transport_socket_write_buffer_get_slices(
+                self.0,
+                slices.as_mut_ptr(),
+                &mut count,
+            )
+        };
+        let mut consumed = 0;
+        for slice in &slices[..count.min(slices.len())] {
+            // SAFETY: Envoy's slices stay valid until the buffer is drained, which
+            // happens after the loop.
+            let bytes = unsafe { slice.as_bytes() };
+            consumed += bytes.len();
+            if !take(bytes) {
+                break;
+            }
+        }
+        // SAFETY: drains what `take` consumed (whole slices).
+        unsafe {
+            envoy_dynamic_module_callback_transport_socket_write_buffer_drain(self.0, consumed)
+        };
+        consumed
+    }
+
+    fn connected(&mut self) {
+        // SAFETY: the socket pointer is valid during the hook.
+        unsafe {
+            envoy_dynamic_module_callback_transport_socket_raise_event(self.0, EVENT_CONNECTED)
+        }
+    }
+
+    fn wake(&mut self) {
+        // SAFETY: the socket pointer is valid during the hook.
+        unsafe { envoy_dynamic_module_callback_transport_socket_set_is_readable(self.0) };
+    }
+
+    fn should_yield_reads(&mut self) -> bool {
+        // SAFETY: as above.
+        let drain = unsafe {
+            envoy_dynamic_module_callback_transport_socket_should_drain_read_buffer(self.0)
+        };
+        if drain {
+            // SAFETY: as above; schedules the next do_read.
+            unsafe { envoy_dynamic_module_callback_transport_socket_set_is_readable(self.0) };
+        }
+        drain
+    }
+
+    fn remote(&mut self) -> Option<std::net::SocketAddr> {
+        let mut address = EnvoyBuffer {
+            ptr: std::ptr::null(),
+            length: 0,
+        };
+        let mut port = 0u32;
+        // SAFETY: valid out pointers; the string is Envoy's, valid while the
+        // connection lives, and copied here.
+        let ok = unsafe {
+            envoy_dynamic_module_callback_transport_socket_get_remote_address(
+                self.0,
+                &mut address,
+                &mut port,
+            )
+        };
+        if !ok {
+            return None;
+        }
+        // SAFETY: see above.
+        let text = std::str::from_utf8(unsafe { address.as_bytes() }).ok()?;
+        let ip: std::net::IpAddr = text.parse().ok()?;
+        Some(std::net::SocketAddr::new(ip, u16::try_from(port).ok()?))
+    }
+
+    fn connection_id(&mut self) -> Option<u64> {
+        let mut id = 0;
+        // SAFETY: valid out pointer.
+        unsafe { envoy_dynamic_module_callback_transport_socket_get_connection_id(self.0, &mut id) }
+            .then_some(id)
+    }
+}
+
+fn status_of(status: u32) -> IoStatus {
+    match status {
+        IO_SUCCESS => IoStatus::Done,
+        IO_AGAIN => IoStatus::Again,
+        _ => IoStatus::Failed,
+    }
+}
+
+fn result(close: bool, bytes: usize, end_stream_read: bool) -> IoResult {
+    IoResult {
+        action: u32::from(close),
+        bytes_processed: bytes as u64,
+        end_stream_read,
+    }
+}
+
+// ---- hooks Envoy calls --------------------------------------------------------------
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
+    ABI_VERSION.as_ptr().cast()
+}
+
+/// # Safety
+/// Envoy passes buffers valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_factory_config_new(
+    _envoy: *mut c_void,
+    name: EnvoyBuffer,
+    config: EnvoyBuffer,
+    is_upstream: bool,
+) -> *const c_void {
+    match Factory::new(name.as_bytes(), config.as_bytes(), is_upstream) {
+        Ok(factory) => Box::into_raw(Box::new(factory)).cast_const().cast(),
+        Err(e) => {
+            log(
+                4,
+                &format!("themis native: refusing the transport socket configuration: {e}"),
+            );
+            std::ptr::null()
+        }
+    }
+}
+
+/// # Safety
+/// `factory` is what `factory_config_new` returned.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_factory_config_destroy(
+    factory: *const c_void,
+) {
+    if !factory.is_null() {
+        drop(Box::from_raw(factory.cast_mut().cast::<Factory>()));
+    }
+}
+
+/// # Safety
+/// `factory` is what `factory_config_new` returned.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_new(
+    factory: *const c_void,
+    _socket: SocketPtr,
+) -> *const c_void {
+    let factory = &*factory.cast::<Factory>();
+    Box::into_raw(Box::new(factory.connection()))
+        .cast_const()
+        .cast()
+}
+
+/// # Safety
+/// `conn` is what `transport_socket_new` returned.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_destroy(conn: *const c_void) {
+    if !conn.is_null() {
+        drop(Box::from_raw(conn.cast_mut().cast::<Connection>()));
+    }
+}
+
+/// # Safety
+/// `conn` is what `transport_socket_new` returned; only this thread uses it.
+unsafe fn connection<'a>(conn: *const c_void) -> &'a mut Connection {
+    &mut *conn.cast_mut().cast::<Connection>()
+}
+
+/// # Safety
+/// Envoy's pointers, valid for the hook.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_set_callbacks(
+    socket: SocketPtr,
+    conn: *const c_void,
+) {
+    connection(conn).attached(&mut EnvoySocket(socket));
+}
+
+/// # Safety
+/// Envoy's pointers, valid for the hook.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_on_connected(
+    socket: SocketPtr,
+    conn: *const c_void,
+) {
+    connection(conn).on_connected(&mut EnvoySocket(socket));
+}
+
+/// # Safety
+/// Envoy's pointers, valid for the hook; `result` is Envoy's return slot.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_do_read(
+    socket: SocketPtr,
+    conn: *const c_void,
+) -> IoResult {
+    let read = connection(conn).do_read(&mut EnvoySocket(socket));
+    result(read.close, read.bytes, read.end_stream)
+}
+
+/// # Safety
+/// Envoy's pointers, valid for the hook.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_do_write(
+    socket: SocketPtr,
+    conn: *const c_void,
+    end_stream: bool,
+) -> IoResult {
+    let wrote = connection(conn).do_write(&mut EnvoySocket(socket), end_stream);
+    result(wrote.close, wrote.bytes, false)
+}
+
+/// # Safety
+/// Envoy's pointers, valid for the hook.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_close(
+    _socket: SocketPtr,
+    conn: *const c_void,
+    _event: u32,
+    _abort_reset: bool,
+) {
+    connection(conn).closed();
+}
+
+/// # Safety
+/// Envoy's pointers, valid for the hook; Envoy copies `*out` at once.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_get_protocol(
+    _socket: SocketPtr,
+    conn: *const c_void,
+    out: *mut ModuleBuffer,
+) {
+    *out = ModuleBuffer::of(connection(conn).protocol().as_bytes());
+}
+
+/// # Safety
+/// Envoy's pointers, valid for the hook; Envoy copies `*out` at once.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_get_failure_reason(
+    _socket: SocketPtr,
+    conn: *const c_void,
+    out: *mut ModuleBuffer,
+) {
+    *out = ModuleBuffer::of(connection(conn).failure_reason().as_bytes());
+}
+
+/// # Safety
+/// Envoy's pointers, valid for the hook.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_can_flush_close(
+    _socket: SocketPtr,
+    conn: *const c_void,
+) -> bool {
+    connection(conn).is_open()
+}
+
+/// # Safety
+/// Envoy's pointers, valid for the hook.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_start_secure_transport(
+    _socket: SocketPtr,
+    _conn: *const c_void,
+) -> bool {
+    false
+}
+
+// ---- the inbound network filter: hands the verified peer to the HCM ---------------
+
+/// # Safety
+/// Envoy passes buffers valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_config_new(
+    _envoy: *mut c_void,
+    name: EnvoyBuffer,
+    config: EnvoyBuffer,
+) -> *const c_void {
+    match InboundFilterConfig::new(name.as_bytes(), config.as_bytes()) {
+        Ok(config) => Box::into_raw(Box::new(config)).cast_const().cast(),
+        Err(e) => {
+            log(
+                4,
+                &format!("themis native: refusing the network filter configuration: {e}"),
+            );
+            std::ptr::null()
+        }
+    }
+}
+
+/// # Safety
+/// `config` is what `network_filter_config_new` returned.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_config_destroy(
+    config: *const c_void,
+) {
+    if !config.is_null() {
+        drop(Box::from_raw(
+            config.cast_mut().cast::<InboundFilterConfig>(),
+        ));
+    }
+}
+
+/// # Safety
+/// `config` is what `network_filter_config_new` returned; `filter` is Envoy's.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_new(
+    config: *const c_void,
+    filter: FilterPtr,
+) -> *const c_void {
+    let config = &*config.cast::<InboundFilterConfig>();
+    let id = envoy_dynamic_module_callback_network_filter_get_connection_id(filter);
+    Box::into_raw(Box::new(config.filter(id)))
+        .cast_const()
+        .cast()
+}
+
+/// # Safety
+/// Envoy's pointers, valid for the hook.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_new_connection(
+    _filter: FilterPtr,
+    _module: *const c_void,
+) -> u32 {
+    0
+}
+
+/// # Safety
+/// Envoy's pointers, valid for the hook.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_read(
+    filter: FilterPtr,
+    module: *const c_void,
+    _length: usize,
+    _end_stream: bool,
+) -> u32 {
+    let module = &mut *module.cast_mut().cast::<InboundFilter>();
+    module.on_read(&mut |key: &str, value: &str| {
+        // SAFETY: buffers valid for the call; Envoy copies them.
+        unsafe {
+            envoy_dynamic_module_callback_network_set_filter_state_bytes(
+                filter,
+                ModuleBuffer::of(key.as_bytes()),
+                ModuleBuffer::of(value.as_bytes()),
+            )
+        }
+    });
+    0
+}
+
+/// # Safety
+/// Envoy's pointers, valid for the hook.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_write(
+    _filter: FilterPtr,
+    _module: *const c_void,
+    _length: usize,
+    _end_stream: bool,
+) -> u32 {
+    0
+}
+
+/// # Safety
+/// Envoy's pointers, valid for the hook.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_event(
+    _filter: FilterPtr,
+    _module: *const c_void,
+    _event: u32,
+) {
+}
+
+/// # Safety
+/// `module` is what `network_filter_new` returned.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_destroy(module: *const c_void) {
+    if !module.is_null() {
+        drop(Box::from_raw(module.cast_mut().cast::<InboundFilter>()));
+    }
+}

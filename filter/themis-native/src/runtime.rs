@@ -1,0 +1,356 @@
+//! What every connection of one workload's sidecar shares: its credential (a
+//! delegated key with the agent's delegation and the workload's endorsement), the
+//! mesh's revocations and the verified resolutions of the services its clusters
+//! reach. A transport socket cannot wait on a call, so one thread per workload keeps
+//! them fresh from the local agent and connections read an immutable snapshot.
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ring::rand::SystemRandom;
+use themis_contracts::{api, paths};
+use themis_core::delegation::{Credential, DelegatedKey, Delegation};
+use themis_envoy::agent::{endorsed, parse_instances, parse_revocations, Instance};
+use themis_envoy::config::Config;
+use themis_trust::{MeshRoot, Revocations, Verifier};
+
+/// Unix milliseconds.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What connections read: replaced whole, never changed in place.
+#[derive(Default)]
+pub struct Snapshot {
+    /// `None` until the agent delegated a key.
+    pub credential: Option<Arc<Credential>>,
+    pub revocations: Revocations,
+    /// Bumped whenever the revocations change: established connections re-check
+    /// their peer when they see a new value.
+    pub revocation_generation: u64,
+    /// Verified instances per service this sidecar's clusters reach.
+    pub resolutions: HashMap<String, Vec<Instance>>,
+}
+
+/// The process's runtimes, by agent socket and workload.
+type Runtimes = HashMap<(String, String), Arc<Runtime>>;
+
+/// One workload's link to its agent.
+pub struct Runtime {
+    pub root: MeshRoot,
+    workload: String,
+    agent_socket: PathBuf,
+    timeout: Duration,
+    revocation_poll: Duration,
+    resolve_ttl: Duration,
+    snapshot: RwLock<Arc<Snapshot>>,
+    wanted: Mutex<BTreeSet<String>>,
+    /// A connection found no endorsed instance where it connected: resolve again
+    /// now rather than at the end of the TTL.
+    stale: AtomicBool,
+}
+
+impl Runtime {
+    /// The runtime of `config`'s workload (one per agent socket and workload in the
+    /// process), started on first use.
+    pub fn of(config: &Config) -> Result<Arc<Runtime>, String> {
+        static ALL: OnceLock<Mutex<Runtimes>> = OnceLock::new();
+        let socket = config
+            .agent_socket
+            .clone()
+            .ok_or("agent_socket: the native runtime reaches the agent by its Unix socket")?;
+        let key = (socket.clone(), config.workload.clone());
+        let mut all = ALL
+            .get_or_init(Default::default)
+            .lock()
+            .map_err(|e| e.to_string())?;
+        if let Some(runtime) = all.get(&key) {
+            if runtime.root != config.mesh_root {
+                return Err("one workload, two mesh roots in one Envoy".into());
+            }
+            return Ok(runtime.clone());
+        }
+        let runtime = Arc::new(Runtime {
+            root: config.mesh_root.clone(),
+            workload: config.workload.clone(),
+            agent_socket: PathBuf::from(socket),
+            timeout: config.timeout,
+            revocation_poll: config.revocation_poll,
+            resolve_ttl: config.resolve_ttl,
+            snapshot: RwLock::new(Arc::new(Snapshot::default())),
+            wanted: Mutex::new(BTreeSet::new()),
+            stale: AtomicBool::new(false),
+        });
+        let worker = runtime.clone();
+        std::thread::Builder::new()
+            .name(format!("themis-{}", config.workload))
+            .spawn(move || worker.run())
+            .map_err(|e| e.to_string())?;
+        all.insert(key, runtime.clone());
+        Ok(runtime)
+    }
+
+    /// The current snapshot (an `Arc` clone: cheap on every connection).
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot
+            .read()
+            .map(|s| s.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
+    /// Keeps `service` resolved from now on (a sealing cluster reaches it).
+    pub fn want(&self, service: &str) {
+        if let Ok(mut wanted) = self.wanted.lock() {
+            wanted.insert(service.to_owned());
+        }
+    }
+
+    /// Asks for the wanted services to be resolved again on the next tick.
+    pub fn refresh(&self) {
+        self.stale.store(true, Ordering::Relaxed);
+    }
+
+    fn publish(&self, change: impl FnOnce(&mut Snapshot)) {
+        let current = self.snapshot();
+        let mut next = Snapshot {
+            credential: current.credential.clone(),
+            revocations: current.revocations.clone(),
+            revocation_generation: current.revocation_generation,
+            resolutions: current.resolutions.clone(),
+        };
+        change(&mut next);
+        if let Ok(mut slot) = self.snapshot.write() {
+            *slot = Arc::new(next);
+        }
+    }
+
+    /// The thread: renews the credential at half its life, polls revocations and
+    /// re-resolves the wanted services, each on its own period; failures are logged
+    /// and retried a second later.
+    fn run(self: Arc<Self>) {
+        let rng = SystemRandom::new();
+        let (mut renew_at, mut poll_at, mut resolve_at) = (0u64, 0u64, 0u64);
+        let mut resolved: BTreeSet<String> = BTreeSet::new();
+        loop {
+            let now = now_ms();
+            if now >= renew_at {
+                renew_at = match self.delegate(&rng, now) {
+                    Ok(at) => at,
+                    Err(e) => {
+                        crate::ffi::log(
+                            3,
+                            &format!("themis native: delegation for {}: {e}", self.workload),
+                        );
+                        now + 1_000
+                    }
+                };
+            }
+            if now >= poll_at {
+                poll_at = match self.poll_revocations() {
+                    Ok(()) => now + self.revocation_poll.as_millis() as u64,
+                    Err(e) => {
+                        crate::ffi::log(3, &format!("themis native: revocations: {e}"));
+                        now + 1_000
+                    }
+                };
+            }
+            let wanted = self.wanted.lock().map(|w| w.clone()).unwrap_or_default();
+            let stale = self.stale.swap(false, Ordering::Relaxed);
+            if now >= resolve_at || wanted != resolved || stale {
+                resolve_at = now + self.resolve_ttl.as_millis() as u64;
+                for service in &wanted {
+                    if let Err(e) = self.resolve(service) {
+                        crate::ffi::log(3, &format!("themis native: resolving {service}: {e}"));
+                        resolve_at = now + 1_000;
+                    }
+                }
+                resolved = wanted;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Asks the agent to delegate a fresh key; returns when to renew.
+    fn delegate(&self, rng: &SystemRandom, now: u64) -> Result<u64, String> {
+        let key = DelegatedKey::generate(rng).map_err(|e| e.to_string())?;
+        let request = api::DelegateRequest {
+            delegated_key: hex::encode(key.public_key()),
+            lifetime_secs: None,
+        };
+        let body = serde_json::to_vec(&request).map_err(|e| e.to_string())?;
+        let answer = self.call("POST", &paths::workload_delegate(&self.workload), &body)?;
+        let delegated: api::Delegated = serde_json::from_slice(&answer)
+            .map_err(|e| format!("the answer does not parse: {e}"))?;
+        let identity = themis_envoy::agent::parse_public_identity(
+            &serde_json::to_vec(&delegated.identity).map_err(|e| e.to_string())?,
+            &self.workload,
+            &self.root.mesh,
+        )
+        .map_err(|e| e.to_string())?;
+        let delegation = hex::decode(&delegated.delegation)
+            .ok()
+            .and_then(|b| Delegation::decode(&b))
+            .ok_or("the delegation does not decode")?;
+        let endorsement = match &delegated.endorsement {
+            Some(text) => hex::decode(text).map_err(|_| "the endorsement is not hex")?,
+            None => Vec::new(),
+        };
+        let renew_at = delegated.renew_at_ms;
+        let credential = Credential::new(identity, key, delegation, endorsement, now)
+            .map_err(|e| format!("the agent's delegation does not verify: {e}"))?;
+        self.publish(|s| s.credential = Some(Arc::new(credential)));
+        crate::ffi::log(
+            2,
+            &format!(
+                "themis native: {} holds a delegated key until {}",
+                self.workload, delegated.not_after_ms
+            ),
+        );
+        Ok(renew_at.max(now + 1_000))
+    }
+
+    fn poll_revocations(&self) -> Result<(), String> {
+        let body = self.call("GET", paths::REVOCATIONS, b"")?;
+        let revocations = parse_revocations(&body, &self.root).map_err(|e| e.to_string())?;
+        let changed = revocations.len() != self.snapshot().revocations.len();
+        if changed {
+            self.publish(|s| {
+                s.revocations = revocations;
+                s.revocation_generation += 1;
+            });
+        }
+        Ok(())
+    }
+
+    fn resolve(&self, service: &str) -> Result<(), String> {
+        let body = self.call("GET", &paths::resolve(service, false), b"")?;
+        let snapshot = self.snapshot();
+        let trust = Verifier {
+            root: &self.root,
+            now_ms: now_ms(),
+            revoked: &snapshot.revocations,
+        };
+        let results = parse_instances(&body, service, &trust).map_err(|e| e.to_string())?;
+        let (good, bad) = endorsed(results);
+        for e in bad {
+            crate::ffi::log(
+                3,
+                &format!("themis native: an instance of {service} refused: {e}"),
+            );
+        }
+        if snapshot.resolutions.get(service) != Some(&good) {
+            let at: Vec<String> = good
+                .iter()
+                .map(|i| format!("{} at {}", i.id.printable(&self.root.mesh), i.endpoint))
+                .collect();
+            crate::ffi::log(
+                2,
+                &format!("themis native: {service} resolves to [{}]", at.join(", ")),
+            );
+            self.publish(|s| {
+                s.resolutions.insert(service.to_owned(), good);
+            });
+        }
+        Ok(())
+    }
+
+    /// One HTTP/1.1 exchange with the agent over its Unix socket.
+    fn call(&self, method: &str, path: &str, body: &[u8]) -> Result<Vec<u8>, String> {
+        let mut stream = UnixStream::connect(&self.agent_socket)
+            .map_err(|e| format!("{}: {e}", self.agent_socket.display()))?;
+        stream.set_read_timeout(Some(self.timeout)).ok();
+        stream.set_write_timeout(Some(self.timeout)).ok();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nhost: themis-agent\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        stream
+            .write_all(head.as_bytes())
+            .and_then(|()| stream.write_all(body))
+            .map_err(|e| e.to_string())?;
+        let mut answer = Vec::new();
+        stream
+            .take(1 << 22)
+            .read_to_end(&mut answer)
+            .map_err(|e| e.to_string())?;
+        http_body(&answer).map_err(|e| format!("{method} {path}: {e}"))
+    }
+}
+
+/// The body of a whole HTTP/1.1 response, if its status is 2xx.
+fn http_body(answer: &[u8]) -> Result<Vec<u8>, String> {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut response = httparse::Response::new(&mut headers);
+    let httparse::Status::Complete(at) = response
+        .parse(answer)
+        .map_err(|e| format!("not HTTP: {e}"))?
+    else {
+        return Err("a truncated answer".into());
+    };
+    let status = response.code.unwrap_or(0);
+    let chunked = response.headers.iter().any(|h| {
+        h.name.eq_ignore_ascii_case("transfer-encoding") && h.value.eq_ignore_ascii_case(b"chunked")
+    });
+    let body = &answer[at..];
+    let body = if chunked {
+        dechunk(body)?
+    } else {
+        body.to_vec()
+    };
+    if !(200..300).contains(&status) {
+        return Err(format!(
+            "the agent answered {status}: {}",
+            String::from_utf8_lossy(&body[..body.len().min(300)])
+        ));
+    }
+    Ok(body)
+}
+
+fn dechunk(mut body: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    loop {
+        let httparse::Status::Complete((at, size)) =
+            httparse::parse_chunk_size(body).map_err(|_| "a bad chunk size")?
+        else {
+            return Err("a truncated chunk".into());
+        };
+        let size = usize::try_from(size).map_err(|_| "a chunk too large")?;
+        if size == 0 {
+            return Ok(out);
+        }
+        let chunk = body.get(at..at + size).ok_or("a truncated chunk")?;
+        out.extend_from_slice(chunk);
+        body = body.get(at + size + 2..).ok_or("a truncated chunk")?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_are_read_plain_and_chunked_and_errors_say_the_status() {
+        assert_eq!(
+            http_body(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi").unwrap(),
+            b"hi"
+        );
+        assert_eq!(
+            http_body(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n1\r\n!\r\n0\r\n\r\n")
+                .unwrap(),
+            b"hi!"
+        );
+        let e = http_body(b"HTTP/1.1 403 Forbidden\r\n\r\nrevoked").unwrap_err();
+        assert!(e.contains("403") && e.contains("revoked"), "{e}");
+        assert!(http_body(b"HTTP/1.1 200").is_err());
+        assert!(http_body(b"\x00\x01").is_err());
+        assert!(dechunk(b"ffffffffffffffffff\r\n").is_err());
+        assert!(dechunk(b"5\r\nab").is_err());
+    }
+}

@@ -1,0 +1,610 @@
+//! The transport sockets: the Themis stream between the raw socket and Envoy, the way
+//! TLS sits there. Inbound (a listener's socket) is the responder and lets no byte
+//! of the caller's reach the connection manager before the caller is proven and
+//! allowed; outbound (a sealing cluster's socket) is the initiator and tells Envoy
+//! the connection is up only once the peer has proved it is an endorsed instance of
+//! the cluster's service at the address connected to.
+//!
+//! The stream itself is `themis_core::stream` (the same machine as the Wasm filter's,
+//! so the two runtimes share one wire); this file moves bytes and decides.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use ring::rand::SystemRandom;
+use themis_core::guard::{HelloGuard, SourceLimiter};
+use themis_core::stream::{Meta, StreamInitiator, StreamResponder};
+use themis_core::{HandshakeConfig, PeerId};
+use themis_envoy::config::{Config, Policy, Role};
+use themis_envoy::policy::{decide_with, Verdict};
+use themis_trust::Verifier;
+
+use crate::runtime::{now_ms, Runtime, Snapshot};
+
+/// What a socket asks of Envoy (the FFI implements it on Envoy's socket).
+pub trait Io {
+    /// Reads from the socket.
+    fn read(&mut self, buf: &mut [u8]) -> (IoStatus, usize);
+    /// Writes to the socket; may write part.
+    fn write(&mut self, data: &[u8]) -> (IoStatus, usize);
+    fn shutdown_write(&mut self);
+    /// Hands plaintext to Envoy's read buffer (inside `do_read` only).
+    fn deliver(&mut self, plaintext: &[u8]);
+    /// Gives the write buffer's slices to `take` until it returns false, then drains
+    /// the slices it was given; returns their length.
+    fn with_write_buffer(&mut self, take: &mut dyn FnMut(&[u8]) -> bool) -> usize;
+    /// Raises `Connected`.
+    fn connected(&mut self);
+    /// Schedules a `do_read` (which closes a failed connection).
+    fn wake(&mut self);
+    /// True if Envoy's read buffer is full: reading stops and resumes later.
+    fn should_yield_reads(&mut self) -> bool;
+    fn remote(&mut self) -> Option<SocketAddr>;
+    fn connection_id(&mut self) -> Option<u64>;
+}
+
+/// The outcome of one socket call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoStatus {
+    Done,
+    Again,
+    Failed,
+}
+
+/// What `do_read`/`do_write` report to Envoy.
+pub struct Outcome {
+    pub close: bool,
+    pub bytes: usize,
+    pub end_stream: bool,
+}
+
+impl Outcome {
+    fn close() -> Self {
+        Outcome {
+            close: true,
+            bytes: 0,
+            end_stream: false,
+        }
+    }
+}
+
+/// Sealed bytes a connection keeps when the socket pushes back, at most: past it the
+/// connection stops taking plaintext from Envoy until the socket drains.
+const MAX_PENDING: usize = 256 * 1024;
+
+/// Per worker: the inbound guards, and the peers proven on this worker's
+/// connections, for the network filter to hand to the connection manager.
+#[derive(Default)]
+struct Worker {
+    guard: Option<HelloGuard>,
+    sources: Option<SourceLimiter>,
+    peers: HashMap<u64, ProvenPeer>,
+}
+
+thread_local! {
+    static WORKER: RefCell<Worker> = RefCell::new(Worker::default());
+}
+
+/// The caller of one inbound connection, once allowed.
+#[derive(Debug, Clone)]
+pub struct ProvenPeer {
+    pub id: String,
+    pub service: Option<String>,
+}
+
+/// The peer proven on connection `id` of this worker, if any.
+pub fn proven_peer(id: u64) -> Option<ProvenPeer> {
+    WORKER.with(|w| w.borrow().peers.get(&id).cloned())
+}
+
+/// A transport socket configuration: one listener's or one cluster's.
+pub struct Factory {
+    config: Arc<Config>,
+    runtime: Arc<Runtime>,
+}
+
+impl Factory {
+    /// `name` is `inbound` (a listener) or `outbound` (a sealing cluster); `config`
+    /// the filter configuration JSON (the inbound or seal role).
+    pub fn new(name: &[u8], config: &[u8], is_upstream: bool) -> Result<Factory, String> {
+        let config = Config::parse(config).map_err(|e| e.to_string())?;
+        match (name, is_upstream, config.role) {
+            (b"inbound", false, Role::Inbound) => {
+                if matches!(config.policy, Some(Policy::AnyCaller)) {
+                    crate::ffi::log(3, "themis native: allow_any_caller: every member of the mesh may call");
+                }
+            }
+            (b"outbound", true, Role::Seal) => {
+                if config.peer_service.is_none() {
+                    return Err("peer_service: a sealing cluster names the service it reaches".into());
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "transport_socket_name {:?} with role {}: use `inbound` (role inbound) on a listener and `outbound` (role seal, peer_service) on a cluster",
+                    String::from_utf8_lossy(name),
+                    config.role.as_str()
+                ))
+            }
+        }
+        let runtime = Runtime::of(&config)?;
+        if let Some(service) = &config.peer_service {
+            runtime.want(service);
+        }
+        // A caller that carries no endorsement (the Wasm runtime's) has its claim
+        // checked against the services the policy names, resolved here.
+        if let Some(Policy::Allow(rules)) = &config.policy {
+            for rule in rules {
+                if let themis_envoy::config::Rule::Service(service) = rule {
+                    runtime.want(service);
+                }
+            }
+        }
+        Ok(Factory {
+            config: Arc::new(config),
+            runtime,
+        })
+    }
+
+    /// A new connection's socket.
+    pub fn connection(&self) -> Connection {
+        let side = match self.config.role {
+            Role::Inbound => Side::Inbound(StreamResponder::new(b"")),
+            _ => Side::Outbound(None),
+        };
+        Connection {
+            config: self.config.clone(),
+            runtime: self.runtime.clone(),
+            side,
+            pending: Vec::new(),
+            peer: None,
+            generation: 0,
+            replied: false,
+            failure: None,
+            id: None,
+            remote: None,
+            rng: SystemRandom::new(),
+        }
+    }
+}
+
+enum Side {
+    Inbound(StreamResponder),
+    Outbound(Option<StreamInitiator>),
+}
+
+/// One connection's socket.
+pub struct Connection {
+    config: Arc<Config>,
+    runtime: Arc<Runtime>,
+    side: Side,
+    /// Sealed bytes the socket has not taken yet.
+    pending: Vec<u8>,
+    /// The proven peer, once the handshake (and, inbound, the policy) passed.
+    peer: Option<PeerId>,
+    /// The revocation generation the peer was last checked at.
+    generation: u64,
+    /// Inbound: message 2 has been queued.
+    replied: bool,
+    failure: Option<String>,
+    id: Option<u64>,
+    remote: Option<SocketAddr>,
+    rng: SystemRandom,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.closed();
+    }
+}
+
+impl Connection {
+    pub fn attached(&mut self, io: &mut dyn Io) {
+        self.id = io.connection_id();
+        self.remote = io.remote();
+    }
+
+    /// True once the stream is open (Envoy may then flush and close).
+    pub fn is_open(&self) -> bool {
+        self.peer.is_some()
+    }
+
+    /// What the stream carries, for the codec choice (the clusters say HTTP/2).
+    pub fn protocol(&self) -> &'static str {
+        ""
+    }
+
+    pub fn failure_reason(&self) -> &str {
+        self.failure.as_deref().unwrap_or("")
+    }
+
+    pub fn closed(&mut self) {
+        if let Some(id) = self.id.take() {
+            WORKER.with(|w| w.borrow_mut().peers.remove(&id));
+        }
+    }
+
+    fn fail(&mut self, reason: &str, detail: String) -> Outcome {
+        let role = self.config.role.as_str();
+        crate::ffi::log(
+            3,
+            &format!(
+                "themis native {role}: refused.{reason}: {detail} (from {})",
+                self.remote.map_or("-".into(), |r| r.to_string())
+            ),
+        );
+        self.failure = Some(format!("themis {reason}: {detail}"));
+        Outcome::close()
+    }
+
+    /// Outbound: the TCP connection is up; message 1 goes to the one id the verified
+    /// resolution lists at this address for the cluster's service.
+    pub fn on_connected(&mut self, io: &mut dyn Io) {
+        match self.side {
+            Side::Inbound(_) => io.connected(),
+            Side::Outbound(_) => {
+                if let Err((reason, detail)) = self.start(io) {
+                    self.fail(reason, detail);
+                    // Nothing else would wake the connection (the pool waits for
+                    // Connected): the next read closes it.
+                    io.wake();
+                }
+            }
+        }
+    }
+
+    fn start(&mut self, io: &mut dyn Io) -> Result<(), (&'static str, String)> {
+        let remote = self
+            .remote
+            .or_else(|| io.remote())
+            .ok_or(("address", "no peer address".to_string()))?;
+        self.remote = Some(remote);
+        let service = self.config.peer_service.clone().unwrap_or_default();
+        let snapshot = self.runtime.snapshot();
+        let credential = snapshot
+            .credential
+            .clone()
+            .ok_or(("keyless", "no delegated key from the agent yet".to_string()))?;
+        let peer =
+            expected_peer(&snapshot, &service, remote).inspect_err(|_| self.runtime.refresh())?;
+        let meta = Meta {
+            service: self.config.service.clone(),
+        };
+        let (stream, hello) = StreamInitiator::start(
+            &*credential,
+            peer,
+            meta,
+            &HandshakeConfig::default(),
+            now_ms(),
+            &self.rng,
+        )
+        .map_err(|e| ("handshake", e.to_string()))?;
+        self.side = Side::Outbound(Some(stream));
+        self.pending.extend_from_slice(&hello);
+        self.flush(io)
+            .map_err(|()| ("io", "writing message 1 failed".to_string()))?;
+        Ok(())
+    }
+
+    pub fn do_read(&mut self, io: &mut dyn Io) -> Outcome {
+        if self.failure.is_some() {
+            return Outcome::close();
+        }
+        if let Some(outcome) = self.recheck_revocation() {
+            return outcome;
+        }
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut delivered = 0;
+        loop {
+            let (status, n) = io.read(&mut buf);
+            match status {
+                IoStatus::Again => break,
+                IoStatus::Failed => return Outcome::close(),
+                IoStatus::Done if n == 0 => {
+                    return Outcome {
+                        close: false,
+                        bytes: delivered,
+                        end_stream: true,
+                    }
+                }
+                IoStatus::Done => {}
+            }
+            let plaintext = match self.open_from_peer(&buf[..n], io) {
+                Ok(p) => p,
+                Err((reason, detail)) => return self.fail(reason, detail),
+            };
+            if !plaintext.is_empty() {
+                io.deliver(&plaintext);
+                delivered += plaintext.len();
+            }
+            if self.flush(io).is_err() {
+                return Outcome::close();
+            }
+            if io.should_yield_reads() {
+                break;
+            }
+        }
+        Outcome {
+            close: false,
+            bytes: delivered,
+            end_stream: false,
+        }
+    }
+
+    /// The peer's bytes through the stream; returns the plaintext for Envoy.
+    fn open_from_peer(
+        &mut self,
+        data: &[u8],
+        io: &mut dyn Io,
+    ) -> Result<Vec<u8>, (&'static str, String)> {
+        let now = now_ms();
+        match &mut self.side {
+            Side::Inbound(stream) => {
+                let snapshot = self.runtime.snapshot();
+                let credential = snapshot
+                    .credential
+                    .clone()
+                    .ok_or(("keyless", "no delegated key from the agent yet".to_string()))?;
+                let config = &self.config;
+                let remote = self.remote;
+                let out = WORKER.with(|w| {
+                    let w = &mut *w.borrow_mut();
+                    if !self.replied && stream.established().is_none() {
+                        let sources = w.sources.get_or_insert_with(|| {
+                            SourceLimiter::new(
+                                config.hellos_per_source,
+                                themis_core::guard::DEFAULT_SOURCE_ENTRIES,
+                            )
+                        });
+                        if let Some(source) = remote {
+                            if !sources.allow(source.ip(), now) {
+                                return Err((
+                                    "rate_limited",
+                                    "too many handshakes from this address".to_string(),
+                                ));
+                            }
+                        }
+                    }
+                    let guard = w.guard.get_or_insert_with(|| {
+                        HelloGuard::new(
+                            config.hello_window.as_millis() as u64,
+                            config.replay_cache_entries,
+                        )
+                    });
+                    stream
+                        .from_peer(
+                            data,
+                            &*credential,
+                            &HandshakeConfig::default(),
+                            guard,
+                            now,
+                            &self.rng,
+                        )
+                        .map_err(|r| (r.reason(), r.to_string()))
+                })?;
+                if !self.replied {
+                    let reply = stream
+                        .from_app(&[])
+                        .map_err(|r| (r.reason(), r.to_string()))?;
+                    self.replied = !reply.is_empty();
+                    self.pending.extend_from_slice(&reply);
+                }
+                if self.peer.is_none() {
+                    let Some(established) = stream.established().cloned() else {
+                        return Ok(out.to_app);
+                    };
+                    let trust = Verifier {
+                        root: &self.runtime.root,
+                        now_ms: now,
+                        revoked: &snapshot.revocations,
+                    };
+                    if snapshot.revocations.contains(&established.peer_id) {
+                        return Err((
+                            "revoked",
+                            format!(
+                                "caller {} is revoked",
+                                established.peer_id.printable(&self.runtime.root.mesh)
+                            ),
+                        ));
+                    }
+                    // A claimed service counts when the endorsement the caller carried
+                    // names it for this very id (checked offline against the root),
+                    // or, for a caller with none, when the verified resolution lists it.
+                    let runtime = &self.runtime;
+                    let verdict =
+                        decide_with(self.config.policy.as_ref(), &established, |claim, peer| {
+                            let endorsed = if established.peer_endorsement.is_empty() {
+                                let listed = snapshot
+                                    .resolutions
+                                    .get(claim)
+                                    .is_some_and(|all| all.iter().any(|i| i.id == *peer));
+                                if !listed {
+                                    runtime.refresh();
+                                }
+                                listed
+                            } else {
+                                trust
+                                    .instance(&established.peer_endorsement, claim)
+                                    .is_ok_and(|instance| instance.id == *peer)
+                            };
+                            Some(endorsed)
+                        });
+                    match verdict {
+                        Verdict::Allow { service } => {
+                            self.peer = Some(established.peer_id);
+                            self.generation = snapshot.revocation_generation;
+                            if let Some(id) = self.id {
+                                let proven = ProvenPeer {
+                                    id: established.peer_id.printable(&self.runtime.root.mesh),
+                                    service,
+                                };
+                                WORKER.with(|w| w.borrow_mut().peers.insert(id, proven));
+                            }
+                        }
+                        Verdict::Deny { service, denial } => {
+                            return Err((
+                                denial.reason(),
+                                format!(
+                                    "caller {} (service {}): {}",
+                                    established.peer_id.printable(&self.runtime.root.mesh),
+                                    service.as_deref().unwrap_or("-"),
+                                    denial.explain()
+                                ),
+                            ))
+                        }
+                        Verdict::Verify(_) => unreachable!("the endorsement check always answers"),
+                    }
+                }
+                Ok(out.to_app)
+            }
+            Side::Outbound(stream) => {
+                let Some(stream) = stream else {
+                    return Err(("out_of_turn", "bytes before message 1".to_string()));
+                };
+                let out = stream
+                    .from_peer(data)
+                    .map_err(|r| (r.reason(), r.to_string()))?;
+                self.pending.extend_from_slice(&out.to_peer);
+                if self.peer.is_none() {
+                    if let Some(info) = stream.info() {
+                        let peer = info.peer_id;
+                        let snapshot = self.runtime.snapshot();
+                        if snapshot.revocations.contains(&peer) {
+                            return Err((
+                                "revoked",
+                                format!(
+                                    "peer {} is revoked",
+                                    peer.printable(&self.runtime.root.mesh)
+                                ),
+                            ));
+                        }
+                        self.peer = Some(peer);
+                        self.generation = snapshot.revocation_generation;
+                        io.connected();
+                    }
+                }
+                Ok(out.to_app)
+            }
+        }
+    }
+
+    pub fn do_write(&mut self, io: &mut dyn Io, end_stream: bool) -> Outcome {
+        if self.failure.is_some() {
+            return Outcome::close();
+        }
+        if let Some(outcome) = self.recheck_revocation() {
+            return outcome;
+        }
+        if self.flush(io).is_err() {
+            return Outcome::close();
+        }
+        let mut consumed = 0;
+        loop {
+            if !self.pending.is_empty() {
+                break;
+            }
+            let mut error = None;
+            let (side, pending) = (&mut self.side, &mut self.pending);
+            let taken = io.with_write_buffer(&mut |slice| {
+                let sealed = match side {
+                    Side::Inbound(s) => s.from_app(slice),
+                    Side::Outbound(Some(s)) => s.from_app(slice),
+                    Side::Outbound(None) => Ok(Vec::new()),
+                };
+                match sealed {
+                    Ok(sealed) => pending.extend_from_slice(&sealed),
+                    Err(e) => error = Some(e),
+                }
+                error.is_none() && pending.len() < MAX_PENDING
+            });
+            if let Some(e) = error {
+                return self.fail(e.reason(), e.to_string());
+            }
+            consumed += taken;
+            if self.flush(io).is_err() {
+                return Outcome::close();
+            }
+            if taken == 0 {
+                break;
+            }
+        }
+        if end_stream && self.pending.is_empty() {
+            io.shutdown_write();
+        }
+        Outcome {
+            close: false,
+            bytes: consumed,
+            end_stream: false,
+        }
+    }
+
+    /// Writes what is pending until done or the socket pushes back.
+    fn flush(&mut self, io: &mut dyn Io) -> Result<(), ()> {
+        let mut written = 0;
+        while written < self.pending.len() {
+            match io.write(&self.pending[written..]) {
+                (IoStatus::Done, 0) => break,
+                (IoStatus::Done, n) => written += n,
+                (IoStatus::Again, n) => {
+                    written += n;
+                    break;
+                }
+                (IoStatus::Failed, _) => return Err(()),
+            }
+        }
+        self.pending.drain(..written);
+        Ok(())
+    }
+
+    /// A revocation arrived since the peer was last checked: a revoked peer's
+    /// connection ends, whichever way its bytes flow.
+    fn recheck_revocation(&mut self) -> Option<Outcome> {
+        let peer = self.peer?;
+        let snapshot = self.runtime.snapshot();
+        if snapshot.revocation_generation == self.generation {
+            return None;
+        }
+        self.generation = snapshot.revocation_generation;
+        snapshot.revocations.contains(&peer).then(|| {
+            let who = peer.printable(&self.runtime.root.mesh);
+            self.fail("revoked", format!("peer {who} was revoked"))
+        })
+    }
+}
+
+/// The id that must answer at `remote` for `service`: the one the verified
+/// resolution lists there. None listed, or two ids at one address (which one the
+/// app was promised cannot be told), refuses the connection.
+fn expected_peer(
+    snapshot: &Snapshot,
+    service: &str,
+    remote: SocketAddr,
+) -> Result<PeerId, (&'static str, String)> {
+    let instances = snapshot
+        .resolutions
+        .get(service)
+        .ok_or(("unresolved", format!("{service} is not resolved yet")))?;
+    let mut ids: Vec<PeerId> = instances
+        .iter()
+        .filter(|i| i.endpoint == remote)
+        .map(|i| i.id)
+        .collect();
+    ids.sort_by_key(|id| id.0);
+    ids.dedup();
+    match ids.as_slice() {
+        [one] => Ok(*one),
+        [] => Err((
+            "not_endorsed",
+            format!("no endorsed instance of {service} at {remote}"),
+        )),
+        _ => Err((
+            "ambiguous",
+            format!(
+                "{} ids of {service} at {remote}: which one was meant cannot be told",
+                ids.len()
+            ),
+        )),
+    }
+}
