@@ -37,7 +37,8 @@ Options:
                      for N > 1, the median over rounds (default 1)
   --warmup D         length of the discarded warm-up before every measured run (default 2s)
   --scenarios LIST   comma-separated subset, in the order to run
-                     (default direct,plaintext,mtls,themis)
+                     (default direct,plaintext,mtls,themis,themis-native; themis is
+                     the Wasm filter, themis-native the Envoy dynamic module)
   --connections LIST comma-separated connection counts (default 16,64)
   --protocols LIST   comma-separated: http1, grpc (default both)
   --body-sizes LIST  comma-separated request body sizes in bytes (default 1024,65536)
@@ -62,7 +63,7 @@ EOF
 DURATION=10s
 WARMUP=2s
 ROUNDS=1
-SCENARIOS=direct,plaintext,mtls,themis
+SCENARIOS=direct,plaintext,mtls,themis,themis-native
 CONNECTIONS=16,64
 FORTIO_EXTRA=()
 BODY_SIZES=1024,65536
@@ -111,7 +112,7 @@ done
 IFS=, read -r -a SCENARIO_LIST <<<"$SCENARIOS"
 IFS=, read -r -a CONN_LIST <<<"$CONNECTIONS"
 for s in "${SCENARIO_LIST[@]}"; do
-    case "$s" in direct|plaintext|mtls|themis) ;; *) echo "run.sh: unknown scenario: $s" >&2; exit 2 ;; esac
+    case "$s" in direct|plaintext|mtls|themis|themis-native) ;; *) echo "run.sh: unknown scenario: $s" >&2; exit 2 ;; esac
 done
 for c in "${CONN_LIST[@]}"; do
     [[ "$c" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: bad connection count: $c" >&2; exit 2; }
@@ -156,6 +157,7 @@ mkdir -p "$TMP/results" "$TMP/logs"
 PIDS=()              # every process this script started and has not stopped yet
 declare -A PID_NAME=()
 THEMIS_STARTED=0
+THEMIS_RUNTIME=wasm
 THEMIS_SCRIPT=$HERE/themis-pair.sh
 
 
@@ -165,7 +167,7 @@ THEMIS_SCRIPT=$HERE/themis-pair.sh
 # at once; bounded by `timeout`.
 themis_pair() {
     local pid rc=0
-    THEMIS_BENCH_DIR=$TMP/themis APP_ADDR=$APP_ADDR APP_GRPC_ADDR=$APP_GRPC_ADDR ENVOY=$ENVOY FORTIO=$FORTIO \
+    THEMIS_BENCH_DIR=$TMP/themis THEMIS_RUNTIME=$THEMIS_RUNTIME APP_ADDR=$APP_ADDR APP_GRPC_ADDR=$APP_GRPC_ADDR ENVOY=$ENVOY FORTIO=$FORTIO \
         ENVOY_CONCURRENCY=2 REPO_ROOT=$ROOT \
         timeout 180 bash "$THEMIS_SCRIPT" "$1" &
     pid=$!
@@ -480,20 +482,22 @@ for ((round = 1; round <= ROUNDS; round++)); do
                 pair_stats "$scen"
                 stop_pair
                 ;;
-            themis)
+            themis|themis-native)
+                # The same pair, sealed by the Wasm filter or by the native module.
+                THEMIS_RUNTIME=wasm; [[ $scen == themis-native ]] && THEMIS_RUNTIME=native
                 if [[ ! -f "$THEMIS_SCRIPT" ]]; then
-                    log "themis: skipped (benchmarks/envoy/themis-pair.sh not present)"
-                    echo "$round themis skipped (benchmarks/envoy/themis-pair.sh not present)" >>"$TMP/results/status"
+                    log "$scen: skipped (benchmarks/envoy/themis-pair.sh not present)"
+                    echo "$round $scen skipped (benchmarks/envoy/themis-pair.sh not present)" >>"$TMP/results/status"
                 elif start_themis; then
                     # Its Envoys: the 3rd to 5th processes themis-pair.sh started (A, B for
                     # HTTP/1.1 and B for gRPC; the idle one adds next to nothing).
-                    measure "$round" themis "http://$THEMIS_ADDR/echo" "$THEMIS_HOST" "$THEMIS_ADDR" "$THEMIS_GRPC_HOST" \
+                    measure "$round" "$scen" "http://$THEMIS_ADDR/echo" "$THEMIS_HOST" "$THEMIS_ADDR" "$THEMIS_GRPC_HOST" \
                         $(sed -n '3,5p' "$TMP/themis/pids")
                     log "  themis counters: $(REPO_ROOT=$ROOT THEMIS_BENCH_DIR=$TMP/themis bash "$THEMIS_SCRIPT" stats | tr '\n' ' ')"
                     stop_themis
                 else
                     stop_themis
-                    echo "$round themis failed (see the messages above)" >>"$TMP/results/status"
+                    echo "$round $scen failed (see the messages above)" >>"$TMP/results/status"
                 fi
                 ;;
         esac

@@ -10,7 +10,9 @@
 #   themis-pair.sh stop    stop what start started, by PID
 #
 # Environment (set by run.sh): THEMIS_BENCH_DIR, APP_ADDR, APP_GRPC_ADDR, ENVOY,
-# ENVOY_CONCURRENCY, REPO_ROOT. gRPC calls go to service `ping` (fortio's gRPC port).
+# ENVOY_CONCURRENCY, REPO_ROOT, THEMIS_RUNTIME (wasm, the default, or native: the
+# sidecars seal with the Envoy dynamic module). gRPC calls go to service `ping`
+# (fortio's gRPC port).
 set -euo pipefail
 ROOT=${REPO_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
 cd "$ROOT"
@@ -18,6 +20,8 @@ export PATH="$HOME/.cargo/bin:$PATH"
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 THEMIS=$TARGET/release/themis
 WASM=$TARGET/wasm32-wasip1/release/themis_envoy.wasm
+NATIVE=$TARGET/release/libthemis_native.so
+RUNTIME=${THEMIS_RUNTIME:-wasm}
 DIR=${THEMIS_BENCH_DIR:-/tmp/themis-pair}
 A=127.0.0.11 B=127.0.0.12
 
@@ -25,9 +29,12 @@ case "${1:-}" in
 build)
     cargo build -q --release -p themis-agent --bin themis
     cargo build -q --release -p themis-envoy --target wasm32-wasip1
+    cargo build -q --release -p themis-native
     ;;
 start)
-    [[ -x $THEMIS && -f $WASM ]] || { echo "run: $0 build" >&2; exit 1; }
+    [[ -x $THEMIS && -f $WASM && -f $NATIVE ]] || { echo "run: $0 build" >&2; exit 1; }
+    native=()
+    [[ $RUNTIME == native ]] && native=(--runtime native --calls check --calls ping)
     # A fresh mesh each start (run.sh starts the pair once per round in the same DIR).
     rm -rf "$DIR/mesh" "$DIR/a" "$DIR/b" "$DIR"/*.log "$DIR"/*.yaml
     mkdir -p "$DIR"
@@ -62,8 +69,8 @@ start)
         scripts/render-sidecar --mesh-root "$DIR/mesh/mesh.root" --workload "$2" --service "$2" \
             --agent-socket "$DIR/$1/agent.sock" --app "$5" --app-protocol "$8" \
             --outbound "$3:$6" --inbound "$3:$7" --admin-port "$4" --wasm "$WASM" --unpinned \
-            --policy '{"allow":[{"service":"handler"}]}' > "$DIR/envoy-$2.yaml"
-        "${ENVOY:-.venv/bin/envoy}" -c "$DIR/envoy-$2.yaml" --concurrency "${ENVOY_CONCURRENCY:-2}" \
+            --policy '{"allow":[{"service":"handler"}]}' "${native[@]}" > "$DIR/envoy-$2.yaml"
+        ENVOY_DYNAMIC_MODULES_SEARCH_PATH=$(dirname "$NATIVE") "${ENVOY:-.venv/bin/envoy}" -c "$DIR/envoy-$2.yaml" --concurrency "${ENVOY_CONCURRENCY:-2}" \
             --disable-hot-restart --base-id $((4000 + $4 % 1000)) -l warn \
             > "$DIR/envoy-$2.log" 2>&1 &
         echo $! >> "$DIR/pids"

@@ -92,3 +92,103 @@ fn a_wasm_caller_reaches_a_native_callee() {
     }
     call_is_sealed_and_attributed(&mesh(Runtime::Wasm, Runtime::Native));
 }
+
+/// Waits (bounded) until `envoy`'s log says `needle`.
+fn wait_log(envoy: &support::envoy::Envoy, needle: &str, what: &str) {
+    support::process::wait_until(what, std::time::Duration::from_secs(20), || {
+        envoy.log_tail(400).contains(needle).then_some(())
+    });
+}
+
+/// Plaintext HTTP/1.1 or HTTP/2 sent straight to a native inbound listener: closed,
+/// unanswered, and nothing reaches the app.
+#[test]
+fn plaintext_to_a_native_callee_is_refused() {
+    if !require::filter_in_envoy("runs the native module in Envoy") {
+        return;
+    }
+    let mesh = mesh(Runtime::Native, Runtime::Native);
+    let mut h2 = themis_core::stream::HTTP2_PREFACE.to_vec();
+    h2.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    let h1 = b"GET /secret HTTP/1.1\r\nhost: check\r\n\r\n".to_vec();
+    for (what, bytes) in [("HTTP/1.1", h1), ("HTTP/2", h2)] {
+        let answer = support::mitm::replay(mesh.envoy_b.inbound, &bytes, false);
+        assert!(answer.closed, "{what}: Envoy B kept the connection open");
+        assert!(
+            answer.answer.is_empty(),
+            "{what}: Envoy B answered {:?}",
+            answer.answer
+        );
+    }
+    wait_log(
+        &mesh.envoy_b,
+        "refused.malformed",
+        "Envoy B to log the refusal",
+    );
+    assert_eq!(mesh.app.count(), 0, "a plaintext request reached the app");
+}
+
+/// A caller the native callee's policy does not allow: its connection is closed
+/// before any byte reaches the app; the calling app sees a 503.
+#[test]
+fn a_native_callee_refuses_a_caller_its_policy_does_not_allow() {
+    if !require::filter_in_envoy("runs the native module in Envoy") {
+        return;
+    }
+    let mesh = Mesh::start_on(
+        Runtime::Native,
+        Runtime::Native,
+        Some(r#"{"allow":[{"service":"someone-else"}]}"#),
+    );
+    mesh.register("check", "check", mesh.envoy_b.inbound);
+    mesh.envoy_a
+        .wait_native_resolves("check", mesh.envoy_b.inbound);
+    let r = mesh.call("GET", "check", "/denied", &[], b"");
+    assert_eq!(r.status, 503, "{r}\n{}", mesh.logs());
+    wait_log(
+        &mesh.envoy_b,
+        "refused.policy",
+        "Envoy B to log the refusal",
+    );
+    assert_eq!(mesh.app.count(), 0, "a denied request reached the app");
+}
+
+/// Two ids registered for `check` at one address: which one the app was promised
+/// cannot be told, so the native caller refuses to connect there (`ambiguous`)
+/// rather than authenticate whichever answers.
+#[test]
+fn two_identities_at_one_address_are_refused_by_a_native_caller() {
+    if !require::filter_in_envoy("runs the native module in Envoy") {
+        return;
+    }
+    let mesh = mesh(Runtime::Native, Runtime::Native);
+    let r = mesh.call("GET", "check", "/before", &[], b"");
+    assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
+    support::mesh::create_workload(&mesh.b, "check-twin");
+    mesh.b
+        .register("check", "check-twin", &mesh.envoy_b.inbound.to_string());
+    let at = format!(" at {}", mesh.envoy_b.inbound);
+    support::process::wait_until(
+        "Envoy A to resolve two ids at one address",
+        std::time::Duration::from_secs(40),
+        || {
+            let log = mesh.envoy_a.log_tail(400);
+            let last = log
+                .lines()
+                .rfind(|l| l.contains("themis native: check resolves to"))?;
+            (last.matches(&at).count() == 2).then_some(())
+        },
+    );
+    // The outbound role picks either id; a pick of the twin needs a new connection
+    // (one pool per expected id), which the socket refuses. Bounded.
+    let refused = (0..20).any(|n| {
+        let r = mesh.call("GET", "check", &format!("/after/{n}"), &[], b"");
+        assert!(matches!(r.status, 200 | 503), "{r}\n{}", mesh.logs());
+        mesh.envoy_a.log_tail(400).contains("refused.ambiguous")
+    });
+    assert!(
+        refused,
+        "no connection was refused as ambiguous\n{}",
+        mesh.logs()
+    );
+}
