@@ -221,6 +221,10 @@ impl Runtime {
         let revocations = parse_revocations(&body, &self.root).map_err(|e| e.to_string())?;
         let changed = revocations.len() != self.snapshot().revocations.len();
         if changed {
+            crate::ffi::log(
+                2,
+                &format!("themis native: {} revocations", revocations.len()),
+            );
             self.publish(|s| {
                 s.revocations = revocations;
                 s.revocation_generation += 1;

@@ -192,3 +192,49 @@ fn two_identities_at_one_address_are_refused_by_a_native_caller() {
         mesh.logs()
     );
 }
+
+/// A caller revoked while its sealed connection is pooled: the native callee learns
+/// the revocation from its agent and ends the established connection at its next
+/// byte, either way; no request of the revoked caller reaches the app after that.
+#[test]
+fn a_revoked_caller_is_cut_off_by_a_native_callee() {
+    if !require::filter_in_envoy("runs the native module in Envoy") {
+        return;
+    }
+    let mesh = mesh(Runtime::Native, Runtime::Native);
+    for i in 0..3 {
+        let r = mesh.call("GET", "check", &format!("/before/{i}"), &[], b"");
+        assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
+    }
+    let mesh_dir = mesh.dir.path().join("mesh");
+    let (code, out, err) = mesh.b.cli(&[
+        "revoke",
+        &mesh.handler_id,
+        "--mesh-dir",
+        mesh_dir.to_str().unwrap(),
+        "--reason",
+        "test: stolen",
+        "--publish",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    wait_log(
+        &mesh.envoy_b,
+        "themis native: 1 revocations",
+        "Envoy B's module to hold the revocation",
+    );
+    let served = mesh.app.count();
+    for i in 0..4 {
+        let r = mesh.call("GET", "check", &format!("/after/{i}"), &[], b"");
+        assert_eq!(r.status, 503, "{r}\n{}", mesh.logs());
+    }
+    assert_eq!(
+        mesh.app.count(),
+        served,
+        "a revoked caller's request reached the app"
+    );
+    wait_log(
+        &mesh.envoy_b,
+        "refused.revoked",
+        "Envoy B to log the revoked caller",
+    );
+}
