@@ -15,7 +15,11 @@
 # from the local sidecar. A capture on the wire between the nodes shows the sealing.
 #
 # Usage (as root):
-#   scripts/demo.sh [--fast-path] [--full-ids] [--keep]
+#   scripts/demo.sh [--runtime native|wasm] [--fast-path] [--full-ids] [--keep]
+#       --runtime    who seals in the sidecars: native (default; the Envoy dynamic
+#                    module libthemis_native.so, transport sockets) or wasm (the
+#                    proxy-wasm filter's internal listener); the outbound role is the
+#                    Wasm filter's either way (docs/FILTER.md)
 #       --fast-path  the agents' same-node fast path: sockets of an app and its sidecar
 #                    pass data socket to socket (sk_msg) instead of through loopback TCP
 #       --full-ids   print ids whole instead of a unique prefix
@@ -76,6 +80,7 @@ binaries() {
     [[ $target == /* ]] || target=$repo/$target
     themis=$target/release/themis
     wasm=$target/wasm32-wasip1/release/themis_envoy.wasm
+    native_dir=$target/release   # libthemis_native.so
     envoy=$repo/.venv/bin/envoy
 }
 
@@ -132,6 +137,7 @@ build() {
     section "building the agent (with the eBPF capture) and the Envoy filter, release (about 5 minutes the first time)"
     cargo build --release -p themis-agent --bins
     cargo build --release -p themis-envoy --target wasm32-wasip1
+    cargo build --release -p themis-native
 }
 
 # --- the operator ---------------------------------------------------------------------
@@ -212,6 +218,12 @@ modules() {
     for n in 1 2 3; do serve_module "$n"; done
     echo "    the filter module, pinned: every sidecar fetches $(module_url) on its node and"
     echo "    loads it only if its SHA-256 is $(sha256sum "$work/module/themis_envoy.wasm" | cut -c1-16)… (as rendered into its configuration)"
+    if [[ $runtime == native ]]; then
+        echo "    runtime native: the sidecars seal in transport sockets of the Envoy dynamic module"
+        echo "    $native_dir/libthemis_native.so (the Wasm filter resolves and picks; --runtime wasm seals in Wasm)"
+    else
+        echo "    runtime wasm: the sidecars seal in the Wasm filter's internal listener"
+    fi
 }
 
 # --- the pods ----------------------------------------------------------------------------
@@ -235,9 +247,10 @@ start_pod() { # SERVICE WORKLOAD NODE SLOT [POLICY]
         --outbound "$(outbound_of "$slot")" --inbound "$(ip_of "$n"):$(inbound_port "$slot")" \
         --admin-port "$(admin_port "$slot")" --wasm "$work/module/themis_envoy.wasm" --wasm-url "$(module_url)" \
         --access-log "$work/n$n/$workload-outbound.access" ${policy:+--policy "$policy"} \
+        --runtime "$runtime" $([[ $runtime == native ]] && echo --calls handler --calls check) \
         > "$work/n$n/$workload-envoy.yaml"
     spawn "n$n pod $workload envoy" "$(ns "$n")" "$pod/proxy" "$work/n$n/$workload-envoy.log" \
-        "$envoy" -c "$work/n$n/$workload-envoy.yaml" --concurrency 1 --disable-hot-restart \
+        env ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$native_dir" "$envoy" -c "$work/n$n/$workload-envoy.yaml" --concurrency 1 --disable-hot-restart \
         --base-id "$((base_id + n * 10 + slot))" -l warn
     retry_while "$last_pid" 300 on_node "$(ns "$n")" curl -sf "http://127.0.0.1:$(admin_port "$slot")/ready" ||
         fail "$workload's Envoy did not become ready"
@@ -435,6 +448,7 @@ keep_mesh() {
         echo "work=$work"
         echo "base_id=$base_id"
         echo "fast_path=(${fast_path[*]})"
+        echo "runtime=$runtime"
     } > "$STATE"
     keep_on_exit=1
     section "the mesh keeps running (--keep); try:"
@@ -578,6 +592,7 @@ run_demo() {
 }
 
 fast_path=()
+runtime=native
 full_ids=0
 keep=0
 case "${1:-}" in
@@ -593,10 +608,14 @@ esac
 while (($#)); do
     case $1 in
         --fast-path) fast_path=(--fast-path) ;;
+        --runtime)
+            runtime=${2:-}
+            [[ $runtime == native || $runtime == wasm ]] || { echo "$0: --runtime native|wasm" >&2; exit 2; }
+            shift ;;
         --full-ids) full_ids=1 ;;
         --keep) keep=1 ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "usage: $0 [--fast-path] [--full-ids] [--keep] | --down | pod|node|add-check|calls|kill-node ... (see --help)" >&2; exit 2 ;;
+        *) echo "usage: $0 [--runtime native|wasm] [--fast-path] [--full-ids] [--keep] | --down | pod|node|add-check|calls|kill-node ... (see --help)" >&2; exit 2 ;;
     esac
     shift
 done
