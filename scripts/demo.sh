@@ -356,9 +356,11 @@ policy_denied() {
     # check's sidecar closes the connection once the caller proved who it is; the
     # client's own sidecar answers 503. Why, is in check's sidecar's log:
     [[ $code == 503 ]] || fail "check's sidecar did not refuse the client"
-    retry 25 grep -q "closing the connection (policy)" "$work/n3/check-envoy.log" ||
+    # (The Wasm filter logs "closing the connection (policy)", the native module
+    # "refused.policy".)
+    retry 25 grep -qE "closing the connection \(policy\)|refused\.policy" "$work/n3/check-envoy.log" ||
         fail "check's sidecar did not log a policy refusal"
-    echo "    check's sidecar: $(grep -o "closing the connection (policy).*" "$work/n3/check-envoy.log" | head -n1 | cut -c1-160)"
+    echo "    check's sidecar: $(grep -oE "closing the connection \(policy\).*|refused\.policy.*" "$work/n3/check-envoy.log" | head -n1 | cut -c1-160)"
 }
 
 impostor_refused() {
@@ -417,7 +419,7 @@ pod_asks_agent() {
         case "$call:$code" in
             *client/identity:200) echo "    $call -> 200: its own workload's public identity (the pod's cgroup is the workload's)" ;;
             *client/identity:*) fail "pod client was refused its own identity ($code): $(cat "$work/pod-call.json")" ;;
-            *client/key:403) echo "    $call -> 403 $(json 'v["reason"]' < "$work/pod-call.json"): the private key never leaves the agent, which signs the sidecar's handshakes" ;;
+            *client/key:403) echo "    $call -> 403 $(json 'v["reason"]' < "$work/pod-call.json"): the private key never leaves the agent, which signs for the sidecar (wasm) or delegates it a short-lived key (native)" ;;
             *:403) echo "    $call -> 403 $(json 'v["reason"]' < "$work/pod-call.json")" ;;
             *) fail "$call from a pod answered $code: $(cat "$work/pod-call.json")" ;;
         esac
