@@ -18,7 +18,9 @@ Runs, back to back in one invocation, Fortio against:
   direct     fortio client -> app (fortio server, 127.0.0.12:8080)
   plaintext  client -> Envoy A 127.0.0.11:15001 -> HTTP/1.1 -> Envoy B 127.0.0.12:15006 -> app
   mtls       same, but A -> B is mutual TLS 1.3 (throwaway CA, ECDSA P-256 certs, SAN checked)
-  themis     a Themis pair started by benchmarks/envoy/themis-pair.sh (skipped if absent)
+  themis     a Themis pair started by benchmarks/envoy/themis-pair.sh (skipped if absent),
+             sealed by the Wasm filter
+  themis-native  the same pair sealed by the native module (libthemis_native.so)
 
 For each scenario, body size (1 KB, 64 KB), pacing (Fortio's default and -uniform) and
 connection count (16 and 64), over HTTP/1.1 and gRPC: a latency run at 1000 requests/s (p50/p90/p99) and a
@@ -507,6 +509,7 @@ LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---------------------------------------------------------------------------- report
 CLK_TCK=$(getconf CLK_TCK)
+CHART=${SUMMARY%.json}.svg
 python3 - "$TMP/results" "$ROUNDS" "$SCENARIOS" "$CLK_TCK" "$SUMMARY" <<'EOF'
 import collections, json, os, statistics, sys
 
@@ -580,6 +583,7 @@ if notes:
     print("\n".join(notes))
     print()
 EOF
+python3 "$HERE/chart.py" "$SUMMARY" "$CHART" || log "the chart could not be drawn"
 
 cat <<EOF
 - p50/p90/p99: Fortio's latency percentiles at a fixed $QPS requests/s (\`-qps $QPS\`); "max qps": \`-qps 0\`;
@@ -592,7 +596,8 @@ cat <<EOF
   every c/$QPS s); uniform: \`-uniform\`, requests spread evenly. Rounds interleave the scenarios.
 - Envoys: \`--concurrency 2\`, keep-alive pools, log level warn, no access logs;
   mtls = TLS 1.3, ECDSA P-256 certificates, client certificate required, SANs checked both ways.
-- machine-readable: \`${SUMMARY#"$ROOT"/}\` (one object per run).
+- machine-readable: \`${SUMMARY#"$ROOT"/}\` (one object per run); chart: \`${CHART#"$ROOT"/}\`
+  (max qps and Envoy CPU per request by scenario, drawn by benchmarks/envoy/chart.py).
 - command: \`$CMDLINE\`
 - versions: Envoy $("$ENVOY" --version 2>/dev/null | sed -n 's/.*version: *//p' | head -n1 | cut -d/ -f2,4,5), Fortio $("$FORTIO" version 2>/dev/null)
 - started $STARTED_AT on $(nproc) cores; load average $LOAD_BEFORE before, $LOAD_AFTER after
