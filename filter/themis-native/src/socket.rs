@@ -621,3 +621,60 @@ fn expected_peer(
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use themis_envoy::agent::Instance;
+
+    fn at(id: u8, endpoint: &str) -> Instance {
+        Instance {
+            id: PeerId([id; 32]),
+            endpoint: endpoint.parse().unwrap(),
+            metadata: Default::default(),
+        }
+    }
+
+    #[test]
+    fn the_expected_peer_is_the_one_id_listed_at_the_address() {
+        let mut snapshot = Snapshot::default();
+        let remote: SocketAddr = "10.0.0.2:15006".parse().unwrap();
+        let refused = |s: &Snapshot| expected_peer(s, "check", remote).unwrap_err().0;
+        assert_eq!(refused(&snapshot), "unresolved");
+        snapshot.resolutions.insert(
+            "check".into(),
+            vec![at(1, "10.0.0.1:15006"), at(2, "10.0.0.2:15006")],
+        );
+        assert_eq!(
+            expected_peer(&snapshot, "check", remote).unwrap(),
+            PeerId([2; 32])
+        );
+        // Listed for another service only: not this cluster's.
+        assert_eq!(
+            expected_peer(&snapshot, "other", remote).unwrap_err().0,
+            "unresolved"
+        );
+        // The same id twice (two records) is still one id.
+        snapshot
+            .resolutions
+            .get_mut("check")
+            .unwrap()
+            .push(at(2, "10.0.0.2:15006"));
+        assert_eq!(
+            expected_peer(&snapshot, "check", remote).unwrap(),
+            PeerId([2; 32])
+        );
+        // A second id at the address: which one was meant cannot be told.
+        snapshot
+            .resolutions
+            .get_mut("check")
+            .unwrap()
+            .push(at(3, "10.0.0.2:15006"));
+        assert_eq!(refused(&snapshot), "ambiguous");
+        // Nobody there.
+        snapshot
+            .resolutions
+            .insert("check".into(), vec![at(1, "10.0.0.1:15006")]);
+        assert_eq!(refused(&snapshot), "not_endorsed");
+    }
+}
