@@ -30,9 +30,10 @@ BUSYBOX_IMAGE=localhost/themis/busybox:1
 # restored by down. It offers no way to leave them alone (protectKernelDefaults fails).
 SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
     kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
-# Paths outside $RUN that containerd and the kubelet create; down removes those up found
-# missing.
-OUTSIDE=(/run/containerd /var/lib/cni /usr/libexec/kubernetes)
+# Paths outside $RUN that containerd and the kubelet create whatever they are told
+# (shim sockets, CNI results, the device-plugin socket directory, container log links);
+# down removes those up found missing. /run/netns (ip netns) is only removed if empty.
+OUTSIDE=(/run/containerd /var/lib/cni /var/lib/kubelet /var/log/containers /usr/libexec/kubernetes /run/netns)
 
 usage() {
     cat << EOF
@@ -69,8 +70,14 @@ kctl() { "$K8S_BIN/kubectl" --kubeconfig "$RUN/pki/admin.kubeconfig" "$@"; }
 node_ctr() { ctr --address "$RUN/containerd/containerd.sock" --namespace k8s.io "$@"; }
 in_node() { ip netns exec "$NS" "$@"; }
 
-# Whether a daemon NAME recorded in $PID_FILE still runs.
-daemon_pid() { recorded_pids "$1" | head -n1; }
+# The pid of daemon NAME (recorded in $PID_FILE) if it still runs. Not a zombie: pid 1
+# on these machines (not an init) reaps the orphans it inherits late, so a daemon that
+# died can stay in the process table for a while.
+daemon_pid() {
+    local pid
+    for pid in $(recorded_pids "$1"); do running "$pid" && echo "$pid" && return 0; done
+    return 0
+}
 
 # Starts a daemon in the node's network namespace (it keeps the host's mounts and
 # cgroups), logging to $RUN/logs/NAME.log.
@@ -298,7 +305,7 @@ EOF
 
 up() {
     ((EUID == 0)) || fail "scripts/k8s/cluster.sh up needs root"
-    if [[ -f $PID_FILE && -n "$(recorded_pids '*')" ]]; then
+    if [[ -f $PID_FILE && -n "$(daemon_pid '*')" ]]; then
         ok "the cluster is already up ($RUN); scripts/k8s/cluster.sh down first for a fresh one"
         return 0
     fi
@@ -399,7 +406,7 @@ node_ready() {
 
 down() {
     ((EUID == 0)) || fail "scripts/k8s/cluster.sh down needs root"
-    local t0=$SECONDS pid netns
+    local t0=$SECONDS pid p
     step "stopping the cluster ($RUN)"
     # The pods first, through the kubelet while it runs: it stops their containers and
     # has CNI release their addresses.
@@ -437,7 +444,14 @@ down() {
     fi
     [[ -f $RUN/propagation && "$(cat "$RUN/propagation")" == private ]] && mount --make-rprivate /
     for p in "${OUTSIDE[@]}"; do
-        [[ -e $p ]] && ! grep -qx "$p" "$RUN/preexisting" 2> /dev/null && rm -rf "$p"
+        [[ -e $p ]] && ! grep -qx "$p" "$RUN/preexisting" 2> /dev/null || continue
+        if [[ $p == /run/netns ]]; then
+            # ip netns bind-mounts it on itself; another user's namespaces keep it busy.
+            [[ -z "$(ls -A "$p")" ]] && umount "$p" 2> /dev/null
+            rmdir "$p" 2> /dev/null || true
+        else
+            rm -rf "$p"
+        fi
     done
     rm -rf "$RUN"
     ok "down in $((SECONDS - t0)) s: no daemons, mounts, namespace $NS, routes or cgroups left"
