@@ -29,11 +29,12 @@ usage() {
 usage: scripts/k8s/build.sh [--print-bin]
 
 Builds Kubernetes $K8S_VERSION (kube-apiserver, kube-controller-manager,
-kube-scheduler, kubelet, kube-proxy, kubectl) and etcd $ETCD_VERSION with Go from the
+kube-scheduler, kubelet, kube-proxy, kubectl), etcd $ETCD_VERSION and CoreDNS
+$COREDNS_VERSION with Go from the
 Go module proxy (Go >= $GO_MIN: the one here, or fetched), into
   $K8S_BIN
 Nothing is built when all of them are there with the right version (a second run
-takes a second). About 15-20 minutes cold on 2 busy cores (builds run under nice and
+takes a second). About 15 minutes cold on 2 busy cores (builds run under nice and
 ionice, one package at a time).
 
   --print-bin   only print the binaries' directory (exit 1 if a binary is missing)
@@ -55,11 +56,19 @@ have_all() {
     local b
     for b in "${K8S_BINARIES[@]}"; do [[ -x $K8S_BIN/$b ]] || return 1; done
     "$K8S_BIN/kubelet" --version 2> /dev/null | grep -qx "Kubernetes $K8S_VERSION" &&
-        "$K8S_BIN/etcd" --version 2> /dev/null | grep -q "^etcd Version: ${ETCD_VERSION#v}$"
+        "$K8S_BIN/etcd" --version 2> /dev/null | grep -q "^etcd Version: ${ETCD_VERSION#v}$" &&
+        "$K8S_BIN/coredns" -version 2> /dev/null | grep -q "^CoreDNS-${COREDNS_VERSION#v}$"
+}
+
+# missing: whether some of the wrapper module's binaries are not built yet.
+missing() {
+    local b
+    for b in "${K8S_BINARIES[@]}"; do [[ -x $K8S_BIN/$b ]] || return 0; done
+    return 1
 }
 
 if have_all; then
-    ok "Kubernetes $K8S_VERSION and etcd $ETCD_VERSION ($K8S_BIN)"
+    ok "Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, CoreDNS $COREDNS_VERSION ($K8S_BIN)"
     exit 0
 fi
 
@@ -78,6 +87,21 @@ quiet() { nice -n 19 ionice -c3 "$@"; }
 work=$(dirname "$K8S_BIN")/module
 mkdir -p "$work" "$K8S_BIN"
 cd "$work"
+
+# CoreDNS (the cluster's DNS, as kubeadm installs it) is an ordinary module: go install.
+if [[ ! -x $K8S_BIN/coredns ]]; then
+    step "building coredns (go install github.com/coredns/coredns@$COREDNS_VERSION)"
+    start=$SECONDS
+    GOBIN=$work/gobin quiet "$go" install -p 1 -trimpath -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION" \
+        > coredns.log 2>&1 || { tail -n 20 coredns.log >&2; fail "go install of CoreDNS failed (log: $work/coredns.log)"; }
+    mv "$work/gobin/coredns" "$K8S_BIN/coredns"
+    ok "coredns in $((SECONDS - start)) s"
+fi
+if ! missing; then
+    have_all || fail "the binaries in $K8S_BIN do not report Kubernetes $K8S_VERSION / etcd $ETCD_VERSION / CoreDNS $COREDNS_VERSION: remove them and run again"
+    ok "Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, CoreDNS $COREDNS_VERSION ($K8S_BIN)"
+    exit 0
+fi
 
 step "downloading k8s.io/kubernetes@$K8S_VERSION's go.mod (its staging modules)"
 kube_mod=$(quiet "$go" mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
@@ -134,6 +158,7 @@ done
 
 for i in "${!K8S_BINARIES[@]}"; do
     b=${K8S_BINARIES[$i]} p=${K8S_PACKAGES[$i]}
+    [[ -x $K8S_BIN/$b ]] && { ok "$b (built before)"; continue; }
     step "building $b ($p)"
     start=$SECONDS
     quiet "$go" build -p 1 -trimpath -ldflags "$ldflags" -o "$K8S_BIN/$b.new" "$p"
@@ -141,5 +166,5 @@ for i in "${!K8S_BINARIES[@]}"; do
     ok "$b in $((SECONDS - start)) s"
 done
 
-have_all || fail "built, but the binaries do not report Kubernetes $K8S_VERSION / etcd $ETCD_VERSION"
-ok "Kubernetes $K8S_VERSION and etcd $ETCD_VERSION ($K8S_BIN)"
+have_all || fail "built, but the binaries do not report Kubernetes $K8S_VERSION / etcd $ETCD_VERSION / CoreDNS $COREDNS_VERSION"
+ok "Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, CoreDNS $COREDNS_VERSION ($K8S_BIN)"

@@ -21,11 +21,12 @@ NS=themis-k8s                          # the node's network namespace
 HOST_IF=themis-k8s                     # the host's end of the veth to the node
 HOST_IP=10.250.0.1 NODE_IP=10.250.0.2  # the /30 between them
 POD_CIDR=10.244.0.0/16 NODE_POD_CIDR=10.244.0.0/24
-SERVICE_CIDR=10.96.0.0/12 API_SERVICE_IP=10.96.0.1
+SERVICE_CIDR=10.96.0.0/12 API_SERVICE_IP=10.96.0.1 DNS_SERVICE_IP=10.96.0.10
 NODE=themis-node
 CGROUP_ROOT=/themis-k8s # the kubelet's cgroup root, in every hierarchy: what down removes
 PAUSE_IMAGE=localhost/themis/pause:3.10
 BUSYBOX_IMAGE=localhost/themis/busybox:1
+COREDNS_IMAGE=localhost/themis/coredns:${COREDNS_VERSION#v}
 # What the kubelet sets on the whole machine (not only on the node): saved by up,
 # restored by down. It offers no way to leave them alone (protectKernelDefaults fails).
 SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
@@ -42,8 +43,9 @@ usage: scripts/k8s/cluster.sh up|down|status|smoke|kubectl ARGS...|env
   up       builds the binaries if needed (scripts/k8s/build.sh), installs Debian's
            containerd, runc and CNI plugins if missing, and starts a one-node
            Kubernetes $K8S_VERSION cluster; waits until the node is Ready
-  smoke    on a running cluster: a busybox web pod behind a ClusterIP Service, called
-           from another pod; prints where the containers sit in the cgroup v2 tree
+  smoke    on a running cluster: a busybox web pod behind a ClusterIP Service, resolved
+           by name and called from another pod; prints where a container sits in the
+           cgroup v2 tree
   status   what runs (each daemon by its recorded pid) and the node's state
   down     stops everything by pid and removes all up made: mounts, the node's
            network namespace (its bridge and iptables rules go with it), routes,
@@ -57,9 +59,9 @@ https://$NODE_IP:6443 (reachable from the host through the veth only), container
 the kubelet and kube-proxy (iptables mode). Pods get $NODE_POD_CIDR on a CNI bridge
 inside it; Services $SERVICE_CIDR. The host has blackhole routes for $POD_CIDR and
 $SERVICE_CIDR, and the node no default route: nothing can leave the machine.
-No cluster DNS: pods find Services by the {NAME}_SERVICE_HOST/_PORT variables or
-hostAliases (docs/KUBERNETES.md). Images are built here (pause, busybox) and imported
-into containerd; nothing is pulled. Needs root.
+Cluster DNS: CoreDNS (built here) at $DNS_SERVICE_IP, serving cluster.local only, with no
+upstream: other names do not resolve. Images are built here (pause, busybox, coredns)
+and imported into containerd; nothing is pulled. Needs root.
 Run directory: \$THEMIS_K8S_RUN (default /run/themis-k8s).
 EOF
 }
@@ -177,7 +179,21 @@ make_images() {
     printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' > "$root/etc/passwd"
     printf 'root:x:0:\nnobody:x:65534:\n' > "$root/etc/group"
     chmod 1777 "$root/tmp"
+    # glibc's getent (with the libraries it loads) resolves names as most programs do,
+    # through nsswitch and the pod's /etc/resolv.conf.
+    local lib
+    mkdir -p "$root/usr/bin"
+    cp /usr/bin/getent "$root/usr/bin/getent"
+    for lib in $(ldd /usr/bin/getent | grep -o '/[^ ]*'); do
+        mkdir -p "$root$(dirname "$lib")" && cp -L "$lib" "$root$lib"
+    done
+    echo "hosts: files dns" > "$root/etc/nsswitch.conf"
     oci_archive "$BUSYBOX_IMAGE" "$root" "$dir/busybox.tar" /bin/sh
+
+    # CoreDNS: one static binary (scripts/k8s/build.sh).
+    mkdir -p "$dir/coredns/rootfs"
+    cp "$K8S_BIN/coredns" "$dir/coredns/rootfs/coredns"
+    oci_archive "$COREDNS_IMAGE" "$dir/coredns/rootfs" "$dir/coredns.tar" /coredns
 }
 
 # --- the node's network ---------------------------------------------------------------
@@ -274,7 +290,7 @@ authorization: {mode: Webhook}
 tlsCertFile: $RUN/pki/kubelet-serving.crt
 tlsPrivateKeyFile: $RUN/pki/kubelet-serving.key
 clusterDomain: cluster.local
-clusterDNS: []
+clusterDNS: [$DNS_SERVICE_IP]
 resolvConf: $RUN/kubelet/resolv.conf
 failSwapOn: false
 podLogsDir: $RUN/pod-logs
@@ -284,7 +300,8 @@ imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: 100Mi, nodefs.available: 1Gi, imagefs.available: 1Gi}
 serializeImagePulls: false
 EOF
-    # Pods get no name server: none is reachable from here, and a query must not leave.
+    # The node's resolv.conf, for pods of dnsPolicy Default (CoreDNS itself): no name
+    # server. None is reachable from here, and a query must not leave.
     echo "options ndots:1" > "$RUN/kubelet/resolv.conf"
     cat > "$RUN/kube-proxy.yaml" << EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -345,6 +362,7 @@ up() {
     await containerd 20 "its socket answering" node_ctr version
     node_ctr images import "$RUN/images/pause.tar" > /dev/null
     node_ctr images import "$RUN/images/busybox.tar" > /dev/null
+    node_ctr images import "$RUN/images/coredns.tar" > /dev/null
     ok "images: $(node_ctr images ls -q | grep '^localhost/' | paste -sd' ')"
 
     step "etcd $ETCD_VERSION and kube-apiserver $K8S_VERSION"
@@ -394,8 +412,87 @@ up() {
     # Pods can be created once the controller-manager has made the default namespace's
     # service account.
     await kube-controller-manager 60 "the default service account" kctl get serviceaccount default
+    step "CoreDNS $COREDNS_VERSION (Service kube-dns, $DNS_SERVICE_IP): cluster.local only, no upstream"
+    coredns_manifest | kctl apply -f - > /dev/null
+    kctl -n kube-system rollout status deployment/coredns --timeout=90s > /dev/null ||
+        fail "CoreDNS did not become ready: scripts/k8s/cluster.sh kubectl -n kube-system describe pods"
     ok "node $NODE Ready; the cluster is up in $((SECONDS - t0)) s"
     echo "    kubectl: scripts/k8s/cluster.sh kubectl get pods -A   (or: eval \$(scripts/k8s/cluster.sh env))"
+}
+
+# CoreDNS as kubeadm deploys it, minus `forward`: names outside cluster.local are
+# refused rather than sent anywhere.
+coredns_manifest() {
+    cat << EOF
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: coredns, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "system:coredns"}
+rules:
+- {apiGroups: [""], resources: [endpoints, services, pods, namespaces], verbs: [list, watch]}
+- {apiGroups: [discovery.k8s.io], resources: [endpointslices], verbs: [list, watch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "system:coredns"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
+subjects: [{kind: ServiceAccount, name: coredns, namespace: kube-system}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: coredns, namespace: kube-system}
+data:
+  Corefile: |
+    .:53 {
+        errors
+        health :8080
+        ready :8181
+        kubernetes cluster.local in-addr.arpa ip6.arpa {
+            pods insecure
+            fallthrough in-addr.arpa ip6.arpa
+        }
+        cache 30
+        reload
+    }
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: coredns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+spec:
+  replicas: 1
+  selector: {matchLabels: {k8s-app: kube-dns}}
+  template:
+    metadata: {labels: {k8s-app: kube-dns}}
+    spec:
+      serviceAccountName: coredns
+      dnsPolicy: Default
+      priorityClassName: system-cluster-critical
+      containers:
+      - name: coredns
+        image: $COREDNS_IMAGE
+        imagePullPolicy: Never
+        args: [-conf, /etc/coredns/Corefile]
+        ports:
+        - {name: dns, containerPort: 53, protocol: UDP}
+        - {name: dns-tcp, containerPort: 53, protocol: TCP}
+        readinessProbe: {httpGet: {path: /ready, port: 8181}, periodSeconds: 2}
+        livenessProbe: {httpGet: {path: /health, port: 8080}, periodSeconds: 10}
+        volumeMounts: [{name: config, mountPath: /etc/coredns, readOnly: true}]
+      volumes: [{name: config, configMap: {name: coredns}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: kube-dns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+spec:
+  clusterIP: $DNS_SERVICE_IP
+  selector: {k8s-app: kube-dns}
+  ports:
+  - {name: dns, port: 53, protocol: UDP}
+  - {name: dns-tcp, port: 53, protocol: TCP}
+EOF
 }
 
 node_ready() {
@@ -526,13 +623,24 @@ EOF
     kctl wait --for=condition=Ready pod/web pod/client --timeout=90s > /dev/null ||
         { kctl describe pods | tail -n 30 | indent; fail "the smoke pods did not become Ready"; }
     ip=$(kctl get service web -o jsonpath='{.spec.clusterIP}')
-    # The Service by the variables the kubelet gives every pod (no cluster DNS). With
-    # nc: the wget of Debian's busybox-static crashes (SIGSEGV, also on the host).
+    # The Service by name (CoreDNS; glibc's getent, as a program would resolve it) and by
+    # the variables the kubelet gives every pod. nc: the wget of Debian's busybox-static
+    # crashes (SIGSEGV, on the host too).
+    local resolved
+    resolved=$(kctl exec client -- getent hosts web.default.svc.cluster.local | awk '{print $1}') ||
+        fail "client could not resolve web.default.svc.cluster.local"
+    [[ $resolved == "$ip" ]] || fail "web.default.svc.cluster.local resolved to '$resolved', not the ClusterIP $ip"
+    ok "client resolves web.default.svc.cluster.local -> $resolved (CoreDNS)"
     answer=$(kctl exec client -- sh -c \
         'printf "GET / HTTP/1.0\r\n\r\n" | nc -w 5 "$WEB_SERVICE_HOST" "$WEB_SERVICE_PORT"' | tail -n1) ||
         fail "client could not reach the web Service at $ip:80"
     [[ $answer == "hello from web" ]] || fail "unexpected answer from the web Service: $answer"
     ok "client -> Service web ($ip:80) -> pod web ($(kctl get pod web -o jsonpath='{.status.podIP}')): \"$answer\""
+    # A name outside the cluster must not resolve (and no query leaves).
+    if kctl exec client -- getent hosts example.com > /dev/null 2>&1; then
+        fail "example.com resolved inside the cluster: something answered from outside"
+    fi
+    ok "example.com does not resolve (CoreDNS has no upstream)"
     cgroup_report
     kctl delete pod client web --grace-period=1 > /dev/null
     kctl delete service web > /dev/null

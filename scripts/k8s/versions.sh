@@ -7,6 +7,8 @@
 K8S_VERSION=v1.33.13
 # The etcd k8s.io/kubernetes v1.33.13's go.mod requires (go.etcd.io/etcd/server/v3).
 ETCD_VERSION=v3.5.21
+# The cluster's DNS; its go.mod has no replace directives, so `go install` builds it.
+COREDNS_VERSION=v1.12.4
 
 K8S_CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/themis-mesh/k8s/$K8S_VERSION
 K8S_BIN=$K8S_CACHE/bin
