@@ -409,6 +409,7 @@ up() {
         --hostname-override "$NODE" --node-ip "$NODE_IP"
     start_daemon kube-proxy "$K8S_BIN/kube-proxy" --config "$RUN/kube-proxy.yaml"
     await kubelet 120 "node $NODE Ready" node_ready
+    ok "node $NODE Ready"
     # Pods can be created once the controller-manager has made the default namespace's
     # service account.
     await kube-controller-manager 60 "the default service account" kctl get serviceaccount default
@@ -416,7 +417,7 @@ up() {
     coredns_manifest | kctl apply -f - > /dev/null
     kctl -n kube-system rollout status deployment/coredns --timeout=90s > /dev/null ||
         fail "CoreDNS did not become ready: scripts/k8s/cluster.sh kubectl -n kube-system describe pods"
-    ok "node $NODE Ready; the cluster is up in $((SECONDS - t0)) s"
+    ok "the cluster is up in $((SECONDS - t0)) s"
     echo "    kubectl: scripts/k8s/cluster.sh kubectl get pods -A   (or: eval \$(scripts/k8s/cluster.sh env))"
 }
 
@@ -589,7 +590,7 @@ status() {
 
 smoke() {
     local t0=$SECONDS ip answer
-    step "smoke: a busybox web pod behind a ClusterIP Service, called from another pod"
+    step "smoke: a busybox web pod behind a ClusterIP Service, resolved and called from another pod"
     kctl apply -f - > /dev/null << EOF || fail "kubectl apply of the smoke pods failed"
 apiVersion: v1
 kind: Service
@@ -641,6 +642,11 @@ EOF
         fail "example.com resolved inside the cluster: something answered from outside"
     fi
     ok "example.com does not resolve (CoreDNS has no upstream)"
+    # An address outside the machine is unreachable (TEST-NET-3, never routed anyway).
+    if answer=$(kctl exec client -- sh -c 'nc -w 3 203.0.113.1 80 < /dev/null 2>&1' 2> /dev/null); then
+        fail "a pod connected to 203.0.113.1: traffic can leave the node"
+    fi
+    ok "203.0.113.1 from a pod: ${answer##*: }"
     cgroup_report
     kctl delete pod client web --grace-period=1 > /dev/null
     kctl delete service web > /dev/null
