@@ -506,7 +506,11 @@ down() {
     ((EUID == 0)) || fail "scripts/k8s/cluster.sh down needs root"
     local t0=$SECONDS pid p
     step "stopping the cluster ($RUN)"
-    # The pods first, through the kubelet while it runs: it stops their containers and
+    # The controllers first, so that no deleted pod is replaced (CoreDNS's Deployment).
+    for name in kube-controller-manager kube-scheduler; do
+        pid=$(daemon_pid "$name") && [[ -n $pid ]] && { stop_pids "$pid" && ok "stopped $name ($pid)"; }
+    done
+    # Then the pods, through the kubelet while it runs: it stops their containers and
     # has CNI release their addresses.
     if [[ -n "$(daemon_pid kubelet)" ]] && kctl get --raw /readyz > /dev/null 2>&1; then
         kctl delete pods --all --all-namespaces --grace-period=1 --wait=false > /dev/null 2>&1 || true
@@ -515,7 +519,7 @@ down() {
             sleep 0.5
         done
     fi
-    for name in kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do
+    for name in kube-proxy kubelet kube-apiserver etcd; do
         pid=$(daemon_pid "$name") && [[ -n $pid ]] && { stop_pids "$pid" && ok "stopped $name ($pid)"; }
     done
     # What the kubelet did not stop: containerd kills and deletes each task (its shim
