@@ -3,7 +3,6 @@
 # traffic leaving it. See --help and docs/KUBERNETES.md ("The test cluster").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ROOT=$PWD
 # shellcheck source=scripts/lib/ui.sh
 source scripts/lib/ui.sh
 # shellcheck source=scripts/lib/apt.sh
@@ -546,7 +545,7 @@ down() {
     fi
     [[ -f $RUN/propagation && "$(cat "$RUN/propagation")" == private ]] && mount --make-rprivate /
     for p in "${OUTSIDE[@]}"; do
-        [[ -e $p ]] && ! grep -qx "$p" "$RUN/preexisting" 2> /dev/null || continue
+        if [[ ! -e $p ]] || grep -qx "$p" "$RUN/preexisting" 2> /dev/null; then continue; fi
         if [[ $p == /run/netns ]]; then
             # ip netns bind-mounts it on itself; another user's namespaces keep it busy.
             [[ -z "$(ls -A "$p")" ]] && umount "$p" 2> /dev/null
@@ -636,6 +635,7 @@ EOF
         fail "client could not resolve web.default.svc.cluster.local"
     [[ $resolved == "$ip" ]] || fail "web.default.svc.cluster.local resolved to '$resolved', not the ClusterIP $ip"
     ok "client resolves web.default.svc.cluster.local -> $resolved (CoreDNS)"
+    # shellcheck disable=SC2016 # expanded by the pod's shell
     answer=$(kctl exec client -- sh -c \
         'printf "GET / HTTP/1.0\r\n\r\n" | nc -w 5 "$WEB_SERVICE_HOST" "$WEB_SERVICE_PORT"' | tail -n1) ||
         fail "client could not reach the web Service at $ip:80"

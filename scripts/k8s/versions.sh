@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034 # all used by the scripts that source this
 # The versions of the test cluster and where their binaries are cached (sourced by
 # scripts/k8s/build.sh and scripts/k8s/cluster.sh).
 
@@ -13,9 +13,7 @@ COREDNS_VERSION=v1.12.4
 K8S_CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/themis-mesh/k8s/$K8S_VERSION
 K8S_BIN=$K8S_CACHE/bin
 
-# shellcheck disable=SC2034 # used by the scripts that source this
 K8S_BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
-# shellcheck disable=SC2034
 K8S_PACKAGES=(
     go.etcd.io/etcd/server/v3
     k8s.io/kubernetes/cmd/kube-apiserver
