@@ -111,7 +111,7 @@ issue() { # NAME SUBJ USAGE [SANS]
         echo "basicConstraints=CA:FALSE"
         echo "keyUsage=critical,digitalSignature,keyEncipherment"
         if [[ $usage == server ]]; then echo "extendedKeyUsage=serverAuth"; else echo "extendedKeyUsage=clientAuth"; fi
-        [[ -n $sans ]] && echo "subjectAltName=$sans"
+        if [[ -n $sans ]]; then echo "subjectAltName=$sans"; fi
     } > "$ext"
     openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "$subj" \
         -keyout "$pki/$name.key" -out "$pki/$name.csr" 2> /dev/null
@@ -162,9 +162,9 @@ make_pki() {
 
 # --- images (no registry) -------------------------------------------------------------
 
-# Builds the pause and busybox images as OCI archives under $RUN/images.
+# Builds the pause, busybox and CoreDNS images as OCI archives under $RUN/images.
 make_images() {
-    local dir=$RUN/images root applet
+    local dir=$RUN/images root applet lib
     mkdir -p "$dir/pause/rootfs" "$dir/busybox/rootfs/bin" "$dir/busybox/rootfs/etc" "$dir/busybox/rootfs/tmp"
     gcc -static -Os -s -o "$dir/pause/rootfs/pause" scripts/k8s/pause.c
     oci_archive "$PAUSE_IMAGE" "$dir/pause/rootfs" "$dir/pause.tar" /pause
@@ -180,7 +180,6 @@ make_images() {
     chmod 1777 "$root/tmp"
     # glibc's getent (with the libraries it loads) resolves names as most programs do,
     # through nsswitch and the pod's /etc/resolv.conf.
-    local lib
     mkdir -p "$root/usr/bin"
     cp /usr/bin/getent "$root/usr/bin/getent"
     for lib in $(ldd /usr/bin/getent | grep -o '/[^ ]*'); do
