@@ -28,14 +28,15 @@ usage() {
     cat << EOF
 usage: scripts/k8s/build.sh [--print-bin]
 
-Builds Kubernetes $K8S_VERSION (kube-apiserver, kube-controller-manager,
-kube-scheduler, kubelet, kube-proxy, kubectl), etcd $ETCD_VERSION and CoreDNS
-$COREDNS_VERSION with Go from the
-Go module proxy (Go >= $GO_MIN: the one here, or fetched), into
+Builds Kubernetes $K8S_VERSION (kube-apiserver, kube-controller-manager, kube-scheduler,
+kubelet, kube-proxy, kubectl), etcd $ETCD_VERSION and CoreDNS $COREDNS_VERSION with Go
+from the Go module proxy (Go >= $GO_MIN: the one here, or fetched), into
   $K8S_BIN
-Nothing is built when all of them are there with the right version (a second run
-takes a second). About 15 minutes cold on 2 busy cores (builds run under nice and
-ionice, one package at a time).
+Nothing is built when all of them are there with the right version: a second run
+takes a second. Cold: about 15-20 minutes on 2 busy cores (under nice and ionice, one
+package at a time), and 7 GB of disk while building: the Go module cache (2 GB, kept),
+the build cache (4 GB, removed when done unless THEMIS_K8S_KEEP_GOCACHE=1), the
+binaries (0.55 GB). It refuses to start with less than 8 GB free.
 
   --print-bin   only print the binaries' directory (exit 1 if a binary is missing)
 EOF
@@ -72,6 +73,11 @@ if have_all; then
     exit 0
 fi
 
+# A build that fills the disk breaks every other job on the machine: refuse first.
+mkdir -p "$K8S_BIN"
+free_gb=$(df --output=avail -BG "$K8S_BIN" | tail -n1 | tr -dc 0-9)
+((free_gb >= 8)) || fail "only ${free_gb} GB free under $K8S_BIN: building needs about 7 GB (see --help)"
+
 go_toolchain "$GO_MIN" "$GO_TOOLCHAIN" "Kubernetes" # sets go
 ok "Go $(go_version "$go") ($go)"
 
@@ -83,6 +89,17 @@ export GOFLAGS="-modcacherw -buildvcs=false" GOTOOLCHAIN=local CGO_ENABLED=0
 # time, at the lowest priority. GOMAXPROCS=1 for the go command and the compiler.
 export GOMAXPROCS=${GOMAXPROCS:-1}
 quiet() { nice -n 19 ionice -c3 "$@"; }
+
+# The build cache is 4 GB after a cold build and the binaries are all that is needed
+# (the disk of these machines is sometimes nearly full): removed once they are built.
+# THEMIS_K8S_KEEP_GOCACHE=1 keeps it. The module cache (2 GB) stays: it makes a rebuild
+# need no network.
+finish() {
+    have_all || fail "the binaries in $K8S_BIN do not report Kubernetes $K8S_VERSION / etcd $ETCD_VERSION / CoreDNS $COREDNS_VERSION: remove them and run again"
+    [[ ${THEMIS_K8S_KEEP_GOCACHE:-} == 1 ]] || rm -rf "$GOCACHE"
+    ok "Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, CoreDNS $COREDNS_VERSION ($K8S_BIN)"
+    exit 0
+}
 
 work=$(dirname "$K8S_BIN")/module
 mkdir -p "$work" "$K8S_BIN"
@@ -97,11 +114,7 @@ if [[ ! -x $K8S_BIN/coredns ]]; then
     mv "$work/gobin/coredns" "$K8S_BIN/coredns"
     ok "coredns in $((SECONDS - start)) s"
 fi
-if ! missing; then
-    have_all || fail "the binaries in $K8S_BIN do not report Kubernetes $K8S_VERSION / etcd $ETCD_VERSION / CoreDNS $COREDNS_VERSION: remove them and run again"
-    ok "Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, CoreDNS $COREDNS_VERSION ($K8S_BIN)"
-    exit 0
-fi
+missing || finish
 
 step "downloading k8s.io/kubernetes@$K8S_VERSION's go.mod (its staging modules)"
 kube_mod=$(quiet "$go" mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
@@ -166,5 +179,4 @@ for i in "${!K8S_BINARIES[@]}"; do
     ok "$b in $((SECONDS - start)) s"
 done
 
-have_all || fail "built, but the binaries do not report Kubernetes $K8S_VERSION / etcd $ETCD_VERSION / CoreDNS $COREDNS_VERSION"
-ok "Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, CoreDNS $COREDNS_VERSION ($K8S_BIN)"
+finish
