@@ -1,0 +1,25 @@
+# shellcheck shell=bash disable=SC2034 # all used by the scripts that source this
+# The versions of the test cluster and where their binaries are cached (sourced by
+# scripts/k8s/build.sh and scripts/k8s/cluster.sh).
+
+# The newest 1.33 patch the Go module proxy serves. 1.33, not 1.35+: kubelet >= 1.35
+# refuses cgroup v1, and these machines have hybrid cgroups (v1 controllers).
+K8S_VERSION=v1.33.13
+# The etcd k8s.io/kubernetes v1.33.13's go.mod requires (go.etcd.io/etcd/server/v3).
+ETCD_VERSION=v3.5.21
+# The cluster's DNS; its go.mod has no replace directives, so `go install` builds it.
+COREDNS_VERSION=v1.12.4
+
+K8S_CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/themis-mesh/k8s/$K8S_VERSION
+K8S_BIN=$K8S_CACHE/bin
+
+K8S_BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+K8S_PACKAGES=(
+    go.etcd.io/etcd/server/v3
+    k8s.io/kubernetes/cmd/kube-apiserver
+    k8s.io/kubernetes/cmd/kube-controller-manager
+    k8s.io/kubernetes/cmd/kube-scheduler
+    k8s.io/kubernetes/cmd/kubelet
+    k8s.io/kubernetes/cmd/kube-proxy
+    k8s.io/kubernetes/cmd/kubectl
+)
