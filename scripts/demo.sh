@@ -459,7 +459,7 @@ keep_mesh() {
     $me node 1 themis resolve check              # node 1's agent: check's instances
     $me node 1 themis ring                       # its place in the ring
     $me node 3 curl -s 127.0.0.1:9464/metrics | grep '^themis_'           # agent metrics
-    $me node 3 curl -s 127.0.0.1:15000/stats | grep wasmcustom.themis   # check's sidecar
+    $me node 3 curl -s 127.0.0.1:15000/stats | grep themis   # check's sidecar (Envoy's and the Wasm roles' counters)
     $me add-check                                # a second check instance (check-2, node 2)
     $me calls 20                                 # 20 calls: which check instance answered
     $me kill-node 3                              # node 3 dies (agent, check's pod)
