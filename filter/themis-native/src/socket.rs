@@ -168,6 +168,7 @@ impl Factory {
             peer: None,
             generation: 0,
             replied: false,
+            charged: false,
             failure: None,
             id: None,
             remote: None,
@@ -194,6 +195,9 @@ pub struct Connection {
     generation: u64,
     /// Inbound: message 2 has been queued.
     replied: bool,
+    /// Inbound: the source's handshake bucket was charged (once per connection, at
+    /// its first bytes, however many reads message 1 takes).
+    charged: bool,
     failure: Option<String>,
     id: Option<u64>,
     remote: Option<SocketAddr>,
@@ -362,9 +366,10 @@ impl Connection {
                     .ok_or(("keyless", "no delegated key from the agent yet".to_string()))?;
                 let config = &self.config;
                 let remote = self.remote;
+                let charge = !std::mem::replace(&mut self.charged, true);
                 let out = WORKER.with(|w| {
                     let w = &mut *w.borrow_mut();
-                    if !self.replied && stream.established().is_none() {
+                    if charge {
                         let sources = w.sources.get_or_insert_with(|| {
                             SourceLimiter::new(
                                 config.hellos_per_source,
