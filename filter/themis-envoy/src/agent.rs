@@ -120,6 +120,16 @@ pub fn parse_public_identity(
 ) -> Result<PublicIdentity, AgentError> {
     let raw: api::PublicIdentity =
         serde_json::from_slice(body).map_err(|e| AgentError::Json(e.to_string()))?;
+    check_public_identity(&raw, workload, mesh)
+}
+
+/// [`parse_public_identity`] on an identity already parsed (the one a delegation
+/// answer carries): for `workload` in `mesh`, its key hashing to its id.
+pub fn check_public_identity(
+    raw: &api::PublicIdentity,
+    workload: &str,
+    mesh: &MeshName,
+) -> Result<PublicIdentity, AgentError> {
     if raw.workload.as_str() != workload || raw.mesh != mesh.as_str() {
         return Err(AgentError::Key(format!(
             "it is for workload {} in mesh {}, not {workload} in {}",

@@ -188,8 +188,8 @@ impl Runtime {
         let answer = self.call("POST", &paths::workload_delegate(&self.workload), &body)?;
         let delegated: api::Delegated = serde_json::from_slice(&answer)
             .map_err(|e| format!("the answer does not parse: {e}"))?;
-        let identity = themis_envoy::agent::parse_public_identity(
-            &serde_json::to_vec(&delegated.identity).map_err(|e| e.to_string())?,
+        let identity = themis_envoy::agent::check_public_identity(
+            &delegated.identity,
             &self.workload,
             &self.root.mesh,
         )
