@@ -18,6 +18,14 @@ source scripts/lib/ui.sh
 started=$SECONDS
 section() { printf '\n'; step "[$(((SECONDS - started) / 60)):$(printf %02d $(((SECONDS - started) % 60)))] $*"; }
 
+# A cold run needs about 10 GB here (target/, fuzz/target/): say so before a build fails
+# halfway with "No space left on device".
+free_gb=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
+if ((free_gb < 12)); then
+    printf "note: only %s GB free on %s; a cold run of this suite needs about 12 GB\n" "$free_gb" "$(df -P . | awk 'NR==2 {print $6}')" >&2
+fi
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}   # one build per run: incremental state is only disk
+
 section "set-up, as with Debian 12's Go 1.19 (the tests need no Go)"
 scripts/without-go.sh --old-go scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
