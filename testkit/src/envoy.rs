@@ -113,8 +113,12 @@ pub fn render(sidecar: &Sidecar<'_>) -> String {
 
 /// [`render`] with the module fetched and pinned as `pin` says.
 pub fn render_pinned(sidecar: &Sidecar<'_>, pin: &Pin) -> String {
-    let mut values = common_values(sidecar, pin);
+    let mut values = common_values(sidecar);
     values.extend([
+        ("FILTER_CODE", pin.code()),
+        ("MODULE_CLUSTER", pin.cluster()),
+        ("AGENT_SOCKET", sidecar.agent_socket.display().to_string()),
+        ("OUTBOUND_CONFIG", sidecar.outbound_config.to_owned()),
         ("INBOUND_CONFIG", sidecar.inbound_config.to_owned()),
         // The sealing filter is configured like the outbound one (same workload),
         // without its routing options.
@@ -124,8 +128,8 @@ pub fn render_pinned(sidecar: &Sidecar<'_>, pin: &Pin) -> String {
 }
 
 /// `deploy/envoy/sidecar-native.yaml` for `sidecar`, whose app calls `calls`: the
-/// native module's transport sockets seal (one sealing cluster per called service);
-/// the outbound role (resolution, pick) is the pinned Wasm filter's.
+/// native module's HTTP filter picks and its transport sockets seal (one sealing
+/// cluster per called service): no Wasm at all.
 pub fn render_native(sidecar: &Sidecar<'_>, calls: &[&str]) -> String {
     crate::build::native_module();
     let socket = sidecar.agent_socket.display().to_string();
@@ -172,8 +176,9 @@ pub fn render_native(sidecar: &Sidecar<'_>, calls: &[&str]) -> String {
             )
         })
         .collect();
-    let mut values = common_values(sidecar, filter_pin());
+    let mut values = common_values(sidecar);
     values.extend([
+        ("OUTBOUND_CONFIG", with_socket(sidecar.outbound_config)),
         ("INBOUND_CONFIG", with_socket(sidecar.inbound_config)),
         ("SEAL_CLUSTERS", clusters.concat()),
         ("OUTBOUND_VHOSTS", vhosts.join("\n            ")),
@@ -197,19 +202,15 @@ fn edit_json(
 }
 
 /// The values both runtimes' templates take.
-fn common_values(sidecar: &Sidecar<'_>, pin: &Pin) -> Vec<(&'static str, String)> {
+fn common_values(sidecar: &Sidecar<'_>) -> Vec<(&'static str, String)> {
     vec![
         ("ADMIN_PORT", "0".to_owned()),
         ("OUTBOUND_ADDRESS", sidecar.ip.to_owned()),
         ("OUTBOUND_PORT", "0".to_owned()),
         ("INBOUND_ADDRESS", sidecar.ip.to_owned()),
         ("INBOUND_PORT", "0".to_owned()),
-        ("FILTER_CODE", pin.code()),
-        ("MODULE_CLUSTER", pin.cluster()),
-        ("AGENT_SOCKET", sidecar.agent_socket.display().to_string()),
         ("APP_ADDRESS", sidecar.app.ip().to_string()),
         ("APP_PORT", sidecar.app.port().to_string()),
-        ("OUTBOUND_CONFIG", sidecar.outbound_config.to_owned()),
         ("APP_PROTOCOL_OPTIONS", sidecar.app_protocol.options()),
         (
             "INBOUND_CONNECT_ROUTE",

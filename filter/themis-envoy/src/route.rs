@@ -10,6 +10,11 @@ use themis_core::PeerId;
 use crate::agent::Instance;
 use crate::config::Canary;
 
+/// Where the call goes (`ip:port`), for `envoy.network.transport_socket.original_dst_address`.
+pub const DESTINATION_HEADER: &str = "x-themis-destination";
+/// The id it must prove (hex), for `envoy.network.upstream_server_name`.
+pub const PEER_HEADER: &str = "x-themis-expect-peer";
+
 /// At most this many services are remembered per worker (an app calling many
 /// names must not grow the cache without bound).
 pub const MAX_SERVICES: usize = 1024;
@@ -53,14 +58,25 @@ impl Routes {
         let Some(resolved) = self.services.get(service).filter(|r| r.expires_ms > now_ms) else {
             return Pick::Resolve;
         };
-        let up: Vec<&Instance> = resolved
-            .instances
+        self.pick_from(service, &resolved.instances, now_ms, random)
+    }
+
+    /// Picks among `instances` of `service` (a resolution kept elsewhere: the native
+    /// runtime's snapshot), with this worker's canary splits and health marks.
+    pub fn pick_from(
+        &self,
+        service: &str,
+        instances: &[Instance],
+        now_ms: u64,
+        random: u32,
+    ) -> Pick {
+        let up: Vec<&Instance> = instances
             .iter()
             .filter(|i| self.down.get(&i.id).is_none_or(|&until| until <= now_ms))
             .collect();
         // Every instance failed recently: try them anyway rather than fail for sure.
         let candidates: Vec<&Instance> = match up.is_empty() {
-            true => resolved.instances.iter().collect(),
+            true => instances.iter().collect(),
             false => up,
         };
         if candidates.is_empty() {

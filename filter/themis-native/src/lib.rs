@@ -21,5 +21,6 @@
 
 mod ffi;
 pub mod filter;
+pub mod outbound;
 pub mod runtime;
 pub mod socket;

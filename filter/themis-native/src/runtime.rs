@@ -112,6 +112,11 @@ impl Runtime {
         }
     }
 
+    /// True if `service` is kept resolved (a sealing cluster of this Envoy reaches it).
+    pub fn wants(&self, service: &str) -> bool {
+        self.wanted.lock().is_ok_and(|w| w.contains(service))
+    }
+
     /// Asks for the wanted services to be resolved again on the next tick.
     pub fn refresh(&self) {
         self.stale.store(true, Ordering::Relaxed);

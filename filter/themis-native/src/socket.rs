@@ -74,8 +74,10 @@ impl Outcome {
 /// connection stops taking plaintext from Envoy until the socket drains.
 const MAX_PENDING: usize = 256 * 1024;
 
-/// Per worker: the inbound guards, and the peers proven on this worker's
-/// connections, for the network filter to hand to the connection manager.
+/// Per worker: the inbound guards, and the peers proven on this worker's connections
+/// by connection id: inbound for the network filter to hand to the connection manager,
+/// upstream for the outbound HTTP filter to tell the app who answered (Envoy's pools
+/// are per worker, so a request and its upstream connection share the thread).
 #[derive(Default)]
 struct Worker {
     guard: Option<HelloGuard>,
@@ -500,6 +502,13 @@ impl Connection {
                         }
                         self.peer = Some(peer);
                         self.generation = snapshot.revocation_generation;
+                        if let Some(id) = self.id {
+                            let proven = ProvenPeer {
+                                id: peer.printable(&self.runtime.root.mesh),
+                                service: self.config.peer_service.clone(),
+                            };
+                            WORKER.with(|w| w.borrow_mut().peers.insert(id, proven));
+                        }
                         io.connected();
                     }
                 }

@@ -74,7 +74,31 @@ fn native_sidecars_call_each_other() {
     if !require::filter_in_envoy("runs the native module in Envoy") {
         return;
     }
-    call_is_sealed_and_attributed(&mesh(Runtime::Native, Runtime::Native));
+    let mesh = mesh(Runtime::Native, Runtime::Native);
+    call_is_sealed_and_attributed(&mesh);
+
+    // A name this sidecar has no sealing cluster for is answered here, and counted
+    // under the Wasm filter's names.
+    let r = mesh.call("GET", "billing", "/", &[], b"");
+    assert_eq!(r.status, 503, "{r}");
+    assert_eq!(r.header("x-themis-reject"), Some("not_routed"), "{r}");
+    let r = mesh.call("GET", "under_score", "/", &[], b"");
+    assert_eq!(r.header("x-themis-reject"), Some("not_a_service"), "{r}");
+    let counter = |name: &str| -> u64 {
+        let stats = mesh.envoy_a.stats();
+        let suffix = format!("themis.outbound.{name}");
+        let found: Vec<u64> = stats
+            .iter()
+            .filter(|(n, _)| n.ends_with(&suffix))
+            .map(|(_, v)| *v)
+            .collect();
+        assert_eq!(found.len(), 1, "one counter *{suffix}: {stats:?}");
+        found[0]
+    };
+    assert_eq!(counter("requests"), 4);
+    assert_eq!(counter("rejected.not_routed"), 1);
+    assert_eq!(counter("rejected.not_a_service"), 1);
+    assert_eq!(counter("rejected.no_instance"), 0);
 }
 
 #[test]

@@ -11,12 +11,7 @@ use proxy_wasm::types::Action;
 use super::{call_agent, call_response, now_ms, Shared};
 use crate::agent::Instance;
 use crate::config::is_name;
-use crate::route::Pick;
-
-/// Where the call goes (`ip:port`), for `envoy.network.transport_socket.original_dst_address`.
-pub const DESTINATION_HEADER: &str = "x-themis-destination";
-/// The id it must prove (hex), for `envoy.network.upstream_server_name`.
-pub const PEER_HEADER: &str = "x-themis-expect-peer";
+use crate::route::{Pick, DESTINATION_HEADER, PEER_HEADER};
 
 pub struct Outbound {
     worker: Shared,

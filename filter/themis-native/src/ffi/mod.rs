@@ -11,6 +11,8 @@
 
 use std::ffi::{c_char, c_void};
 
+mod http;
+
 use crate::filter::{InboundFilter, InboundFilterConfig};
 use crate::socket::{Connection, Factory, Io, IoStatus};
 

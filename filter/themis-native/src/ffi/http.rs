@@ -1,0 +1,469 @@
+//! The HTTP filter part of the ABI (`envoy.filters.http.dynamic_modules`): the
+//! `outbound` filter. 1.40 resolves all twenty hooks below when a filter config is
+//! created (a missing one fails it), so the ones this filter does not use are empty.
+//! Config hooks run on the main thread; a stream's hooks on its worker.
+
+use std::ffi::c_void;
+
+use themis_core::PeerId;
+
+use super::{log, EnvoyBuffer, ModuleBuffer};
+use crate::outbound::{Outbound, Refusal, COUNTERS};
+
+type ConfigPtr = *mut c_void;
+type StreamPtr = *mut c_void;
+
+/// `envoy_dynamic_module_type_http_header_type`.
+const REQUEST_HEADERS: u32 = 0;
+const RESPONSE_HEADERS: u32 = 2;
+/// `..._headers_status` (Envoy's `FilterHeadersStatus`).
+const HEADERS_CONTINUE: u32 = 0;
+const HEADERS_STOP: u32 = 1;
+/// `envoy_dynamic_module_type_attribute_id_ResponseFlags`.
+const ATTRIBUTE_RESPONSE_FLAGS: u32 = 17;
+/// `envoy_dynamic_module_type_metrics_result_Success`.
+const METRICS_SUCCESS: u32 = 0;
+
+#[repr(C)]
+struct HttpHeader {
+    key: *const u8,
+    key_length: usize,
+    value: *const u8,
+    value_length: usize,
+}
+
+impl HttpHeader {
+    fn of(key: &str, value: &str) -> Self {
+        HttpHeader {
+            key: key.as_ptr(),
+            key_length: key.len(),
+            value: value.as_ptr(),
+            value_length: value.len(),
+        }
+    }
+}
+
+extern "C" {
+    fn envoy_dynamic_module_callback_http_get_header(
+        f: StreamPtr,
+        header_type: u32,
+        key: ModuleBuffer,
+        result: *mut EnvoyBuffer,
+        index: usize,
+        count: *mut usize,
+    ) -> bool;
+    /// A null value removes the header.
+    fn envoy_dynamic_module_callback_http_set_header(
+        f: StreamPtr,
+        header_type: u32,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_send_response(
+        f: StreamPtr,
+        status: u32,
+        headers: *const HttpHeader,
+        headers_length: usize,
+        body: ModuleBuffer,
+        details: ModuleBuffer,
+    );
+    fn envoy_dynamic_module_callback_http_filter_get_attribute_int(
+        f: StreamPtr,
+        attribute: u32,
+        result: *mut u64,
+    ) -> bool;
+    /// 0 when the stream has no upstream connection.
+    fn envoy_dynamic_module_callback_http_get_upstream_connection_id(f: StreamPtr) -> u64;
+    fn envoy_dynamic_module_callback_http_filter_config_define_counter(
+        config: ConfigPtr,
+        name: ModuleBuffer,
+        label_names: *const ModuleBuffer,
+        label_names_length: usize,
+        id: *mut usize,
+    ) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_increment_counter(
+        f: StreamPtr,
+        id: usize,
+        label_values: *const ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
+}
+
+/// One `outbound` filter configuration and its counters' ids (by `COUNTERS` index).
+struct HttpConfig {
+    outbound: Outbound,
+    counters: Vec<Option<usize>>,
+}
+
+/// One request's filter.
+struct HttpStream {
+    config: *const HttpConfig,
+    picked: Option<PeerId>,
+}
+
+impl HttpStream {
+    /// # Safety
+    /// The config outlives its streams (Envoy destroys streams first).
+    unsafe fn config(&self) -> &HttpConfig {
+        &*self.config
+    }
+
+    /// # Safety
+    /// `f` is this stream's Envoy filter, in a hook.
+    unsafe fn count(&self, f: StreamPtr, name: &str) {
+        let config = self.config();
+        let id = COUNTERS
+            .iter()
+            .position(|c| *c == name)
+            .and_then(|i| config.counters[i]);
+        if let Some(id) = id {
+            envoy_dynamic_module_callback_http_filter_increment_counter(
+                f,
+                id,
+                std::ptr::null(),
+                0,
+                1,
+            );
+        }
+    }
+}
+
+/// # Safety
+/// `f` is a stream's Envoy filter, in a hook.
+unsafe fn header(f: StreamPtr, kind: u32, key: &str) -> Option<String> {
+    let mut value = EnvoyBuffer {
+        ptr: std::ptr::null(),
+        length: 0,
+    };
+    let found = envoy_dynamic_module_callback_http_get_header(
+        f,
+        kind,
+        ModuleBuffer::of(key.as_bytes()),
+        &mut value,
+        0,
+        std::ptr::null_mut(),
+    );
+    // The value is Envoy's until the hook returns: copied here.
+    (found && !value.ptr.is_null())
+        .then(|| String::from_utf8_lossy(value.as_bytes()).into_owned())
+}
+
+/// # Safety
+/// As [`header`]. `None` removes the header.
+unsafe fn set_header(f: StreamPtr, kind: u32, key: &str, value: Option<&str>) {
+    let value = match value {
+        Some(v) => ModuleBuffer::of(v.as_bytes()),
+        None => ModuleBuffer {
+            ptr: std::ptr::null(),
+            length: 0,
+        },
+    };
+    envoy_dynamic_module_callback_http_set_header(f, kind, ModuleBuffer::of(key.as_bytes()), value);
+}
+
+/// # Safety
+/// As [`header`].
+unsafe fn refuse(f: StreamPtr, refusal: &Refusal) {
+    let body = refusal.body();
+    let headers = [
+        HttpHeader::of("x-themis-reject", refusal.reason),
+        HttpHeader::of("content-type", "text/plain"),
+    ];
+    let details = format!("themis_{}", refusal.reason);
+    envoy_dynamic_module_callback_http_send_response(
+        f,
+        refusal.status,
+        headers.as_ptr(),
+        headers.len(),
+        ModuleBuffer::of(body.as_bytes()),
+        ModuleBuffer::of(details.as_bytes()),
+    );
+}
+
+/// # Safety
+/// Envoy passes buffers valid for the call; main thread.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
+    envoy: ConfigPtr,
+    name: EnvoyBuffer,
+    config: EnvoyBuffer,
+) -> *const c_void {
+    let made = match name.as_bytes() {
+        b"outbound" => Outbound::new(config.as_bytes()),
+        other => Err(format!(
+            "filter_name {:?}: the module's HTTP filter is `outbound`",
+            String::from_utf8_lossy(other)
+        )),
+    };
+    match made {
+        Ok(outbound) => {
+            let counters = COUNTERS
+                .iter()
+                .map(|counter| {
+                    let name = format!("themis.outbound.{counter}");
+                    let mut id = 0usize;
+                    let result = envoy_dynamic_module_callback_http_filter_config_define_counter(
+                        envoy,
+                        ModuleBuffer::of(name.as_bytes()),
+                        std::ptr::null(),
+                        0,
+                        &mut id,
+                    );
+                    (result == METRICS_SUCCESS).then_some(id)
+                })
+                .collect();
+            Box::into_raw(Box::new(HttpConfig { outbound, counters }))
+                .cast_const()
+                .cast()
+        }
+        Err(e) => {
+            log(
+                4,
+                &format!("themis native: refusing the HTTP filter configuration: {e}"),
+            );
+            std::ptr::null()
+        }
+    }
+}
+
+/// # Safety
+/// `config` is what `config_new` returned.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: *const c_void) {
+    if !config.is_null() {
+        drop(Box::from_raw(config.cast_mut().cast::<HttpConfig>()));
+    }
+}
+
+/// # Safety
+/// `config` is what `config_new` returned.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
+    config: *const c_void,
+    _f: StreamPtr,
+) -> *const c_void {
+    let stream = HttpStream {
+        config: config.cast(),
+        picked: None,
+    };
+    Box::into_raw(Box::new(stream)).cast_const().cast()
+}
+
+/// # Safety
+/// `stream` is what `filter_new` returned.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(stream: *const c_void) {
+    if !stream.is_null() {
+        drop(Box::from_raw(stream.cast_mut().cast::<HttpStream>()));
+    }
+}
+
+/// # Safety
+/// `stream` is what `filter_new` returned; only this worker uses it.
+unsafe fn stream<'a>(stream: *const c_void) -> &'a mut HttpStream {
+    &mut *stream.cast_mut().cast::<HttpStream>()
+}
+
+/// The request: pick an instance and name it to the router, or answer here.
+///
+/// # Safety
+/// Envoy's pointers, valid for the hook.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
+    f: StreamPtr,
+    module: *const c_void,
+    _end_of_stream: bool,
+) -> u32 {
+    let stream = stream(module);
+    stream.count(f, "requests");
+    let authority = header(f, REQUEST_HEADERS, ":authority").unwrap_or_default();
+    match stream.config().outbound.on_request(&authority) {
+        Ok(route) => {
+            for (key, value) in route.headers() {
+                set_header(f, REQUEST_HEADERS, key, Some(value));
+            }
+            stream.picked = Some(route.picked);
+            HEADERS_CONTINUE
+        }
+        Err(refusal) => {
+            stream.count(f, &refusal.counter());
+            refuse(f, &refusal);
+            HEADERS_STOP
+        }
+    }
+}
+
+/// The response: who answered (the id the upstream connection proved; anything the
+/// peer's app claimed in these headers is replaced or removed), and whether the
+/// instance is to be avoided for a while.
+///
+/// # Safety
+/// Envoy's pointers, valid for the hook.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
+    f: StreamPtr,
+    module: *const c_void,
+    _end_of_stream: bool,
+) -> u32 {
+    let stream = stream(module);
+    let Some(picked) = stream.picked else {
+        return HEADERS_CONTINUE;
+    };
+    let mut flags = 0u64;
+    envoy_dynamic_module_callback_http_filter_get_attribute_int(
+        f,
+        ATTRIBUTE_RESPONSE_FLAGS,
+        &mut flags,
+    );
+    let connection = Some(envoy_dynamic_module_callback_http_get_upstream_connection_id(f))
+        .filter(|&id| id != 0);
+    let answered = stream
+        .config()
+        .outbound
+        .on_response(picked, connection, flags);
+    if answered.unreachable {
+        stream.count(f, "peer_unreachable");
+    }
+    let peer = answered.peer.as_ref();
+    set_header(
+        f,
+        RESPONSE_HEADERS,
+        "x-themis-peer-id",
+        peer.map(|p| p.id.as_str()),
+    );
+    set_header(
+        f,
+        RESPONSE_HEADERS,
+        "x-themis-peer-service",
+        peer.and_then(|p| p.service.as_deref()),
+    );
+    HEADERS_CONTINUE
+}
+
+// The hooks 1.40 requires that this filter does not use.
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
+    _f: StreamPtr,
+    _m: *const c_void,
+    _end_of_stream: bool,
+) -> u32 {
+    0 // Continue
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
+    _f: StreamPtr,
+    _m: *const c_void,
+) -> u32 {
+    0 // Continue
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
+    _f: StreamPtr,
+    _m: *const c_void,
+    _end_of_stream: bool,
+) -> u32 {
+    0 // Continue
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+    _f: StreamPtr,
+    _m: *const c_void,
+) -> u32 {
+    0 // Continue
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
+    _f: StreamPtr,
+    _m: *const c_void,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
+    _f: StreamPtr,
+    _m: *const c_void,
+    _event: u64,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
+    _f: StreamPtr,
+    _m: *const c_void,
+    _callout: u64,
+    _result: u32,
+    _headers: *const c_void,
+    _headers_length: usize,
+    _body: *const c_void,
+    _body_length: usize,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
+    _f: StreamPtr,
+    _m: *const c_void,
+    _stream: u64,
+    _headers: *const c_void,
+    _headers_length: usize,
+    _end_stream: bool,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
+    _f: StreamPtr,
+    _m: *const c_void,
+    _stream: u64,
+    _data: *const c_void,
+    _data_length: usize,
+    _end_stream: bool,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
+    _f: StreamPtr,
+    _m: *const c_void,
+    _stream: u64,
+    _trailers: *const c_void,
+    _trailers_length: usize,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
+    _f: StreamPtr,
+    _m: *const c_void,
+    _stream: u64,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
+    _f: StreamPtr,
+    _m: *const c_void,
+    _stream: u64,
+    _reason: u32,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
+    _f: StreamPtr,
+    _m: *const c_void,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
+    _f: StreamPtr,
+    _m: *const c_void,
+) {
+}

@@ -1,0 +1,187 @@
+//! The app-facing HTTP filter: `http://<service>/…` → an instance of the service, named
+//! to Envoy's router in two request headers that `set_filter_state` turns into the
+//! upstream connection's destination and the id it must prove (the router keeps one
+//! pool per pair). The pick reads the runtime's verified resolution, so a request
+//! never waits on the agent; the sealing cluster's transport socket then proves that
+//! the one id listed at the address answers. Back on the response, the app is told the
+//! id the upstream connection actually authenticated, looked up by its connection id.
+
+use std::sync::{Arc, Mutex};
+
+use ring::rand::{SecureRandom, SystemRandom};
+use themis_core::PeerId;
+use themis_envoy::config::{is_name, Config, Role};
+use themis_envoy::route::{Pick, Routes, DESTINATION_HEADER, PEER_HEADER};
+
+use crate::runtime::{now_ms, Runtime};
+use crate::socket::{proven_peer, ProvenPeer};
+
+/// The counters, `themis.outbound.<name>` as the Wasm filter's.
+pub const COUNTERS: [&str; 6] = [
+    "requests",
+    "rejected.not_a_service",
+    "rejected.no_instance",
+    "rejected.resolve_failed",
+    "rejected.not_routed",
+    "peer_unreachable",
+];
+
+/// A request answered here, with `x-themis-reject: reason`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: u32,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Refusal {
+    fn new(status: u32, reason: &'static str, message: String) -> Self {
+        Refusal {
+            status,
+            reason,
+            message,
+        }
+    }
+
+    /// The counter it bumps.
+    pub fn counter(&self) -> String {
+        format!("rejected.{}", self.reason)
+    }
+
+    /// The body the app reads.
+    pub fn body(&self) -> String {
+        format!("themis: {}\n", self.message)
+    }
+}
+
+/// Where a request goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// `ip:port`, for the destination header.
+    pub destination: String,
+    /// The id expected there (hex), for the peer header.
+    pub expect_peer: String,
+    pub picked: PeerId,
+}
+
+impl Route {
+    /// The request headers that name the pick to `set_filter_state`.
+    pub fn headers(&self) -> [(&'static str, &str); 2] {
+        [
+            (DESTINATION_HEADER, &self.destination),
+            (PEER_HEADER, &self.expect_peer),
+        ]
+    }
+}
+
+/// One `outbound` filter configuration (per listener; shared by the workers).
+pub struct Outbound {
+    config: Config,
+    runtime: Arc<Runtime>,
+    routes: Mutex<Routes>,
+    rng: SystemRandom,
+}
+
+impl Outbound {
+    /// From the filter configuration JSON (role outbound, with `agent_socket`).
+    pub fn new(config: &[u8]) -> Result<Outbound, String> {
+        let config = Config::parse(config).map_err(|e| e.to_string())?;
+        if config.role != Role::Outbound {
+            return Err(format!(
+                "the HTTP filter `outbound` takes role outbound, not {}",
+                config.role.as_str()
+            ));
+        }
+        let runtime = Runtime::of(&config)?;
+        Ok(Outbound {
+            routes: Mutex::new(Routes::new(config.canary.clone())),
+            config,
+            runtime,
+            rng: SystemRandom::new(),
+        })
+    }
+
+    /// Picks an instance for a request to `authority` (`service` or `service:port`).
+    pub fn on_request(&self, authority: &str) -> Result<Route, Refusal> {
+        // The port is the app's business, not routing's.
+        let name = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
+        if !is_name(name) {
+            return Err(Refusal::new(
+                400,
+                "not_a_service",
+                format!("{authority:?} does not name a mesh service"),
+            ));
+        }
+        let snapshot = self.runtime.snapshot();
+        let Some(instances) = snapshot.resolutions.get(name) else {
+            return Err(match self.runtime.wants(name) {
+                true => {
+                    self.runtime.refresh();
+                    Refusal::new(
+                        503,
+                        "resolve_failed",
+                        format!("{name} is not resolved yet"),
+                    )
+                }
+                false => Refusal::new(
+                    503,
+                    "not_routed",
+                    format!("this sidecar has no sealing cluster for {name} (render-sidecar --calls {name})"),
+                ),
+            });
+        };
+        let mut random = [0u8; 4];
+        // A failed draw picks the first instance: routing, not secrecy.
+        let _ = self.rng.fill(&mut random);
+        let pick = self
+            .routes
+            .lock()
+            .map_err(|_| Refusal::new(503, "resolve_failed", "routes poisoned".into()))?
+            .pick_from(name, instances, now_ms(), u32::from_le_bytes(random));
+        match pick {
+            Pick::Instance(instance) => Ok(Route {
+                destination: instance.endpoint.to_string(),
+                expect_peer: hex::encode(instance.id.0),
+                picked: instance.id,
+            }),
+            Pick::NoInstance | Pick::Resolve => Err(Refusal::new(
+                503,
+                "no_instance",
+                format!("{name} has no instance the mesh vouches for"),
+            )),
+        }
+    }
+
+    /// The response came back for a request routed to `picked`: who answered, by the
+    /// upstream connection's id (none when Envoy answered itself), and
+    /// whether the connection failed (Envoy's response flags UF, UC, UR: the next
+    /// calls avoid the instance for a while).
+    pub fn on_response(
+        &self,
+        picked: PeerId,
+        upstream_connection: Option<u64>,
+        flags: u64,
+    ) -> Answered {
+        let unreachable = flags & 0x70 != 0;
+        if unreachable {
+            if let Ok(mut routes) = self.routes.lock() {
+                let now = now_ms();
+                routes.expire(now);
+                routes.mark_down(picked, now + self.config.down.as_millis() as u64);
+            }
+        }
+        Answered {
+            peer: upstream_connection.and_then(proven_peer),
+            unreachable,
+        }
+    }
+}
+
+/// What the response says of the upstream.
+#[derive(Debug, Clone)]
+pub struct Answered {
+    /// The id (printable) and service the upstream connection proved.
+    pub peer: Option<ProvenPeer>,
+    /// The connection failed or was refused (counted as `peer_unreachable`).
+    pub unreachable: bool,
+}
