@@ -18,8 +18,8 @@
 #   scripts/demo.sh [--runtime native|wasm] [--fast-path] [--full-ids] [--keep]
 #       --runtime    who seals in the sidecars: native (default; the Envoy dynamic
 #                    module libthemis_native.so, transport sockets) or wasm (the
-#                    proxy-wasm filter's internal listener); the outbound role is the
-#                    Wasm filter's either way (docs/FILTER.md)
+#                    proxy-wasm filter's internal listener and outbound HTTP filter,
+#                    the module pinned by its SHA-256) (docs/FILTER.md)
 #       --fast-path  the agents' same-node fast path: sockets of an app and its sidecar
 #                    pass data socket to socket (sk_msg) instead of through loopback TCP
 #       --full-ids   print ids whole instead of a unique prefix
@@ -213,17 +213,26 @@ serve_module() { # N
 
 modules() {
     local n
+    if [[ $runtime == native ]]; then
+        echo "    runtime native: the sidecars run the Envoy dynamic module $native_dir/libthemis_native.so"
+        echo "    (its HTTP filter picks, its transport sockets seal; no Wasm: --runtime wasm for the proxy-wasm filter)"
+        return
+    fi
     mkdir -p "$work/module"
     cp "$wasm" "$work/module/themis_envoy.wasm"
     for n in 1 2 3; do serve_module "$n"; done
     echo "    the filter module, pinned: every sidecar fetches $(module_url) on its node and"
     echo "    loads it only if its SHA-256 is $(sha256sum "$work/module/themis_envoy.wasm" | cut -c1-16)… (as rendered into its configuration)"
-    if [[ $runtime == native ]]; then
-        echo "    runtime native: the sidecars seal in transport sockets of the Envoy dynamic module"
-        echo "    $native_dir/libthemis_native.so (the Wasm filter resolves and picks; --runtime wasm seals in Wasm)"
-    else
-        echo "    runtime wasm: the sidecars seal in the Wasm filter's internal listener"
-    fi
+    echo "    runtime wasm: the sidecars seal in the Wasm filter's internal listener"
+}
+
+# What render-sidecar needs for the runtime: the pinned Wasm module, or the services
+# the app calls (a sealing cluster each).
+runtime_args() {
+    case $runtime in
+        native) echo --calls handler --calls check ;;
+        wasm) echo --wasm "$work/module/themis_envoy.wasm" --wasm-url "$(module_url)" ;;
+    esac
 }
 
 # --- the pods ----------------------------------------------------------------------------
@@ -242,12 +251,12 @@ start_pod() { # SERVICE WORKLOAD NODE SLOT [POLICY]
         fail "registering $workload: $(cat "$work/n$n/register-$workload.txt")"
     echo "$n $service $workload" >> "$work/registrations"
     echo "$workload $service $n $slot" >> "$work/pods"
+    # shellcheck disable=SC2046 # the runtime's arguments, as words
     scripts/render-sidecar --mesh-root "$work/mesh/mesh.root" --workload "$workload" --service "$service" \
         --agent-socket "$work/n$n/agent.sock" --app "127.0.0.1:$(app_port "$slot")" \
         --outbound "$(outbound_of "$slot")" --inbound "$(ip_of "$n"):$(inbound_port "$slot")" \
-        --admin-port "$(admin_port "$slot")" --wasm "$work/module/themis_envoy.wasm" --wasm-url "$(module_url)" \
-        --access-log "$work/n$n/$workload-outbound.access" ${policy:+--policy "$policy"} \
-        --runtime "$runtime" $([[ $runtime == native ]] && echo --calls handler --calls check) \
+        --admin-port "$(admin_port "$slot")" --access-log "$work/n$n/$workload-outbound.access" \
+        ${policy:+--policy "$policy"} --runtime "$runtime" $(runtime_args) \
         > "$work/n$n/$workload-envoy.yaml"
     spawn "n$n pod $workload envoy" "$(ns "$n")" "$pod/proxy" "$work/n$n/$workload-envoy.log" \
         env ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$native_dir" "$envoy" -c "$work/n$n/$workload-envoy.yaml" --concurrency 1 --disable-hot-restart \
