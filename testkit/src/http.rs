@@ -199,3 +199,30 @@ pub fn read_response(reader: &mut impl BufRead) -> io::Result<Response> {
         body,
     })
 }
+
+/// One client connection, kept alive across calls (so they run on one Envoy worker
+/// and share its pooled upstream connection).
+pub struct KeepAlive {
+    stream: TcpStream,
+    reader: BufReader<TcpStream>,
+}
+
+impl KeepAlive {
+    pub fn connect(addr: SocketAddr) -> KeepAlive {
+        let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT).unwrap();
+        stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        let reader = BufReader::new(stream.try_clone().unwrap());
+        KeepAlive { stream, reader }
+    }
+
+    /// A POST to `http://<host><path>`; an error if the connection is gone.
+    pub fn post(&mut self, host: &str, path: &str, body: &[u8]) -> io::Result<Response> {
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        self.stream.write_all(head.as_bytes())?;
+        self.stream.write_all(body)?;
+        read_response(&mut self.reader)
+    }
+}

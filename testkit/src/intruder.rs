@@ -86,6 +86,24 @@ pub async fn hello_from(
     Some((tcp, answered))
 }
 
+/// A flood of `count` fresh, validly signed Hellos to the printable id `peer` at
+/// `to`, each from a new self-made key (every key pair is a valid id), sent from the
+/// loopback sources 127.0.0.40, .41, … (`sources` of them) in turn; each connection
+/// goes away after its Hello. For the sidecars' handshake budget.
+pub fn flood_fresh_hellos(peer: &str, to: SocketAddr, sources: u64, count: u64) {
+    let (mesh, peer) = PeerId::parse(peer).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        for n in 0..count {
+            let from: IpAddr = format!("127.0.0.{}", 40 + n % sources).parse().unwrap();
+            let (_tcp, _) = send_hello(mesh.as_str(), from, to, peer).await.unwrap();
+        }
+    });
+}
+
 /// A complete key agreement with a self-made key from `from`: authenticated, not
 /// admitted. `None` if the agent refused or closed it.
 pub async fn handshake_from(

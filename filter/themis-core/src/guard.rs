@@ -524,6 +524,29 @@ impl HandshakeBudget {
         }
     }
 
+    /// A driver's one step for the first bytes `first` a peer sent on a stream to `me`:
+    /// `None` until message 1 is complete ([`Peek::More`]); then [`Admission::Open`]
+    /// uncharged for what the handshake refuses cheaply anyway ([`Peek::Cheap`]), and
+    /// for a fresh Hello ([`Peek::Fresh`]) the charge from `source` (or from the open
+    /// share, for a source the driver cannot name).
+    pub fn charge_first(
+        &mut self,
+        guard: &mut HelloGuard,
+        first: &[u8],
+        me: &PublicIdentity,
+        source: Option<IpAddr>,
+        now_ms: u64,
+    ) -> Option<Admission> {
+        match guard.peek(first, me, now_ms) {
+            Peek::More => None,
+            Peek::Cheap => Some(Admission::Open),
+            Peek::Fresh => Some(match source {
+                Some(source) => self.allow(source, now_ms),
+                None => self.allow_unknown(now_ms),
+            }),
+        }
+    }
+
     /// Charges a handshake from a source the driver cannot name (not an IP): the open
     /// share only.
     pub fn allow_unknown(&mut self, now_ms: u64) -> Admission {

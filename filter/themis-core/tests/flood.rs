@@ -328,9 +328,8 @@ fn drive(
         sources.allow(source, now),
         "{source} is under its own bucket"
     );
-    if guard.peek(hello, bob().public(), now) == Peek::Fresh
-        && !budget.allow(source, now).admitted()
-    {
+    let charged = budget.charge_first(guard, hello, bob().public(), Some(source), now);
+    if charged.is_some_and(|admission| !admission.admitted()) {
         // Busy: closed here. The generator is empty: no key work may follow.
         return None;
     }

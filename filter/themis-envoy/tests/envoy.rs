@@ -16,8 +16,8 @@
 
 use themis_testkit as support;
 
-use std::io::{BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,7 @@ use support::app::seen_header;
 use support::envoy::{
     inbound_config, outbound_config, AppProtocol, Envoy, Sidecar, ALLOW_HANDLER, ALLOW_NOBODY,
 };
-use support::http;
+use support::http::{self, KeepAlive};
 use support::mesh::{
     closed_port, random_hex, tempdir, Mesh, IP_A, IP_B, IP_DEAD, IP_EVIL, IP_MITM,
 };
@@ -176,32 +176,6 @@ fn handler_calls_check_by_name() {
     let handshakes = stat_seal(&mesh.envoy_a, "handshakes");
     assert!((1..=2).contains(&handshakes), "{handshakes} key agreements");
     assert_eq!(stat_inbound(&mesh.envoy_b, "allowed"), handshakes);
-}
-
-/// One client connection to Envoy A's outbound listener, kept alive across calls.
-struct KeepAlive {
-    stream: TcpStream,
-    reader: BufReader<TcpStream>,
-}
-
-impl KeepAlive {
-    fn connect(addr: SocketAddr) -> KeepAlive {
-        let stream = TcpStream::connect_timeout(&addr, http::IO_TIMEOUT).unwrap();
-        stream.set_read_timeout(Some(http::IO_TIMEOUT)).unwrap();
-        let reader = BufReader::new(stream.try_clone().unwrap());
-        KeepAlive { stream, reader }
-    }
-
-    /// A POST to `http://<host><path>`; an error if the connection is gone.
-    fn post(&mut self, host: &str, path: &str, body: &[u8]) -> std::io::Result<http::Response> {
-        let head = format!(
-            "POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-length: {}\r\n\r\n",
-            body.len()
-        );
-        self.stream.write_all(head.as_bytes())?;
-        self.stream.write_all(body)?;
-        http::read_response(&mut self.reader)
-    }
 }
 
 /// HTTP/1.1 keep-alive: the calls of one client connection run on one worker and
@@ -1188,38 +1162,9 @@ fn a_flood_of_fresh_hellos_from_many_sources_is_refused_busy_and_pooled_callers_
     assert_eq!(established, 1);
 
     // The flood: each connection sends one fresh Hello and goes away.
-    let (mesh_name, check) = themis_core::PeerId::parse(&mesh.check_id).unwrap();
-    let mesh_name = themis_core::MeshName::new(mesh_name.as_str()).unwrap();
-    let rng = ring::rand::SystemRandom::new();
     const SOURCES: u64 = 8;
     const FLOOD: u64 = SOURCES * 5;
-    for n in 0..FLOOD {
-        let stranger = themis_core::Identity::generate(mesh_name.clone(), &rng).unwrap();
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64;
-        let (_, hello) = themis_core::handshake::Initiator::start(
-            &stranger,
-            check,
-            &themis_core::HandshakeConfig::default(),
-            now_ms,
-            &rng,
-        )
-        .unwrap();
-        let source = format!("127.0.0.{}", 40 + n % SOURCES);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            use tokio::io::AsyncWriteExt;
-            let socket = tokio::net::TcpSocket::new_v4().unwrap();
-            socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
-            let mut stream = socket.connect(budgeted.inbound).await.unwrap();
-            stream.write_all(&hello).await.unwrap();
-        });
-    }
+    support::intruder::flood_fresh_hellos(&mesh.check_id, budgeted.inbound, SOURCES, FLOOD);
     // At most one handshake per worker, plus one per 10 s, was answered.
     wait_refused_at(&budgeted, "busy", FLOOD / 2, "fresh Hellos over the budget");
     assert_eq!(

@@ -21,6 +21,7 @@
 
 mod ffi;
 pub mod filter;
+pub mod metrics;
 pub mod outbound;
 pub mod runtime;
 pub mod socket;

@@ -14,13 +14,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use ring::rand::SystemRandom;
-use themis_core::guard::{HelloGuard, SourceLimiter};
+use themis_core::guard::{Admission, HandshakeBudget, HelloGuard, SourceLimiter};
 use themis_core::stream::{Meta, StreamInitiator, StreamResponder};
+use themis_core::HandshakeSigner;
 use themis_core::{HandshakeConfig, PeerId};
 use themis_envoy::config::{Config, Policy, Role};
 use themis_envoy::policy::{decide_with, Verdict};
 use themis_trust::Verifier;
 
+use crate::metrics;
 use crate::runtime::{now_ms, Runtime, Snapshot};
 
 /// What a socket asks of Envoy (the FFI implements it on Envoy's socket).
@@ -82,6 +84,7 @@ const MAX_PENDING: usize = 256 * 1024;
 struct Worker {
     guard: Option<HelloGuard>,
     sources: Option<SourceLimiter>,
+    budget: Option<HandshakeBudget>,
     peers: HashMap<u64, ProvenPeer>,
 }
 
@@ -171,6 +174,7 @@ impl Factory {
             generation: 0,
             replied: false,
             charged: false,
+            first: Some(Vec::new()),
             failure: None,
             id: None,
             remote: None,
@@ -200,6 +204,9 @@ pub struct Connection {
     /// Inbound: the source's handshake bucket was charged (once per connection, at
     /// its first bytes, however many reads message 1 takes).
     charged: bool,
+    /// Inbound: message 1 so far, until it is complete and the worker's handshake
+    /// budget was consulted (`None` once it was).
+    first: Option<Vec<u8>>,
     failure: Option<String>,
     id: Option<u64>,
     remote: Option<SocketAddr>,
@@ -216,6 +223,7 @@ impl Connection {
     pub fn attached(&mut self, io: &mut dyn Io) {
         self.id = io.connection_id();
         self.remote = io.remote();
+        metrics::count(self.config.role.as_str(), "connections");
     }
 
     /// True once the stream is open (Envoy may then flush and close).
@@ -240,6 +248,7 @@ impl Connection {
 
     fn fail(&mut self, reason: &str, detail: String) -> Outcome {
         let role = self.config.role.as_str();
+        metrics::count(role, &format!("refused.{reason}"));
         crate::ffi::log(
             3,
             &format!(
@@ -255,7 +264,10 @@ impl Connection {
     /// resolution lists at this address for the cluster's service.
     pub fn on_connected(&mut self, io: &mut dyn Io) {
         match self.side {
-            Side::Inbound(_) => io.connected(),
+            // Raised once the caller is proven and allowed: until then the listener's
+            // `transport_socket_connect_timeout` runs, so a caller that stalls inside
+            // the handshake (or never starts it) is closed by Envoy.
+            Side::Inbound(_) => {}
             Side::Outbound(_) => {
                 if let Err((reason, detail)) = self.start(io) {
                     self.fail(reason, detail);
@@ -369,6 +381,8 @@ impl Connection {
                 let config = &self.config;
                 let remote = self.remote;
                 let charge = !std::mem::replace(&mut self.charged, true);
+                let mut first = self.first.take();
+                let mut decided = false;
                 let out = WORKER.with(|w| {
                     let w = &mut *w.borrow_mut();
                     if charge {
@@ -393,6 +407,31 @@ impl Connection {
                             config.replay_cache_entries,
                         )
                     });
+                    // A complete, fresh message 1 is charged to the worker's budget
+                    // before any public-key work; what the handshake refuses cheaply
+                    // anyway is not (docs/FILTER.md, "Floods of message 1").
+                    if let Some(first) = &mut first {
+                        first.extend_from_slice(data);
+                        let budget = w
+                            .budget
+                            .get_or_insert_with(|| HandshakeBudget::new(config.handshake_budget));
+                        let source = remote.map(|r| r.ip());
+                        let identity = credential.identity();
+                        if let Some(admission) =
+                            budget.charge_first(guard, first, identity, source, now)
+                        {
+                            decided = true;
+                            if admission == Admission::Busy {
+                                return Err((
+                                    "busy",
+                                    "the worker's handshake budget is spent".to_string(),
+                                ));
+                            }
+                            if admission == Admission::Reserved {
+                                metrics::count("inbound", "known_good_handshakes");
+                            }
+                        }
+                    }
                     stream
                         .from_peer(
                             data,
@@ -404,6 +443,7 @@ impl Connection {
                         )
                         .map_err(|r| (r.reason(), r.to_string()))
                 })?;
+                self.first = first.filter(|_| !decided);
                 if !self.replied {
                     let reply = stream
                         .from_app(&[])
@@ -420,6 +460,7 @@ impl Connection {
                         now_ms: now,
                         revoked: &snapshot.revocations,
                     };
+                    metrics::count("inbound", "established");
                     if snapshot.revocations.contains(&established.peer_id) {
                         return Err((
                             "revoked",
@@ -453,6 +494,15 @@ impl Connection {
                         });
                     match verdict {
                         Verdict::Allow { service } => {
+                            metrics::count("inbound", "allowed");
+                            // Known good: its next handshakes draw on the reserved share.
+                            if let Some(source) = self.remote {
+                                WORKER.with(|w| {
+                                    if let Some(budget) = w.borrow_mut().budget.as_mut() {
+                                        budget.confirmed(source.ip(), now);
+                                    }
+                                });
+                            }
                             self.peer = Some(established.peer_id);
                             self.generation = snapshot.revocation_generation;
                             if let Some(id) = self.id {
@@ -462,6 +512,7 @@ impl Connection {
                                 };
                                 WORKER.with(|w| w.borrow_mut().peers.insert(id, proven));
                             }
+                            io.connected();
                         }
                         Verdict::Deny { service, denial } => {
                             return Err((
@@ -490,6 +541,7 @@ impl Connection {
                 if self.peer.is_none() {
                     if let Some(info) = stream.info() {
                         let peer = info.peer_id;
+                        metrics::count("seal", "established");
                         let snapshot = self.runtime.snapshot();
                         if snapshot.revocations.contains(&peer) {
                             return Err((

@@ -15,7 +15,12 @@ const PEER_SERVICE: &str = "x-themis-peer-service";
 
 /// `check` registered at Envoy B and resolved where A's runtime needs it.
 fn mesh(a: Runtime, b: Runtime) -> Mesh {
-    let mesh = Mesh::start_on(a, b, Some(ALLOW_HANDLER));
+    mesh_with(a, b, ALLOW_HANDLER)
+}
+
+/// [`mesh`] with B's policy (and whatever else the test config's policy slot holds).
+fn mesh_with(a: Runtime, b: Runtime, policy: &str) -> Mesh {
+    let mesh = Mesh::start_on(a, b, Some(policy));
     mesh.register("check", "check", mesh.envoy_b.inbound);
     if a == Runtime::Native {
         mesh.envoy_a
@@ -26,6 +31,20 @@ fn mesh(a: Runtime, b: Runtime) -> Mesh {
         mesh.envoy_b.wait_native_resolves("handler", handler_at);
     }
     mesh
+}
+
+/// The native module's counter `themis.<name>` on `envoy` (Envoy prefixes a dynamic
+/// module's counters; the name after it is the Wasm filter's).
+fn counter(envoy: &support::envoy::Envoy, name: &str) -> u64 {
+    let stats = envoy.stats();
+    let suffix = format!("custom.themis.{name}");
+    let found: Vec<u64> = stats
+        .iter()
+        .filter(|(n, _)| n.ends_with(&suffix))
+        .map(|(_, v)| *v)
+        .collect();
+    assert_eq!(found.len(), 1, "one counter *{suffix}: {stats:?}");
+    found[0]
 }
 
 /// A call from `handler` to `check` by name: the body arrives whole, the callee's
@@ -84,21 +103,17 @@ fn native_sidecars_call_each_other() {
     assert_eq!(r.header("x-themis-reject"), Some("not_routed"), "{r}");
     let r = mesh.call("GET", "under_score", "/", &[], b"");
     assert_eq!(r.header("x-themis-reject"), Some("not_a_service"), "{r}");
-    let counter = |name: &str| -> u64 {
-        let stats = mesh.envoy_a.stats();
-        let suffix = format!("themis.outbound.{name}");
-        let found: Vec<u64> = stats
-            .iter()
-            .filter(|(n, _)| n.ends_with(&suffix))
-            .map(|(_, v)| *v)
-            .collect();
-        assert_eq!(found.len(), 1, "one counter *{suffix}: {stats:?}");
-        found[0]
-    };
-    assert_eq!(counter("requests"), 4);
-    assert_eq!(counter("rejected.not_routed"), 1);
-    assert_eq!(counter("rejected.not_a_service"), 1);
-    assert_eq!(counter("rejected.no_instance"), 0);
+    let a = &mesh.envoy_a;
+    assert_eq!(counter(a, "outbound.requests"), 4);
+    assert_eq!(counter(a, "outbound.rejected.not_routed"), 1);
+    assert_eq!(counter(a, "outbound.rejected.not_a_service"), 1);
+    assert_eq!(counter(a, "outbound.rejected.no_instance"), 0);
+    // The sockets count too, under the Wasm filter's role names.
+    assert!(counter(a, "seal.established") >= 1);
+    assert_eq!(counter(a, "seal.refused.ambiguous"), 0);
+    let b = &mesh.envoy_b;
+    assert!(counter(b, "inbound.allowed") >= 1);
+    assert_eq!(counter(b, "inbound.refused.policy"), 0);
 }
 
 #[test]
@@ -149,7 +164,49 @@ fn plaintext_to_a_native_callee_is_refused() {
         "refused.malformed",
         "Envoy B to log the refusal",
     );
+    assert!(counter(&mesh.envoy_b, "inbound.refused.malformed") >= 2);
     assert_eq!(mesh.app.count(), 0, "a plaintext request reached the app");
+}
+
+/// A caller that connects and never completes the handshake (silent, or stalled after
+/// part of message 1) does not hold its connection: the listener's handshake deadline
+/// (10 s in the template) closes it, unanswered. The bound asserted is generous.
+#[test]
+fn a_caller_that_stalls_in_the_handshake_is_closed_by_a_native_callee() {
+    use std::io::{Read, Write};
+    if !require::filter_in_envoy("runs the native module in Envoy") {
+        return;
+    }
+    let mesh = mesh(Runtime::Native, Runtime::Native);
+    // Nothing at all; the start of a message 1 (version, kind Hello), never finished.
+    let hello_start = [
+        themis_core::wire::PROTOCOL_VERSION,
+        themis_core::wire::Kind::Hello as u8,
+    ];
+    let stalled: [&[u8]; 2] = [b"", &hello_start];
+    let waiting: Vec<(std::net::TcpStream, &[u8])> = stalled
+        .iter()
+        .map(|bytes| {
+            let mut stream = std::net::TcpStream::connect(mesh.envoy_b.inbound).unwrap();
+            stream.write_all(bytes).unwrap();
+            stream
+                .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+                .unwrap();
+            (stream, *bytes)
+        })
+        .collect();
+    for (mut stream, bytes) in waiting {
+        let mut answer = Vec::new();
+        let closed = stream.read_to_end(&mut answer);
+        assert!(
+            closed.is_ok(),
+            "a caller that sent {bytes:?} still holds its connection after 60 s: {closed:?}"
+        );
+        assert!(answer.is_empty(), "it was answered {answer:?}");
+    }
+    // The callee still serves the mesh.
+    let r = mesh.call("GET", "check", "/after", &[], b"");
+    assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
 }
 
 /// A caller the native callee's policy does not allow: its connection is closed
@@ -174,7 +231,63 @@ fn a_native_callee_refuses_a_caller_its_policy_does_not_allow() {
         "refused.policy",
         "Envoy B to log the refusal",
     );
+    assert!(counter(&mesh.envoy_b, "inbound.refused.policy") >= 1);
+    assert_eq!(counter(&mesh.envoy_b, "inbound.allowed"), 0);
     assert_eq!(mesh.app.count(), 0, "a denied request reached the app");
+}
+
+/// Fresh, validly signed Hellos (each from a new key pair) spread over several
+/// sources, each far under its own `hellos_per_source` bucket, find the native
+/// callee's handshake budget spent and are closed before any key work
+/// (`refused.busy`), while the caller's pooled connection goes on with no new
+/// handshake. The budget is tiny: 1 handshake a second, 10 at once, 90 % reserved
+/// for known-good sources.
+#[test]
+fn a_flood_of_fresh_hellos_is_refused_busy_by_a_native_callee() {
+    if !require::filter_in_envoy("runs the native module in Envoy") {
+        return;
+    }
+    // (The policy slot of the test config: the policy, then the budget.)
+    let policy = format!(
+        r#"{ALLOW_HANDLER},"handshake_budget":{{"per_second":1,"burst":10}},"known_good_share_percent":90"#
+    );
+    let mesh = mesh_with(Runtime::Native, Runtime::Native, &policy);
+    // One client connection: one worker of each Envoy, one pooled sealed connection
+    // (the budget and the known-good sources are per worker).
+    let mut caller = support::http::KeepAlive::connect(mesh.envoy_a.outbound);
+    let r = caller.post("check", "/before", b"before").unwrap();
+    assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
+    let b = &mesh.envoy_b;
+    let established = counter(b, "inbound.established");
+
+    const SOURCES: u64 = 8;
+    const FLOOD: u64 = SOURCES * 5;
+    support::intruder::flood_fresh_hellos(&mesh.check_id, b.inbound, SOURCES, FLOOD);
+    // At most the open share's burst (1) and one more a second were answered.
+    support::process::wait_until(
+        "the flood to be refused busy",
+        std::time::Duration::from_secs(30),
+        || (counter(b, "inbound.refused.busy") >= FLOOD / 2).then_some(()),
+    );
+    assert_eq!(counter(b, "inbound.refused.rate_limited"), 0);
+
+    // The pooled caller goes on: no handshake, no refusal.
+    for n in 0..5 {
+        let r = caller
+            .post("check", &format!("/after/{n}"), b"after")
+            .unwrap_or_else(|e| panic!("call {n}: {e}\n{}", mesh.logs()));
+        assert_eq!(r.status, 200, "call {n}: {r}\n{}", mesh.logs());
+    }
+    assert_eq!(
+        counter(b, "inbound.established"),
+        established,
+        "the calls needed a new handshake"
+    );
+    assert_eq!(
+        mesh.app.count(),
+        6,
+        "only the caller's calls reached the app"
+    );
 }
 
 /// Two ids registered for `check` at one address: which one the app was promised
@@ -215,6 +328,7 @@ fn two_identities_at_one_address_are_refused_by_a_native_caller() {
         "no connection was refused as ambiguous\n{}",
         mesh.logs()
     );
+    assert!(counter(&mesh.envoy_a, "seal.refused.ambiguous") >= 1);
 }
 
 /// A caller revoked while its sealed connection is pooled: the native callee learns

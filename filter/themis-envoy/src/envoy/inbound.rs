@@ -17,7 +17,7 @@ use log::{debug, info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, StreamContext};
 use proxy_wasm::types::{Action, PeerType};
-use themis_core::guard::{Admission, Peek};
+use themis_core::guard::Admission;
 use themis_core::stream::{Established, StreamResponder, HTTP2_PREFACE};
 use themis_core::{HandshakeConfig, PeerId};
 
@@ -262,14 +262,12 @@ impl Inbound {
     fn charge(&mut self, first: &[u8], identity: &themis_core::identity::PublicIdentity) -> Charge {
         let admission = {
             let w = &mut *self.worker.borrow_mut();
-            let now = now_ms();
-            match w.guard.peek(first, identity, now) {
-                Peek::More => return Charge::More,
-                Peek::Cheap => return Charge::Go,
-                Peek::Fresh => match self.source {
-                    Some(source) => w.budget.allow(source, now),
-                    None => w.budget.allow_unknown(now),
-                },
+            let charged =
+                w.budget
+                    .charge_first(&mut w.guard, first, identity, self.source, now_ms());
+            match charged {
+                None => return Charge::More,
+                Some(admission) => admission,
             }
         };
         match admission {

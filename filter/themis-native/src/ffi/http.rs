@@ -3,11 +3,14 @@
 //! created (a missing one fails it), so the ones this filter does not use are empty.
 //! Config hooks run on the main thread; a stream's hooks on its worker.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use themis_core::PeerId;
 
 use super::{log, EnvoyBuffer, ModuleBuffer};
+use crate::metrics;
 use crate::outbound::{Outbound, Refusal, COUNTERS};
 
 type ConfigPtr = *mut c_void;
@@ -81,6 +84,15 @@ extern "C" {
         label_names_length: usize,
         id: *mut usize,
     ) -> u32;
+    /// Adds to a counter of the configuration: from any thread (Envoy's counters are
+    /// atomic), for the transport sockets.
+    fn envoy_dynamic_module_callback_http_filter_config_increment_counter(
+        config: ConfigPtr,
+        id: usize,
+        label_values: *const ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
     fn envoy_dynamic_module_callback_http_filter_increment_counter(
         f: StreamPtr,
         id: usize,
@@ -145,8 +157,7 @@ unsafe fn header(f: StreamPtr, kind: u32, key: &str) -> Option<String> {
         std::ptr::null_mut(),
     );
     // The value is Envoy's until the hook returns: copied here.
-    (found && !value.ptr.is_null())
-        .then(|| String::from_utf8_lossy(value.as_bytes()).into_owned())
+    (found && !value.ptr.is_null()).then(|| String::from_utf8_lossy(value.as_bytes()).into_owned())
 }
 
 /// # Safety
@@ -200,22 +211,11 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
         Ok(outbound) => {
             let counters = COUNTERS
                 .iter()
-                .map(|counter| {
-                    let name = format!("themis.outbound.{counter}");
-                    let mut id = 0usize;
-                    let result = envoy_dynamic_module_callback_http_filter_config_define_counter(
-                        envoy,
-                        ModuleBuffer::of(name.as_bytes()),
-                        std::ptr::null(),
-                        0,
-                        &mut id,
-                    );
-                    (result == METRICS_SUCCESS).then_some(id)
-                })
+                .map(|counter| define_counter(envoy, &format!("themis.outbound.{counter}")))
                 .collect();
-            Box::into_raw(Box::new(HttpConfig { outbound, counters }))
-                .cast_const()
-                .cast()
+            let config = Box::into_raw(Box::new(HttpConfig { outbound, counters }));
+            install_socket_counters(envoy, config as usize);
+            config.cast_const().cast()
         }
         Err(e) => {
             log(
@@ -228,9 +228,56 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
 }
 
 /// # Safety
+/// `envoy` is the configuration being created (main thread, inside `config_new`).
+unsafe fn define_counter(envoy: ConfigPtr, name: &str) -> Option<usize> {
+    let mut id = 0usize;
+    let result = envoy_dynamic_module_callback_http_filter_config_define_counter(
+        envoy,
+        ModuleBuffer::of(name.as_bytes()),
+        std::ptr::null(),
+        0,
+        &mut id,
+    );
+    (result == METRICS_SUCCESS).then_some(id)
+}
+
+/// Defines the transport sockets' counters on this configuration and routes their
+/// counts to it (`metrics`), until `owner` is destroyed.
+///
+/// # Safety
+/// As [`define_counter`].
+unsafe fn install_socket_counters(envoy: ConfigPtr, owner: usize) {
+    let ids: HashMap<String, usize> = metrics::counter_names()
+        .into_iter()
+        .filter_map(|name| define_counter(envoy, &name).map(|id| (name, id)))
+        .collect();
+    // Envoy's configuration outlives the sink: `config_destroy` uninstalls it
+    // first, and waits for counts in flight.
+    let envoy = envoy as usize;
+    metrics::install(
+        owner,
+        Arc::new(move |name| {
+            if let Some(&id) = ids.get(name) {
+                // SAFETY: the configuration is alive while the sink is installed.
+                unsafe {
+                    envoy_dynamic_module_callback_http_filter_config_increment_counter(
+                        envoy as ConfigPtr,
+                        id,
+                        std::ptr::null(),
+                        0,
+                        1,
+                    )
+                };
+            }
+        }),
+    );
+}
+
+/// # Safety
 /// `config` is what `config_new` returned.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: *const c_void) {
+    metrics::uninstall(config as usize);
     if !config.is_null() {
         drop(Box::from_raw(config.cast_mut().cast::<HttpConfig>()));
     }
