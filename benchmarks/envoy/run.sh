@@ -49,6 +49,12 @@ Options:
   --summary FILE     machine-readable results (default benchmarks/envoy/summary.json)
   --fortio-arg ARG   extra argument for every `fortio load` (repeatable), e.g.
                      --fortio-arg -uniform
+  --perf DIR         profile the pair's Envoys (perf record -g) during every max run and
+                     write DIR/<round>-<scenario>-<protocol>-b<size>-<pacing>-c<n>.txt:
+                     CPU by shared object and by symbol (the stock Envoy is stripped:
+                     its own code shows as one object; the module's functions by
+                     name). The profiled runs' figures include perf's overhead: take
+                     throughput from a run without --perf
   --keep             keep the temporary directory (configs, certs, logs, Fortio JSON)
   --no-setup         skip benchmarks/setup.sh (the tools are there)
   -h, --help         this help
@@ -74,6 +80,7 @@ APP_GRPC_ADDR=127.0.0.12:8079
 PACINGS=default,uniform
 SUMMARY=$ROOT/benchmarks/envoy/summary.json
 KEEP=0
+PERF_DIR=
 SETUP=1
 QPS=1000
 PAYLOAD_SIZE=1024
@@ -104,6 +111,7 @@ while (($#)); do
         --fortio-arg) FORTIO_EXTRA+=("${2:?--fortio-arg needs a value}"); shift 2 ;;
         --fortio-arg=*) FORTIO_EXTRA+=("${1#*=}"); shift ;;
         --keep) KEEP=1; shift ;;
+        --perf) PERF_DIR=${2:?--perf needs a directory}; shift 2 ;;
         --no-setup) SETUP=0; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "run.sh: unknown option: $1 (see --help)" >&2; exit 2 ;;
@@ -156,6 +164,10 @@ fi
 # ---------------------------------------------------------------------------- processes
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/themis-envoy-bench.XXXXXX")
 mkdir -p "$TMP/results" "$TMP/logs"
+if [[ -n $PERF_DIR ]]; then
+    command -v perf >/dev/null || die "--perf needs perf (apt-get install linux-perf)"
+    mkdir -p "$PERF_DIR" && PERF_DIR=$(cd "$PERF_DIR" && pwd)
+fi
 PIDS=()              # every process this script started and has not stopped yet
 declare -A PID_NAME=()
 THEMIS_STARTED=0
@@ -398,6 +410,34 @@ fortio_load() {
     fi
 }
 
+# profile_start NAME PID...: with --perf, samples the processes' stacks for the run's
+# duration in the background; profile_end waits and writes NAME.txt.
+PROFILE_PID= PROFILE_NAME=
+profile_start() {
+    [[ -n $PERF_DIR && $# -gt 1 ]] || return 0
+    PROFILE_NAME=$1; shift
+    local ids
+    ids=$(IFS=,; echo "$*")
+    perf record -q -F 499 -g -p "$ids" -o "$PERF_DIR/$PROFILE_NAME.data" -- sleep "$DURATION" \
+        >"$PERF_DIR/$PROFILE_NAME.log" 2>&1 &
+    PROFILE_PID=$!
+}
+profile_end() {
+    [[ -n $PROFILE_PID ]] || return 0
+    wait "$PROFILE_PID" || log "  perf record exited non-zero (see $PERF_DIR/$PROFILE_NAME.log)"
+    PROFILE_PID=
+    {
+        echo "# CPU of the pair's Envoys by shared object, then by symbol (perf, 499 Hz)"
+        perf report -i "$PERF_DIR/$PROFILE_NAME.data" --no-children --sort dso --stdio -g none \
+            --percent-limit 0.5 2>/dev/null | sed -n '/^ /p'
+        echo
+        perf report -i "$PERF_DIR/$PROFILE_NAME.data" --no-children --sort dso,sym --stdio -g none \
+            --percent-limit 0.7 2>/dev/null | sed -n '/^ /p'
+    } >"$PERF_DIR/$PROFILE_NAME.txt" || log "  perf report failed"
+    rm -f "$PERF_DIR/$PROFILE_NAME.data"
+    log "    profile: $PERF_DIR/$PROFILE_NAME.txt"
+}
+
 # cpu_ticks PID...: user+system CPU time of the processes, in clock ticks.
 cpu_ticks() {
     local pid total=0
@@ -430,8 +470,10 @@ measure() {
                     "$PAYLOAD_SIZE" "$PACING" latency "$PROTOCOL" >>"$TMP/results/index"
                 fortio_load "" 0 "$c" "$WARMUP" "$url" "$host"
                 before=$(cpu_ticks "${pids[@]}")
+                profile_start "${base##*/}" "${pids[@]}"
                 fortio_load "$base-max.json" 0 "$c" "$DURATION" "$url" "$host"
                 after=$(cpu_ticks "${pids[@]}")
+                profile_end
                 log "    max: $(summary_line "$base-max.json")"
                 printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$base-max.json" "$round" "$scen" "$c" \
                     "$PAYLOAD_SIZE" "$PACING" max "$((${#pids[@]} ? after - before : 0))" "$PROTOCOL" >>"$TMP/results/index"
