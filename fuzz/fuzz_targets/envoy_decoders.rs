@@ -18,7 +18,9 @@
 //! * an accepted configuration satisfies every documented check (names, mesh equal to
 //!   the root's, time bounds, role-specific sections, canary weights, policy ids);
 //! * a pick is one of the cached instances of the service, fresh, avoiding instances
-//!   marked down unless all are, and follows the canary split.
+//!   marked down unless all are, and follows the canary split;
+//! * the native runtime's reader of its agent's HTTP/1.1 answers (`http_body`) takes
+//!   any bytes, and reads a chunked 2xx body back whole.
 #![no_main]
 
 use std::collections::{BTreeMap, HashMap};
@@ -34,6 +36,7 @@ use themis_envoy::agent::{
 use themis_envoy::config::{is_name, Canary, Config, Policy, Role, Rule};
 use themis_envoy::route::{Pick, Routes};
 use themis_fuzz::trust::{trust, SERVICE};
+use themis_native::runtime::http_body;
 use themis_fuzz::{mesh, Edit, MESH};
 
 /// A JSON document: raw bytes, built from fuzzed fields, or built and then edited.
@@ -52,6 +55,9 @@ enum Input {
     Signature(Body<SigIn>),
     Config(Body<ConfigIn>),
     Routes { canary: Vec<(u8, bool, u8)>, ops: Vec<RouteOp> },
+    /// The native runtime's reading of its agent's HTTP/1.1 answers: a status and a
+    /// body sent chunked as the fuzzer splits it.
+    AgentAnswer { status: u16, chunks: Vec<Vec<u8>> },
 }
 
 /// A string: a well-known one or the fuzzer's own.
@@ -660,6 +666,29 @@ fn routes(canary: &[(u8, bool, u8)], ops: &[RouteOp]) {
     }
 }
 
+/// A chunked answer reads back whole when its status is 2xx, and is refused otherwise.
+fn agent_answer(status: u16, chunks: &[Vec<u8>]) {
+    let status = 100 + status % 900;
+    let mut answer = format!("HTTP/1.1 {status} X\r\ntransfer-encoding: chunked\r\n\r\n").into_bytes();
+    for chunk in chunks.iter().filter(|c| !c.is_empty()) {
+        answer.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        answer.extend_from_slice(chunk);
+        answer.extend_from_slice(b"\r\n");
+    }
+    answer.extend_from_slice(b"0\r\n\r\n");
+    match http_body(&answer) {
+        Ok(body) => {
+            assert!((200..300).contains(&status), "{status} accepted");
+            assert_eq!(body, chunks.concat());
+        }
+        Err(e) => assert!(!(200..300).contains(&status), "{status} refused: {e}"),
+    }
+    // Every cut of it is refused or read, never a panic.
+    for end in [0, answer.len() / 3, answer.len() / 2, answer.len().saturating_sub(3)] {
+        let _ = http_body(&answer[..end]);
+    }
+}
+
 fuzz_target!(|input: Input| {
     match &input {
         Input::Instances { body, service, revoked } => instances(body, &service.get(), *revoked),
@@ -668,6 +697,7 @@ fuzz_target!(|input: Input| {
         Input::Signature(body) => signature(body),
         Input::Config(body) => config(body),
         Input::Routes { canary, ops } => routes(canary, ops),
+        Input::AgentAnswer { status, chunks } => agent_answer(*status, chunks),
     }
     // Raw bytes also reach every decoder, whatever the input was meant for.
     if let Input::Instances { body: Body::Raw(raw), .. }
@@ -686,5 +716,6 @@ fuzz_target!(|input: Input| {
         let _ = parse_public_identity(raw, "w", &mesh());
         let _ = parse_signature(raw);
         let _ = Config::parse(raw);
+        let _ = http_body(raw);
     }
 });

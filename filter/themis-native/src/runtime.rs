@@ -293,8 +293,9 @@ impl Runtime {
     }
 }
 
-/// The body of a whole HTTP/1.1 response, if its status is 2xx.
-fn http_body(answer: &[u8]) -> Result<Vec<u8>, String> {
+/// The body of the agent's HTTP/1.1 answer `answer` (plain or chunked) if its status
+/// is 2xx; total on any bytes (fuzzed: `fuzz/fuzz_targets/envoy_decoders.rs`).
+pub fn http_body(answer: &[u8]) -> Result<Vec<u8>, String> {
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut response = httparse::Response::new(&mut headers);
     let httparse::Status::Complete(at) = response
@@ -334,9 +335,13 @@ fn dechunk(mut body: &[u8]) -> Result<Vec<u8>, String> {
         if size == 0 {
             return Ok(out);
         }
-        let chunk = body.get(at..at + size).ok_or("a truncated chunk")?;
+        // A size near usize::MAX must not wrap: checked, then sliced with `get`.
+        let end = at.checked_add(size).ok_or("a chunk too large")?;
+        let chunk = body.get(at..end).ok_or("a truncated chunk")?;
         out.extend_from_slice(chunk);
-        body = body.get(at + size + 2..).ok_or("a truncated chunk")?;
+        body = body
+            .get(end.saturating_add(2)..)
+            .ok_or("a truncated chunk")?;
     }
 }
 

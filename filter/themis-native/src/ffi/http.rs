@@ -388,129 +388,86 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     HEADERS_CONTINUE
 }
 
-// The hooks 1.40 requires that this filter does not use.
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
-    _f: StreamPtr,
-    _m: *const c_void,
-    _end_of_stream: bool,
-) -> u32 {
-    0 // Continue
+/// A hook 1.40 requires that this filter does not use: it ignores its arguments and
+/// returns `$value` (`Continue`, 0, for the status hooks).
+macro_rules! unused_hook {
+    ($name:ident($($arg:ty),* $(,)?) $(-> $ret:ty = $value:expr)?) => {
+        #[no_mangle]
+        pub extern "C" fn $name($(_: $arg),*) $(-> $ret)? {
+            $($value)?
+        }
+    };
 }
 
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
-    _f: StreamPtr,
-    _m: *const c_void,
-) -> u32 {
-    0 // Continue
-}
+type Module = *const c_void;
 
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
-    _f: StreamPtr,
-    _m: *const c_void,
-    _end_of_stream: bool,
-) -> u32 {
-    0 // Continue
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
-    _f: StreamPtr,
-    _m: *const c_void,
-) -> u32 {
-    0 // Continue
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
-    _f: StreamPtr,
-    _m: *const c_void,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
-    _f: StreamPtr,
-    _m: *const c_void,
-    _event: u64,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
-    _f: StreamPtr,
-    _m: *const c_void,
-    _callout: u64,
-    _result: u32,
-    _headers: *const c_void,
-    _headers_length: usize,
-    _body: *const c_void,
-    _body_length: usize,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
-    _f: StreamPtr,
-    _m: *const c_void,
-    _stream: u64,
-    _headers: *const c_void,
-    _headers_length: usize,
-    _end_stream: bool,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
-    _f: StreamPtr,
-    _m: *const c_void,
-    _stream: u64,
-    _data: *const c_void,
-    _data_length: usize,
-    _end_stream: bool,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
-    _f: StreamPtr,
-    _m: *const c_void,
-    _stream: u64,
-    _trailers: *const c_void,
-    _trailers_length: usize,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
-    _f: StreamPtr,
-    _m: *const c_void,
-    _stream: u64,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
-    _f: StreamPtr,
-    _m: *const c_void,
-    _stream: u64,
-    _reason: u32,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
-    _f: StreamPtr,
-    _m: *const c_void,
-) {
-}
-
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
-    _f: StreamPtr,
-    _m: *const c_void,
-) {
-}
+unused_hook!(envoy_dynamic_module_on_http_filter_request_body(StreamPtr, Module, bool) -> u32 = 0);
+unused_hook!(envoy_dynamic_module_on_http_filter_request_trailers(StreamPtr, Module) -> u32 = 0);
+unused_hook!(envoy_dynamic_module_on_http_filter_response_body(StreamPtr, Module, bool) -> u32 = 0);
+unused_hook!(envoy_dynamic_module_on_http_filter_response_trailers(StreamPtr, Module) -> u32 = 0);
+unused_hook!(envoy_dynamic_module_on_http_filter_stream_complete(
+    StreamPtr, Module
+));
+unused_hook!(envoy_dynamic_module_on_http_filter_scheduled(
+    StreamPtr, Module, u64
+));
+// (callout id, result, headers, count, body chunks, count)
+unused_hook!(
+    envoy_dynamic_module_on_http_filter_http_callout_done(
+        StreamPtr,
+        Module,
+        u64,
+        u32,
+        *const c_void,
+        usize,
+        *const c_void,
+        usize,
+    )
+);
+// (stream id, headers, count, end of stream)
+unused_hook!(
+    envoy_dynamic_module_on_http_filter_http_stream_headers(
+        StreamPtr,
+        Module,
+        u64,
+        *const c_void,
+        usize,
+        bool,
+    )
+);
+unused_hook!(
+    envoy_dynamic_module_on_http_filter_http_stream_data(
+        StreamPtr,
+        Module,
+        u64,
+        *const c_void,
+        usize,
+        bool,
+    )
+);
+unused_hook!(
+    envoy_dynamic_module_on_http_filter_http_stream_trailers(
+        StreamPtr,
+        Module,
+        u64,
+        *const c_void,
+        usize,
+    )
+);
+unused_hook!(envoy_dynamic_module_on_http_filter_http_stream_complete(
+    StreamPtr, Module, u64
+));
+// (stream id, reset reason)
+unused_hook!(envoy_dynamic_module_on_http_filter_http_stream_reset(
+    StreamPtr, Module, u64, u32
+));
+unused_hook!(
+    envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
+        StreamPtr, Module
+    )
+);
+unused_hook!(
+    envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
+        StreamPtr, Module
+    )
+);
