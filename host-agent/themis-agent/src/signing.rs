@@ -268,6 +268,9 @@ fn public_identity(
     }
 }
 
+/// How soon a proxy whose workload has no record yet asks again.
+pub const UNENDORSED_RENEW_MS: u64 = 5_000;
+
 /// Delegates `workload`'s handshake signing to the proxy's key in `request` at
 /// `now_ms`, with the workload's current endorsement: what
 /// `POST /v1/workloads/{workload}/delegate` answers.
@@ -292,13 +295,15 @@ pub async fn delegate_for(
     let d = Delegation::issue(&identity, key, now_ms, lifetime_ms);
     let endorsement = registry.endorsement_of(&workload).await;
     // Ask again at half the delegation's life, or once the record was renewed (the
-    // agent re-signs it at half its life), whichever is first.
+    // agent re-signs it at half its life), whichever is first; a workload with no
+    // record yet (its sidecar started before it registered) soon, so that its
+    // handshakes carry the endorsement within seconds of the registration.
     let renew_at_ms = endorsement
         .as_ref()
-        .map(|(_, _, signed)| signed + registry.record_ttl_ms() * 3 / 4)
-        .map_or(d.renew_at_ms(), |r| {
-            r.max(now_ms + 1000).min(d.renew_at_ms())
-        });
+        .map_or(now_ms + UNENDORSED_RENEW_MS, |(_, _, signed)| {
+            (signed + registry.record_ttl_ms() * 3 / 4).max(now_ms + 1000)
+        })
+        .min(d.renew_at_ms());
     Ok(Delegated {
         identity: public_identity(workload, &identity),
         delegation: hex::encode(d.encode()),

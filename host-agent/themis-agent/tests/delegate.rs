@@ -38,6 +38,20 @@ fn the_agent_delegates_to_the_proxys_key_with_the_endorsement_and_stops_at_revoc
     let agent = Agent::spawn(root.path(), "a", Spawn::default());
     let mesh = MeshName::new(MESH).unwrap();
     let rng = SystemRandom::new();
+    // Before its workload registers: a delegation with no endorsement, to be asked
+    // again within seconds (not at half its life).
+    themis_testkit::mesh::create_workload(&agent, "check-1");
+    let key = DelegatedKey::generate(&rng).unwrap();
+    let request = json!({ "delegated_key": hex::encode(key.public_key()), "lifetime_secs": 600 });
+    let asked = now_ms();
+    let (code, answer) = delegate(&agent, "check-1", &request);
+    assert_eq!(code, 200, "{answer}");
+    assert!(answer["endorsement"].is_null(), "{answer}");
+    let renew_at = answer["renew_at_ms"].as_u64().unwrap();
+    assert!(
+        renew_at <= now_ms() + themis_agent::signing::UNENDORSED_RENEW_MS,
+        "renew at {renew_at}, asked at {asked}"
+    );
     agent.register("check", "check-1", "127.0.0.1:15001");
 
     // The proxy's key, delegated: the answer verifies and makes a working credential.
