@@ -735,6 +735,112 @@ fn memory_stays_flat_over_many_sealed_connections() {
     });
 }
 
+/// A revoked party that only listens is cut off too. A TCP service streams a line
+/// every 100 ms to a caller that sends nothing after it connected. Revoking the
+/// caller (`handler`) ends the stream at the app's next bytes (the callee's inbound
+/// filter checks the revocations on what it sends, not only on what it receives);
+/// revoking the callee ends it at the callee's next bytes to the caller (the caller's
+/// sealing filter, on what it receives). The bound asserted is generous (60 s; the
+/// filters poll revocations every second here).
+#[test]
+fn a_silent_party_that_is_revoked_stops_receiving() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    let _serial = serial();
+    for revoke_callee in [false, true] {
+        let nodes = Nodes::start();
+        let server = TcpListener::bind((IP_B, 0)).unwrap();
+        let app = server.local_addr().unwrap();
+        // One connection: a line every 100 ms until the line is cut (bounded: 2 min).
+        let ticker = std::thread::spawn(move || {
+            let (mut socket, _) = server.accept().unwrap();
+            (0..1200)
+                .take_while(|n| {
+                    std::thread::sleep(Duration::from_millis(100));
+                    socket.write_all(format!("tick {n}\n").as_bytes()).is_ok()
+                })
+                .count()
+        });
+        let envoy_a = nodes.envoy_a(None, &["ticker"]);
+        let (envoy_b, callee_id) = nodes.envoy_b(
+            "envoy-b",
+            IP_B,
+            "ticker",
+            "ticker",
+            app,
+            AppProtocol::Tcp,
+            None,
+        );
+        let listener = *envoy_a
+            .tcp
+            .get("ticker")
+            .expect("Envoy A's ticker listener");
+        let client = TcpStream::connect(listener).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let mut reader = BufReader::new(client);
+        let mut line = String::new();
+        for _ in 0..3 {
+            line.clear();
+            reader
+                .read_line(&mut line)
+                .unwrap_or_else(|e| panic!("no tick: {e}\n{}", logs(&[&envoy_a, &envoy_b])));
+            assert!(line.starts_with("tick "), "{line:?}");
+        }
+        let revoked = if revoke_callee {
+            &callee_id
+        } else {
+            &nodes.handler_id
+        };
+        let mesh_dir = support::agent::mesh_dir(nodes.path());
+        let (code, out, err) = nodes.b.cli(&[
+            "revoke",
+            revoked,
+            "--mesh-dir",
+            mesh_dir.to_str().unwrap(),
+            "--reason",
+            "test: stolen",
+            "--publish",
+        ]);
+        assert_eq!(code, 0, "{out}{err}");
+        // The caller sends nothing from here on: the stream must end by itself.
+        let started = Instant::now();
+        let ended = loop {
+            line.clear();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => break true,
+                Ok(_) if started.elapsed() > Duration::from_secs(60) => break false,
+                Ok(_) => {}
+            }
+        };
+        let cutter = if revoke_callee { &envoy_a } else { &envoy_b };
+        assert!(
+            ended,
+            "revoked {}: the silent caller still receives after 60 s\n{}",
+            if revoke_callee { "callee" } else { "caller" },
+            logs(&[&envoy_a, &envoy_b])
+        );
+        assert!(
+            cutter.log_tail(400).contains("revoked"),
+            "the {} sidecar did not say it cut a revoked peer\n{}",
+            if revoke_callee {
+                "caller's"
+            } else {
+                "callee's"
+            },
+            cutter.log_tail(60)
+        );
+        drop(reader);
+        drop((envoy_a, envoy_b));
+        let _ = ticker.join();
+    }
+}
+
 /// A server-speaks-first protocol (SMTP, MySQL, …): the server greets before the
 /// client sends a byte. The TCP listener's tunnel (HTTP/2 CONNECT) is opened by Envoy A
 /// as soon as the client connects, so the key agreement runs and the greeting reaches

@@ -470,6 +470,18 @@ impl StreamContext for Inbound {
     }
 
     fn on_upstream_data(&mut self, size: usize, _end_of_stream: bool) -> Action {
+        // A revoked caller that only listens (a stream of responses, no more requests)
+        // is cut at the app's next bytes too, not only at its own.
+        let revoked = matches!(self.gate, Gate::Allowed)
+            && self
+                .stream
+                .established()
+                .is_some_and(|e| self.worker.borrow().revoked.contains(&e.peer_id));
+        if revoked {
+            self.set_upstream_data(0, size, &[]);
+            self.close("revoked", "the caller's id was revoked");
+            return Action::Continue;
+        }
         let data = self.get_upstream_data(0, size).unwrap_or_default();
         match self.stream.from_app(&data) {
             Ok(sealed) => self.set_upstream_data(0, size, &sealed),

@@ -241,6 +241,16 @@ impl StreamContext for Seal {
                 return Action::Continue;
             }
         };
+        // A revoked peer that only sends (a stream to our app, no more requests) is
+        // cut at its next bytes too, not only at the app's.
+        if stream
+            .peer_id()
+            .is_some_and(|p| self.worker.borrow().revoked.contains(&p))
+        {
+            self.set_upstream_data(0, size, &[]);
+            self.close("revoked", "the peer's id was revoked");
+            return Action::Continue;
+        }
         let was_open = stream.is_open();
         match stream.from_peer(&data) {
             Ok(_) if end_of_stream && stream.is_mid_message() => {
