@@ -175,6 +175,23 @@ impl Agent {
     }
 
     /// Runs the `themis` tool against this agent; returns (exit code, stdout, stderr).
+    /// The mesh operator revokes `id` (printable) with the root in `mesh_dir` and
+    /// publishes the revocation through this agent; panics if that fails.
+    pub fn revoke(&self, id: &str, mesh_dir: &Path) {
+        let mesh_dir = mesh_dir.to_str().unwrap();
+        let args = [
+            "revoke",
+            id,
+            "--mesh-dir",
+            mesh_dir,
+            "--reason",
+            "test: stolen",
+            "--publish",
+        ];
+        let (code, out, err) = self.cli(&args);
+        assert_eq!(code, 0, "themis revoke {id}: {out}{err}");
+    }
+
     pub fn cli(&self, args: &[&str]) -> (i32, String, String) {
         let out = Command::new(themis_binary())
             .arg("--socket")

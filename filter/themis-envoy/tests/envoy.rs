@@ -885,16 +885,7 @@ fn a_revoked_workload_is_refused_by_the_filter_and_the_agents() {
     assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
 
     let mesh_dir = mesh.dir.path().join("mesh");
-    let (code, out, err) = mesh.b.cli(&[
-        "revoke",
-        &mesh.handler_id,
-        "--mesh-dir",
-        mesh_dir.to_str().unwrap(),
-        "--reason",
-        "test: stolen",
-        "--publish",
-    ]);
-    assert_eq!(code, 0, "{out}{err}");
+    mesh.b.revoke(&mesh.handler_id, &mesh_dir);
     // Every thread's filter polls its agent on its own: wait until all of Envoy B's
     // (the main thread and both workers) say they hold the revocation.
     wait_until(

@@ -345,16 +345,7 @@ fn a_revoked_caller_is_cut_off_by_a_native_callee() {
         assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
     }
     let mesh_dir = mesh.dir.path().join("mesh");
-    let (code, out, err) = mesh.b.cli(&[
-        "revoke",
-        &mesh.handler_id,
-        "--mesh-dir",
-        mesh_dir.to_str().unwrap(),
-        "--reason",
-        "test: stolen",
-        "--publish",
-    ]);
-    assert_eq!(code, 0, "{out}{err}");
+    mesh.b.revoke(&mesh.handler_id, &mesh_dir);
     wait_log(
         &mesh.envoy_b,
         "themis native: 1 revocations",
