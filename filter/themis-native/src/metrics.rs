@@ -42,6 +42,17 @@ const EVENTS: [&str; 4] = [
 /// The roles whose sockets count.
 const ROLES: [&str; 2] = ["seal", "inbound"];
 
+/// The gauges the socket roles keep: open connections.
+const GAUGES: [&str; 1] = ["active"];
+
+/// Every gauge name the sockets use.
+pub fn gauge_names() -> Vec<String> {
+    ROLES
+        .iter()
+        .flat_map(|role| GAUGES.iter().map(move |g| format!("themis.{role}.{g}")))
+        .collect()
+}
+
 /// Every counter name the sockets use.
 pub fn counter_names() -> Vec<String> {
     ROLES
@@ -56,8 +67,17 @@ pub fn counter_names() -> Vec<String> {
         .collect()
 }
 
-/// Adds one to the counter named.
-pub type Sink = Arc<dyn Fn(&str) + Send + Sync>;
+/// One change to a metric, by its full name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change<'a> {
+    /// Add one to a counter.
+    Count(&'a str),
+    /// Add to (or, negative, take from) a gauge.
+    Gauge(&'a str, i64),
+}
+
+/// Applies changes to Envoy's metrics.
+pub type Sink = Arc<dyn Fn(Change<'_>) + Send + Sync>;
 
 /// The installed sink and who installed it.
 static SINK: RwLock<Option<(usize, Sink)>> = RwLock::new(None);
@@ -81,10 +101,20 @@ pub fn uninstall(owner: usize) {
 
 /// Counts `event` for `role` (`seal` or `inbound`).
 pub fn count(role: &str, event: &str) {
-    if let Ok(slot) = SINK.read() {
-        if let Some((_, sink)) = slot.as_ref() {
-            sink(&format!("themis.{role}.{event}"));
-        }
+    apply(|sink| sink(Change::Count(&format!("themis.{role}.{event}"))));
+}
+
+/// Adds `delta` to `role`'s gauge `name`; false if no sink took it (then the caller
+/// must not take it back later: a gauge must not go below what it was given).
+pub fn gauge(role: &str, name: &str, delta: i64) -> bool {
+    apply(|sink| sink(Change::Gauge(&format!("themis.{role}.{name}"), delta)))
+}
+
+/// Runs `f` on the installed sink, under the read lock; false if there is none.
+fn apply(f: impl FnOnce(&Sink)) -> bool {
+    match SINK.read() {
+        Ok(slot) => slot.as_ref().map(|(_, sink)| f(sink)).is_some(),
+        Err(_) => false,
     }
 }
 
@@ -94,21 +124,35 @@ mod tests {
     use std::sync::Mutex;
 
     #[test]
-    fn counts_reach_the_installed_sink_until_its_owner_uninstalls_it() {
+    fn changes_reach_the_installed_sink_until_its_owner_uninstalls_it() {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let into = seen.clone();
-        install(
-            1,
-            Arc::new(move |name| into.lock().unwrap().push(name.to_owned())),
-        );
+        let sink: Sink = Arc::new(move |change| {
+            let seen = match change {
+                Change::Count(name) => name.to_owned(),
+                Change::Gauge(name, delta) => format!("{name} {delta:+}"),
+            };
+            into.lock().unwrap().push(seen)
+        });
+        install(1, sink);
         count("seal", "established");
+        assert!(gauge("inbound", "active", 1));
         uninstall(2); // not the owner: still installed
         count("inbound", "refused.policy");
         uninstall(1);
         count("seal", "connections");
+        assert!(!gauge("inbound", "active", -1), "no sink took it");
         assert_eq!(
             *seen.lock().unwrap(),
-            ["themis.seal.established", "themis.inbound.refused.policy"]
+            [
+                "themis.seal.established",
+                "themis.inbound.active +1",
+                "themis.inbound.refused.policy"
+            ]
+        );
+        assert_eq!(
+            gauge_names(),
+            ["themis.seal.active", "themis.inbound.active"]
         );
         let names = counter_names();
         assert!(names.contains(&"themis.inbound.refused.policy".to_string()));

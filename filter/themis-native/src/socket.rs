@@ -178,6 +178,7 @@ impl Factory {
             failure: None,
             id: None,
             remote: None,
+            active: false,
             rng: SystemRandom::new(),
         }
     }
@@ -210,6 +211,8 @@ pub struct Connection {
     failure: Option<String>,
     id: Option<u64>,
     remote: Option<SocketAddr>,
+    /// Counted in the role's `active` gauge (taken back when it closes).
+    active: bool,
     rng: SystemRandom,
 }
 
@@ -223,7 +226,9 @@ impl Connection {
     pub fn attached(&mut self, io: &mut dyn Io) {
         self.id = io.connection_id();
         self.remote = io.remote();
-        metrics::count(self.config.role.as_str(), "connections");
+        let role = self.config.role.as_str();
+        metrics::count(role, "connections");
+        self.active = metrics::gauge(role, "active", 1);
     }
 
     /// True once the stream is open (Envoy may then flush and close).
@@ -241,6 +246,9 @@ impl Connection {
     }
 
     pub fn closed(&mut self) {
+        if std::mem::take(&mut self.active) {
+            metrics::gauge(self.config.role.as_str(), "active", -1);
+        }
         if let Some(id) = self.id.take() {
             WORKER.with(|w| w.borrow_mut().peers.remove(&id));
         }

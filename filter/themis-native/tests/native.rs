@@ -114,6 +114,9 @@ fn native_sidecars_call_each_other() {
     let b = &mesh.envoy_b;
     assert!(counter(b, "inbound.allowed") >= 1);
     assert_eq!(counter(b, "inbound.refused.policy"), 0);
+    // The pooled sealed connections are open, and counted so on both sides.
+    assert!((1..=4).contains(&counter(a, "seal.active")));
+    assert_eq!(counter(b, "inbound.active"), counter(a, "seal.active"));
 }
 
 #[test]

@@ -93,6 +93,27 @@ extern "C" {
         label_values_length: usize,
         value: u64,
     ) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_define_gauge(
+        config: ConfigPtr,
+        name: ModuleBuffer,
+        label_names: *const ModuleBuffer,
+        label_names_length: usize,
+        id: *mut usize,
+    ) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_increment_gauge(
+        config: ConfigPtr,
+        id: usize,
+        label_values: *const ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_decrement_gauge(
+        config: ConfigPtr,
+        id: usize,
+        label_values: *const ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
     fn envoy_dynamic_module_callback_http_filter_increment_counter(
         f: StreamPtr,
         id: usize,
@@ -227,47 +248,72 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
     }
 }
 
+/// `define_counter` or `define_gauge`: (configuration, name, labels, label count, id).
+type Define =
+    unsafe extern "C" fn(ConfigPtr, ModuleBuffer, *const ModuleBuffer, usize, *mut usize) -> u32;
+/// `config_increment_*` or `config_decrement_gauge`: (configuration, id, label values,
+/// their count, value).
+type Add = unsafe extern "C" fn(ConfigPtr, usize, *const ModuleBuffer, usize, u64) -> u32;
+
 /// # Safety
 /// `envoy` is the configuration being created (main thread, inside `config_new`).
-unsafe fn define_counter(envoy: ConfigPtr, name: &str) -> Option<usize> {
+unsafe fn define(envoy: ConfigPtr, how: Define, name: &str) -> Option<usize> {
     let mut id = 0usize;
-    let result = envoy_dynamic_module_callback_http_filter_config_define_counter(
-        envoy,
-        ModuleBuffer::of(name.as_bytes()),
-        std::ptr::null(),
-        0,
-        &mut id,
-    );
+    let name = ModuleBuffer::of(name.as_bytes());
+    let result = how(envoy, name, std::ptr::null(), 0, &mut id);
     (result == METRICS_SUCCESS).then_some(id)
 }
 
-/// Defines the transport sockets' counters on this configuration and routes their
-/// counts to it (`metrics`), until `owner` is destroyed.
+/// # Safety
+/// As [`define`].
+unsafe fn define_counter(envoy: ConfigPtr, name: &str) -> Option<usize> {
+    let how = envoy_dynamic_module_callback_http_filter_config_define_counter;
+    define(envoy, how, name)
+}
+
+/// Defines the transport sockets' counters and gauges on this configuration and routes
+/// their changes to it (`metrics`), until `owner` is destroyed.
 ///
 /// # Safety
-/// As [`define_counter`].
+/// As [`define`].
 unsafe fn install_socket_counters(envoy: ConfigPtr, owner: usize) {
-    let ids: HashMap<String, usize> = metrics::counter_names()
+    let counters: HashMap<String, usize> = metrics::counter_names()
         .into_iter()
         .filter_map(|name| define_counter(envoy, &name).map(|id| (name, id)))
         .collect();
+    let gauges: HashMap<String, usize> = metrics::gauge_names()
+        .into_iter()
+        .filter_map(|name| {
+            let how = envoy_dynamic_module_callback_http_filter_config_define_gauge;
+            define(envoy, how, &name).map(|id| (name, id))
+        })
+        .collect();
     // Envoy's configuration outlives the sink: `config_destroy` uninstalls it
-    // first, and waits for counts in flight.
+    // first, and waits for changes in flight.
     let envoy = envoy as usize;
     metrics::install(
         owner,
-        Arc::new(move |name| {
-            if let Some(&id) = ids.get(name) {
+        Arc::new(move |change| {
+            let (add, id, value): (Add, _, _) = match change {
+                metrics::Change::Count(name) => (
+                    envoy_dynamic_module_callback_http_filter_config_increment_counter,
+                    counters.get(name),
+                    1,
+                ),
+                metrics::Change::Gauge(name, delta) if delta >= 0 => (
+                    envoy_dynamic_module_callback_http_filter_config_increment_gauge,
+                    gauges.get(name),
+                    delta.unsigned_abs(),
+                ),
+                metrics::Change::Gauge(name, delta) => (
+                    envoy_dynamic_module_callback_http_filter_config_decrement_gauge,
+                    gauges.get(name),
+                    delta.unsigned_abs(),
+                ),
+            };
+            if let Some(&id) = id {
                 // SAFETY: the configuration is alive while the sink is installed.
-                unsafe {
-                    envoy_dynamic_module_callback_http_filter_config_increment_counter(
-                        envoy as ConfigPtr,
-                        id,
-                        std::ptr::null(),
-                        0,
-                        1,
-                    )
-                };
+                unsafe { add(envoy as ConfigPtr, id, std::ptr::null(), 0, value) };
             }
         }),
     );
