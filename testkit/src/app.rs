@@ -1,6 +1,7 @@
 //! The app behind Envoy B: an HTTP/1.1 server that answers every request with JSON
 //! echoing its method, path, every header (in order, duplicates kept) and body, plus
-//! a marker of its own, and counts the requests it received.
+//! a marker of its own, and counts the requests it received. Its responses also claim
+//! a false `x-themis-peer-id`/`-service`, which the caller's sidecar must replace.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -93,6 +94,9 @@ impl App {
     }
 }
 
+/// The id the echo app claims in its responses (never the truth).
+pub const FORGED_PEER_ID: &str = "forged-by-the-app";
+
 async fn echo(
     request: Request<Incoming>,
     count: Arc<AtomicUsize>,
@@ -123,9 +127,13 @@ async fn echo(
         "body_len": body.len(),
         "marker": &*marker,
     });
+    // The callee's app claims to be someone else: the caller's sidecar must answer
+    // with the id its connection proved, whatever the app says.
     Ok(Response::builder()
         .header("content-type", "application/json")
         .header("x-app", "echo")
+        .header("x-themis-peer-id", FORGED_PEER_ID)
+        .header("x-themis-peer-service", "forged-by-the-app")
         .body(Full::new(Bytes::from(answer.to_string())))
         .unwrap())
 }

@@ -72,7 +72,10 @@ fn call_is_sealed_and_attributed(mesh: &Mesh) {
     );
     assert_eq!(seen_header(&echo, PEER_SERVICE), ["handler"], "{echo}");
     assert!(!echo["headers"].to_string().contains("forged"), "{echo}");
+    // Who answered: what the connection proved, not what the callee's app claims
+    // (the echo app's responses name a forged id and service).
     assert_eq!(r.header(PEER_ID), Some(mesh.check_id.as_str()), "{r}");
+    assert_eq!(r.header(PEER_SERVICE), Some("check"), "{r}");
 
     // 1 MiB each way, byte for byte.
     let big: Vec<u8> = (0..1 << 20)
