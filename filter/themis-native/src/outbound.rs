@@ -8,6 +8,7 @@
 
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use ring::rand::{SecureRandom, SystemRandom};
 use themis_core::PeerId;
@@ -77,7 +78,8 @@ impl Route {
 
 /// One `outbound` filter configuration (per listener; shared by the workers).
 pub struct Outbound {
-    config: Config,
+    /// How long an instance whose connection failed is avoided.
+    down: Duration,
     runtime: Arc<Runtime>,
     routes: Mutex<Routes>,
     rng: SystemRandom,
@@ -96,7 +98,7 @@ impl Outbound {
         let runtime = Runtime::of(&config)?;
         Ok(Outbound {
             routes: Mutex::new(Routes::new(config.canary.clone())),
-            config,
+            down: config.down,
             runtime,
             rng: SystemRandom::new(),
         })
@@ -187,7 +189,7 @@ impl Outbound {
             if let Ok(mut routes) = self.routes.lock() {
                 let now = now_ms();
                 routes.expire(now);
-                routes.mark_down(picked, now + self.config.down.as_millis() as u64);
+                routes.mark_down(picked, now + self.down.as_millis() as u64);
             }
         }
         Answered {
