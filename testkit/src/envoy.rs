@@ -382,6 +382,25 @@ impl Envoy {
         stats_of(self.admin)
     }
 
+    /// The filter's counter `themis.<name>` (`inbound.allowed`, ...) on either
+    /// runtime: Envoy prefixes it `wasmcustom.` (Wasm) or `dynamicmodulescustom.`
+    /// (native). 0 until first counted (the Wasm filter defines counters on use).
+    pub fn themis_counter(&self, name: &str) -> u64 {
+        themis_counter_in(&self.stats(), name)
+    }
+
+    /// The filter's counters under `themis.<prefix>`, by the rest of their names.
+    pub fn themis_counters(&self, prefix: &str) -> Vec<(String, u64)> {
+        let prefix = format!("themis.{prefix}");
+        self.stats()
+            .into_iter()
+            .filter_map(|(n, v)| {
+                let rest = n.split_once("custom.")?.1.strip_prefix(&prefix)?;
+                Some((rest.to_owned(), v))
+            })
+            .collect()
+    }
+
     /// One stat; panics (listing the Themis stats) if Envoy has no such stat.
     pub fn stat(&self, name: &str) -> u64 {
         let stats = self.stats();
@@ -427,18 +446,17 @@ impl Envoy {
 
     /// Waits until its native module resolves `service` to an instance at `endpoint`.
     pub fn wait_native_resolves(&self, service: &str, endpoint: SocketAddr) {
-        let what = format!(
-            "{}'s native module to resolve {service} at {endpoint}",
-            self.name()
-        );
-        wait_until(&what, READY_LIMIT, || {
-            self.process
-                .log()
-                .lines()
-                .rfind(|l| l.contains(&format!("themis native: {service} resolves to")))
-                .filter(|l| l.contains(&format!(" at {endpoint}")))
-                .map(|_| ())
-        });
+        wait_native_resolves_in(self.process.log_path(), service, endpoint);
+    }
+
+    /// True if its configuration loads the native module.
+    pub fn is_native(&self) -> bool {
+        self.native
+    }
+
+    /// The file Envoy logs to.
+    pub fn log_path(&self) -> &Path {
+        self.process.log_path()
     }
 
     /// The name it was started with (its files' and failure messages').
@@ -495,4 +513,31 @@ fn listeners_of(admin: SocketAddr) -> BTreeMap<String, SocketAddr> {
             Some((name, SocketAddr::new(ip, port)))
         })
         .collect()
+}
+
+/// [`Envoy::themis_counter`] in a stats map.
+pub fn themis_counter_in(stats: &BTreeMap<String, u64>, name: &str) -> u64 {
+    ["wasmcustom", "dynamicmodulescustom"]
+        .iter()
+        .filter_map(|prefix| stats.get(&format!("{prefix}.themis.{name}")))
+        .sum()
+}
+
+/// Waits until the native module logging to `log` resolves `service` to an instance
+/// at `endpoint` (its latest resolution of `service` lists it).
+pub fn wait_native_resolves_in(log: &Path, service: &str, endpoint: SocketAddr) {
+    let what = format!(
+        "the native module of {} to resolve {service} at {endpoint}",
+        log.display()
+    );
+    let said = format!("themis native: {service} resolves to");
+    let at = format!(" at {endpoint}");
+    wait_until(&what, READY_LIMIT, || {
+        std::fs::read_to_string(log)
+            .ok()?
+            .lines()
+            .rfind(|l| l.contains(&said))
+            .filter(|l| l.contains(&at))
+            .map(|_| ())
+    });
 }

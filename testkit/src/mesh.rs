@@ -62,6 +62,9 @@ pub struct Mesh {
     pub check_id: String,
     /// The marker the app puts in every response.
     pub app_marker: String,
+    /// What the two sidecars run.
+    pub runtime_a: Runtime,
+    pub runtime_b: Runtime,
     pub dir: tempfile::TempDir,
 }
 
@@ -158,6 +161,8 @@ impl Mesh {
             handler_id,
             check_id,
             app_marker,
+            runtime_a: a_runtime,
+            runtime_b: b_runtime,
             dir,
         };
         // Node B verifies callers' services through the DHT.
@@ -169,17 +174,26 @@ impl Mesh {
     /// [`Mesh::start`] with `check` registered at Envoy B's inbound listener, which
     /// admits `handler` ([`ALLOW_HANDLER`]).
     pub fn standard() -> Mesh {
-        let mesh = Mesh::start(Some(ALLOW_HANDLER));
+        Mesh::standard_on(Runtime::Wasm)
+    }
+
+    /// [`Mesh::standard`] with both sidecars on `runtime`.
+    pub fn standard_on(runtime: Runtime) -> Mesh {
+        let mesh = Mesh::start_on(runtime, runtime, Some(ALLOW_HANDLER));
         mesh.register("check", "check", mesh.envoy_b.inbound);
         mesh
     }
 
     /// Registers workload `workload` of node B as an instance of `service` at
-    /// `endpoint`, and waits until node A resolves it there.
+    /// `endpoint`, and waits until node A resolves it there (and, on the native
+    /// runtime, until Envoy A's module has it in its verified resolution).
     pub fn register(&self, service: &str, workload: &str, endpoint: SocketAddr) {
-        let endpoint = endpoint.to_string();
-        self.b.register(service, workload, &endpoint);
-        self.wait_resolves(&self.a, service, &[&endpoint]);
+        let endpoint_text = endpoint.to_string();
+        self.b.register(service, workload, &endpoint_text);
+        self.wait_resolves(&self.a, service, &[&endpoint_text]);
+        if self.runtime_a == Runtime::Native {
+            self.envoy_a.wait_native_resolves(service, endpoint);
+        }
     }
 
     /// Waits until `agent` resolves `service` to (at least) these endpoints.
@@ -212,7 +226,7 @@ impl Mesh {
     /// Another Envoy on node B (workload `check`), with its own inbound policy.
     pub fn start_envoy_b(&self, name: &str, policy: Option<&str>) -> Envoy {
         start_envoy_b(
-            Runtime::Wasm,
+            self.runtime_b,
             self.dir.path(),
             &self.b,
             name,
@@ -282,6 +296,18 @@ fn start_envoy_b(
     )
 }
 
+/// The services a native sidecar of these tests has a sealing cluster for (the
+/// native runtime seals per cluster; a name without one is `not_routed`).
+pub const NATIVE_CALLS: &[&str] = &[
+    "check",
+    "handler",
+    "check-open",
+    "check.default.svc",
+    "check-limited",
+    "check-budget",
+    "nosuch",
+];
+
 /// Which runtime of the filter a sidecar runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Runtime {
@@ -300,7 +326,7 @@ impl Runtime {
             Runtime::Native => Envoy::start_yaml(
                 root,
                 name,
-                &crate::envoy::render_native(sidecar, &["check", "handler"]),
+                &crate::envoy::render_native(sidecar, NATIVE_CALLS),
             ),
         }
     }

@@ -8,9 +8,10 @@
 //! test may have extended, whose outbound port can be fixed in advance (a TCP
 //! listener's tunnel cluster must name it).
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -18,10 +19,10 @@ use serde_json::{json, Value};
 use crate::agent::Agent;
 pub use crate::capture::{Capture, Captured};
 use crate::envoy::{
-    inbound_config, mesh_root, outbound_config, render, stats_of, AppProtocol, Envoy, Sidecar,
-    ALLOW_HANDLER,
+    inbound_config, mesh_root, outbound_config, render, render_native, stats_of,
+    wait_native_resolves_in, AppProtocol, Envoy, Sidecar, ALLOW_HANDLER,
 };
-use crate::mesh::{closed_port, create_workload, tempdir, two_agents, IP_A, IP_B};
+use crate::mesh::{closed_port, create_workload, tempdir, two_agents, Runtime, IP_A, IP_B};
 
 /// How long the DHT gets to make a registration resolvable.
 const RESOLVE_LIMIT: Duration = Duration::from_secs(30);
@@ -121,6 +122,34 @@ impl Proxy {
     pub fn stop(&mut self) {
         self.envoy.stop();
     }
+
+    /// Waits until it may call `service` at `endpoint`: on the native runtime, until
+    /// its module's verified resolution lists it (the Wasm filter resolves on the
+    /// first call).
+    pub fn wait_resolves(&self, service: &str, endpoint: SocketAddr) {
+        if self.envoy.is_native() {
+            self.envoy.wait_native_resolves(service, endpoint);
+        }
+    }
+
+    /// A counter of its sealing cluster(s) (`upstream_cx_total`, ...): the Wasm
+    /// runtime's one `themis_seal`, or the native runtime's `themis_to_<service>`s,
+    /// summed.
+    pub fn sealing_cluster_stat(&self, name: &str) -> u64 {
+        self.stats()
+            .iter()
+            .filter(|(n, _)| {
+                (n.starts_with("cluster.themis_seal.") || n.starts_with("cluster.themis_to_"))
+                    && n.ends_with(&format!(".{name}"))
+            })
+            .map(|(_, v)| *v)
+            .sum()
+    }
+
+    /// The filter's counter `themis.<name>` on either runtime.
+    pub fn themis_counter(&self, name: &str) -> u64 {
+        self.envoy.themis_counter(name)
+    }
 }
 
 /// What one sidecar is: whose, where, in front of what, with which additions.
@@ -187,15 +216,15 @@ pub fn add_tcp_listeners(
     format!("{head}{listeners}  clusters:\n{cluster}{tail}")
 }
 
-/// Makes the router's pool to the sealing listener (cluster `themis_seal`) use each
-/// connection for one request only: every call is a new sealed connection, with its
-/// own key agreement.
+/// Makes the router's pools of sealed connections (the Wasm runtime's cluster
+/// `themis_seal`, the native runtime's `themis_to_<service>`s) use each connection
+/// for one request only: every call is a new sealed connection, with its own key
+/// agreement.
 pub fn one_request_per_sealed_connection(yaml: &str) -> String {
     let anchor = "explicit_http_config: {http2_protocol_options: {allow_connect: true}}\n    transport_socket:";
-    assert_eq!(
-        yaml.matches(anchor).count(),
-        1,
-        "the themis_seal cluster's protocol options are not where they were"
+    assert!(
+        yaml.contains(anchor),
+        "the sealing clusters' protocol options are not where they were"
     );
     yaml.replace(
         anchor,
@@ -234,12 +263,23 @@ pub struct Nodes {
     pub b: Agent,
     pub mesh_root: String,
     pub handler_id: String,
+    /// What every sidecar of these nodes runs.
+    pub runtime: Runtime,
+    /// Envoy A's log, once started on the native runtime: a new instance is
+    /// callable once Envoy A's module resolves it (see [`Nodes::wait_resolves`]).
+    caller_log: RefCell<Option<PathBuf>>,
     pub dir: tempfile::TempDir,
 }
 
 impl Nodes {
-    /// Agents A and B in one ring, workload `handler` created on A.
+    /// Agents A and B in one ring, workload `handler` created on A; sidecars on the
+    /// Wasm runtime.
     pub fn start() -> Nodes {
+        Nodes::start_on(Runtime::Wasm)
+    }
+
+    /// [`Nodes::start`] with every sidecar on `runtime`.
+    pub fn start_on(runtime: Runtime) -> Nodes {
         let dir = tempdir();
         let root = dir.path();
         let (a, b) = two_agents(root);
@@ -249,6 +289,8 @@ impl Nodes {
             a,
             b,
             handler_id,
+            runtime,
+            caller_log: RefCell::new(None),
             dir,
         }
     }
@@ -274,19 +316,34 @@ impl Nodes {
         if let Some(canary) = &spec.canary {
             outbound["canary"] = canary.clone();
         }
-        let mut yaml = render(&Sidecar {
+        let outbound = outbound.to_string();
+        let inbound = inbound_config(
+            &self.mesh_root,
+            spec.workload,
+            spec.service,
+            Some(spec.policy),
+        );
+        let sidecar = Sidecar {
             app_protocol: spec.app_protocol,
             ip: spec.ip,
             agent_socket: &spec.agent.dir.join("agent.sock"),
             app: spec.app,
-            outbound_config: &outbound.to_string(),
-            inbound_config: &inbound_config(
-                &self.mesh_root,
-                spec.workload,
-                spec.service,
-                Some(spec.policy),
-            ),
-        });
+            outbound_config: &outbound,
+            inbound_config: &inbound,
+        };
+        let mut yaml = match self.runtime {
+            Runtime::Wasm => render(&sidecar),
+            Runtime::Native => {
+                // The services these tests call: `check` and the TCP services.
+                let mut calls = vec!["check", "handler"];
+                for service in spec.tcp {
+                    if !calls.contains(service) {
+                        calls.push(service);
+                    }
+                }
+                render_native(&sidecar, &calls)
+            }
+        };
         if !spec.tcp.is_empty() {
             let outbound = closed_port(spec.ip);
             yaml = fix_outbound_port(&yaml, outbound);
@@ -331,6 +388,9 @@ impl Nodes {
         proxy.wait_identity();
         register(&self.a, "handler", "handler", proxy.inbound, None);
         self.wait_resolves(&self.b, "handler", &[proxy.inbound]);
+        if self.runtime == Runtime::Native {
+            *self.caller_log.borrow_mut() = Some(proxy.envoy.log_path().to_owned());
+        }
         proxy
     }
 
@@ -413,8 +473,21 @@ impl Nodes {
         proxy
     }
 
-    /// Waits until `agent` resolves `service` to (at least) these endpoints.
+    /// Waits until `agent` resolves `service` to (at least) these endpoints, and, if
+    /// `agent` is node A's and Envoy A runs the native module, until the module's
+    /// verified resolution lists them too.
     pub fn wait_resolves(&self, agent: &Agent, service: &str, endpoints: &[SocketAddr]) {
+        self.wait_agent_resolves(agent, service, endpoints);
+        if std::ptr::eq(agent, &self.a) {
+            if let Some(log) = self.caller_log.borrow().as_ref() {
+                for endpoint in endpoints {
+                    wait_native_resolves_in(log, service, *endpoint);
+                }
+            }
+        }
+    }
+
+    fn wait_agent_resolves(&self, agent: &Agent, service: &str, endpoints: &[SocketAddr]) {
         let deadline = Instant::now() + RESOLVE_LIMIT;
         loop {
             let answer = agent.resolve(service);

@@ -140,6 +140,11 @@ impl Process {
     }
 
     /// Everything the process wrote.
+    /// The file its output goes to.
+    pub fn log_path(&self) -> &std::path::Path {
+        &self.log
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

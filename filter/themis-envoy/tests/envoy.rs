@@ -27,7 +27,7 @@ use support::envoy::{
 };
 use support::http::{self, KeepAlive};
 use support::mesh::{
-    closed_port, random_hex, tempdir, Mesh, IP_A, IP_B, IP_DEAD, IP_EVIL, IP_MITM,
+    closed_port, random_hex, tempdir, Mesh, Runtime, IP_A, IP_B, IP_DEAD, IP_EVIL, IP_MITM,
 };
 use support::mitm::{self, Mitm, Mode};
 use support::process::{installed, wait_until, Process};
@@ -48,30 +48,22 @@ const COUNT_LIMIT: Duration = Duration::from_secs(10);
 
 /// A counter of the inbound role, 0 until it is first counted (counters are defined
 /// on first use).
+/// (Both runtimes count under the same names.)
 fn stat_inbound(envoy: &Envoy, name: &str) -> u64 {
-    stat_or_zero(envoy, &format!("wasmcustom.themis.inbound.{name}"))
+    envoy.themis_counter(&format!("inbound.{name}"))
 }
 
 fn stat_outbound(envoy: &Envoy, name: &str) -> u64 {
-    stat_or_zero(envoy, &format!("wasmcustom.themis.outbound.{name}"))
+    envoy.themis_counter(&format!("outbound.{name}"))
 }
 
 fn stat_seal(envoy: &Envoy, name: &str) -> u64 {
-    stat_or_zero(envoy, &format!("wasmcustom.themis.seal.{name}"))
-}
-
-fn stat_or_zero(envoy: &Envoy, name: &str) -> u64 {
-    envoy.stats().get(name).copied().unwrap_or(0)
+    envoy.themis_counter(&format!("seal.{name}"))
 }
 
 /// The inbound refusals counted so far, by reason.
 fn refusals(envoy: &Envoy) -> Vec<(String, u64)> {
-    let prefix = "wasmcustom.themis.inbound.refused.";
-    envoy
-        .stats()
-        .into_iter()
-        .filter_map(|(n, v)| Some((n.strip_prefix(prefix)?.to_owned(), v)))
-        .collect()
+    envoy.themis_counters("inbound.refused.")
 }
 
 /// Waits until Envoy B's counter `refused.<reason>` exceeds `before`.
@@ -114,12 +106,11 @@ fn varied_body(len: usize) -> Vec<u8> {
         .collect()
 }
 
-#[test]
-fn handler_calls_check_by_name() {
+fn handler_calls_check_by_name(runtime: Runtime) {
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
-    let mesh = Mesh::standard();
+    let mesh = Mesh::standard_on(runtime);
     let body = b"is 7 prime?";
     let r = mesh.call(
         "POST",
@@ -180,12 +171,11 @@ fn handler_calls_check_by_name() {
 
 /// HTTP/1.1 keep-alive: the calls of one client connection run on one worker and
 /// share its pooled sealed connection, so one key agreement serves them all.
-#[test]
-fn keep_alive_calls_share_one_handshake() {
+fn keep_alive_calls_share_one_handshake(runtime: Runtime) {
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
-    let mesh = Mesh::standard();
+    let mesh = Mesh::standard_on(runtime);
     let mut client = KeepAlive::connect(mesh.envoy_a.outbound);
     let calls = 50;
     for n in 0..calls {
@@ -205,12 +195,11 @@ fn keep_alive_calls_share_one_handshake() {
 /// The caller's app cannot speak for the sidecars: any `x-themis-*` header it sends
 /// (in any case) is gone before the callee's app, which sees the true peer id; the
 /// routing headers cannot send the call elsewhere either.
-#[test]
-fn forged_themis_headers_never_reach_the_callee() {
+fn forged_themis_headers_never_reach_the_callee(runtime: Runtime) {
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
-    let mesh = Mesh::standard();
+    let mesh = Mesh::standard_on(runtime);
     // Where a forged destination would send the call: it counts connections.
     let trap = std::net::TcpListener::bind((IP_EVIL, 0)).unwrap();
     trap.set_nonblocking(true).unwrap();
@@ -270,8 +259,7 @@ fn marker_of(alphabet: &[u8], len: usize) -> String {
         .collect()
 }
 
-#[test]
-fn capture_holds_no_plaintext() {
+fn capture_holds_no_plaintext(runtime: Runtime) {
     if !(require::filter_in_envoy("runs the filter")
         && require::root("captures packets")
         && require::tool("tcpdump", "captures packets"))
@@ -279,7 +267,7 @@ fn capture_holds_no_plaintext() {
         return;
     }
     let tcpdump = installed("tcpdump");
-    let mesh = Mesh::standard();
+    let mesh = Mesh::standard_on(runtime);
     let dir = mesh.dir.path();
     let capture = dir.join("inbound.pcap");
     let port = mesh.envoy_b.inbound.port();
@@ -358,12 +346,11 @@ fn capture_holds_no_plaintext() {
 /// A request line, in place of a record.
 const PLAINTEXT: &[u8] = b"GET /secret HTTP/1.1\r\nhost: check\r\n\r\n";
 
-#[test]
-fn mitm_tampering_is_rejected() {
+fn mitm_tampering_is_rejected(runtime: Runtime) {
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
-    let mesh = Mesh::start(Some(ALLOW_HANDLER));
+    let mesh = Mesh::start_on(runtime, runtime, Some(ALLOW_HANDLER));
     let mitm = Mitm::start(IP_MITM, mesh.envoy_b.inbound);
     mesh.register("check", "check", mitm.addr);
     // Bodies of several records (16 KiB of plaintext each), so that there is a next
@@ -459,12 +446,11 @@ fn mitm_tampering_is_rejected() {
     assert_eq!(mesh.app.count(), 3);
 }
 
-#[test]
-fn direct_plaintext_request_is_rejected() {
+fn direct_plaintext_request_is_rejected(runtime: Runtime) {
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
-    let mesh = Mesh::standard();
+    let mesh = Mesh::standard_on(runtime);
     let mut h2 = themis_core::stream::HTTP2_PREFACE.to_vec();
     // An empty SETTINGS frame, as a client sends after the preface.
     h2.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
@@ -485,12 +471,15 @@ fn direct_plaintext_request_is_rejected() {
 /// The callee decides once per connection, when the caller proved its id: a caller
 /// its policy does not allow has its connection closed before any byte reaches the
 /// app, and the calling app sees a 503 from its own sidecar.
-#[test]
-fn policy_refuses_a_caller_it_does_not_allow() {
+fn policy_refuses_a_caller_it_does_not_allow(runtime: Runtime) {
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
-    let mesh = Mesh::start(Some(r#"{"allow":[{"service":"someone-else"}]}"#));
+    let mesh = Mesh::start_on(
+        runtime,
+        runtime,
+        Some(r#"{"allow":[{"service":"someone-else"}]}"#),
+    );
     mesh.register("check", "check", mesh.envoy_b.inbound);
     let r = mesh.call("GET", "check", "/denied", &[], b"");
     assert_eq!(r.status, 503, "{r}\n{}", mesh.logs());
@@ -606,12 +595,11 @@ fn bad_configuration_is_rejected() {
     }
 }
 
-#[test]
-fn unknown_service_and_dead_instance() {
+fn unknown_service_and_dead_instance(runtime: Runtime) {
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
-    let mesh = Mesh::start(Some(ALLOW_HANDLER));
+    let mesh = Mesh::start_on(runtime, runtime, Some(ALLOW_HANDLER));
     // A second instance of `check` that never answers, registered before anything
     // resolves `check` (the filter caches resolutions).
     let dead = closed_port(IP_DEAD);
@@ -675,14 +663,17 @@ fn unknown_service_and_dead_instance() {
 /// `allow service handler`. Now: its agent refuses to register it, the ring refuses
 /// its forged records, no agent or filter resolves it, no call reaches it, and its
 /// claim to be `handler` does not pass the policy.
-#[test]
-fn an_admitted_node_without_a_grant_cannot_serve_or_claim_a_name() {
+fn an_admitted_node_without_a_grant_cannot_serve_or_claim_a_name(runtime: Runtime) {
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
     use themis_trust::{Grant, InstanceValue, Metadata, Record, Signed, GRANT_LABEL, RECORD_LABEL};
 
-    let mesh = Mesh::start(Some(r#"{"allow":[{"service":"handler"}]}"#));
+    let mesh = Mesh::start_on(
+        runtime,
+        runtime,
+        Some(r#"{"allow":[{"service":"handler"}]}"#),
+    );
     mesh.register("check", "check", mesh.envoy_b.inbound);
     let root = mesh.dir.path();
     let c = support::agent::Agent::spawn(
@@ -867,17 +858,35 @@ fn threads_holding_revocations(envoy: &Envoy, vm: &str) -> usize {
         .len()
 }
 
+/// Waits until `envoy`'s inbound role holds a revocation: on Wasm every thread's
+/// filter polls its agent on its own (the main thread and both workers must say
+/// so); the native module's one thread polls for all.
+fn wait_holds_revocation(envoy: &Envoy, runtime: Runtime) {
+    wait_until(
+        "Envoy B's inbound filters to hold the revocation",
+        Duration::from_secs(30),
+        || {
+            let held = match runtime {
+                Runtime::Wasm => threads_holding_revocations(envoy, "themis-inbound") >= 3,
+                Runtime::Native => envoy
+                    .log_tail(usize::MAX)
+                    .contains("themis native: 1 revocations"),
+            };
+            held.then_some(())
+        },
+    );
+}
+
 /// Revocation end to end (issue 11): the operator revokes `handler`'s workload key and
 /// publishes it through agent B. Within the stated bound (the agents' revocation poll,
 /// here 0.5 s, plus the filter's poll of its agent, here 1 s) Envoy B refuses
 /// handler's connections, including the one it established before, the app sees none
 /// of handler's requests any more, and no agent resolves handler.
-#[test]
-fn a_revoked_workload_is_refused_by_the_filter_and_the_agents() {
+fn a_revoked_workload_is_refused_by_the_filter_and_the_agents(runtime: Runtime) {
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
-    let mesh = Mesh::standard();
+    let mesh = Mesh::standard_on(runtime);
     // A client connection kept across the revocation: its calls ride the sealed
     // connection established before it.
     let mut kept = KeepAlive::connect(mesh.envoy_a.outbound);
@@ -888,11 +897,7 @@ fn a_revoked_workload_is_refused_by_the_filter_and_the_agents() {
     mesh.b.revoke(&mesh.handler_id, &mesh_dir);
     // Every thread's filter polls its agent on its own: wait until all of Envoy B's
     // (the main thread and both workers) say they hold the revocation.
-    wait_until(
-        "Envoy B's inbound filters to hold the revocation",
-        Duration::from_secs(30),
-        || (threads_holding_revocations(&mesh.envoy_b, "themis-inbound") >= 3).then_some(()),
-    );
+    wait_holds_revocation(&mesh.envoy_b, runtime);
     // Requests made before the filter learnt it were served; none after, on the
     // connection established before or on new ones.
     let served = mesh.app.count();
@@ -943,12 +948,11 @@ fn a_revoked_workload_is_refused_by_the_filter_and_the_agents() {
 /// name everywhere: the agent registers it, the outbound filter routes the app's call
 /// to it by its host (it answered 400 when the filter had a name rule of its own), and
 /// the caller learns the service that answered.
-#[test]
-fn a_dotted_service_name_resolves_and_is_called() {
+fn a_dotted_service_name_resolves_and_is_called(runtime: Runtime) {
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
-    let mesh = Mesh::start(Some(ALLOW_HANDLER));
+    let mesh = Mesh::start_on(runtime, runtime, Some(ALLOW_HANDLER));
     mesh.register("check.default.svc", "check", mesh.envoy_b.inbound);
     let r = mesh.call("GET", "check.default.svc:8080", "/dotted", &[], b"");
     assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
@@ -1026,12 +1030,11 @@ fn send_from(source: &str, target: SocketAddr, bytes: &[u8]) -> (bool, Vec<u8>) 
 /// before); one replayed after the freshness window is `stale`; a source over its
 /// handshake budget is closed (`refused.rate_limited`) while another source, and the
 /// mesh's own calls, are not; nothing of it reaches the app.
-#[test]
-fn hello_floods_are_refused_cheaply_and_counted_by_reason() {
+fn hello_floods_are_refused_cheaply_and_counted_by_reason(runtime: Runtime) {
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
-    let mesh = Mesh::start(Some(ALLOW_HANDLER));
+    let mesh = Mesh::start_on(runtime, runtime, Some(ALLOW_HANDLER));
     let mitm = Mitm::start(IP_MITM, mesh.envoy_b.inbound);
     mesh.register("check", "check", mitm.addr);
     let r = mesh.call("GET", "check", "/first", &[], b"");
@@ -1131,12 +1134,13 @@ fn hello_floods_are_refused_cheaply_and_counted_by_reason() {
 /// is tiny here: 1 handshake a second and 10 at once per worker, 90 % of it reserved
 /// for known-good sources, so new sources share one handshake per worker and one
 /// more every 10 s.
-#[test]
-fn a_flood_of_fresh_hellos_from_many_sources_is_refused_busy_and_pooled_callers_keep_going() {
+fn a_flood_of_fresh_hellos_from_many_sources_is_refused_busy_and_pooled_callers_keep_going(
+    runtime: Runtime,
+) {
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
-    let mesh = Mesh::start(Some(ALLOW_HANDLER));
+    let mesh = Mesh::start_on(runtime, runtime, Some(ALLOW_HANDLER));
     let budgeted = mesh.start_envoy_b(
         "envoy-b-budget",
         // (The policy slot of the test config: the policy, then the budget.)
@@ -1185,3 +1189,33 @@ fn a_flood_of_fresh_hellos_from_many_sources_is_refused_busy_and_pooled_callers_
         "only the caller's calls reached the app"
     );
 }
+
+/// Every end-to-end test above runs on both runtimes of the filter: `wasm::<test>`
+/// (the proxy-wasm filter, `deploy/envoy/sidecar.yaml`) and `native::<test>` (the
+/// dynamic module, `deploy/envoy/sidecar-native.yaml`), on both sidecars.
+macro_rules! on_both_runtimes {
+    ($($test:ident),* $(,)?) => {
+        mod wasm {
+            $(#[test] fn $test() { super::$test(super::Runtime::Wasm) })*
+        }
+        mod native {
+            $(#[test] fn $test() { super::$test(super::Runtime::Native) })*
+        }
+    };
+}
+
+on_both_runtimes!(
+    handler_calls_check_by_name,
+    keep_alive_calls_share_one_handshake,
+    forged_themis_headers_never_reach_the_callee,
+    capture_holds_no_plaintext,
+    mitm_tampering_is_rejected,
+    direct_plaintext_request_is_rejected,
+    policy_refuses_a_caller_it_does_not_allow,
+    unknown_service_and_dead_instance,
+    an_admitted_node_without_a_grant_cannot_serve_or_claim_a_name,
+    a_revoked_workload_is_refused_by_the_filter_and_the_agents,
+    a_dotted_service_name_resolves_and_is_called,
+    hello_floods_are_refused_cheaply_and_counted_by_reason,
+    a_flood_of_fresh_hellos_from_many_sources_is_refused_busy_and_pooled_callers_keep_going,
+);

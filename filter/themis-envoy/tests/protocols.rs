@@ -30,7 +30,7 @@ use support::app::{seen_header, App};
 use support::apps::{redis_cli, run_client, upload, PyServer, Redis, Sink};
 use support::envoy::AppProtocol;
 use support::http;
-use support::mesh::{random_hex, IP_B};
+use support::mesh::{random_hex, Runtime, IP_B};
 use support::pair::{
     memory_allocated, one_request_per_sealed_connection, rss, Capture, Nodes, Proxy, MIB,
 };
@@ -58,8 +58,7 @@ fn logs(proxies: &[&Proxy]) -> String {
         .join("\n")
 }
 
-#[test]
-fn grpc_unary_streams_and_trailers() {
+fn grpc_unary_streams_and_trailers(runtime: Runtime) {
     if !(require::filter_in_envoy("runs the filter")
         && require::root("captures packets")
         && require::tool("tcpdump", "captures packets"))
@@ -67,7 +66,7 @@ fn grpc_unary_streams_and_trailers() {
         return;
     }
     let _serial = serial();
-    let nodes = Nodes::start();
+    let nodes = Nodes::start_on(runtime);
     let dir = nodes.path();
     // The server's marker goes into trailers and the error details, the client's into
     // request metadata and every message.
@@ -147,7 +146,7 @@ fn grpc_unary_streams_and_trailers() {
     );
     expect(&out["fail"]["trailing"]["x-fail-marker"], &trailer);
     assert_eq!(
-        envoy_b.stat("wasmcustom.themis.inbound.allowed"),
+        envoy_b.themis_counter("inbound.allowed"),
         1,
         "one sealed connection"
     );
@@ -165,8 +164,7 @@ fn grpc_unary_streams_and_trailers() {
     between.assert_sealed(1000, &[&marker, &trailer_marker]);
 }
 
-#[test]
-fn websocket_echo() {
+fn websocket_echo(runtime: Runtime) {
     if !(require::filter_in_envoy("runs the filter")
         && require::root("captures packets")
         && require::tool("tcpdump", "captures packets"))
@@ -174,7 +172,7 @@ fn websocket_echo() {
         return;
     }
     let _serial = serial();
-    let nodes = Nodes::start();
+    let nodes = Nodes::start_on(runtime);
     let dir = nodes.path();
     let marker = format!("WSMARK{}", random_hex(8));
     let server = PyServer::start(dir, "ws-server", "ws_echo.py", IP_B, &[]);
@@ -232,8 +230,7 @@ fn websocket_echo() {
     between.assert_sealed(1000, &[&marker]);
 }
 
-#[test]
-fn upload_256_mib_streams_in_flat_memory() {
+fn upload_256_mib_streams_in_flat_memory(runtime: Runtime) {
     if !(require::filter_in_envoy("runs the filter")
         && require::root("captures packets")
         && require::tool("tcpdump", "captures packets"))
@@ -244,7 +241,7 @@ fn upload_256_mib_streams_in_flat_memory() {
     /// How far above its start either Envoy's allocated memory may go meanwhile.
     const BOUND: u64 = 64 * MIB;
     let _serial = serial();
-    let nodes = Nodes::start();
+    let nodes = Nodes::start_on(runtime);
     let dir = nodes.path();
     let marker = format!("UPMARK{}", random_hex(8));
     let sink = Sink::start(IP_B);
@@ -338,8 +335,7 @@ fn upload_256_mib_streams_in_flat_memory() {
     between.assert_sealed(TOTAL, &[&marker]);
 }
 
-#[test]
-fn redis_over_a_tcp_tunnel() {
+fn redis_over_a_tcp_tunnel(runtime: Runtime) {
     if !(require::filter_in_envoy("runs the filter")
         && require::root("captures packets")
         && require::tool("tcpdump", "captures packets")
@@ -349,7 +345,7 @@ fn redis_over_a_tcp_tunnel() {
         return;
     }
     let _serial = serial();
-    let nodes = Nodes::start();
+    let nodes = Nodes::start_on(runtime);
     let dir = nodes.path();
     let redis = Redis::start(dir, IP_B);
     let envoy_a = nodes.envoy_a(None, &["redis"]);
@@ -405,7 +401,7 @@ fn redis_over_a_tcp_tunnel() {
     eprintln!(
         "redis: tunnels {}, inbound allowed {}",
         envoy_a.stat("tcp.themis_tcp_redis.downstream_cx_total"),
-        envoy_b.stat("wasmcustom.themis.inbound.allowed")
+        envoy_b.themis_counter("inbound.allowed")
     );
 
     let between = between.finish();
@@ -418,8 +414,7 @@ fn redis_over_a_tcp_tunnel() {
     between.assert_sealed(256 * 1024, &[&key, &value]);
 }
 
-#[test]
-fn canary_gets_its_share() {
+fn canary_gets_its_share(runtime: Runtime) {
     if !(require::filter_in_envoy("runs the filter")
         && require::root("captures packets")
         && require::tool("tcpdump", "captures packets"))
@@ -429,7 +424,7 @@ fn canary_gets_its_share() {
     const CALLS: u32 = 1000;
     const WEIGHT: u32 = 20;
     let _serial = serial();
-    let nodes = Nodes::start();
+    let nodes = Nodes::start_on(runtime);
     let dir = nodes.path();
     let stable_marker = format!("V1MARK{}", random_hex(8));
     let canary_marker = format!("V2MARK{}", random_hex(8));
@@ -577,12 +572,12 @@ struct Churn {
 /// after 1,000. The V8 heaps that hold the filters' state are mapped by V8 itself,
 /// outside the allocator `server.memory_allocated` counts: the resident set is
 /// bounded too, more loosely (`RSS_BOUND`).
-fn memory_over_many_connections(churn: Churn) {
+fn memory_over_many_connections(runtime: Runtime, churn: Churn) {
     const WARM: usize = 1_000;
     const ALLOCATED_BOUND: u64 = 8 * MIB;
     const RSS_BOUND: u64 = 16 * MIB;
     let _serial = serial();
-    let nodes = Nodes::start();
+    let nodes = Nodes::start_on(runtime);
     let dir = nodes.path();
     let app_marker = format!("RESPMARK{}", random_hex(8));
     let app = App::start(IP_B, &app_marker);
@@ -662,10 +657,10 @@ fn memory_over_many_connections(churn: Churn) {
         mib(at_end.1),
         mib(rss_warm.1),
         mib(rss_end.1),
-        envoy_a.stat("wasmcustom.themis.seal.handshakes"),
-        envoy_b.stat("wasmcustom.themis.inbound.allowed"),
+        envoy_a.themis_counter("seal.handshakes"),
+        envoy_b.themis_counter("inbound.allowed"),
         envoy_a.stat("http.themis_outbound.downstream_cx_total"),
-        envoy_a.stat("cluster.themis_seal.upstream_cx_total"),
+        envoy_a.sealing_cluster_stat("upstream_cx_total"),
     );
     assert_eq!(app.count(), total, "every request reached the app");
     if total < churn.target {
@@ -676,7 +671,7 @@ fn memory_over_many_connections(churn: Churn) {
     }
     if churn.sealed_each {
         assert!(
-            envoy_b.stat("wasmcustom.themis.inbound.allowed") >= total as u64,
+            envoy_b.themis_counter("inbound.allowed") >= total as u64,
             "each request had a sealed connection of its own"
         );
     }
@@ -701,38 +696,42 @@ fn memory_over_many_connections(churn: Churn) {
 
 /// 100,000 downstream connections (about 90 s here). The router keeps its sealed
 /// connections to Envoy B (one per worker), so this churns Envoy A's downstream side.
-#[test]
-fn memory_stays_flat_over_many_short_connections() {
+fn memory_stays_flat_over_many_short_connections(runtime: Runtime) {
     if !(require::filter_in_envoy("runs the filter")
         && require::root("captures packets")
         && require::tool("tcpdump", "captures packets"))
     {
         return;
     }
-    memory_over_many_connections(Churn {
-        target: 100_000,
-        budget: Duration::from_secs(240),
-        sealed_each: false,
-    });
+    memory_over_many_connections(
+        runtime,
+        Churn {
+            target: 100_000,
+            budget: Duration::from_secs(240),
+            sealed_each: false,
+        },
+    );
 }
 
 /// Every request on a sealed connection of its own (Envoy A's pool is limited to one
 /// request per connection): the sealing and inbound filters' per-connection state,
 /// handshakes included, comes and goes. About 360 a second here, so 30,000 (a run
 /// of 87,909 in 240 s also stayed within 0.3 MiB).
-#[test]
-fn memory_stays_flat_over_many_sealed_connections() {
+fn memory_stays_flat_over_many_sealed_connections(runtime: Runtime) {
     if !(require::filter_in_envoy("runs the filter")
         && require::root("captures packets")
         && require::tool("tcpdump", "captures packets"))
     {
         return;
     }
-    memory_over_many_connections(Churn {
-        target: 30_000,
-        budget: Duration::from_secs(150),
-        sealed_each: true,
-    });
+    memory_over_many_connections(
+        runtime,
+        Churn {
+            target: 30_000,
+            budget: Duration::from_secs(150),
+            sealed_each: true,
+        },
+    );
 }
 
 /// A revoked party that only listens is cut off too. A TCP service streams a line
@@ -742,8 +741,7 @@ fn memory_stays_flat_over_many_sealed_connections() {
 /// revoking the callee ends it at the callee's next bytes to the caller (the caller's
 /// sealing filter, on what it receives). The bound asserted is generous (60 s; the
 /// filters poll revocations every second here).
-#[test]
-fn a_silent_party_that_is_revoked_stops_receiving() {
+fn a_silent_party_that_is_revoked_stops_receiving(runtime: Runtime) {
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
@@ -752,7 +750,7 @@ fn a_silent_party_that_is_revoked_stops_receiving() {
 
     let _serial = serial();
     for revoke_callee in [false, true] {
-        let nodes = Nodes::start();
+        let nodes = Nodes::start_on(runtime);
         let server = TcpListener::bind((IP_B, 0)).unwrap();
         let app = server.local_addr().unwrap();
         // One connection: a line every 100 ms until the line is cut (bounded: 2 min).
@@ -836,8 +834,7 @@ fn a_silent_party_that_is_revoked_stops_receiving() {
 /// client sends a byte. The TCP listener's tunnel (HTTP/2 CONNECT) is opened by Envoy A
 /// as soon as the client connects, so the key agreement runs and the greeting reaches
 /// a client that has sent nothing yet.
-#[test]
-fn a_server_that_speaks_first_is_heard() {
+fn a_server_that_speaks_first_is_heard(runtime: Runtime) {
     if !(require::filter_in_envoy("runs the filter")
         && require::root("captures packets")
         && require::tool("tcpdump", "captures packets"))
@@ -848,7 +845,7 @@ fn a_server_that_speaks_first_is_heard() {
     use std::net::{TcpListener, TcpStream};
 
     let _serial = serial();
-    let nodes = Nodes::start();
+    let nodes = Nodes::start_on(runtime);
     let dir = nodes.path();
     let banner = format!("220 BANNERMARK{} ready", random_hex(8));
     let server = TcpListener::bind((IP_B, 0)).unwrap();
@@ -907,14 +904,13 @@ fn a_server_that_speaks_first_is_heard() {
 /// `X-Themis-Peer-Id`. A caller opens a tunnel to an HTTP service anyway: it is
 /// refused at the callee's sidecar, and the app never sees a connection. (Before, the
 /// inbound route ended every CONNECT at the app, whatever it spoke.)
-#[test]
-fn an_http_app_takes_no_tunnel() {
+fn an_http_app_takes_no_tunnel(runtime: Runtime) {
     use std::io::{Read, Write};
     if !require::filter_in_envoy("runs the filter") {
         return;
     }
     let _serial = serial();
-    let nodes = Nodes::start();
+    let nodes = Nodes::start_on(runtime);
     // The HTTP app: a socket whose connections the test looks at, never answered.
     let app = std::net::TcpListener::bind((IP_B, 0)).unwrap();
     app.set_nonblocking(true).unwrap();
@@ -955,3 +951,29 @@ fn an_http_app_takes_no_tunnel() {
         Err(e) => panic!("accept: {e}"),
     }
 }
+
+/// Every case above runs on both runtimes of the filter: `wasm::<case>` and
+/// `native::<case>` (both sidecars on it).
+macro_rules! on_both_runtimes {
+    ($($case:ident),* $(,)?) => {
+        mod wasm {
+            $(#[test] fn $case() { super::$case(super::Runtime::Wasm) })*
+        }
+        mod native {
+            $(#[test] fn $case() { super::$case(super::Runtime::Native) })*
+        }
+    };
+}
+
+on_both_runtimes!(
+    grpc_unary_streams_and_trailers,
+    websocket_echo,
+    upload_256_mib_streams_in_flat_memory,
+    redis_over_a_tcp_tunnel,
+    canary_gets_its_share,
+    memory_stays_flat_over_many_short_connections,
+    memory_stays_flat_over_many_sealed_connections,
+    a_silent_party_that_is_revoked_stops_receiving,
+    a_server_that_speaks_first_is_heard,
+    an_http_app_takes_no_tunnel,
+);

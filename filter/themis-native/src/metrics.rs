@@ -8,8 +8,9 @@ use std::sync::{Arc, RwLock};
 
 /// Every refusal reason a socket can give (`refused.<reason>`): the stream's
 /// (`themis_core::stream::Refusal::reason`), the policy's and the module's own.
-pub const REFUSALS: [&str; 19] = [
+pub const REFUSALS: [&str; 20] = [
     "malformed",
+    "truncated",
     "stale",
     "replay",
     "handshake",
@@ -30,10 +31,11 @@ pub const REFUSALS: [&str; 19] = [
     "busy",
 ];
 
-/// What the socket roles count besides refusals (`allowed` and
-/// `known_good_handshakes`, inbound only).
-const EVENTS: [&str; 4] = [
+/// What the socket roles count besides refusals (`handshakes`: messages 1 sent,
+/// seal only; `allowed` and `known_good_handshakes`, inbound only).
+const EVENTS: [&str; 5] = [
     "connections",
+    "handshakes",
     "established",
     "allowed",
     "known_good_handshakes",

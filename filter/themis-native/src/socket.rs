@@ -314,6 +314,7 @@ impl Connection {
         )
         .map_err(|e| ("handshake", e.to_string()))?;
         self.side = Side::Outbound(Some(stream));
+        metrics::count("seal", "handshakes");
         self.pending.extend_from_slice(&hello);
         self.flush(io)
             .map_err(|()| ("io", "writing message 1 failed".to_string()))?;
@@ -342,11 +343,19 @@ impl Connection {
                 IoStatus::Again => break,
                 IoStatus::Failed => return Outcome::close(),
                 IoStatus::Done if n == 0 => {
+                    // The peer ended inside a record: nothing of it was delivered
+                    // (the Wasm filter's `refused.truncated`).
+                    if self.ends_mid_message() {
+                        return self.fail(
+                            "truncated",
+                            "the peer's stream ended inside a message".into(),
+                        );
+                    }
                     return Outcome {
                         close: false,
                         bytes: delivered,
                         end_stream: true,
-                    }
+                    };
                 }
                 IoStatus::Done => {}
             }
@@ -369,6 +378,13 @@ impl Connection {
             close: false,
             bytes: delivered,
             end_stream: false,
+        }
+    }
+
+    fn ends_mid_message(&self) -> bool {
+        match &self.side {
+            Side::Inbound(stream) => stream.is_mid_message(),
+            Side::Outbound(stream) => stream.as_ref().is_some_and(|s| s.is_mid_message()),
         }
     }
 
