@@ -10,7 +10,10 @@
 //! listener, which runs the key agreement with the instance's id and seals the byte
 //! stream (HTTP/2) to Envoy B's inbound listener, which opens it, decides the policy
 //! once per connection and hands the plaintext to its connection manager and the app.
-//! A connection B refuses is closed: the caller sees a 503 from Envoy A. The filter
+//! A connection B refuses is closed: the caller sees a 503 from Envoy A. Each case
+//! runs twice: `wasm::<case>` as above, and `native::<case>` with both sidecars on the
+//! native module (`deploy/envoy/sidecar-native.yaml`: no sealing listener; the
+//! module's transport socket seals on a cluster per called service). The filter
 //! (release, wasm32-wasip1) and the `themis` binary are built by the tests
 //! themselves, into `CARGO_TARGET_DIR`.
 

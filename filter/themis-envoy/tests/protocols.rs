@@ -1,5 +1,6 @@
-//! Real protocols through two sidecar Envoys (`deploy/envoy/sidecar.yaml`, rendered as
-//! `scripts/render-sidecar` does) with two real `themis` agents:
+//! Real protocols through two sidecar Envoys (`deploy/envoy/sidecar.yaml`, or
+//! `sidecar-native.yaml` for the `native::` cases, rendered as `scripts/render-sidecar`
+//! does) with two real `themis` agents:
 //!
 //! * node A (127.0.0.31): agent A, Envoy A, workload `handler` (the caller: the test);
 //! * node B (127.0.0.32, and 127.0.0.33 for a second instance): agent B, the
