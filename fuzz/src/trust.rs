@@ -25,6 +25,8 @@ const MINUTE: u64 = 60_000;
 pub struct Trust {
     /// The mesh root (`fuzz:<hex>`).
     pub root: MeshRoot,
+    /// Its private half (it signs the log's checkpoints).
+    pub root_key: Identity,
     /// The admitted node, granted [`SERVICE`] directly and through the authority.
     pub node: Identity,
     /// The workload the records name.
@@ -142,6 +144,7 @@ pub fn trust() -> &'static Trust {
         genuine.extend(values.iter().map(|v| (Genuine::Value, v.clone())));
         Trust {
             root,
+            root_key,
             node,
             workload,
             admission,
