@@ -22,7 +22,7 @@ pub const MESH: &str = "test";
 
 /// Fast timers, so rings converge in seconds: stabilise every 200 ms, records live
 /// 10 s and are re-stored every 2 s, resolutions are not cached, revocations are
-/// looked for every 500 ms.
+/// looked for and trust logs compared every 500 ms.
 pub const FAST: &[&str] = &[
     "--stabilise-ms",
     "200",
@@ -35,6 +35,8 @@ pub const FAST: &[&str] = &[
     "--resolve-cache-ms",
     "0",
     "--revocation-poll-ms",
+    "500",
+    "--log-sync-ms",
     "500",
     "--metrics",
     "off",

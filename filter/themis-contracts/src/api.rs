@@ -163,6 +163,58 @@ pub struct Published {
     pub new: bool,
 }
 
+/// `GET /v1/log`: the trust log this node holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogStatus {
+    /// Leaves held.
+    pub size: u64,
+    /// Their tree hash, hex.
+    pub root_hash: String,
+    /// The root-signed checkpoint held, hex (`None`: none yet).
+    pub checkpoint: Option<String>,
+    /// When the root signed it (Unix ms).
+    pub issued_at: Option<u64>,
+    /// Forks seen: why each pair of checkpoints contradicts (evidence in the state
+    /// directory's `log-forks/`).
+    pub forks: Vec<String>,
+    /// Every leaf, oldest first.
+    pub leaves: Vec<LogLeaf>,
+}
+
+/// One leaf of the trust log, for people and auditors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogLeaf {
+    /// Its index.
+    pub index: u64,
+    /// `admission`, `grant` or `revocation`.
+    pub kind: String,
+    /// The printable id of the key it is about (admitted node, grantee, revoked key).
+    pub subject: String,
+    /// The service, for a grant.
+    pub service: Option<String>,
+    /// Whether a grant may be passed on.
+    pub delegate: Option<bool>,
+    /// Why, for a revocation.
+    pub reason: Option<String>,
+    /// When the root signed it (Unix ms).
+    pub issued_at: u64,
+    /// The leaf, hex.
+    pub leaf: String,
+    /// Its inclusion proof in the log of `size` leaves (concatenated hashes, hex).
+    pub proof: String,
+}
+
+/// The answer to `POST /v1/log`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogPublished {
+    /// Whether this node now holds the copy's checkpoint.
+    pub took: bool,
+    /// Leaves added.
+    pub added: u64,
+    /// The log's size here now.
+    pub size: u64,
+}
+
 /// A local registration, as the agent keeps it on disk and shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Registration {

@@ -17,6 +17,12 @@ pub const RING: &str = "/v1/ring";
 /// `GET`: the revocations this node knows ([`api::Revocations`](crate::api::Revocations));
 /// `POST`: publish one ([`api::PublishRevocation`](crate::api::PublishRevocation)).
 pub const REVOCATIONS: &str = "/v1/revocations";
+/// `GET`: the trust log this node holds ([`api::LogStatus`](crate::api::LogStatus));
+/// `POST`: the operator's whole copy of it (`application/octet-stream`, as
+/// `<mesh dir>/trust-log.bin`), answered with [`api::LogPublished`](crate::api::LogPublished).
+pub const LOG: &str = "/v1/log";
+/// `GET`: this node's whole copy of the trust log (`application/octet-stream`).
+pub const LOG_COPY: &str = "/v1/log/copy";
 /// `GET`: local registrations ([`api::Workloads`](crate::api::Workloads)).
 pub const WORKLOADS: &str = "/v1/workloads";
 /// `GET`: eBPF capture on this node.

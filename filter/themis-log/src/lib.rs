@@ -24,10 +24,12 @@
 #![warn(missing_docs)]
 
 mod checkpoint;
+mod copy;
 mod entry;
 mod log;
 
 pub use checkpoint::{Checkpoint, SignedCheckpoint, CHECKPOINT_LABEL};
+pub use copy::MAX_COPY_LEN;
 pub use entry::{Entry, Kind, Statement};
 pub use log::{Audit, Fork, Log};
 

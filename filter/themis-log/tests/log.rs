@@ -499,3 +499,26 @@ proptest! {
         prop_assert_eq!(log.size(), 3);
     }
 }
+
+/// A whole copy round-trips, and one bit flipped anywhere in it fails to load.
+#[test]
+fn a_whole_copy_verifies_from_its_first_leaf_and_any_flipped_bit_fails() {
+    let root = key(MESH);
+    let (log, _) = operator_log(&root, 5);
+    let copy = log.to_copy().unwrap();
+    let loaded = Log::from_copy(root_of(&root), &copy).unwrap();
+    assert_eq!(loaded.root_hash(), log.root_hash());
+    assert_eq!(loaded.size(), 5);
+    for at in 0..copy.len() {
+        let mut bad = copy.clone();
+        bad[at] ^= 0x04;
+        assert!(
+            Log::from_copy(root_of(&root), &bad).is_err(),
+            "byte {at} flipped loaded"
+        );
+    }
+    assert!(Log::from_copy(root_of(&root), &copy[..copy.len() - 1]).is_err());
+    // Under another root: refused.
+    assert!(Log::from_copy(root_of(&key(MESH)), &copy).is_err());
+    assert!(Log::new(root_of(&root)).to_copy().is_none());
+}

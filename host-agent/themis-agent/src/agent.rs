@@ -278,8 +278,31 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
         })
     };
 
+    // The trust log: compared with two neighbours a round, taken from whoever has
+    // more (verified here), forks kept as evidence.
+    let log_sync = {
+        let mut sync = crate::log_sync::LogSync::new(
+            client.clone(),
+            overlay.clone(),
+            trust.clone(),
+            metrics.clone(),
+        );
+        let (mut joined, every) = (overlay.joined(), Duration::from_millis(settings.log_sync_ms));
+        tokio::spawn(async move {
+            if joined.wait_for(|j| *j).await.is_err() {
+                return;
+            }
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                sync.round().await;
+            }
+        })
+    };
+
     wait_for_shutdown().await;
     info!("shutting down: leaving the ring");
+    log_sync.abort();
     renewal.abort();
     revocation_poll.abort();
     restore.abort();

@@ -57,6 +57,8 @@ use themis_contracts::api as contract;
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 16 * 1024;
+/// The largest trust log copy the operator may post (`POST /v1/log`).
+const MAX_LOG_BODY: usize = themis_log::MAX_COPY_LEN;
 
 /// An API error: status, message, stable reason.
 #[derive(Debug)]
@@ -181,6 +183,11 @@ pub fn router(registry: Arc<Registry>) -> Router {
         .route("/v1/services/{service}/explain", get(explain))
         .route("/v1/revocations", get(revocations).post(publish_revocation))
         .route(
+            "/v1/log",
+            get(log_status).post(publish_log).layer(DefaultBodyLimit::max(MAX_LOG_BODY)),
+        )
+        .route("/v1/log/copy", get(log_copy))
+        .route(
             "/v1/services/{service}/instances/{workload}",
             put(register).delete(deregister),
         )
@@ -261,7 +268,9 @@ pub fn resolve_router(registry: Arc<Registry>) -> Router {
     let read_only = Router::new()
         .route("/v1/status", get(status))
         .route("/v1/services/{service}", get(resolve))
-        .route("/v1/revocations", get(revocations));
+        .route("/v1/revocations", get(revocations))
+        .route("/v1/log", get(log_status))
+        .route("/v1/log/copy", get(log_copy));
     finish(read_only, registry)
 }
 
@@ -414,6 +423,53 @@ async fn publish_revocation(
     ok(contract::Published {
         published: true,
         new,
+    })
+}
+
+async fn log_status(State(r): Shared) -> ApiResult {
+    ok(r.trust().log().status())
+}
+
+async fn log_copy(State(r): Shared) -> ApiResult {
+    match r.trust().log().copy() {
+        Some(bytes) => Ok((
+            [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+            bytes,
+        )
+            .into_response()),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no_log",
+            "this node holds no trust log checkpoint yet",
+        )),
+    }
+}
+
+/// The operator hands over its whole copy: verified from the first leaf; this node
+/// takes what it lacks if the copy extends its own, and its peers take it from here.
+async fn publish_log(State(r): Shared, body: axum::body::Bytes) -> ApiResult {
+    use crate::trust_log::CopyRefused;
+    let trust = r.trust();
+    let offered = trust.offer_log_copy(&body).map_err(|refused| match refused {
+        CopyRefused::Invalid(error) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            error.reason(),
+            format!("the trust log copy was refused: {error}"),
+        ),
+        CopyRefused::Fork(fork) => ApiError::new(
+            StatusCode::CONFLICT,
+            "fork",
+            format!(
+                "the copy contradicts the log this node holds ({}): the mesh root signed two histories",
+                fork.why
+            ),
+        ),
+    })?;
+    let log = trust.log();
+    ok(contract::LogPublished {
+        took: true,
+        added: offered.added,
+        size: log.size(),
     })
 }
 

@@ -140,6 +140,8 @@ impl Need {
             | "/v1/services/{service}"
             | "/v1/services/{service}/explain"
             | "/v1/revocations"
+            | "/v1/log"
+            | "/v1/log/copy"
                 if read =>
             {
                 Need::Anyone

@@ -50,6 +50,25 @@ impl ApiClient {
         path: &str,
         body: Option<&Value>,
     ) -> Result<(StatusCode, Value), ClientError> {
+        let bytes = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
+        let (status, body) = self.call_raw(method, path, bytes, "application/json").await?;
+        let value = if body.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&body)?
+        };
+        Ok((status, value))
+    }
+
+    /// Sends `method path` with `body` of `content_type`; returns the status and the
+    /// answer's bytes.
+    pub async fn call_raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        content_type: &str,
+    ) -> Result<(StatusCode, Bytes), ClientError> {
         let stream =
             UnixStream::connect(&self.socket)
                 .await
@@ -60,23 +79,17 @@ impl ApiClient {
         let (mut sender, connection) =
             hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
         tokio::spawn(connection);
-        let bytes = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
         let request = Request::builder()
             .method(method)
             .uri(path)
             .header("host", "themis-agent")
-            .header("content-type", "application/json")
-            .body(Full::new(bytes))
+            .header("content-type", content_type)
+            .body(Full::new(body))
             .expect("a valid request");
         let response = sender.send_request(request).await?;
         let status = response.status();
         let body = response.into_body().collect().await?.to_bytes();
-        let value = if body.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&body)?
-        };
-        Ok((status, value))
+        Ok((status, body))
     }
 
     /// `GET path`.

@@ -28,6 +28,9 @@ pub struct Settings {
     pub mesh_root: Option<String>,
     /// How often to look for new revocations in the DHT, in milliseconds.
     pub revocation_poll_ms: u64,
+    /// How often to compare trust logs with a peer and take what it has more, in
+    /// milliseconds.
+    pub log_sync_ms: u64,
     /// Key files, saved registrations and (by default) the API socket live here.
     pub state_dir: PathBuf,
     /// Where to accept connections from other agents.
@@ -122,6 +125,7 @@ impl Default for Settings {
             mesh: "themis".into(),
             mesh_root: None,
             revocation_poll_ms: 10_000,
+            log_sync_ms: 5_000,
             state_dir: DEFAULT_STATE_DIR.into(),
             listen: "127.0.0.1:7400".parse().expect("valid"),
             advertise: None,
@@ -202,6 +206,11 @@ pub struct AgentArgs {
     /// keeps working.
     #[arg(long)]
     pub revocation_poll_ms: Option<u64>,
+    /// How often to compare trust logs with a peer (two peers a round, in turn),
+    /// milliseconds [default: 5000]: the bound on how long the log takes to reach
+    /// this node from a neighbour, and on how long a fork shown to it goes unseen.
+    #[arg(long)]
+    pub log_sync_ms: Option<u64>,
     /// State directory: key files, registrations, API socket [default: /var/lib/themis].
     #[arg(long, env = "THEMIS_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
@@ -346,6 +355,7 @@ impl Settings {
             resolve_fresh_burst,
             log_format,
             revocation_poll_ms,
+            log_sync_ms,
             resolve_lookups_per_sec,
             resolve_lookups_burst,
             inbound_handshakes_per_sec,
@@ -444,6 +454,7 @@ impl Settings {
             || self.stabilise_ms == 0
             || self.op_timeout_ms == 0
             || self.revocation_poll_ms == 0
+            || self.log_sync_ms == 0
         {
             return invalid("timeouts and periods must be non-zero".into());
         }

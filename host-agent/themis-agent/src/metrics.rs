@@ -64,6 +64,9 @@ pub struct Metrics {
     revocations: Counter,
     signatures: Family<Labels, Counter>,
     sign_refused: Family<Labels, Counter>,
+    log_size: Gauge,
+    log_forks: Gauge,
+    log_syncs: Family<Labels, Counter>,
     /// Serialises scrapes, so two never add the same delta.
     sync: Mutex<()>,
 }
@@ -126,6 +129,9 @@ impl Metrics {
             revocations: Counter::default(),
             signatures: Family::default(),
             sign_refused: Family::default(),
+            log_size: Gauge::default(),
+            log_forks: Gauge::default(),
+            log_syncs: Family::default(),
             sync: Mutex::new(()),
             registry: Registry::default(),
         };
@@ -255,7 +261,35 @@ impl Metrics {
             "Inbound connections held now (admitted or not), by listener",
             m.connections.clone(),
         );
+        r.register(
+            "trust_log_size",
+            "Leaves of the trust log this node holds (every statement the mesh root signed that it verified)",
+            m.log_size.clone(),
+        );
+        r.register(
+            "trust_log_forks",
+            "Forks of the trust log seen: pairs of root-signed checkpoints that contradict each other (evidence in <state_dir>/log-forks); anything but 0 is an alarm",
+            m.log_forks.clone(),
+        );
+        r.register(
+            "trust_log_syncs",
+            "Trust log exchanges with peers and the operator, by result (grew, consistent, behind, unreachable, fork, refused_<reason>)",
+            m.log_syncs.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// The trust log's size and forks seen, after a change.
+    pub fn trust_log(&self, size: u64, forks: usize) {
+        self.log_size.set(size as i64);
+        self.log_forks.set(forks as i64);
+    }
+
+    /// Counts one trust log exchange by its result.
+    pub fn trust_log_sync(&self, result: &str) {
+        self.log_syncs
+            .get_or_create(&labels(&[("result", result)]))
+            .inc();
     }
 
     /// Reports the connection limits of a listener (`agent`, `resolve`) kept in `stats`.

@@ -8,6 +8,7 @@
 //! ```text
 //! <mesh dir>/mesh.key        the root's private key (0600; keep it offline)
 //! <mesh dir>/mesh.root       the public root, <mesh>:<hex>
+//! <mesh dir>/trust-log.bin   every statement the root signed, and its checkpoint
 //! <node dir>/node.key        the node key, generated here by the operator
 //! <node dir>/admission.pem   root → node
 //! <node dir>/mesh.root       a copy of the root
@@ -22,6 +23,7 @@ use std::path::{Path, PathBuf};
 use ring::rand::SystemRandom;
 use serde::Serialize;
 use themis_core::{Identity, MeshName, PeerId};
+use themis_log::{Entry, Kind, Log};
 use themis_trust::{
     chain_from_pem, chain_to_pem, to_pem, Admission, Grant, MeshRoot, PemKind, Revocation, Signed,
     ADMISSION_LABEL, GRANT_LABEL, MAX_REASON_LEN, REVOCATION_LABEL,
@@ -104,15 +106,62 @@ fn write_replace(path: &Path, text: &str) -> Result<(), OperatorError> {
         .map_err(io(path))
 }
 
-/// A mesh directory: the root key and its public form.
+/// A mesh directory: the root key, its public form and the trust log.
 pub struct MeshDir {
     /// The root's signing key.
     pub key: Identity,
     /// The public root.
     pub root: MeshRoot,
+    /// Where it is.
+    pub dir: PathBuf,
 }
 
+/// The trust log's copy in a mesh directory (and in an agent's state directory).
+pub const LOG_FILE: &str = "trust-log.bin";
+
 impl MeshDir {
+    /// The mesh's trust log as this directory holds it, verified from its first
+    /// leaf; empty for a mesh made before the log (see `themis log import`).
+    pub fn log(&self) -> Result<Log, OperatorError> {
+        let path = self.dir.join(LOG_FILE);
+        match fs::read(&path) {
+            Ok(bytes) => Log::from_copy(self.root.clone(), &bytes).map_err(|e| {
+                OperatorError::Refused(format!(
+                    "{}: the trust log does not verify ({e}); `themis log verify` says more",
+                    path.display()
+                ))
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Log::new(self.root.clone())),
+            Err(source) => Err(OperatorError::Io { path, source }),
+        }
+    }
+
+    /// Appends root-signed statements to the trust log and signs a new checkpoint;
+    /// returns the log's path and the statements' indices. The log is written
+    /// before the credential files that hold the statements (tmp, fsync, rename):
+    /// nothing the root signs escapes the log.
+    pub fn record(&self, statements: &[(Kind, &Signed)]) -> Result<(PathBuf, Vec<u64>), OperatorError> {
+        let mut log = self.log()?;
+        let mut indices = Vec::with_capacity(statements.len());
+        for (kind, signed) in statements {
+            let leaf = Entry::new(*kind, (*signed).clone()).encode();
+            indices.push(log.append(leaf).map_err(|e| OperatorError::Refused(e.to_string()))?);
+        }
+        log.sign_checkpoint(&self.key, unix_millis());
+        let path = self.save_log(&log)?;
+        Ok((path, indices))
+    }
+
+    /// Writes `log` as this directory's copy.
+    pub fn save_log(&self, log: &Log) -> Result<PathBuf, OperatorError> {
+        let path = self.dir.join(LOG_FILE);
+        let bytes = log
+            .to_copy()
+            .ok_or_else(|| OperatorError::Refused("the log has no checkpoint yet".into()))?;
+        write_durably(&path, &bytes)?;
+        Ok(path)
+    }
+
     /// Opens a mesh directory `themis mesh create` made.
     pub fn open(dir: &Path) -> Result<MeshDir, OperatorError> {
         let root = load_root(&dir.join(ROOT_FILE).display().to_string())?;
@@ -124,8 +173,30 @@ impl MeshDir {
                 ROOT_FILE
             )));
         }
-        Ok(MeshDir { key, root })
+        Ok(MeshDir {
+            key,
+            root,
+            dir: dir.to_owned(),
+        })
     }
+}
+
+/// `bytes` to `path` so that a crash leaves the old file or the new one: a
+/// temporary file, fsynced, renamed over it, and the directory fsynced.
+fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), OperatorError> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let written = fs::File::create(&tmp)
+        .and_then(|mut file| {
+            file.write_all(bytes)?;
+            file.sync_all()
+        })
+        .and_then(|()| fs::rename(&tmp, path))
+        .and_then(|()| match path.parent() {
+            Some(dir) => fs::File::open(dir)?.sync_all(),
+            None => Ok(()),
+        });
+    written.map_err(io(path))
 }
 
 /// What a command wrote, for people and `--json`.
@@ -156,6 +227,13 @@ pub fn create_mesh(name: &str, dir: &Path) -> Result<Written, OperatorError> {
     };
     let root_path = dir.join(ROOT_FILE);
     write_new(&root_path, &format!("{root}\n"))?;
+    let mesh_dir = MeshDir {
+        key,
+        root: root.clone(),
+        dir: dir.to_owned(),
+    };
+    let (log_path, _) = mesh_dir.record(&[])?;
+    let key = mesh_dir.key;
     Ok(Written {
         summary: format!(
             "created mesh {}; keep {} offline",
@@ -164,7 +242,7 @@ pub fn create_mesh(name: &str, dir: &Path) -> Result<Written, OperatorError> {
         ),
         id: key.printable_id(),
         mesh_root: root.to_string(),
-        files: vec![key_path, root_path],
+        files: vec![key_path, root_path, log_path],
     })
 }
 
@@ -204,6 +282,7 @@ pub fn admit_node(
             not_after,
         },
     );
+    let (log_path, _) = mesh.record(&[(Kind::Admission, &admission)])?;
     let admission_path = node_dir.join(ADMISSION_FILE);
     write_replace(&admission_path, &to_pem(PemKind::Admission, &admission))?;
     let root_path = node_dir.join(ROOT_FILE);
@@ -217,7 +296,7 @@ pub fn admit_node(
         ),
         id: node.printable_id(),
         mesh_root: mesh.root.to_string(),
-        files: vec![key_path, admission_path, root_path],
+        files: vec![log_path, key_path, admission_path, root_path],
     })
 }
 
@@ -262,7 +341,10 @@ pub fn grant_to_node(
         false,
         not_after,
     )];
-    write_chain(node_dir, service, &chain, &node, &mesh.root)
+    let (log_path, _) = mesh.record(&[(Kind::Grant, &chain[0])])?;
+    let mut written = write_chain(node_dir, service, &chain, &node, &mesh.root)?;
+    written.files.insert(0, log_path);
+    Ok(written)
 }
 
 fn write_chain(
@@ -302,6 +384,7 @@ pub fn create_authority(
     let key_path = dir.join(AUTHORITY_KEY_FILE);
     keystore::write(&key_path, &key)?;
     let chain = [grant(&mesh.key, service, key.public_key(), true, not_after)];
+    let (log_path, _) = mesh.record(&[(Kind::Grant, &chain[0])])?;
     let grant_path = dir.join(AUTHORITY_GRANT_FILE);
     write_replace(&grant_path, &chain_to_pem(&chain))?;
     let root_path = dir.join(ROOT_FILE);
@@ -313,7 +396,7 @@ pub fn create_authority(
         ),
         id: key.printable_id(),
         mesh_root: mesh.root.to_string(),
-        files: vec![key_path, grant_path, root_path],
+        files: vec![log_path, key_path, grant_path, root_path],
     })
 }
 
@@ -357,40 +440,59 @@ pub fn endorse_node(
     write_chain(node_dir, service, &chain, &node, &root)
 }
 
-/// The root revokes the key whose printable id is `id` (a node, an authority or a
-/// workload), for good. Returns the PEM text and what was done.
-pub fn revoke(mesh: &MeshDir, id: &str, reason: &str) -> Result<(String, Written), OperatorError> {
-    let peer =
-        PeerId::parse_in(id, &mesh.root.mesh).map_err(|e| OperatorError::Refused(e.to_string()))?;
-    if peer == mesh.root.id() {
-        return Err(OperatorError::Refused(
-            "that is the mesh root itself: create a new mesh instead".into(),
-        ));
-    }
+/// The root revokes the keys whose printable ids are `ids` (nodes, authorities or
+/// workloads), for good, in one checkpoint of the trust log. Returns the PEM text of
+/// the revocations and what was done.
+pub fn revoke(
+    mesh: &MeshDir,
+    ids: &[String],
+    reason: &str,
+) -> Result<(String, Written), OperatorError> {
     if reason.len() > MAX_REASON_LEN {
         return Err(OperatorError::Refused(format!(
             "the reason is {} bytes; at most {MAX_REASON_LEN}",
             reason.len()
         )));
     }
-    let revocation = Signed::sign(
-        &mesh.key,
-        REVOCATION_LABEL,
-        &Revocation {
-            mesh: mesh.root.mesh.to_string(),
-            id: peer.0,
-            issued_at: unix_millis(),
-            reason: reason.to_owned(),
-        },
-    );
-    let pem = to_pem(PemKind::Revocation, &revocation);
+    let mut revocations = Vec::with_capacity(ids.len());
+    for id in ids {
+        let peer = PeerId::parse_in(id, &mesh.root.mesh)
+            .map_err(|e| OperatorError::Refused(format!("{id}: {e}")))?;
+        if peer == mesh.root.id() {
+            return Err(OperatorError::Refused(
+                "that is the mesh root itself: create a new mesh instead".into(),
+            ));
+        }
+        revocations.push(Signed::sign(
+            &mesh.key,
+            REVOCATION_LABEL,
+            &Revocation {
+                mesh: mesh.root.mesh.to_string(),
+                id: peer.0,
+                issued_at: unix_millis(),
+                reason: reason.to_owned(),
+            },
+        ));
+    }
+    let statements: Vec<(Kind, &Signed)> =
+        revocations.iter().map(|r| (Kind::Revocation, r)).collect();
+    let (log_path, indices) = mesh.record(&statements)?;
+    let pem: String = revocations
+        .iter()
+        .map(|r| to_pem(PemKind::Revocation, r))
+        .collect();
+    let (first, last) = (indices.first().copied().unwrap_or(0), indices.last().copied().unwrap_or(0));
+    let summary = match ids {
+        [one] => format!("revoked {one} (trust log leaf {first})"),
+        _ => format!("revoked {} keys (trust log leaves {first}..={last})", ids.len()),
+    };
     Ok((
         pem,
         Written {
-            summary: format!("revoked {id}"),
-            id: id.to_owned(),
+            summary,
+            id: ids.join(","),
             mesh_root: mesh.root.to_string(),
-            files: Vec::new(),
+            files: vec![log_path],
         },
     ))
 }

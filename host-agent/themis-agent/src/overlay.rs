@@ -73,7 +73,28 @@ pub enum Frame {
         /// A short reason.
         reason: String,
     },
+    /// A request for the trust log: the checkpoint the answering agent holds and up
+    /// to `max` leaves from index `from` (docs/PROTOCOL.md §6.13).
+    LogRequest {
+        /// The sender's admission credential.
+        admission: Vec<u8>,
+        /// The first leaf wanted.
+        from: u64,
+        /// The most leaves wanted (the answer holds at most [`MAX_LOG_LEAVES`]).
+        max: u32,
+    },
+    /// The answer to a [`Frame::LogRequest`].
+    LogAnswer {
+        /// The checkpoint held (signed bytes; empty if none).
+        checkpoint: Vec<u8>,
+        /// Leaves from the index asked for.
+        leaves: Vec<Vec<u8>>,
+    },
 }
+
+/// The most leaves one [`Frame::LogAnswer`] carries: 256 leaves of the largest size
+/// fit a record (1 MiB) with room to spare.
+pub const MAX_LOG_LEAVES: u32 = 256;
 
 /// The longest frame an agent sends as a request, in bytes: a `Handover` of
 /// [`MAX_HANDOVER_OBJECTS`](themis_dht::message::MAX_HANDOVER_OBJECTS) maximal values
@@ -88,7 +109,8 @@ pub const MAX_REQUEST_FRAME: usize = {
 };
 
 impl Frame {
-    fn encode(&self) -> Vec<u8> {
+    /// Its bytes on the wire.
+    pub fn encode(&self) -> Vec<u8> {
         postcard::to_allocvec(self).expect("frames always encode")
     }
 
@@ -459,7 +481,13 @@ impl Overlay {
                 admission,
                 message,
             }) => (listen, admission, message),
+            Ok(Frame::LogRequest {
+                admission,
+                from,
+                max,
+            }) => return self.answer_log(peer, &admission, from, max),
             Ok(Frame::Refused { .. }) => return unproven(self.refuse("unexpected_refusal")),
+            Ok(Frame::LogAnswer { .. }) => return unproven(self.refuse("unexpected_answer")),
             Err(_) => return unproven(self.refuse("malformed")),
         };
         if let Err(error) = self.trust.check_peer(&peer, &admission) {
@@ -473,6 +501,26 @@ impl Overlay {
         }
         Answer {
             payload: self.answer_admitted(peer, listen, message).await,
+            standing: Standing::Admitted,
+        }
+    }
+
+    /// A peer asks for the trust log: an admitted node gets the checkpoint held and
+    /// the leaves it asked for (it verifies them itself).
+    fn answer_log(&self, peer: PeerId, admission: &[u8], from: u64, max: u32) -> Answer {
+        if let Err(error) = self.trust.check_peer(&peer, admission) {
+            self.metrics.frame_refused(&not_admitted(&error));
+            return Answer {
+                payload: Frame::refused("rejected"),
+                standing: Standing::Refused,
+            };
+        }
+        let (checkpoint, leaves) = self
+            .trust
+            .log()
+            .answer(from, max.min(MAX_LOG_LEAVES) as usize);
+        Answer {
+            payload: Frame::LogAnswer { checkpoint, leaves }.encode(),
             standing: Standing::Admitted,
         }
     }

@@ -19,6 +19,8 @@ use themis_trust::{
     chain_from_pem, from_pem, Grant, InstanceValue, MeshRoot, PemKind, Record, Revocations, Signed,
     TrustError, Verifier, GRANT_LABEL,
 };
+use crate::trust_log::{CopyRefused, Offered, TrustLog};
+use themis_log::LogError;
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;
@@ -132,6 +134,8 @@ pub struct MeshTrust {
     /// Bumped at every new revocation; caches compare it.
     generation: AtomicU64,
     metrics: Arc<Metrics>,
+    /// The mesh's trust log (its revocations are enforced like any other).
+    log: TrustLog,
 }
 
 impl MeshTrust {
@@ -164,10 +168,13 @@ impl MeshTrust {
             .map_err(|error| TrustSetupError::Admission { path, error })?;
         let trust = MeshTrust {
             revocations_file: Some(state_dir.join(REVOCATIONS_FILE)),
+            log: TrustLog::load(Some(state_dir), trust.root.clone()),
             ..trust
         };
         trust.reload_grants(node);
         trust.load_revocations();
+        // Every revocation of the saved log is in force before the agent serves.
+        trust.add_revocations(&trust.log.revocations());
         Ok(trust)
     }
 
@@ -235,7 +242,7 @@ impl MeshTrust {
         }
         .admission(&admission, node.public_key())?;
         Ok(MeshTrust {
-            root,
+            root: root.clone(),
             admission,
             grants_dir,
             grants: Default::default(),
@@ -244,6 +251,7 @@ impl MeshTrust {
             admitted: Default::default(),
             generation: AtomicU64::new(0),
             metrics,
+            log: TrustLog::load(None, root.clone()),
         })
     }
 
@@ -367,6 +375,52 @@ impl MeshTrust {
             self.metrics.revocation_learnt();
         }
         Ok(added)
+    }
+
+    /// Verifies and adds many encoded revocations at once (the log's): saved once,
+    /// caches invalidated once. Returns how many were new; refused ones are logged.
+    pub fn add_revocations(&self, batch: &[Vec<u8>]) -> usize {
+        let mut added = 0;
+        {
+            let mut revoked = self.revoked_mut();
+            for bytes in batch {
+                match revoked.add(&self.root, bytes) {
+                    Ok(true) => added += 1,
+                    Ok(false) => {}
+                    Err(error) => warn!(%error, "a revocation of the trust log was refused"),
+                }
+            }
+        }
+        if added > 0 {
+            self.save_revocations();
+            info!(revocations = added, "learnt revocations from the trust log");
+            self.admitted.lock().expect("never poisoned").clear();
+            self.generation.fetch_add(1, Ordering::Relaxed);
+            for _ in 0..added {
+                self.metrics.revocation_learnt();
+            }
+        }
+        added
+    }
+
+    /// The trust log.
+    pub fn log(&self) -> &TrustLog {
+        &self.log
+    }
+
+    /// Takes a newer checkpoint and the leaves this node lacks (from a peer), and
+    /// enforces the revocations among them.
+    pub fn offer_log(&self, checkpoint: &[u8], leaves: &[Vec<u8>]) -> Result<Offered, LogError> {
+        let offered = self.log.offer(checkpoint, leaves)?;
+        self.add_revocations(&offered.revocations);
+        Ok(offered)
+    }
+
+    /// The operator's whole copy; enforces the revocations it adds.
+    pub fn offer_log_copy(&self, bytes: &[u8]) -> Result<Offered, CopyRefused> {
+        let offered = self.log.offer_copy(bytes)?;
+        self.add_revocations(&offered.revocations);
+        Ok(offered)
     }
 
     /// The known revocations.

@@ -17,6 +17,9 @@ use themis_capture::{CaptureSpec, IpNet};
 use themis_contracts::{api as contract, paths};
 use themis_core::{Identity, MeshName, PeerId};
 
+#[path = "themis/log.rs"]
+mod log;
+
 /// Themis Mesh: CA-less service identities and decentralised discovery.
 ///
 /// The mesh operator creates a mesh (`themis mesh create`), admits nodes
@@ -63,11 +66,13 @@ enum Command {
     /// Say who may serve a service (operator or service authority, offline).
     #[command(subcommand)]
     Service(ServiceCommand),
-    /// Revoke a node, authority or workload key for good (operator, offline; with
-    /// --publish, hand the revocation to the local agent, which spreads it).
+    /// Revoke node, authority or workload keys for good (operator, offline): the
+    /// revocations enter the mesh directory's trust log under a new checkpoint; with
+    /// --publish, the local agent takes the log and its peers take it from there.
     Revoke {
-        /// The printable id of the key to revoke.
-        id: String,
+        /// The printable ids of the keys to revoke.
+        #[arg(required = true, value_name = "ID")]
+        ids: Vec<String>,
         /// The mesh directory (`themis mesh create --out`).
         #[arg(long, env = "THEMIS_MESH_DIR", value_name = "DIR")]
         mesh_dir: PathBuf,
@@ -77,10 +82,15 @@ enum Command {
         /// Also write the revocation to this file.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
-        /// Publish it through the local agent (`--socket`).
+        /// Publish the trust log through the local agent (`--socket`): fails unless
+        /// the agent took the new checkpoint.
         #[arg(long)]
         publish: bool,
     },
+    /// The mesh's trust log: every admission, grant and revocation the root signed,
+    /// under root-signed checkpoints (docs/PROTOCOL.md §6.13).
+    #[command(subcommand)]
+    Log(LogCommand),
     /// Publish a revocation file through the local agent.
     Publish {
         /// The file `themis revoke --out` wrote.
@@ -151,9 +161,49 @@ enum Command {
     /// Raw DHT operations, for debugging.
     #[command(subcommand)]
     Debug(DebugCommand),
-    /// (internal: `revoke --publish` hands its PEM on here)
-    #[command(skip)]
-    PublishText(String),
+}
+
+/// `themis log ...`.
+#[derive(Subcommand)]
+enum LogCommand {
+    /// The history: every leaf, or those about one id or service (`themis log show
+    /// check`), from the local agent's copy or the mesh directory's.
+    Show {
+        /// A printable id (node, authority, workload) or a service name.
+        subject: Option<String>,
+        /// Read the operator's copy in this mesh directory instead of asking the agent.
+        #[arg(long, value_name = "DIR")]
+        mesh_dir: Option<PathBuf>,
+    },
+    /// The checkpoint the local agent holds, and the forks it has seen.
+    Status,
+    /// Verify a whole copy of the log (`trust-log.bin`, or `GET /v1/log/copy`) from its
+    /// first leaf against the mesh root.
+    Verify {
+        /// The copy.
+        file: PathBuf,
+        /// The mesh root, `<mesh>:<hex>` or a file holding it (`mesh.root`).
+        #[arg(long, env = "THEMIS_MESH_ROOT", value_name = "ROOT")]
+        mesh_root: String,
+    },
+    /// Hand the mesh directory's log to the local agent, which spreads it: fails
+    /// unless the agent took its checkpoint.
+    Publish {
+        /// The mesh directory.
+        #[arg(long, env = "THEMIS_MESH_DIR", value_name = "DIR")]
+        mesh_dir: PathBuf,
+    },
+    /// Add statements the root signed before the mesh had a log (migration): PEM
+    /// files such as a node's admission.pem and grants/*.pem, an agent's
+    /// revocations.pem. Root-signed statements only; those already logged are skipped.
+    Import {
+        /// The mesh directory.
+        #[arg(long, env = "THEMIS_MESH_DIR", value_name = "DIR")]
+        mesh_dir: PathBuf,
+        /// PEM files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
 }
 
 /// eBPF capture of the workload's traffic (the agent must run with `--capture`).
@@ -357,16 +407,23 @@ fn main() -> ExitCode {
             return offline(cli.command, cli.json)
         }
         Command::Revoke {
-            id,
+            ids,
             mesh_dir,
             reason,
             out,
             publish,
-        } => match revocation(&id, &mesh_dir, &reason, out.as_deref(), cli.json) {
-            Ok(pem) if publish => Command::PublishText(pem),
+        } => match revocation(&ids, &mesh_dir, &reason, out.as_deref(), cli.json) {
+            Ok(_) if publish => {
+                return log::command(
+                    LogCommand::Publish { mesh_dir },
+                    &cli.socket,
+                    cli.json,
+                )
+            }
             Ok(_) => return ExitCode::SUCCESS,
             Err(code) => return code,
         },
+        Command::Log(command) => return log::command(command, &cli.socket, cli.json),
         command => command,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -488,12 +545,6 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
                 render_published,
             )
         }
-        Command::PublishText(pem) => (
-            Method::POST,
-            paths::REVOCATIONS.into(),
-            Some(publish(pem)),
-            render_published,
-        ),
         Command::Revocations => (
             Method::GET,
             paths::REVOCATIONS.into(),
@@ -541,7 +592,8 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
         | Command::Mesh(_)
         | Command::Node(_)
         | Command::Service(_)
-        | Command::Revoke { .. } => unreachable!("handled without the agent"),
+        | Command::Revoke { .. }
+        | Command::Log(_) => unreachable!("handled without the agent"),
     };
     let (status, answer) = api
         .call(method, &path, body.as_ref())
@@ -679,16 +731,17 @@ fn print_written(written: &themis_agent::operator::Written, json: bool) {
     }
 }
 
-/// `themis revoke`: signs the revocation offline; returns its PEM text.
+/// `themis revoke`: signs the revocations offline into the trust log; returns their
+/// PEM text.
 fn revocation(
-    id: &str,
+    ids: &[String],
     mesh_dir: &std::path::Path,
     reason: &str,
     out: Option<&std::path::Path>,
     json: bool,
 ) -> Result<String, ExitCode> {
     use themis_agent::operator::{self, MeshDir};
-    let signed = MeshDir::open(mesh_dir).and_then(|mesh| operator::revoke(&mesh, id, reason));
+    let signed = MeshDir::open(mesh_dir).and_then(|mesh| operator::revoke(&mesh, ids, reason));
     let (pem, mut written) = signed.map_err(|error| {
         eprintln!("error: {error}");
         ExitCode::FAILURE

@@ -1,0 +1,240 @@
+//! The trust log through real agents (docs/PROTOCOL.md §6.13): the operator's
+//! statements enter the mesh directory's log, `--publish` hands it to one agent and
+//! the ring copies it from there, each agent verifying what any peer serves; a
+//! restarted agent enforces the whole log before it serves; a root that signs two
+//! histories is caught by every agent that sees both.
+
+use themis_testkit::agent as common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{Agent, Spawn, MESH};
+use serde_json::Value;
+use themis_core::{MeshName, PeerId};
+
+/// How long the log gets to reach every agent of a small ring (the sync runs every
+/// 500 ms here, two peers a round).
+const SPREAD: Duration = Duration::from_secs(60);
+
+fn mesh() -> MeshName {
+    MeshName::new(MESH).unwrap()
+}
+
+/// `n` printable ids nobody holds a key for (revoking them is what matters).
+fn ids(n: u32, salt: u8) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            let mut id = [salt; 32];
+            id[..4].copy_from_slice(&i.to_be_bytes());
+            PeerId(id).printable(&mesh())
+        })
+        .collect()
+}
+
+fn revocations_known(agent: &Agent) -> Option<usize> {
+    let (_, known) = agent.get("/v1/revocations")?;
+    Some(known["revocations"].as_array()?.len())
+}
+
+fn log_status(agent: &Agent) -> Value {
+    agent.get("/v1/log").expect("GET /v1/log").1
+}
+
+fn revoke(agent: &Agent, mesh_dir: &Path, ids: &[String], publish: bool) -> (i32, String, String) {
+    let mut args = vec!["revoke"];
+    args.extend(ids.iter().map(String::as_str));
+    args.extend(["--mesh-dir", mesh_dir.to_str().unwrap(), "--reason", "test: bulk"]);
+    if publish {
+        args.push("--publish");
+    }
+    agent.cli(&args)
+}
+
+/// 1,000 revocations in one checkpoint, published through one agent of three: every
+/// agent enforces every one (there is no ceiling short of the log's size); a
+/// restarted agent enforces them all from its saved copy before its first answer.
+#[test]
+fn a_thousand_revocations_reach_every_agent_and_survive_a_restart() {
+    let dir = common::workdir();
+    let root = dir.path();
+    let agents = common::ring(root, 3, common::FAST);
+    let mesh_dir = common::mesh_dir(root);
+    let stolen = ids(1_000, 0x5a);
+    let (code, out, err) = revoke(&agents[0], &mesh_dir, &stolen, true);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("published"), "{out}");
+    // The three admissions, then the revocations.
+    let size = log_status(&agents[0])["size"].as_u64().unwrap();
+    assert_eq!(size, 3 + 1_000);
+    for agent in &agents {
+        agent.wait_for("all 1,000 revocations", SPREAD, |a| {
+            (revocations_known(a)? == 1_000).then_some(())
+        });
+        let status = log_status(agent);
+        assert_eq!(status["size"].as_u64(), Some(size), "{}", agent.name);
+        assert_eq!(status["forks"].as_array().map(Vec::len), Some(0));
+    }
+    // Every copy is the same log.
+    let hashes: Vec<Value> = agents.iter().map(|a| log_status(a)["root_hash"].clone()).collect();
+    assert!(hashes.windows(2).all(|w| w[0] == w[1]), "{hashes:?}");
+
+    // Killed, and back with every period far beyond the test: only its saved copy
+    // can tell it, and it does before the first answer.
+    let mut agents = agents;
+    let mut third = agents.pop().unwrap();
+    third.kill();
+    let third = Agent::spawn(
+        root,
+        "agent-2",
+        Spawn {
+            join: Some(&agents[0].contact),
+            extra: &[
+                "--metrics",
+                "off",
+                "--revocation-poll-ms",
+                "3600000",
+                "--log-sync-ms",
+                "3600000",
+            ],
+            ..Spawn::default()
+        },
+    );
+    assert_eq!(revocations_known(&third), Some(1_000), "{}", third.log_tail());
+    assert!(third.log().contains("loaded the trust log"), "{}", third.log_tail());
+}
+
+/// With no agent to take it, `revoke --publish` fails loudly, and the statement
+/// stays in the mesh directory's log for `themis log publish` to retry.
+#[test]
+fn publishing_with_every_agent_down_fails() {
+    let dir = common::workdir();
+    let root = dir.path();
+    let mut agent = Agent::spawn(root, "agent-0", Spawn::default());
+    agent.wait_joined();
+    let mesh_dir = common::mesh_dir(root);
+    agent.kill();
+    let stolen = ids(1, 0x11);
+    let (code, out, err) = revoke(&agent, &mesh_dir, &stolen, true);
+    assert_ne!(code, 0, "published with no agent: {out}{err}");
+    assert!(err.contains("NOT published"), "{err}");
+    let (code, out, err) = agent.cli(&["log", "show", &stolen[0], "--mesh-dir", mesh_dir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("revocation"), "the revocation is not in the mesh's log: {out}");
+}
+
+/// The root signs two histories of one size (two copies of the mesh directory, each
+/// revoking a different key), and each is published through a different agent: every
+/// agent that sees both checkpoints reports the fork and keeps the evidence; the
+/// copy it holds does not change.
+#[test]
+fn a_forked_log_is_detected_by_every_agent_that_sees_both() {
+    let dir = common::workdir();
+    let root = dir.path();
+    let agents = common::ring(root, 3, common::FAST);
+    let mesh_dir = common::mesh_dir(root);
+    let twin = root.join("mesh-twin");
+    std::fs::create_dir_all(&twin).unwrap();
+    for file in ["mesh.key", "mesh.root", "trust-log.bin"] {
+        std::fs::copy(mesh_dir.join(file), twin.join(file)).unwrap();
+    }
+    // Let every agent hold the common history first.
+    let (code, out, err) = agents[0].cli(&["log", "publish", "--mesh-dir", mesh_dir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let size = log_status(&agents[0])["size"].as_u64().unwrap();
+    for agent in &agents {
+        agent.wait_for("the common history", SPREAD, |a| {
+            (log_status(a)["size"].as_u64()? == size).then_some(())
+        });
+    }
+    let (code, out, err) = revoke(&agents[0], &mesh_dir, &ids(1, 0x21), true);
+    assert_eq!(code, 0, "{out}{err}");
+    // The other history, to another agent: refused by it if it already took the
+    // first (409, a fork), taken if not; either way the ring sees both.
+    let _ = revoke(&agents[1], &twin, &ids(1, 0x22), true);
+    for agent in &agents {
+        agent.wait_for("the fork to be seen", SPREAD, |a| {
+            (!log_status(a)["forks"].as_array()?.is_empty()).then_some(())
+        });
+        assert_eq!(log_status(agent)["size"].as_u64(), Some(size + 1));
+        let evidence = agent.dir.join("log-forks");
+        assert!(
+            std::fs::read_dir(&evidence).map_or(0, |d| d.count()) >= 3,
+            "{}: no evidence in {}",
+            agent.name,
+            evidence.display()
+        );
+        let (code, out, _) = agent.cli(&["log", "status"]);
+        assert_ne!(code, 0, "`themis log status` succeeded with a fork: {out}");
+        assert!(out.contains("FORK"), "{out}");
+    }
+}
+
+/// An auditor verifies a whole copy from its first leaf: the agent's copy passes,
+/// one bit flipped anywhere fails; `themis log show` tells the history of a service
+/// and of a key.
+#[test]
+fn a_whole_copy_verifies_and_the_history_reads() {
+    let dir = common::workdir();
+    let root = dir.path();
+    let agent = Agent::spawn(root, "agent-0", Spawn::default());
+    agent.wait_joined();
+    agent.grant("check");
+    let mesh_dir = common::mesh_dir(root);
+    let (code, out, err) = agent.cli(&["log", "publish", "--mesh-dir", mesh_dir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let copy = root.join("copy.bin");
+    let bytes = std::fs::read(mesh_dir.join("trust-log.bin")).unwrap();
+    std::fs::write(&copy, &bytes).unwrap();
+    let mesh_root = mesh_dir.join("mesh.root");
+    let verify = |file: &Path| {
+        agent.cli(&["log", "verify", file.to_str().unwrap(), "--mesh-root", mesh_root.to_str().unwrap()])
+    };
+    let (code, out, err) = verify(&copy);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("verified"), "{out}");
+    // Every 7th byte flipped in turn (a whole sweep is the crate's test): each fails.
+    for at in (0..bytes.len()).step_by(7) {
+        let mut bad = bytes.clone();
+        bad[at] ^= 0x10;
+        std::fs::write(&copy, &bad).unwrap();
+        let (code, out, _) = verify(&copy);
+        assert_ne!(code, 0, "byte {at} flipped verified: {out}");
+    }
+    let (code, out, err) = agent.cli(&["log", "show", "check"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("grant") && out.contains("check"), "{out}");
+    let (code, out, err) = agent.cli(&["log", "show", &agent.id]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("admission") && out.contains("grant"), "{out}");
+}
+
+/// A mesh made before the log: its statements are imported from the files the
+/// operator gave out (admission, grants, saved revocations), once.
+#[test]
+fn an_existing_mesh_moves_to_the_log_without_readmitting_its_nodes() {
+    let dir = common::workdir();
+    let root = dir.path();
+    let agent = Agent::spawn(root, "agent-0", Spawn::default());
+    agent.wait_joined();
+    agent.grant("check");
+    let mesh_dir = common::mesh_dir(root);
+    // As before the log: no copy in the mesh directory.
+    std::fs::remove_file(mesh_dir.join("trust-log.bin")).unwrap();
+    let admission = agent.dir.join("admission.pem");
+    let grant = agent.dir.join("grants/check.pem");
+    let import = |files: &[&Path]| {
+        let mut args = vec!["log", "import", "--mesh-dir", mesh_dir.to_str().unwrap()];
+        args.extend(files.iter().map(|f| f.to_str().unwrap()));
+        agent.cli(&args)
+    };
+    let (code, out, err) = import(&[&admission, &grant]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("imported 2"), "{out}");
+    let (code, out, _) = import(&[&admission, &grant]);
+    assert_eq!(code, 0);
+    assert!(out.contains("imported 0"), "imported twice: {out}");
+    let (code, out, err) = agent.cli(&["log", "publish", "--mesh-dir", mesh_dir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(log_status(&agent)["size"].as_u64(), Some(2));
+}
