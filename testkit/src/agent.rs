@@ -194,6 +194,21 @@ impl Agent {
         assert_eq!(code, 0, "themis revoke {id}: {out}{err}");
     }
 
+    /// [`Agent::revoke`] of many ids in one checkpoint of the trust log.
+    pub fn revoke_many(&self, ids: &[String], mesh_dir: &Path) {
+        let mut args = vec!["revoke"];
+        args.extend(ids.iter().map(String::as_str));
+        args.extend([
+            "--mesh-dir",
+            mesh_dir.to_str().unwrap(),
+            "--reason",
+            "test: stolen",
+            "--publish",
+        ]);
+        let (code, out, err) = self.cli(&args);
+        assert_eq!(code, 0, "themis revoke ({} ids): {out}{err}", ids.len());
+    }
+
     pub fn cli(&self, args: &[&str]) -> (i32, String, String) {
         let out = Command::new(themis_binary())
             .arg("--socket")

@@ -98,8 +98,23 @@ pub fn endorsed(results: Vec<Result<Instance, AgentError>>) -> (Vec<Instance>, V
 
 /// Reads `GET /v1/revocations`, keeping only revocations the mesh root signed.
 pub fn parse_revocations(body: &[u8], root: &MeshRoot) -> Result<Revocations, AgentError> {
+    parse_new_revocations(body, root, usize::MAX).map(Option::unwrap_or_default)
+}
+
+/// [`parse_revocations`], unless the agent lists exactly `held` revocations: then
+/// `None`, nothing verified. An agent's revocations only ever grow (a key revoked is
+/// revoked for good), so the same count is the same list; a poll of a list of
+/// thousands costs a parse, not thousands of signature checks.
+pub fn parse_new_revocations(
+    body: &[u8],
+    root: &MeshRoot,
+    held: usize,
+) -> Result<Option<Revocations>, AgentError> {
     let raw: api::Revocations =
         serde_json::from_slice(body).map_err(|e| AgentError::Json(e.to_string()))?;
+    if raw.revocations.len() == held {
+        return Ok(None);
+    }
     let mut revocations = Revocations::new();
     for r in raw.revocations {
         let bytes = hex::decode(&r.revocation).map_err(|e| AgentError::Json(e.to_string()))?;
@@ -107,7 +122,7 @@ pub fn parse_revocations(body: &[u8], root: &MeshRoot) -> Result<Revocations, Ag
             .add(root, &bytes)
             .map_err(AgentError::NotEndorsed)?;
     }
-    Ok(revocations)
+    Ok(Some(revocations))
 }
 
 /// Reads `GET /v1/workloads/{workload}/identity` into the workload's public identity:

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ring::rand::SystemRandom;
 use themis_contracts::{api, paths};
 use themis_core::delegation::{Credential, DelegatedKey, Delegation};
-use themis_envoy::agent::{endorsed, parse_instances, parse_revocations, Instance};
+use themis_envoy::agent::{endorsed, parse_instances, parse_new_revocations, Instance};
 use themis_envoy::config::Config;
 use themis_trust::{MeshRoot, Revocations, Verifier};
 
@@ -223,9 +223,10 @@ impl Runtime {
 
     fn poll_revocations(&self) -> Result<(), String> {
         let body = self.call("GET", paths::REVOCATIONS, b"")?;
-        let revocations = parse_revocations(&body, &self.root).map_err(|e| e.to_string())?;
-        let changed = revocations.len() != self.snapshot().revocations.len();
-        if changed {
+        let held = self.snapshot().revocations.len();
+        let revocations =
+            parse_new_revocations(&body, &self.root, held).map_err(|e| e.to_string())?;
+        if let Some(revocations) = revocations {
             crate::ffi::log(
                 2,
                 &format!("themis native: {} revocations", revocations.len()),

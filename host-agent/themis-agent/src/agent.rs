@@ -287,7 +287,10 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
             trust.clone(),
             metrics.clone(),
         );
-        let (mut joined, every) = (overlay.joined(), Duration::from_millis(settings.log_sync_ms));
+        let (mut joined, every) = (
+            overlay.joined(),
+            Duration::from_millis(settings.log_sync_ms),
+        );
         tokio::spawn(async move {
             if joined.wait_for(|j| *j).await.is_err() {
                 return;

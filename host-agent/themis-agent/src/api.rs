@@ -184,7 +184,9 @@ pub fn router(registry: Arc<Registry>) -> Router {
         .route("/v1/revocations", get(revocations).post(publish_revocation))
         .route(
             "/v1/log",
-            get(log_status).post(publish_log).layer(DefaultBodyLimit::max(MAX_LOG_BODY)),
+            get(log_status)
+                .post(publish_log)
+                .layer(DefaultBodyLimit::max(MAX_LOG_BODY)),
         )
         .route("/v1/log/copy", get(log_copy))
         .route(

@@ -51,7 +51,9 @@ impl ApiClient {
         body: Option<&Value>,
     ) -> Result<(StatusCode, Value), ClientError> {
         let bytes = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
-        let (status, body) = self.call_raw(method, path, bytes, "application/json").await?;
+        let (status, body) = self
+            .call_raw(method, path, bytes, "application/json")
+            .await?;
         let value = if body.is_empty() {
             Value::Null
         } else {

@@ -139,7 +139,10 @@ impl LogSync {
         if wanted > MAX_LEAVES_PER_ROUND {
             return Synced::Refused("too_far_ahead");
         }
-        let leaves = match self.collect(peer, addr, &checkpoint, held, wanted, first).await {
+        let leaves = match self
+            .collect(peer, addr, &checkpoint, held, wanted, first)
+            .await
+        {
             Ok(leaves) => leaves,
             Err(synced) => return synced,
         };
@@ -148,7 +151,10 @@ impl LogSync {
             Err(LogError::RootMismatch) => {
                 // Either the peer changed the leaves, or the root signed a log that
                 // does not extend this one: its whole copy tells which.
-                let whole = match self.collect(peer, addr, &checkpoint, 0, size, Vec::new()).await {
+                let whole = match self
+                    .collect(peer, addr, &checkpoint, 0, size, Vec::new())
+                    .await
+                {
                     Ok(leaves) => leaves,
                     Err(synced) => return synced,
                 };
@@ -208,7 +214,9 @@ impl LogSync {
             .await
             .map_err(|_| Synced::Unreachable)?;
         match postcard::from_bytes::<Frame>(&answer) {
-            Ok(Frame::LogAnswer { checkpoint, leaves }) if leaves.len() <= MAX_LOG_LEAVES as usize => {
+            Ok(Frame::LogAnswer { checkpoint, leaves })
+                if leaves.len() <= MAX_LOG_LEAVES as usize =>
+            {
                 Ok((checkpoint, leaves))
             }
             Ok(Frame::Refused { .. }) => Err(Synced::Refused("by_peer")),

@@ -140,12 +140,18 @@ impl MeshDir {
     /// returns the log's path and the statements' indices. The log is written
     /// before the credential files that hold the statements (tmp, fsync, rename):
     /// nothing the root signs escapes the log.
-    pub fn record(&self, statements: &[(Kind, &Signed)]) -> Result<(PathBuf, Vec<u64>), OperatorError> {
+    pub fn record(
+        &self,
+        statements: &[(Kind, &Signed)],
+    ) -> Result<(PathBuf, Vec<u64>), OperatorError> {
         let mut log = self.log()?;
         let mut indices = Vec::with_capacity(statements.len());
         for (kind, signed) in statements {
             let leaf = Entry::new(*kind, (*signed).clone()).encode();
-            indices.push(log.append(leaf).map_err(|e| OperatorError::Refused(e.to_string()))?);
+            indices.push(
+                log.append(leaf)
+                    .map_err(|e| OperatorError::Refused(e.to_string()))?,
+            );
         }
         log.sign_checkpoint(&self.key, unix_millis());
         let path = self.save_log(&log)?;
@@ -481,10 +487,16 @@ pub fn revoke(
         .iter()
         .map(|r| to_pem(PemKind::Revocation, r))
         .collect();
-    let (first, last) = (indices.first().copied().unwrap_or(0), indices.last().copied().unwrap_or(0));
+    let (first, last) = (
+        indices.first().copied().unwrap_or(0),
+        indices.last().copied().unwrap_or(0),
+    );
     let summary = match ids {
         [one] => format!("revoked {one} (trust log leaf {first})"),
-        _ => format!("revoked {} keys (trust log leaves {first}..={last})", ids.len()),
+        _ => format!(
+            "revoked {} keys (trust log leaves {first}..={last})",
+            ids.len()
+        ),
     };
     Ok((
         pem,

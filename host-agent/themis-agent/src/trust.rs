@@ -13,14 +13,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::trust_log::{CopyRefused, Offered, TrustLog};
 use themis_core::{Identity, PeerId};
 use themis_dht::{Key, Placement, Rejection, ValuePolicy};
+use themis_log::LogError;
 use themis_trust::{
     chain_from_pem, from_pem, Grant, InstanceValue, MeshRoot, PemKind, Record, Revocations, Signed,
     TrustError, Verifier, GRANT_LABEL,
 };
-use crate::trust_log::{CopyRefused, Offered, TrustLog};
-use themis_log::LogError;
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;

@@ -188,7 +188,12 @@ impl TrustLog {
 
     /// After an offer failed with a root mismatch: a peer's whole copy, which proves
     /// a fork or proves the peer a liar.
-    pub fn check_fork(&self, checkpoint: &[u8], leaves: &[Vec<u8>], from: &str) -> Result<bool, LogError> {
+    pub fn check_fork(
+        &self,
+        checkpoint: &[u8],
+        leaves: &[Vec<u8>],
+        from: &str,
+    ) -> Result<bool, LogError> {
         let fork = self.read().prove_fork(checkpoint, leaves)?;
         match fork {
             Some(fork) => {
@@ -202,7 +207,10 @@ impl TrustLog {
     /// An alarm: the root signed two histories. Kept (once) in memory and on disk.
     fn record_fork(&self, fork: Fork, from: &str) {
         let mut forks = self.forks.lock().expect("never poisoned");
-        if forks.iter().any(|f| f.theirs == fork.theirs && f.ours == fork.ours) {
+        if forks
+            .iter()
+            .any(|f| f.theirs == fork.theirs && f.ours == fork.ours)
+        {
             return;
         }
         error!(from, why = %fork.why, "THE MESH ROOT FORKED THE TRUST LOG: two signed checkpoints contradict each other; evidence kept");
@@ -210,8 +218,14 @@ impl TrustLog {
             let saved = std::fs::create_dir_all(dir).and_then(|()| {
                 let n = forks.len();
                 std::fs::write(dir.join(format!("fork-{n}-ours.checkpoint")), &fork.ours)?;
-                std::fs::write(dir.join(format!("fork-{n}-theirs.checkpoint")), &fork.theirs)?;
-                std::fs::write(dir.join(format!("fork-{n}.txt")), format!("{}\nseen from {from}\n", fork.why))
+                std::fs::write(
+                    dir.join(format!("fork-{n}-theirs.checkpoint")),
+                    &fork.theirs,
+                )?;
+                std::fs::write(
+                    dir.join(format!("fork-{n}.txt")),
+                    format!("{}\nseen from {from}\n", fork.why),
+                )
             });
             if let Err(e) = saved {
                 warn!(dir = %dir.display(), error = %e, "could not keep the fork evidence");

@@ -44,7 +44,12 @@ fn log_status(agent: &Agent) -> Value {
 fn revoke(agent: &Agent, mesh_dir: &Path, ids: &[String], publish: bool) -> (i32, String, String) {
     let mut args = vec!["revoke"];
     args.extend(ids.iter().map(String::as_str));
-    args.extend(["--mesh-dir", mesh_dir.to_str().unwrap(), "--reason", "test: bulk"]);
+    args.extend([
+        "--mesh-dir",
+        mesh_dir.to_str().unwrap(),
+        "--reason",
+        "test: bulk",
+    ]);
     if publish {
         args.push("--publish");
     }
@@ -76,7 +81,10 @@ fn a_thousand_revocations_reach_every_agent_and_survive_a_restart() {
         assert_eq!(status["forks"].as_array().map(Vec::len), Some(0));
     }
     // Every copy is the same log.
-    let hashes: Vec<Value> = agents.iter().map(|a| log_status(a)["root_hash"].clone()).collect();
+    let hashes: Vec<Value> = agents
+        .iter()
+        .map(|a| log_status(a)["root_hash"].clone())
+        .collect();
     assert!(hashes.windows(2).all(|w| w[0] == w[1]), "{hashes:?}");
 
     // Killed, and back with every period far beyond the test: only its saved copy
@@ -100,8 +108,17 @@ fn a_thousand_revocations_reach_every_agent_and_survive_a_restart() {
             ..Spawn::default()
         },
     );
-    assert_eq!(revocations_known(&third), Some(1_000), "{}", third.log_tail());
-    assert!(third.log().contains("loaded the trust log"), "{}", third.log_tail());
+    assert_eq!(
+        revocations_known(&third),
+        Some(1_000),
+        "{}",
+        third.log_tail()
+    );
+    assert!(
+        third.log().contains("loaded the trust log"),
+        "{}",
+        third.log_tail()
+    );
 }
 
 /// With no agent to take it, `revoke --publish` fails loudly, and the statement
@@ -118,9 +135,18 @@ fn publishing_with_every_agent_down_fails() {
     let (code, out, err) = revoke(&agent, &mesh_dir, &stolen, true);
     assert_ne!(code, 0, "published with no agent: {out}{err}");
     assert!(err.contains("NOT published"), "{err}");
-    let (code, out, err) = agent.cli(&["log", "show", &stolen[0], "--mesh-dir", mesh_dir.to_str().unwrap()]);
+    let (code, out, err) = agent.cli(&[
+        "log",
+        "show",
+        &stolen[0],
+        "--mesh-dir",
+        mesh_dir.to_str().unwrap(),
+    ]);
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("revocation"), "the revocation is not in the mesh's log: {out}");
+    assert!(
+        out.contains("revocation"),
+        "the revocation is not in the mesh's log: {out}"
+    );
 }
 
 /// The root signs two histories of one size (two copies of the mesh directory, each
@@ -139,7 +165,8 @@ fn a_forked_log_is_detected_by_every_agent_that_sees_both() {
         std::fs::copy(mesh_dir.join(file), twin.join(file)).unwrap();
     }
     // Let every agent hold the common history first.
-    let (code, out, err) = agents[0].cli(&["log", "publish", "--mesh-dir", mesh_dir.to_str().unwrap()]);
+    let (code, out, err) =
+        agents[0].cli(&["log", "publish", "--mesh-dir", mesh_dir.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
     let size = log_status(&agents[0])["size"].as_u64().unwrap();
     for agent in &agents {
@@ -188,7 +215,13 @@ fn a_whole_copy_verifies_and_the_history_reads() {
     std::fs::write(&copy, &bytes).unwrap();
     let mesh_root = mesh_dir.join("mesh.root");
     let verify = |file: &Path| {
-        agent.cli(&["log", "verify", file.to_str().unwrap(), "--mesh-root", mesh_root.to_str().unwrap()])
+        agent.cli(&[
+            "log",
+            "verify",
+            file.to_str().unwrap(),
+            "--mesh-root",
+            mesh_root.to_str().unwrap(),
+        ])
     };
     let (code, out, err) = verify(&copy);
     assert_eq!(code, 0, "{out}{err}");

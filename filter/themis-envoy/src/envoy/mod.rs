@@ -194,13 +194,13 @@ impl Root {
         if status != Some(200) {
             return;
         }
-        match agent::parse_revocations(body, &w.config.mesh_root) {
-            Ok(revocations) => {
-                if revocations.len() != w.revoked.len() {
-                    info!("themis: {} revocation(s) in force", revocations.len());
-                    w.routes.forget_all();
-                    w.callers.clear();
-                }
+        let held = w.revoked.len();
+        match agent::parse_new_revocations(body, &w.config.mesh_root, held) {
+            Ok(None) => {}
+            Ok(Some(revocations)) => {
+                info!("themis: {} revocation(s) in force", revocations.len());
+                w.routes.forget_all();
+                w.callers.clear();
                 w.revoked = revocations;
             }
             Err(e) => warn!("themis: unusable revocations from the agent: {e}"),

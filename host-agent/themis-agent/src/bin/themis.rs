@@ -414,11 +414,7 @@ fn main() -> ExitCode {
             publish,
         } => match revocation(&ids, &mesh_dir, &reason, out.as_deref(), cli.json) {
             Ok(_) if publish => {
-                return log::command(
-                    LogCommand::Publish { mesh_dir },
-                    &cli.socket,
-                    cli.json,
-                )
+                return log::command(LogCommand::Publish { mesh_dir }, &cli.socket, cli.json)
             }
             Ok(_) => return ExitCode::SUCCESS,
             Err(code) => return code,

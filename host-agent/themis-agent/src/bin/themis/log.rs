@@ -18,7 +18,9 @@ use super::{ago, LogCommand};
 /// Runs one `themis log` command; `socket` is the local agent's.
 pub fn command(command: LogCommand, socket: &str, json: bool) -> ExitCode {
     let result = match command {
-        LogCommand::Show { subject, mesh_dir } => show(subject.as_deref(), mesh_dir.as_deref(), socket, json),
+        LogCommand::Show { subject, mesh_dir } => {
+            show(subject.as_deref(), mesh_dir.as_deref(), socket, json)
+        }
         LogCommand::Status => status(socket, json),
         LogCommand::Verify { file, mesh_root } => verify(&file, &mesh_root, json),
         LogCommand::Publish { mesh_dir } => publish(&mesh_dir, socket, json),
@@ -51,7 +53,12 @@ fn get<T: for<'de> Deserialize<'de>>(socket: &str, path: &str) -> Result<T, Stri
     serde_json::from_value(answer).map_err(|e| format!("the agent's answer does not parse: {e}"))
 }
 
-fn show(subject: Option<&str>, mesh_dir: Option<&Path>, socket: &str, json: bool) -> Result<(), String> {
+fn show(
+    subject: Option<&str>,
+    mesh_dir: Option<&Path>,
+    socket: &str,
+    json: bool,
+) -> Result<(), String> {
     let mut status = match mesh_dir {
         Some(dir) => {
             let mesh = MeshDir::open(dir).map_err(|e| e.to_string())?;
@@ -79,7 +86,11 @@ fn show(subject: Option<&str>, mesh_dir: Option<&Path>, socket: &str, json: bool
             "grant" => format!(
                 "{}{}",
                 leaf.service.as_deref().unwrap_or("?"),
-                if leaf.delegate == Some(true) { " (may pass it on)" } else { "" }
+                if leaf.delegate == Some(true) {
+                    " (may pass it on)"
+                } else {
+                    ""
+                }
             ),
             "revocation" => format!("reason: {}", leaf.reason.as_deref().unwrap_or("")),
             _ => String::new(),
@@ -134,7 +145,8 @@ fn verify(file: &Path, mesh_root: &str, json: bool) -> Result<(), String> {
         .map_err(|e| format!("{}: the log does not verify: {e}", file.display()))?;
     let status = status_of(&log, Vec::new());
     let count = |kind: &str| status.leaves.iter().filter(|l| l.kind == kind).count();
-    let (admissions, grants, revocations) = (count("admission"), count("grant"), count("revocation"));
+    let (admissions, grants, revocations) =
+        (count("admission"), count("grant"), count("revocation"));
     if json {
         let answer = serde_json::json!({
             "verified": true, "size": status.size, "root_hash": status.root_hash,
@@ -149,7 +161,9 @@ fn verify(file: &Path, mesh_root: &str, json: bool) -> Result<(), String> {
             ago(status.issued_at)
         );
         println!("  root hash    {}", status.root_hash);
-        println!("  admissions   {admissions}\n  grants       {grants}\n  revocations  {revocations}");
+        println!(
+            "  admissions   {admissions}\n  grants       {grants}\n  revocations  {revocations}"
+        );
     }
     Ok(())
 }
@@ -157,7 +171,9 @@ fn verify(file: &Path, mesh_root: &str, json: bool) -> Result<(), String> {
 fn publish(mesh_dir: &Path, socket: &str, json: bool) -> Result<(), String> {
     let mesh = MeshDir::open(mesh_dir).map_err(|e| e.to_string())?;
     let log = mesh.log().map_err(|e| e.to_string())?;
-    let copy = log.to_copy().ok_or("the mesh directory's log has no checkpoint")?;
+    let copy = log
+        .to_copy()
+        .ok_or("the mesh directory's log has no checkpoint")?;
     let answer = runtime().block_on(ApiClient::new(socket).call_raw(
         Method::POST,
         paths::LOG,
@@ -173,8 +189,8 @@ fn publish(mesh_dir: &Path, socket: &str, json: bool) -> Result<(), String> {
             .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned());
         return Err(format!("the agent refused the log ({status}): {error}"));
     }
-    let published: contract::LogPublished =
-        serde_json::from_slice(&body).map_err(|e| format!("the agent's answer does not parse: {e}"))?;
+    let published: contract::LogPublished = serde_json::from_slice(&body)
+        .map_err(|e| format!("the agent's answer does not parse: {e}"))?;
     if !published.took || published.size < log.size() {
         return Err(format!(
             "the agent holds {} leaves, not the {} published",
@@ -183,7 +199,10 @@ fn publish(mesh_dir: &Path, socket: &str, json: bool) -> Result<(), String> {
         ));
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&published).expect("JSON"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&published).expect("JSON")
+        );
     } else {
         println!(
             "published: the local agent holds the log's {} leaves ({} new); its peers take them within their log sync",
@@ -196,7 +215,8 @@ fn publish(mesh_dir: &Path, socket: &str, json: bool) -> Result<(), String> {
 fn import(mesh_dir: &Path, files: &[std::path::PathBuf], json: bool) -> Result<(), String> {
     let mesh = MeshDir::open(mesh_dir).map_err(|e| e.to_string())?;
     let mut log = mesh.log().map_err(|e| e.to_string())?;
-    let known: std::collections::BTreeSet<Vec<u8>> = log.leaves(0, usize::MAX).iter().cloned().collect();
+    let known: std::collections::BTreeSet<Vec<u8>> =
+        log.leaves(0, usize::MAX).iter().cloned().collect();
     let (mut added, mut skipped) = (0u64, 0u64);
     for file in files {
         let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
@@ -218,10 +238,14 @@ fn import(mesh_dir: &Path, files: &[std::path::PathBuf], json: bool) -> Result<(
     }
     if added > 0 {
         log.sign_checkpoint(&mesh.key, themis_agent::trust::unix_millis());
-        mesh.save_log(&log).map_err(|e: OperatorError| e.to_string())?;
+        mesh.save_log(&log)
+            .map_err(|e: OperatorError| e.to_string())?;
     }
     if json {
-        println!("{}", serde_json::json!({"added": added, "skipped": skipped, "size": log.size()}));
+        println!(
+            "{}",
+            serde_json::json!({"added": added, "skipped": skipped, "size": log.size()})
+        );
     } else {
         println!("imported {added} statement(s) ({skipped} skipped: logged already or not the root's); the log holds {} leaves", log.size());
     }
@@ -231,7 +255,12 @@ fn import(mesh_dir: &Path, files: &[std::path::PathBuf], json: bool) -> Result<(
 /// The root statements in PEM text: admissions, grant chains, revocations.
 fn statements_in(text: &str) -> Vec<(Kind, Signed)> {
     let mut found = Vec::new();
-    for block in text.split_inclusive("-----\n").collect::<String>().split("-----BEGIN ").skip(1) {
+    for block in text
+        .split_inclusive("-----\n")
+        .collect::<String>()
+        .split("-----BEGIN ")
+        .skip(1)
+    {
         let pem = format!("-----BEGIN {block}");
         let kind = if block.starts_with("THEMIS ADMISSION") {
             Some((Kind::Admission, PemKind::Admission))
