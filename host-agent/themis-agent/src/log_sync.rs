@@ -105,7 +105,7 @@ impl LogSync {
         }
         for n in 0..FANOUT.min(peers.len()) {
             let (peer, addr) = peers[(self.round * FANOUT + n) % peers.len()];
-            let synced = self.with(peer, addr).await;
+            let synced = exchange(&self.client, &self.trust, peer, addr).await;
             debug!(peer = %peer.printable(mesh), ?synced, "trust log exchange");
             self.metrics.trust_log_sync(&synced.label());
         }
@@ -113,9 +113,27 @@ impl LogSync {
         let log = self.trust.log();
         self.metrics.trust_log(log.size(), log.forks().len());
     }
+}
 
-    /// One exchange with `peer`.
-    pub async fn with(&self, peer: PeerId, addr: SocketAddr) -> Synced {
+/// One exchange with `peer` at `addr`: its checkpoint audited against the copy
+/// `trust` holds, and what it has more taken if it verifies (what a round does with
+/// each peer it asks).
+pub async fn exchange(
+    client: &Client,
+    trust: &MeshTrust,
+    peer: PeerId,
+    addr: SocketAddr,
+) -> Synced {
+    Exchange { client, trust }.with(peer, addr).await
+}
+
+struct Exchange<'a> {
+    client: &'a Client,
+    trust: &'a MeshTrust,
+}
+
+impl Exchange<'_> {
+    async fn with(&self, peer: PeerId, addr: SocketAddr) -> Synced {
         let log = self.trust.log();
         let held = log.size();
         let (checkpoint, first) = match self.ask(peer, addr, held).await {
@@ -186,8 +204,8 @@ impl LogSync {
         while (leaves.len() as u64) < wanted {
             let (again, more) = self.ask(peer, addr, from + leaves.len() as u64).await?;
             if again != checkpoint || more.is_empty() {
-                // It moved on (or has nothing more): next round.
-                return Err(Synced::Refused("moved"));
+                // It moved on, or withholds the rest: refused this round.
+                return Err(Synced::Refused("incomplete"));
             }
             leaves.extend(more);
         }

@@ -271,3 +271,156 @@ fn an_existing_mesh_moves_to_the_log_without_readmitting_its_nodes() {
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(log_status(&agent)["size"].as_u64(), Some(2));
 }
+
+/// What the hostile peer of [`a_peer_serving_a_changed_log_is_refused`] serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Serve {
+    Genuine,
+    /// One bit of leaf 3 flipped.
+    FlippedBit,
+    /// The last leaf withheld.
+    Truncated,
+    /// Leaves 2 and 4 swapped.
+    Reordered,
+    /// A valid leaf the root signed, in place of leaf 4 (from another log).
+    Replaced,
+    /// The genuine leaves under a checkpoint the peer signed itself.
+    ForgedCheckpoint,
+}
+
+/// A peer in the mesh (admitted: it holds a real admission) serves a changed copy of
+/// the log over the real agent protocol (secure channel, `Frame::LogRequest`): the
+/// honest node refuses each change, counts why, and its copy stays as it was; the
+/// genuine log, served next, is taken whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_serving_a_changed_log_is_refused() {
+    use std::sync::{Arc, Mutex};
+    use themis_agent::log_sync::{exchange, Synced};
+    use themis_agent::metrics::Metrics;
+    use themis_agent::overlay::Frame;
+    use themis_agent::trust::MeshTrust;
+    use themis_log::{Checkpoint, Log};
+
+    let dir = common::workdir();
+    let root = dir.path();
+    let mesh_dir = common::mesh_dir(root);
+    let (honest, _) = common::admitted_peer(root, "honest");
+    let (hostile, _) = common::admitted_peer(root, "hostile");
+    let mut args: Vec<String> = vec!["revoke".into()];
+    args.extend(ids(5, 0x33));
+    args.extend(["--mesh-dir".into(), mesh_dir.display().to_string()]);
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
+    common::operator(&args);
+    let mesh_root: themis_trust::MeshRoot = std::fs::read_to_string(mesh_dir.join("mesh.root"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let genuine = Log::from_copy(
+        mesh_root.clone(),
+        &std::fs::read(mesh_dir.join("trust-log.bin")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(genuine.size(), 7, "two admissions and five revocations");
+    let leaves = genuine.leaves(0, usize::MAX).to_vec();
+    let checkpoint = genuine.checkpoint().unwrap().encoded().to_vec();
+    let forged = Checkpoint {
+        mesh: MESH.into(),
+        size: 7,
+        root_hash: genuine.root_hash(),
+        issued_at: 1,
+    }
+    .sign(&hostile)
+    .encoded()
+    .to_vec();
+    // Another log's leaf, root-signed: the five revocations of another checkpoint.
+    let other = {
+        let mut args: Vec<String> = vec!["revoke".into()];
+        args.extend(ids(1, 0x44));
+        args.extend(["--mesh-dir".into(), mesh_dir.display().to_string()]);
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
+        common::operator(&args);
+        let longer = Log::from_copy(
+            mesh_root.clone(),
+            &std::fs::read(mesh_dir.join("trust-log.bin")).unwrap(),
+        )
+        .unwrap();
+        longer.leaf(7).unwrap().to_vec()
+    };
+
+    let hostile = Arc::new(hostile);
+    let mode = Arc::new(Mutex::new(Serve::Genuine));
+    let served = mode.clone();
+    let handler = move |_peer: Arc<themis_core::SessionInfo>, frame: bytes::BytesMut| {
+        let mode = *served.lock().unwrap();
+        let (mut cp, mut all) = (checkpoint.clone(), leaves.clone());
+        match mode {
+            Serve::Genuine => {}
+            Serve::FlippedBit => all[3][20] ^= 0x01,
+            Serve::Truncated => {
+                all.pop();
+            }
+            Serve::Reordered => all.swap(2, 4),
+            Serve::Replaced => all[4] = other.clone(),
+            Serve::ForgedCheckpoint => cp = forged.clone(),
+        }
+        async move {
+            let from = match postcard::from_bytes::<Frame>(&frame) {
+                Ok(Frame::LogRequest { from, .. }) => from as usize,
+                _ => usize::MAX,
+            };
+            let leaves = all.get(from.min(all.len())..).unwrap_or_default().to_vec();
+            themis_net::Answer {
+                payload: Frame::LogAnswer {
+                    checkpoint: cp,
+                    leaves,
+                }
+                .encode(),
+                standing: themis_net::Standing::Admitted,
+            }
+        }
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(themis_net::serve_with(
+        listener,
+        hostile.clone(),
+        themis_net::Config::default(),
+        themis_net::Limits::default(),
+        Arc::new(handler),
+        Arc::new(themis_net::NetStats::default()),
+    ));
+
+    let trust = MeshTrust::load(
+        &root.join("honest"),
+        mesh_root,
+        &honest,
+        Arc::new(Metrics::new()),
+    )
+    .unwrap();
+    let client = themis_net::Client::new(Arc::new(honest), themis_net::ClientConfig::default());
+    let peer = hostile.id();
+    for (serve, expected) in [
+        (Serve::FlippedBit, Synced::Refused("bad_leaf")),
+        (Serve::Truncated, Synced::Refused("incomplete")),
+        (Serve::Reordered, Synced::Refused("root_mismatch")),
+        (Serve::Replaced, Synced::Refused("root_mismatch")),
+        (Serve::ForgedCheckpoint, Synced::Refused("not_from_root")),
+    ] {
+        *mode.lock().unwrap() = serve;
+        let synced = exchange(&client, &trust, peer, addr).await;
+        assert_eq!(synced, expected, "{serve:?}");
+        assert_eq!(trust.log().size(), 0, "{serve:?} changed the copy");
+        assert!(
+            trust.revocations().is_empty(),
+            "{serve:?} revoked something"
+        );
+    }
+    *mode.lock().unwrap() = Serve::Genuine;
+    assert_eq!(exchange(&client, &trust, peer, addr).await, Synced::Grew(7));
+    assert_eq!(trust.revocations().len(), 5);
+    assert_eq!(
+        exchange(&client, &trust, peer, addr).await,
+        Synced::Consistent
+    );
+    server.abort();
+}
