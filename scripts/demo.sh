@@ -13,6 +13,8 @@
 # sidecar, which resolves the service through the ring, authenticates the instance by
 # its self-certifying id and seals the request. The app port takes connections only
 # from the local sidecar. A capture on the wire between the nodes shows the sealing.
+# Every statement the operator signs goes into the mesh's trust log, which the agents
+# copy from each other and check; the demo revokes a workload through it.
 #
 # Usage (as root):
 #   scripts/demo.sh [--runtime native|wasm] [--fast-path] [--full-ids] [--keep]
@@ -372,6 +374,32 @@ policy_denied() {
     echo "    check's sidecar: $(grep -oE "closing the connection \(policy\).*|refused\.policy.*" "$work/n3/check-envoy.log" | head -n1 | cut -c1-160)"
 }
 
+log_size() { on "$1" --json log status | json 'v["size"]'; }
+same_log() { [[ $(log_size "$1") == "$(log_size 1)" ]]; }
+knows_revocation() { on "$1" --json revocations | json "any(r['id'] == '$2' for r in v['revocations'])" | grep -q True; }
+
+trust_log() {
+    local id out n
+    section "the trust log: every statement the root signed, under root-signed checkpoints, held and checked by every agent"
+    echo "    the operator hands the mesh's log to node 1 (themis log publish); nodes 2 and 3 copy it from their neighbours:"
+    "$themis" --socket "$work/n1/agent.sock" log publish --mesh-dir "$work/mesh" | sed 's/^/      /'
+    for n in 2 3; do retry 150 same_log "$n" || fail "node $n did not copy the trust log"; done
+    echo "    themis log show check, on node 3 (its own copy, each leaf verified against the mesh root):"
+    on 3 log show check | report ids-in | sed 's/^/      /'
+    id=$(on 2 --json workload doomed | json 'v["id"]')
+    echo "$id workload doomed client 2" >> "$work/ids"
+    echo "    the operator revokes workload doomed (node 2) and publishes through node 1:"
+    "$themis" --socket "$work/n1/agent.sock" revoke "$id" --mesh-dir "$work/mesh" --reason "demo: key stolen" --publish |
+        grep -v '^-----\|^[A-Za-z0-9+/=]*$' | report ids-in | sed 's/^/      /'
+    retry 150 knows_revocation 2 "$id" || fail "node 2 did not learn the revocation from the log"
+    echo "    node 2 took it from the log (a neighbour's copy, checked against the root) and enforces it:"
+    if out=$(on 2 register client --workload doomed --endpoint "$(ip_of 2):$(inbound_port 9)" 2>&1); then
+        fail "node 2 registered a revoked workload: $out"
+    fi
+    echo "      themis register client --workload doomed -> ${out#error: }" | report ids-in
+    on 2 log status | report ids-in | sed 's/^/    /'
+}
+
 impostor_refused() {
     local out
     section "an impostor: node 2 is in the mesh (admitted) but granted only 'client'; it tries to serve 'check'"
@@ -596,6 +624,7 @@ run_demo() {
     report_access_logs
     policy_denied
     impostor_refused
+    trust_log
     bypass_refused
     pod_asks_agent
     report_counters

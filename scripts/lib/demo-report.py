@@ -9,6 +9,7 @@ hashes; DEMO_FULL_IDS=1 prints them whole.
   demo-report.py answer ANSWER.json MARKER        what the apps saw of one request
   demo-report.py wire PCAP MARKER PATH            what a capture of that request holds
   demo-report.py calls ANSWER.json...             which check instance answered each call
+  demo-report.py ids-in < TEXT                    TEXT, each id shortened and named
 
 Environment: DEMO_IDS, a file with a line per id the demo knows, saying what it is:
 "ID mesh NAME", "ID node N", "ID workload NAME SERVICE N"; DEMO_FULL_IDS.
@@ -271,6 +272,15 @@ def calls(paths):
     return 0 if spread else 1
 
 
+def ids_in():
+    """stdin to stdout, each id the demo knows shortened and named."""
+    for line in sys.stdin:
+        for ident in LABELS:
+            if ident in line:
+                line = line.replace(ident, f"{short(ident)} ({describe(ident)})")
+        sys.stdout.write(line)
+
+
 def main(argv):
     command, args = argv[1], argv[2:]
     if command == "ring":
@@ -283,6 +293,8 @@ def main(argv):
         return wire(*args)
     if command == "calls":
         return calls(args)
+    if command == "ids-in":
+        return ids_in()
     if command == "short":
         print(short(args[0]))
         return 0

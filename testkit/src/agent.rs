@@ -196,6 +196,18 @@ impl Agent {
 
     /// [`Agent::revoke`] of many ids in one checkpoint of the trust log.
     pub fn revoke_many(&self, ids: &[String], mesh_dir: &Path) {
+        let (code, out, err) = self.revoke_ids(ids, mesh_dir, true);
+        assert_eq!(code, 0, "themis revoke ({} ids): {out}{err}", ids.len());
+    }
+
+    /// `themis revoke IDS... --mesh-dir M [--publish]` through this agent; returns
+    /// (exit code, stdout, stderr).
+    pub fn revoke_ids(
+        &self,
+        ids: &[String],
+        mesh_dir: &Path,
+        publish: bool,
+    ) -> (i32, String, String) {
         let mut args = vec!["revoke"];
         args.extend(ids.iter().map(String::as_str));
         args.extend([
@@ -203,10 +215,18 @@ impl Agent {
             mesh_dir.to_str().unwrap(),
             "--reason",
             "test: stolen",
-            "--publish",
         ]);
-        let (code, out, err) = self.cli(&args);
-        assert_eq!(code, 0, "themis revoke ({} ids): {out}{err}", ids.len());
+        if publish {
+            args.push("--publish");
+        }
+        self.cli(&args)
+    }
+
+    /// `themis log publish --mesh-dir M` through this agent; panics if it fails.
+    pub fn publish_log(&self, mesh_dir: &Path) {
+        let (code, out, err) =
+            self.cli(&["log", "publish", "--mesh-dir", mesh_dir.to_str().unwrap()]);
+        assert_eq!(code, 0, "themis log publish: {out}{err}");
     }
 
     pub fn cli(&self, args: &[&str]) -> (i32, String, String) {

@@ -331,3 +331,18 @@ impl Runtime {
         }
     }
 }
+
+/// Runs each named test function (`fn name(runtime: Runtime)`) on both runtimes of the
+/// filter: `wasm::<name>` (the proxy-wasm filter, `deploy/envoy/sidecar.yaml`) and
+/// `native::<name>` (the dynamic module, `deploy/envoy/sidecar-native.yaml`).
+#[macro_export]
+macro_rules! on_both_runtimes {
+    ($($test:ident),* $(,)?) => {
+        mod wasm {
+            $(#[test] fn $test() { super::$test($crate::mesh::Runtime::Wasm) })*
+        }
+        mod native {
+            $(#[test] fn $test() { super::$test($crate::mesh::Runtime::Native) })*
+        }
+    };
+}

@@ -1204,21 +1204,9 @@ fn a_flood_of_fresh_hellos_from_many_sources_is_refused_busy_and_pooled_callers_
     );
 }
 
-/// Every end-to-end test above runs on both runtimes of the filter: `wasm::<test>`
-/// (the proxy-wasm filter, `deploy/envoy/sidecar.yaml`) and `native::<test>` (the
-/// dynamic module, `deploy/envoy/sidecar-native.yaml`), on both sidecars.
-macro_rules! on_both_runtimes {
-    ($($test:ident),* $(,)?) => {
-        mod wasm {
-            $(#[test] fn $test() { super::$test(super::Runtime::Wasm) })*
-        }
-        mod native {
-            $(#[test] fn $test() { super::$test(super::Runtime::Native) })*
-        }
-    };
-}
-
-on_both_runtimes!(
+// Every end-to-end test above runs on both runtimes of the filter, on both sidecars:
+// `wasm::<test>` and `native::<test>`.
+themis_testkit::on_both_runtimes!(
     handler_calls_check_by_name,
     keep_alive_calls_share_one_handshake,
     forged_themis_headers_never_reach_the_callee,

@@ -953,20 +953,9 @@ fn an_http_app_takes_no_tunnel(runtime: Runtime) {
     }
 }
 
-/// Every case above runs on both runtimes of the filter: `wasm::<case>` and
-/// `native::<case>` (both sidecars on it).
-macro_rules! on_both_runtimes {
-    ($($case:ident),* $(,)?) => {
-        mod wasm {
-            $(#[test] fn $case() { super::$case(super::Runtime::Wasm) })*
-        }
-        mod native {
-            $(#[test] fn $case() { super::$case(super::Runtime::Native) })*
-        }
-    };
-}
-
-on_both_runtimes!(
+// Every case above runs on both runtimes of the filter, on both sidecars:
+// `wasm::<case>` and `native::<case>`.
+themis_testkit::on_both_runtimes!(
     grpc_unary_streams_and_trailers,
     websocket_echo,
     upload_256_mib_streams_in_flat_memory,

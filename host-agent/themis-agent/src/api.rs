@@ -126,6 +126,7 @@ impl From<RegistryError> for ApiError {
             RegistryError::NotGranted { .. } => {
                 ApiError::new(StatusCode::FORBIDDEN, "not_granted", e)
             }
+            RegistryError::Revoked(_) => ApiError::new(StatusCode::FORBIDDEN, "revoked", e),
             RegistryError::NotRegistered { .. } | RegistryError::UnknownWorkload(_) => {
                 ApiError::new(StatusCode::NOT_FOUND, "not_found", e)
             }

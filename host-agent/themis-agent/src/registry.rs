@@ -109,6 +109,9 @@ pub enum RegistryError {
     /// A workload without a key file.
     #[error("no workload {0} on this node")]
     UnknownWorkload(WorkloadName),
+    /// The root revoked the workload's key: it is endorsed nowhere any more.
+    #[error("workload {0} is revoked by the mesh root (`themis log show <its id>`): it can no longer be registered")]
+    Revoked(WorkloadName),
     /// eBPF capture failed or was refused.
     #[error("{0}")]
     Capture(#[from] themis_capture::CaptureError),
@@ -392,6 +395,9 @@ impl Registry {
         expect: Option<u64>,
     ) -> Result<Option<(Registration, crate::overlay::Stored)>, RegistryError> {
         let (identity, _) = self.workload(&workload)?;
+        if self.trust.is_revoked(&identity.id()) {
+            return Err(RegistryError::Revoked(workload));
+        }
         let mut local = self.local.lock().await;
         let key = (service.clone(), workload.clone());
         let previous = local.get(&key).map(|(r, value)| (r.serial, value.clone()));

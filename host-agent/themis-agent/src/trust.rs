@@ -423,6 +423,11 @@ impl MeshTrust {
         Ok(offered)
     }
 
+    /// Whether `id` is revoked.
+    pub fn is_revoked(&self, id: &PeerId) -> bool {
+        self.revoked.read().expect("never poisoned").contains(id)
+    }
+
     /// The known revocations.
     pub fn revocations(&self) -> Revocations {
         self.revoked.read().expect("never poisoned").clone()

@@ -41,21 +41,6 @@ fn log_status(agent: &Agent) -> Value {
     agent.get("/v1/log").expect("GET /v1/log").1
 }
 
-fn revoke(agent: &Agent, mesh_dir: &Path, ids: &[String], publish: bool) -> (i32, String, String) {
-    let mut args = vec!["revoke"];
-    args.extend(ids.iter().map(String::as_str));
-    args.extend([
-        "--mesh-dir",
-        mesh_dir.to_str().unwrap(),
-        "--reason",
-        "test: bulk",
-    ]);
-    if publish {
-        args.push("--publish");
-    }
-    agent.cli(&args)
-}
-
 /// 1,000 revocations in one checkpoint, published through one agent of three: every
 /// agent enforces every one (there is no ceiling short of the log's size); a
 /// restarted agent enforces them all from its saved copy before its first answer.
@@ -66,7 +51,7 @@ fn a_thousand_revocations_reach_every_agent_and_survive_a_restart() {
     let agents = common::ring(root, 3, common::FAST);
     let mesh_dir = common::mesh_dir(root);
     let stolen = ids(1_000, 0x5a);
-    let (code, out, err) = revoke(&agents[0], &mesh_dir, &stolen, true);
+    let (code, out, err) = agents[0].revoke_ids(&stolen, &mesh_dir, true);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("published"), "{out}");
     // The three admissions, then the revocations.
@@ -132,7 +117,7 @@ fn publishing_with_every_agent_down_fails() {
     let mesh_dir = common::mesh_dir(root);
     agent.kill();
     let stolen = ids(1, 0x11);
-    let (code, out, err) = revoke(&agent, &mesh_dir, &stolen, true);
+    let (code, out, err) = agent.revoke_ids(&stolen, &mesh_dir, true);
     assert_ne!(code, 0, "published with no agent: {out}{err}");
     assert!(err.contains("NOT published"), "{err}");
     let (code, out, err) = agent.cli(&[
@@ -165,20 +150,18 @@ fn a_forked_log_is_detected_by_every_agent_that_sees_both() {
         std::fs::copy(mesh_dir.join(file), twin.join(file)).unwrap();
     }
     // Let every agent hold the common history first.
-    let (code, out, err) =
-        agents[0].cli(&["log", "publish", "--mesh-dir", mesh_dir.to_str().unwrap()]);
-    assert_eq!(code, 0, "{out}{err}");
+    agents[0].publish_log(&mesh_dir);
     let size = log_status(&agents[0])["size"].as_u64().unwrap();
     for agent in &agents {
         agent.wait_for("the common history", SPREAD, |a| {
             (log_status(a)["size"].as_u64()? == size).then_some(())
         });
     }
-    let (code, out, err) = revoke(&agents[0], &mesh_dir, &ids(1, 0x21), true);
+    let (code, out, err) = agents[0].revoke_ids(&ids(1, 0x21), &mesh_dir, true);
     assert_eq!(code, 0, "{out}{err}");
     // The other history, to another agent: refused by it if it already took the
     // first (409, a fork), taken if not; either way the ring sees both.
-    let _ = revoke(&agents[1], &twin, &ids(1, 0x22), true);
+    let _ = agents[1].revoke_ids(&ids(1, 0x22), &twin, true);
     for agent in &agents {
         agent.wait_for("the fork to be seen", SPREAD, |a| {
             (!log_status(a)["forks"].as_array()?.is_empty()).then_some(())
@@ -208,8 +191,7 @@ fn a_whole_copy_verifies_and_the_history_reads() {
     agent.wait_joined();
     agent.grant("check");
     let mesh_dir = common::mesh_dir(root);
-    let (code, out, err) = agent.cli(&["log", "publish", "--mesh-dir", mesh_dir.to_str().unwrap()]);
-    assert_eq!(code, 0, "{out}{err}");
+    agent.publish_log(&mesh_dir);
     let copy = root.join("copy.bin");
     let bytes = std::fs::read(mesh_dir.join("trust-log.bin")).unwrap();
     std::fs::write(&copy, &bytes).unwrap();
@@ -267,8 +249,7 @@ fn an_existing_mesh_moves_to_the_log_without_readmitting_its_nodes() {
     let (code, out, _) = import(&[&admission, &grant]);
     assert_eq!(code, 0);
     assert!(out.contains("imported 0"), "imported twice: {out}");
-    let (code, out, err) = agent.cli(&["log", "publish", "--mesh-dir", mesh_dir.to_str().unwrap()]);
-    assert_eq!(code, 0, "{out}{err}");
+    agent.publish_log(&mesh_dir);
     assert_eq!(log_status(&agent)["size"].as_u64(), Some(2));
 }
 

@@ -1090,7 +1090,7 @@ fn revoke_and_measure(
 /// stated bound (one `--revocation-poll-ms` plus one operation timeout), each agent
 /// then refusing the key in resolution; measured and printed. First a workload is
 /// revoked: it drops out everywhere, the honest instance beside it stays, its agent
-/// refuses to register it again (422, `revoked`), and records for it signed by its
+/// refuses to register it again (403, `revoked`), and records for it signed by its
 /// node — one issued 30 s ahead (newer than anything), one years ahead — are refused
 /// (`revoked`, `from_the_future`). Then the node endorsing another instance is
 /// revoked: its instance drops out everywhere, its DHT frames are refused
@@ -1147,14 +1147,14 @@ fn e_a_revoked_key_is_refused_everywhere_within_the_bound() {
             );
         }
     }
-    // Its agent will not register it again: its own store refuses the record.
+    // Its agent will not register it again: it knows the key is revoked.
     let body = json!({ "endpoint": "127.0.0.1:18001" });
     let (status, answer) = nodes[1]
         .agent
         .call(Method::PUT, "/v1/services/check/instances/w1", Some(&body))
         .unwrap();
-    assert_eq!(status, 422, "{answer}");
-    assert_eq!(answer["reason"], "rejected", "{answer}");
+    assert_eq!(status, 403, "{answer}");
+    assert_eq!(answer["reason"], "revoked", "{answer}");
     // Serial games: records for w1 its (unrevoked, granted) node signs, dated ahead.
     let (node1, _) = common::node_credentials(&nodes[1].agent.dir);
     let grants = chain(&nodes[1].agent.dir, "check");
