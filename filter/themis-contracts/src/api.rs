@@ -106,6 +106,11 @@ pub struct Verdict {
     pub verdict: String,
     /// Why, in words.
     pub reason: String,
+    /// The trust log's leaves behind the verdict: the endorser's admission, the grants
+    /// of the service along its chain, revocations of the keys involved; each with its
+    /// inclusion proof under [`Explanation::log_checkpoint`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub log: Vec<LogLeaf>,
 }
 
 /// `GET /v1/services/{service}/explain`: why each value stored for a service is or is
@@ -124,6 +129,10 @@ pub struct Explanation {
     pub values: Vec<Verdict>,
     /// The resulting live instances.
     pub instances: Vec<Instance>,
+    /// The trust log checkpoint the verdicts' leaves are proven under (hex; `None`:
+    /// this node holds no log yet).
+    #[serde(default)]
+    pub log_checkpoint: Option<String>,
 }
 
 /// One revocation the agent knows.

@@ -626,7 +626,30 @@ impl Registry {
     /// Every value stored for `service` (all replicas), with why it is or is not
     /// trusted.
     pub async fn explain(&self, service: &ServiceName) -> Result<Explanation, RegistryError> {
-        let (resolution, verdicts) = self.lookup(service).await?;
+        let (resolution, mut verdicts) = self.lookup(service).await?;
+        // The log's leaves behind each verdict, with their proofs.
+        let log = self.trust.log().status();
+        for verdict in &mut verdicts {
+            let endorser = verdict.endorser.as_deref();
+            let is = |who: Option<&str>, leaf: &themis_contracts::api::LogLeaf| {
+                who == Some(leaf.subject.as_str())
+            };
+            verdict.log = log
+                .leaves
+                .iter()
+                .filter(|leaf| match leaf.kind.as_str() {
+                    "admission" => is(endorser, leaf),
+                    // The endorser's grant, or an authority's (one that may pass the
+                    // service on) that a chain can go through.
+                    "grant" => {
+                        leaf.service.as_deref() == Some(service.as_str())
+                            && (is(endorser, leaf) || leaf.delegate == Some(true))
+                    }
+                    _ => is(endorser, leaf) || is(verdict.id.as_deref(), leaf),
+                })
+                .cloned()
+                .collect();
+        }
         Ok(Explanation {
             service: service.clone(),
             mesh_root: self.trust.root().to_string(),
@@ -634,6 +657,7 @@ impl Registry {
             replicas: resolution.replicas,
             values: verdicts,
             instances: resolution.instances,
+            log_checkpoint: log.checkpoint,
         })
     }
 
@@ -664,6 +688,7 @@ impl Registry {
                 issued_at: claimed.as_ref().map(|(_, r)| r.issued_at),
                 verdict: "trusted".into(),
                 reason: "endorsed by a node the mesh root granted the service".into(),
+                log: Vec::new(),
             };
             match self.trust.verify(|v| v.instance(value, service.as_str())) {
                 Ok(instance) => verified.push((instance, value)),

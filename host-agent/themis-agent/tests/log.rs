@@ -222,6 +222,42 @@ fn a_whole_copy_verifies_and_the_history_reads() {
     let (code, out, err) = agent.cli(&["log", "show", &agent.id]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("admission") && out.contains("grant"), "{out}");
+
+    // `themis explain` cites the leaves behind a verdict, each proven under the
+    // checkpoint it names: checked here with nothing but the mesh root.
+    agent.register("check", "w1", "127.0.0.1:18001");
+    let (code, out, err) = agent.cli(&["--json", "explain", "check"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let explained: Value = serde_json::from_str(&out).unwrap();
+    let root: themis_trust::MeshRoot = std::fs::read_to_string(&mesh_root)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let checkpoint = themis_log::SignedCheckpoint::verify(
+        &root,
+        &hex::decode(explained["log_checkpoint"].as_str().unwrap()).unwrap(),
+    )
+    .unwrap();
+    let cited = explained["values"][0]["log"].as_array().unwrap();
+    let kinds: Vec<&str> = cited.iter().map(|l| l["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["admission", "grant"], "{explained}");
+    for leaf in cited {
+        let bytes = hex::decode(leaf["leaf"].as_str().unwrap()).unwrap();
+        let proof = hex::decode(leaf["proof"].as_str().unwrap()).unwrap();
+        let index = leaf["index"].as_u64().unwrap();
+        assert_eq!(
+            checkpoint
+                .checkpoint
+                .verify_inclusion(&bytes, index, &proof),
+            Ok(())
+        );
+    }
+    let (code, out, _) = agent.cli(&["explain", "check"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("trust log #") && out.contains("grant check"),
+        "{out}"
+    );
 }
 
 /// A mesh made before the log: its statements are imported from the files the

@@ -1047,6 +1047,21 @@ fn render_explanation(v: &Value) -> String {
                 ago(value.issued_at),
                 value.reason,
             );
+            for leaf in &value.log {
+                out +=
+                    &format!(
+                    "             trust log #{} {} {}{}, signed {} (inclusion proof: {} hashes)\n",
+                    leaf.index,
+                    leaf.kind,
+                    leaf.service.as_deref().unwrap_or(""),
+                    leaf.reason.as_deref().map_or(String::new(), |r| format!("reason: {r}")),
+                    ago(Some(leaf.issued_at)),
+                    leaf.proof.len() / 64,
+                );
+            }
+        }
+        if e.log_checkpoint.is_none() {
+            out += "\n(this node holds no trust log yet: no leaf cited)\n";
         }
         out
     })
