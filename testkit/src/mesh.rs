@@ -225,10 +225,23 @@ impl Mesh {
 
     /// Another Envoy on node B (workload `check`), with its own inbound policy.
     pub fn start_envoy_b(&self, name: &str, policy: Option<&str>) -> Envoy {
-        start_envoy_b(
+        self.start_sidecar(&self.b, IP_B, "check", name, policy)
+    }
+
+    /// A sidecar on B's runtime for `workload` of `agent`'s node (listening on `ip`),
+    /// in front of the echo app, with its own inbound policy.
+    pub fn start_sidecar(
+        &self,
+        agent: &Agent,
+        ip: &str,
+        workload: &str,
+        name: &str,
+        policy: Option<&str>,
+    ) -> Envoy {
+        start_sidecar(
             self.runtime_b,
             self.dir.path(),
-            &self.b,
+            (agent, ip, workload),
             name,
             self.app.addr,
             policy,
@@ -282,16 +295,28 @@ fn start_envoy_b(
     app: SocketAddr,
     policy: Option<&str>,
 ) -> Envoy {
+    start_sidecar(runtime, root, (b, IP_B, "check"), name, app, policy)
+}
+
+/// A sidecar of `workload` on `agent`'s node at `ip`, serving `check`.
+fn start_sidecar(
+    runtime: Runtime,
+    root: &Path,
+    (agent, ip, workload): (&Agent, &str, &str),
+    name: &str,
+    app: SocketAddr,
+    policy: Option<&str>,
+) -> Envoy {
     runtime.start(
         root,
         name,
         &Sidecar {
             app_protocol: AppProtocol::Http1,
-            ip: IP_B,
-            agent_socket: &b.dir.join("agent.sock"),
+            ip,
+            agent_socket: &agent.dir.join("agent.sock"),
             app,
-            outbound_config: &outbound_config(&mesh_root(root), "check", "check"),
-            inbound_config: &inbound_config(&mesh_root(root), "check", "check", policy),
+            outbound_config: &outbound_config(&mesh_root(root), workload, "check"),
+            inbound_config: &inbound_config(&mesh_root(root), workload, "check", policy),
         },
     )
 }

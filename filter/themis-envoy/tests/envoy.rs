@@ -1204,6 +1204,170 @@ fn a_flood_of_fresh_hellos_from_many_sources_is_refused_busy_and_pooled_callers_
     );
 }
 
+/// What a rotation replaces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rotated {
+    /// check's workload key: a new workload of check on node B.
+    Workload,
+    /// Node B's key: a new node (C) runs check's next instance.
+    Node,
+}
+
+/// Where node C, the next node of a rotation, listens.
+const IP_NEXT: &str = "127.0.0.39";
+
+/// Issue 20, rotation without downtime: while handler calls check without pause, check's
+/// key (or its node's) is replaced: the next instance is endorsed and resolved first,
+/// the old one withdrawn once no caller picks it, and its key revoked through the
+/// trust log last. No call fails, and after the revocation every answer comes from the
+/// next key.
+fn rotation_under_continuous_calls(runtime: Runtime, rotated: Rotated) {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+
+    let mesh = Mesh::standard_on(runtime);
+    let old_at = mesh.envoy_b.inbound;
+    let next_node;
+    let (agent, ip, workload) = match rotated {
+        Rotated::Workload => (&mesh.b, IP_B, "check-next"),
+        Rotated::Node => {
+            next_node = support::agent::Agent::spawn(
+                mesh.dir.path(),
+                "agent-c",
+                support::agent::Spawn {
+                    listen: &format!("{IP_NEXT}:0"),
+                    join: Some(&mesh.a.contact),
+                    ..Default::default()
+                },
+            );
+            next_node.wait_joined();
+            (&next_node, IP_NEXT, "check")
+        }
+    };
+    let next_id = support::mesh::create_workload(agent, workload);
+    let next = mesh.start_sidecar(agent, ip, workload, "envoy-next", Some(ALLOW_HANDLER));
+    next.wait_identity();
+    agent.register("check", workload, &next.inbound.to_string());
+    mesh.wait_resolves(
+        &mesh.a,
+        "check",
+        &[&old_at.to_string(), &next.inbound.to_string()],
+    );
+    if runtime == Runtime::Native {
+        mesh.envoy_a.wait_native_resolves("check", next.inbound);
+    }
+
+    let stop = AtomicBool::new(false);
+    let answers: Mutex<Vec<(u16, String)>> = Mutex::new(Vec::new());
+    let revoked_at = Mutex::new(usize::MAX);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            // Bounded: at most 5 minutes of calls, 20 ms apart.
+            for n in 0..15_000 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let r = mesh.call("GET", "check", &format!("/rotate/{n}"), &[], b"");
+                let peer = r.header(header::PEER_ID).unwrap_or("").to_owned();
+                answers.lock().unwrap().push((r.status, peer));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        // Withdraw the old instance, and wait until handler's sidecar no longer picks it.
+        let (status, answer) = mesh
+            .b
+            .call(
+                hyper::Method::DELETE,
+                "/v1/services/check/instances/check",
+                None,
+            )
+            .unwrap();
+        assert_eq!(status, 200, "{answer}");
+        wait_until(
+            "node A to resolve only the next instance",
+            Duration::from_secs(30),
+            || {
+                let endpoints = mesh.a.endpoints("check")?;
+                (endpoints == [next.inbound.to_string()]).then_some(())
+            },
+        );
+        match runtime {
+            // Its module's latest resolution lists the next instance only.
+            Runtime::Native => wait_until(
+                "Envoy A's module to drop the old instance",
+                Duration::from_secs(60),
+                || {
+                    let log = mesh.envoy_a.log_tail(usize::MAX);
+                    let last = log
+                        .lines()
+                        .rfind(|l| l.contains("themis native: check resolves to"))?;
+                    (!last.contains(&format!(" at {old_at}"))).then_some(())
+                },
+            ),
+            // The filter's resolutions live `resolve_ttl_secs` (10 s).
+            Runtime::Wasm => std::thread::sleep(Duration::from_secs(12)),
+        }
+        // Then the old key goes, through the trust log.
+        let retired = match rotated {
+            Rotated::Workload => mesh.check_id.clone(),
+            Rotated::Node => mesh.b.id.clone(),
+        };
+        *revoked_at.lock().unwrap() = answers.lock().unwrap().len();
+        mesh.a.revoke(&retired, &mesh.dir.path().join("mesh"));
+        mesh.a
+            .wait_for("the revocation", Duration::from_secs(30), |a| {
+                let (_, known) = a.get("/v1/revocations")?;
+                known["revocations"]
+                    .as_array()?
+                    .iter()
+                    .any(|r| r["id"] == retired.as_str())
+                    .then_some(())
+            });
+        std::thread::sleep(Duration::from_secs(3));
+        stop.store(true, Ordering::Relaxed);
+    });
+    let answers = answers.into_inner().unwrap();
+    let failed: Vec<&(u16, String)> = answers
+        .iter()
+        .filter(|(status, _)| *status != 200)
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{rotated:?}: {} of {} calls failed: {:?}\n{}\n--- envoy-next:\n{}",
+        failed.len(),
+        answers.len(),
+        &failed[..failed.len().min(5)],
+        mesh.logs(),
+        next.log_tail(30)
+    );
+    let after = &answers[revoked_at.into_inner().unwrap()..];
+    eprintln!(
+        "{rotated:?} rotation ({runtime:?}): {} calls, none failed, {} after the revocation",
+        answers.len(),
+        after.len()
+    );
+    assert!(
+        after.len() >= 10,
+        "only {} calls after the revocation",
+        after.len()
+    );
+    assert!(
+        after.iter().all(|(_, peer)| *peer == next_id),
+        "{rotated:?}: answered by another key after the revocation"
+    );
+}
+
+fn a_workload_key_is_rotated_under_continuous_calls(runtime: Runtime) {
+    rotation_under_continuous_calls(runtime, Rotated::Workload);
+}
+
+fn a_node_key_is_rotated_under_continuous_calls(runtime: Runtime) {
+    rotation_under_continuous_calls(runtime, Rotated::Node);
+}
+
 // Every end-to-end test above runs on both runtimes of the filter, on both sidecars:
 // `wasm::<test>` and `native::<test>`.
 themis_testkit::on_both_runtimes!(
@@ -1220,4 +1384,6 @@ themis_testkit::on_both_runtimes!(
     a_dotted_service_name_resolves_and_is_called,
     hello_floods_are_refused_cheaply_and_counted_by_reason,
     a_flood_of_fresh_hellos_from_many_sources_is_refused_busy_and_pooled_callers_keep_going,
+    a_workload_key_is_rotated_under_continuous_calls,
+    a_node_key_is_rotated_under_continuous_calls,
 );
