@@ -146,11 +146,28 @@ pub struct Revocation {
     pub reason: String,
     /// The signed revocation, hex: callers verify it against the mesh root.
     pub revocation: String,
+    /// Its leaf in the trust log, if it is there: the index and the inclusion proof
+    /// (hex) under [`Revocations::checkpoint`]. A caller holding the checkpoint checks
+    /// the proof instead of the revocation's own signature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logged: Option<Logged>,
+}
+
+/// Where a statement stands in the trust log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Logged {
+    /// The leaf's index.
+    pub index: u64,
+    /// Its inclusion proof (concatenated hashes, hex).
+    pub proof: String,
 }
 
 /// `GET /v1/revocations`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Revocations {
+    /// The trust log checkpoint the `logged` proofs are under (signed, hex).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
     /// Every revocation known.
     pub revocations: Vec<Revocation>,
 }

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use themis_contracts::api;
 use themis_core::identity::PublicIdentity;
 use themis_core::{MeshName, PeerId};
-use themis_trust::{MeshRoot, Revocations, Verifier};
+use themis_trust::{MeshRoot, Revocations, Signed, Verifier};
 
 /// One instance of a service: who must answer, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,7 +98,18 @@ pub fn endorsed(results: Vec<Result<Instance, AgentError>>) -> (Vec<Instance>, V
 
 /// Reads `GET /v1/revocations`, keeping only revocations the mesh root signed.
 pub fn parse_revocations(body: &[u8], root: &MeshRoot) -> Result<Revocations, AgentError> {
-    parse_new_revocations(body, root, usize::MAX).map(Option::unwrap_or_default)
+    parse_new_revocations(body, root, usize::MAX)
+        .map(|r| r.map(|r| r.revocations).unwrap_or_default())
+}
+
+/// A revocation list read from the agent.
+#[derive(Debug, Default)]
+pub struct RevocationList {
+    /// The revocations, each verified.
+    pub revocations: Revocations,
+    /// How many were proven by the trust log's checkpoint (the rest by their own
+    /// signature).
+    pub proven: usize,
 }
 
 /// [`parse_revocations`], unless the agent lists exactly `held` revocations: then
@@ -109,20 +120,57 @@ pub fn parse_new_revocations(
     body: &[u8],
     root: &MeshRoot,
     held: usize,
-) -> Result<Option<Revocations>, AgentError> {
+) -> Result<Option<RevocationList>, AgentError> {
     let raw: api::Revocations =
         serde_json::from_slice(body).map_err(|e| AgentError::Json(e.to_string()))?;
     if raw.revocations.len() == held {
         return Ok(None);
     }
+    // A checkpoint of the trust log (one signature) proves the revocations that are
+    // its leaves; the others are checked one signature each.
+    let checkpoint = raw
+        .checkpoint
+        .as_deref()
+        .and_then(|c| hex::decode(c).ok())
+        .and_then(|c| themis_log::SignedCheckpoint::verify(root, &c).ok());
     let mut revocations = Revocations::new();
+    let mut proven_count = 0;
     for r in raw.revocations {
         let bytes = hex::decode(&r.revocation).map_err(|e| AgentError::Json(e.to_string()))?;
-        revocations
-            .add(root, &bytes)
-            .map_err(AgentError::NotEndorsed)?;
+        let proven = match (&checkpoint, &r.logged) {
+            (Some(checkpoint), Some(logged)) => proven_in_log(checkpoint, &bytes, logged),
+            _ => false,
+        };
+        if proven {
+            proven_count += 1;
+            revocations.add_proven(root, &bytes)
+        } else {
+            revocations.add(root, &bytes)
+        }
+        .map_err(AgentError::NotEndorsed)?;
     }
-    Ok(Some(revocations))
+    Ok(Some(RevocationList {
+        revocations,
+        proven: proven_count,
+    }))
+}
+
+/// Whether `revocation` (an encoded `Signed`) is the leaf `logged` says, under
+/// `checkpoint`.
+fn proven_in_log(
+    checkpoint: &themis_log::SignedCheckpoint,
+    revocation: &[u8],
+    logged: &api::Logged,
+) -> bool {
+    let (Ok(statement), Ok(proof)) = (Signed::decode(revocation), hex::decode(&logged.proof))
+    else {
+        return false;
+    };
+    let leaf = themis_log::Entry::new(themis_log::Kind::Revocation, statement).encode();
+    checkpoint
+        .checkpoint
+        .verify_inclusion(&leaf, logged.index, &proof)
+        .is_ok()
 }
 
 /// Reads `GET /v1/workloads/{workload}/identity` into the workload's public identity:
@@ -363,5 +411,111 @@ mod tests {
         assert_eq!(parse_signature(sig.as_bytes()).unwrap(), [0xab; 64]);
         assert!(parse_signature(br#"{"signature":"abcd"}"#).is_err());
         assert!(parse_signature(b"{").is_err());
+    }
+
+    /// Revocations proven by the trust log: a list with a root-signed checkpoint and
+    /// inclusion proofs is taken; a proof that does not hold falls back to the
+    /// revocation's own signature; a statement not from the root is refused however it
+    /// is presented; a checkpoint not from the root proves nothing.
+    #[test]
+    fn revocations_are_proven_by_the_log_or_by_their_signature() {
+        use themis_log::{Entry, Kind, Log};
+        use themis_trust::{Revocation, Signed, REVOCATION_LABEL};
+        let rng = ring::rand::SystemRandom::new();
+        let root_key = Identity::generate(mesh(), &rng).unwrap();
+        let root = MeshRoot {
+            mesh: mesh(),
+            key: *root_key.public_key(),
+        };
+        let revoke = |by: &Identity, n: u8| {
+            Signed::sign(
+                by,
+                REVOCATION_LABEL,
+                &Revocation {
+                    mesh: "demo".into(),
+                    id: [n; 32],
+                    issued_at: 1,
+                    reason: String::new(),
+                },
+            )
+        };
+        let mut log = Log::new(root.clone());
+        let statements: Vec<Signed> = (0..5).map(|n| revoke(&root_key, n)).collect();
+        for statement in &statements {
+            log.append(Entry::new(Kind::Revocation, statement.clone()).encode())
+                .unwrap();
+        }
+        let checkpoint = hex::encode(log.sign_checkpoint(&root_key, 1).encoded());
+        let listed = |checkpoint: Option<&str>, entries: &[(Signed, Option<(u64, Vec<u8>)>)]| {
+            serde_json::to_vec(&api::Revocations {
+                checkpoint: checkpoint.map(str::to_owned),
+                revocations: entries
+                    .iter()
+                    .map(|(signed, logged)| api::Revocation {
+                        id: String::new(),
+                        issued_at: 1,
+                        reason: String::new(),
+                        revocation: hex::encode(signed.encode()),
+                        logged: logged.as_ref().map(|(index, proof)| api::Logged {
+                            index: *index,
+                            proof: hex::encode(proof),
+                        }),
+                    })
+                    .collect(),
+            })
+            .unwrap()
+        };
+        let proven: Vec<(Signed, Option<(u64, Vec<u8>)>)> = statements
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                (
+                    s.clone(),
+                    Some((i as u64, log.inclusion_proof(i as u64).unwrap())),
+                )
+            })
+            .collect();
+        let all = parse_revocations(&listed(Some(&checkpoint), &proven), &root).unwrap();
+        assert_eq!(all.len(), 5);
+        // Proofs that do not hold (another index): each revocation's signature decides.
+        let mut shifted = proven.clone();
+        for (n, entry) in shifted.iter_mut().enumerate() {
+            entry.1 = Some(((n as u64 + 1) % 5, log.inclusion_proof(n as u64).unwrap()));
+        }
+        assert_eq!(
+            parse_revocations(&listed(Some(&checkpoint), &shifted), &root)
+                .unwrap()
+                .len(),
+            5
+        );
+        // A revocation signed by another key, with a proof of a genuine leaf: refused.
+        let stranger = Identity::generate(mesh(), &rng).unwrap();
+        let mut forged = proven.clone();
+        forged[2].0 = revoke(&stranger, 2);
+        assert!(parse_revocations(&listed(Some(&checkpoint), &forged), &root).is_err());
+        // A checkpoint signed by another key proves nothing: signatures decide again.
+        let mut other = Log::new(root.clone());
+        other
+            .append(Entry::new(Kind::Revocation, statements[0].clone()).encode())
+            .unwrap();
+        let foreign = hex::encode(other.sign_checkpoint(&stranger, 1).encoded());
+        assert_eq!(
+            parse_revocations(&listed(Some(&foreign), &proven), &root)
+                .unwrap()
+                .len(),
+            5
+        );
+        // A statement the root signed under another label is no revocation, proof or not.
+        let relabelled = Signed::sign(
+            &root_key,
+            themis_trust::GRANT_LABEL,
+            &Revocation {
+                mesh: "demo".into(),
+                id: [9; 32],
+                issued_at: 1,
+                reason: String::new(),
+            },
+        );
+        assert!(parse_revocations(&listed(None, &[(relabelled, None)]), &root).is_err());
     }
 }

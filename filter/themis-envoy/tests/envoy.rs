@@ -851,7 +851,7 @@ fn an_admitted_node_without_a_grant_cannot_serve_or_claim_a_name(runtime: Runtim
 /// How many of Envoy's threads logged that the filter of VM `vm` installed `count`
 /// revocations (`[time][thread][level]...` lines).
 fn threads_holding_revocations(envoy: &Envoy, vm: &str, count: usize) -> usize {
-    let said = format!("{vm}: themis: {count} revocation(s) in force");
+    let said = format!("{vm}: themis: {count} revocation(s) in force ({count} proven by");
     envoy
         .log_tail(usize::MAX)
         .lines()
@@ -865,7 +865,9 @@ fn threads_holding_revocations(envoy: &Envoy, vm: &str, count: usize) -> usize {
 /// thread's filter polls its agent on its own (the main thread and both workers must
 /// say so); the native module's one thread polls for all.
 fn wait_holds_revocation(envoy: &Envoy, runtime: Runtime, count: usize) {
-    let native_said = format!("themis native: {count} revocations");
+    // Every one of them proven by the trust log's checkpoint (one signature), none
+    // by its own.
+    let native_said = format!("themis native: {count} revocations ({count} proven by");
     wait_until(
         "Envoy B's inbound filters to hold the revocations",
         Duration::from_secs(60),

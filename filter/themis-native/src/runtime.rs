@@ -226,13 +226,17 @@ impl Runtime {
         let held = self.snapshot().revocations.len();
         let revocations =
             parse_new_revocations(&body, &self.root, held).map_err(|e| e.to_string())?;
-        if let Some(revocations) = revocations {
+        if let Some(list) = revocations {
             crate::ffi::log(
                 2,
-                &format!("themis native: {} revocations", revocations.len()),
+                &format!(
+                    "themis native: {} revocations ({} proven by the trust log's checkpoint)",
+                    list.revocations.len(),
+                    list.proven
+                ),
             );
             self.publish(|s| {
-                s.revocations = revocations;
+                s.revocations = list.revocations;
                 s.revocation_generation += 1;
             });
         }

@@ -34,6 +34,29 @@ impl Revocations {
         Ok(revocation)
     }
 
+    /// Adds an encoded revocation whose signature the caller need not check: it proved
+    /// the revocation is a leaf of the trust log under a root-signed checkpoint (which
+    /// commits to it). Still the root's and of this mesh; `Ok(true)` if it was new.
+    pub fn add_proven(&mut self, root: &MeshRoot, bytes: &[u8]) -> Result<bool, TrustError> {
+        let signed = Signed::decode(bytes)?;
+        if signed.signer != root.key {
+            return Err(TrustError::NotFromRoot);
+        }
+        let revocation: Revocation = crate::statement::decode(&signed.body)?;
+        if revocation.mesh != root.mesh.as_str() {
+            return Err(TrustError::WrongMesh);
+        }
+        if revocation.reason.len() > MAX_REASON_LEN {
+            return Err(TrustError::TooLarge);
+        }
+        let id = PeerId(revocation.id);
+        if self.by_id.contains_key(&id) {
+            return Ok(false);
+        }
+        self.by_id.insert(id, (revocation, bytes.to_vec()));
+        Ok(true)
+    }
+
     /// Verifies and adds an encoded revocation; `Ok(true)` if it was new.
     pub fn add(&mut self, root: &MeshRoot, bytes: &[u8]) -> Result<bool, TrustError> {
         let revocation = Self::verify(root, bytes)?;

@@ -388,6 +388,7 @@ async fn explain(State(r): Shared, Path(service): Path<String>) -> ApiResult {
 
 async fn revocations(State(r): Shared) -> ApiResult {
     let known = r.trust().revocations();
+    let (checkpoint, proofs) = r.trust().log().revocation_proofs();
     let mesh = r.overlay().mesh();
     let revocations = known
         .iter()
@@ -396,9 +397,16 @@ async fn revocations(State(r): Shared) -> ApiResult {
             issued_at: revocation.issued_at,
             reason: revocation.reason.clone(),
             revocation: hex::encode(bytes),
+            logged: proofs.get(bytes).map(|(index, proof)| contract::Logged {
+                index: *index,
+                proof: hex::encode(proof),
+            }),
         })
         .collect();
-    ok(contract::Revocations { revocations })
+    ok(contract::Revocations {
+        checkpoint: checkpoint.map(hex::encode),
+        revocations,
+    })
 }
 
 async fn publish_revocation(

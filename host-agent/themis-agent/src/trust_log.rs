@@ -114,6 +114,29 @@ impl TrustLog {
         revocations_from(&self.read(), 0)
     }
 
+    /// The checkpoint held (signed bytes) and, for each revocation in the log (by its
+    /// encoded `Signed`), its leaf index and inclusion proof under that checkpoint.
+    pub fn revocation_proofs(
+        &self,
+    ) -> (
+        Option<Vec<u8>>,
+        std::collections::HashMap<Vec<u8>, (u64, Vec<u8>)>,
+    ) {
+        let log = self.read();
+        let Some(checkpoint) = log.checkpoint() else {
+            return (None, Default::default());
+        };
+        let proofs = log
+            .statements()
+            .filter(|(_, s)| s.kind() == Kind::Revocation)
+            .filter_map(|(i, _)| {
+                let entry = themis_log::Entry::decode(log.leaf(i)?).ok()?;
+                Some((entry.statement.encode(), (i, log.inclusion_proof(i)?)))
+            })
+            .collect();
+        (Some(checkpoint.encoded().to_vec()), proofs)
+    }
+
     /// What `GET /v1/log` shows: the checkpoint, the forks seen, every leaf.
     pub fn status(&self) -> contract::LogStatus {
         let forks = self.forks().into_iter().map(|f| f.why).collect();

@@ -197,11 +197,15 @@ impl Root {
         let held = w.revoked.len();
         match agent::parse_new_revocations(body, &w.config.mesh_root, held) {
             Ok(None) => {}
-            Ok(Some(revocations)) => {
-                info!("themis: {} revocation(s) in force", revocations.len());
+            Ok(Some(list)) => {
+                info!(
+                    "themis: {} revocation(s) in force ({} proven by the trust log's checkpoint)",
+                    list.revocations.len(),
+                    list.proven
+                );
                 w.routes.forget_all();
                 w.callers.clear();
-                w.revoked = revocations;
+                w.revoked = list.revocations;
             }
             Err(e) => warn!("themis: unusable revocations from the agent: {e}"),
         }
