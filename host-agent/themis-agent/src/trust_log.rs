@@ -15,6 +15,10 @@ use tracing::{error, info, warn};
 
 use crate::operator::LOG_FILE;
 
+/// Each revocation in the log (by its encoded `Signed`): its leaf index and inclusion
+/// proof.
+pub type RevocationProofs = std::collections::HashMap<Vec<u8>, (u64, Vec<u8>)>;
+
 /// Where fork evidence is kept, under the state directory.
 pub const FORKS_DIR: &str = "log-forks";
 
@@ -116,12 +120,7 @@ impl TrustLog {
 
     /// The checkpoint held (signed bytes) and, for each revocation in the log (by its
     /// encoded `Signed`), its leaf index and inclusion proof under that checkpoint.
-    pub fn revocation_proofs(
-        &self,
-    ) -> (
-        Option<Vec<u8>>,
-        std::collections::HashMap<Vec<u8>, (u64, Vec<u8>)>,
-    ) {
+    pub fn revocation_proofs(&self) -> (Option<Vec<u8>>, RevocationProofs) {
         let log = self.read();
         let Some(checkpoint) = log.checkpoint() else {
             return (None, Default::default());
