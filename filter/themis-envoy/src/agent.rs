@@ -439,6 +439,8 @@ mod tests {
                 },
             )
         };
+        // A revocation as the agent lists it: its leaf index and proof, if logged.
+        type Listed = (Signed, Option<(u64, Vec<u8>)>);
         let mut log = Log::new(root.clone());
         let statements: Vec<Signed> = (0..5).map(|n| revoke(&root_key, n)).collect();
         for statement in &statements {
@@ -446,7 +448,7 @@ mod tests {
                 .unwrap();
         }
         let checkpoint = hex::encode(log.sign_checkpoint(&root_key, 1).encoded());
-        let listed = |checkpoint: Option<&str>, entries: &[(Signed, Option<(u64, Vec<u8>)>)]| {
+        let listed = |checkpoint: Option<&str>, entries: &[Listed]| {
             serde_json::to_vec(&api::Revocations {
                 checkpoint: checkpoint.map(str::to_owned),
                 revocations: entries
@@ -465,7 +467,7 @@ mod tests {
             })
             .unwrap()
         };
-        let proven: Vec<(Signed, Option<(u64, Vec<u8>)>)> = statements
+        let proven: Vec<Listed> = statements
             .iter()
             .enumerate()
             .map(|(i, s)| {
