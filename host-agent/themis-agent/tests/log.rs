@@ -180,17 +180,23 @@ fn a_forked_log_is_detected_by_every_agent_that_sees_both() {
     }
 }
 
+/// A one-node ring granted `check`, and the mesh directory.
+fn one_node_granted_check() -> (tempfile::TempDir, Agent, std::path::PathBuf) {
+    let dir = common::workdir();
+    let agent = Agent::spawn(dir.path(), "agent-0", Spawn::default());
+    agent.wait_joined();
+    agent.grant("check");
+    let mesh_dir = common::mesh_dir(dir.path());
+    (dir, agent, mesh_dir)
+}
+
 /// An auditor verifies a whole copy from its first leaf: the agent's copy passes,
 /// one bit flipped anywhere fails; `themis log show` tells the history of a service
 /// and of a key.
 #[test]
 fn a_whole_copy_verifies_and_the_history_reads() {
-    let dir = common::workdir();
+    let (dir, agent, mesh_dir) = one_node_granted_check();
     let root = dir.path();
-    let agent = Agent::spawn(root, "agent-0", Spawn::default());
-    agent.wait_joined();
-    agent.grant("check");
-    let mesh_dir = common::mesh_dir(root);
     agent.publish_log(&mesh_dir);
     let copy = root.join("copy.bin");
     let bytes = std::fs::read(mesh_dir.join("trust-log.bin")).unwrap();
@@ -264,12 +270,7 @@ fn a_whole_copy_verifies_and_the_history_reads() {
 /// operator gave out (admission, grants, saved revocations), once.
 #[test]
 fn an_existing_mesh_moves_to_the_log_without_readmitting_its_nodes() {
-    let dir = common::workdir();
-    let root = dir.path();
-    let agent = Agent::spawn(root, "agent-0", Spawn::default());
-    agent.wait_joined();
-    agent.grant("check");
-    let mesh_dir = common::mesh_dir(root);
+    let (_dir, agent, mesh_dir) = one_node_granted_check();
     // As before the log: no copy in the mesh directory.
     std::fs::remove_file(mesh_dir.join("trust-log.bin")).unwrap();
     let admission = agent.dir.join("admission.pem");
