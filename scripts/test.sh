@@ -21,8 +21,8 @@ section() { printf '\n'; step "[$(((SECONDS - started) / 60)):$(printf %02d $(((
 # A cold run peaks near 6 GB here (target/, fuzz/target/): say so before a build fails
 # halfway with "No space left on device".
 free_gb=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
-if ((free_gb < 8)); then
-    printf "note: only %s GB free on %s; a cold run of this suite needs about 8 GB\n" "$free_gb" "$(df -P . | awk 'NR==2 {print $6}')" >&2
+if ((free_gb < 10)); then
+    printf "note: only %s GB free on %s; a cold run of this suite needs about 10 GB\n" "$free_gb" "$(df -P . | awk 'NR==2 {print $6}')" >&2
 fi
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}   # one build per run: incremental state is only disk
 
