@@ -163,6 +163,22 @@ pub fn decide_with(
     }
 }
 
+/// Whether the endorsement a caller carried (an encoded `InstanceValue`) makes `peer`
+/// a verified instance of `claim` under `verifier` (the root, now, the revocations in
+/// force): the record names this very id, and its grant chain holds. A node revoked
+/// since makes it fail, so a claim endorsed by a revoked node does not count; an
+/// `allow id` rule does not look at it (see `docs/PROTOCOL.md` §6.12).
+pub fn endorsement_lists(
+    verifier: &themis_trust::Verifier<'_>,
+    endorsement: &[u8],
+    claim: &str,
+    peer: &PeerId,
+) -> bool {
+    verifier
+        .instance(endorsement, claim)
+        .is_ok_and(|instance| instance.id == *peer)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,5 +321,109 @@ mod tests {
             callers.insert(format!("s{n}"), vec![], 10);
         }
         assert!(callers.len() <= MAX_CALLER_SERVICES);
+    }
+
+    /// What revoking a node leaves (§6.12): a claim its endorsement carried no longer
+    /// counts, so `allow service` refuses the caller; `allow id` still admits the
+    /// workload key, until that id is revoked too.
+    #[test]
+    fn a_revoked_nodes_endorsement_no_longer_counts_but_an_allow_id_rule_does() {
+        use themis_core::{Identity, MeshName};
+        use themis_trust::{
+            Grant, InstanceValue, MeshRoot, Record, Revocation, Revocations, Signed, Verifier,
+            GRANT_LABEL, RECORD_LABEL, REVOCATION_LABEL,
+        };
+        let mesh = MeshName::new("demo").unwrap();
+        let rng = ring::rand::SystemRandom::new();
+        let key = || Identity::generate(mesh.clone(), &rng).unwrap();
+        let (root_key, node, workload) = (key(), key(), key());
+        let root = MeshRoot {
+            mesh: mesh.clone(),
+            key: *root_key.public_key(),
+        };
+        let now = 1_800_000_000_000;
+        let endorsement = InstanceValue {
+            grants: vec![Signed::sign(
+                &root_key,
+                GRANT_LABEL,
+                &Grant {
+                    mesh: "demo".into(),
+                    service: "handler".into(),
+                    grantee: *node.public_key(),
+                    delegate: false,
+                    issued_at: now,
+                    not_after: None,
+                },
+            )],
+            record: Signed::sign(
+                &node,
+                RECORD_LABEL,
+                &Record {
+                    mesh: "demo".into(),
+                    service: "handler".into(),
+                    workload_key: *workload.public_key(),
+                    endpoint: Some("127.0.0.1:15006".parse().unwrap()),
+                    metadata: Default::default(),
+                    issued_at: now,
+                    not_after: now + 60_000,
+                },
+            ),
+        }
+        .encode();
+        let caller = Established {
+            peer_id: workload.id(),
+            meta: Meta {
+                service: Some("handler".into()),
+            },
+            peer_endorsement: endorsement.clone(),
+        };
+        let by_service = Policy::Allow(vec![Rule::Service("handler".into())]);
+        let by_id = Policy::Allow(vec![Rule::Id(workload.id())]);
+        let revoke = |id: PeerId| {
+            let mut revoked = Revocations::new();
+            let signed = Signed::sign(
+                &root_key,
+                REVOCATION_LABEL,
+                &Revocation {
+                    mesh: "demo".into(),
+                    id: id.0,
+                    issued_at: now,
+                    reason: String::new(),
+                },
+            );
+            revoked.add(&root, &signed.encode()).unwrap();
+            revoked
+        };
+        let decide_under = |revoked: &Revocations, policy: &Policy| {
+            let verifier = Verifier {
+                root: &root,
+                now_ms: now,
+                revoked,
+            };
+            decide_with(Some(policy), &caller, |claim, peer| {
+                Some(endorsement_lists(
+                    &verifier,
+                    &caller.peer_endorsement,
+                    claim,
+                    peer,
+                ))
+            })
+        };
+        let allowed = Verdict::Allow {
+            service: Some("handler".into()),
+        };
+        let none = Revocations::new();
+        assert_eq!(decide_under(&none, &by_service), allowed);
+        // The node revoked: its endorsement counts no more.
+        let node_revoked = revoke(node.id());
+        assert!(matches!(
+            decide_under(&node_revoked, &by_service),
+            Verdict::Deny { service: None, .. }
+        ));
+        // What remains: the workload's own key, named by id.
+        assert!(matches!(
+            decide_under(&node_revoked, &by_id),
+            Verdict::Allow { .. }
+        ));
     }
 }

@@ -19,7 +19,7 @@ use themis_core::stream::{Meta, StreamInitiator, StreamResponder};
 use themis_core::HandshakeSigner;
 use themis_core::{HandshakeConfig, PeerId};
 use themis_envoy::config::{Config, Policy, Role};
-use themis_envoy::policy::{decide_with, Verdict};
+use themis_envoy::policy::{decide_with, endorsement_lists, Verdict};
 use themis_trust::Verifier;
 
 use crate::metrics;
@@ -510,9 +510,12 @@ impl Connection {
                                 }
                                 listed
                             } else {
-                                trust
-                                    .instance(&established.peer_endorsement, claim)
-                                    .is_ok_and(|instance| instance.id == *peer)
+                                endorsement_lists(
+                                    &trust,
+                                    &established.peer_endorsement,
+                                    claim,
+                                    peer,
+                                )
                             };
                             Some(endorsed)
                         });
