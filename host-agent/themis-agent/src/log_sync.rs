@@ -105,9 +105,8 @@ impl LogSync {
         }
         for n in 0..FANOUT.min(peers.len()) {
             let (peer, addr) = peers[(self.round * FANOUT + n) % peers.len()];
-            let synced = exchange(&self.client, &self.trust, peer, addr).await;
+            let synced = exchange(&self.client, &self.trust, &self.metrics, peer, addr).await;
             debug!(peer = %peer.printable(mesh), ?synced, "trust log exchange");
-            self.metrics.trust_log_sync(&synced.label());
         }
         self.round = self.round.wrapping_add(1);
         let log = self.trust.log();
@@ -117,14 +116,17 @@ impl LogSync {
 
 /// One exchange with `peer` at `addr`: its checkpoint audited against the copy
 /// `trust` holds, and what it has more taken if it verifies (what a round does with
-/// each peer it asks).
+/// each peer it asks); counted in `metrics` by its result.
 pub async fn exchange(
     client: &Client,
     trust: &MeshTrust,
+    metrics: &Metrics,
     peer: PeerId,
     addr: SocketAddr,
 ) -> Synced {
-    Exchange { client, trust }.with(peer, addr).await
+    let synced = Exchange { client, trust }.with(peer, addr).await;
+    metrics.trust_log_sync(&synced.label());
+    synced
 }
 
 struct Exchange<'a> {

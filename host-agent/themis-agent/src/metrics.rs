@@ -292,6 +292,13 @@ impl Metrics {
             .inc();
     }
 
+    /// How many trust log exchanges ended with `result`.
+    pub fn trust_log_syncs(&self, result: &str) -> u64 {
+        self.log_syncs
+            .get_or_create(&labels(&[("result", result)]))
+            .get()
+    }
+
     /// Reports the connection limits of a listener (`agent`, `resolve`) kept in `stats`.
     pub fn listener(&self, name: &'static str, stats: Arc<NetStats>) {
         self.listeners

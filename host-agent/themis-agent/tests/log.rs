@@ -271,6 +271,17 @@ fn a_whole_copy_verifies_and_the_history_reads() {
 #[test]
 fn an_existing_mesh_moves_to_the_log_without_readmitting_its_nodes() {
     let (_dir, agent, mesh_dir) = one_node_granted_check();
+    // A revocation written to a file, as `themis revoke --out` did before the log.
+    let revoked = agent.dir.join("revoked.pem");
+    let (code, out, err) = agent.cli(&[
+        "revoke",
+        &ids(1, 0x66)[0],
+        "--mesh-dir",
+        mesh_dir.to_str().unwrap(),
+        "--out",
+        revoked.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
     // As before the log: no copy in the mesh directory.
     std::fs::remove_file(mesh_dir.join("trust-log.bin")).unwrap();
     let admission = agent.dir.join("admission.pem");
@@ -280,14 +291,15 @@ fn an_existing_mesh_moves_to_the_log_without_readmitting_its_nodes() {
         args.extend(files.iter().map(|f| f.to_str().unwrap()));
         agent.cli(&args)
     };
-    let (code, out, err) = import(&[&admission, &grant]);
+    let (code, out, err) = import(&[&admission, &grant, &revoked]);
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("imported 2"), "{out}");
-    let (code, out, _) = import(&[&admission, &grant]);
+    assert!(out.contains("imported 3"), "{out}");
+    let (code, out, _) = import(&[&admission, &grant, &revoked]);
     assert_eq!(code, 0);
     assert!(out.contains("imported 0"), "imported twice: {out}");
     agent.publish_log(&mesh_dir);
-    assert_eq!(log_status(&agent)["size"].as_u64(), Some(2));
+    assert_eq!(log_status(&agent)["size"].as_u64(), Some(3));
+    assert_eq!(revocations_known(&agent), Some(1));
 }
 
 /// What the hostile peer of [`a_peer_serving_a_changed_log_is_refused`] serves.
@@ -408,13 +420,8 @@ async fn a_peer_serving_a_changed_log_is_refused() {
         Arc::new(themis_net::NetStats::default()),
     ));
 
-    let trust = MeshTrust::load(
-        &root.join("honest"),
-        mesh_root,
-        &honest,
-        Arc::new(Metrics::new()),
-    )
-    .unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let trust = MeshTrust::load(&root.join("honest"), mesh_root, &honest, metrics.clone()).unwrap();
     let client = themis_net::Client::new(Arc::new(honest), themis_net::ClientConfig::default());
     let peer = hostile.id();
     for (serve, expected) in [
@@ -425,8 +432,15 @@ async fn a_peer_serving_a_changed_log_is_refused() {
         (Serve::ForgedCheckpoint, Synced::Refused("not_from_root")),
     ] {
         *mode.lock().unwrap() = serve;
-        let synced = exchange(&client, &trust, peer, addr).await;
+        let synced = exchange(&client, &trust, &metrics, peer, addr).await;
         assert_eq!(synced, expected, "{serve:?}");
+        let Synced::Refused(reason) = expected else {
+            unreachable!()
+        };
+        assert!(
+            metrics.trust_log_syncs(&format!("refused_{reason}")) >= 1,
+            "{serve:?} was not counted"
+        );
         assert_eq!(trust.log().size(), 0, "{serve:?} changed the copy");
         assert!(
             trust.revocations().is_empty(),
@@ -434,10 +448,14 @@ async fn a_peer_serving_a_changed_log_is_refused() {
         );
     }
     *mode.lock().unwrap() = Serve::Genuine;
-    assert_eq!(exchange(&client, &trust, peer, addr).await, Synced::Grew(7));
+    assert_eq!(
+        exchange(&client, &trust, &metrics, peer, addr).await,
+        Synced::Grew(7)
+    );
+    assert_eq!(metrics.trust_log_syncs("grew"), 1);
     assert_eq!(trust.revocations().len(), 5);
     assert_eq!(
-        exchange(&client, &trust, peer, addr).await,
+        exchange(&client, &trust, &metrics, peer, addr).await,
         Synced::Consistent
     );
     server.abort();
