@@ -47,8 +47,16 @@ pub struct Fork {
 }
 
 /// The tree hash of the empty log (RFC 6962: the hash of the empty string).
-fn empty_root() -> [u8; HASH_LEN] {
+pub(crate) fn empty_root() -> [u8; HASH_LEN] {
     Sha256::digest([]).into()
+}
+
+/// The tree hash of `tree`'s leaves.
+fn tree_hash(tree: &MemoryBackedTree<Sha256, Vec<u8>>) -> [u8; HASH_LEN] {
+    if tree.is_empty() {
+        return empty_root();
+    }
+    (*tree.root().as_bytes()).into()
 }
 
 impl Log {
@@ -79,10 +87,7 @@ impl Log {
 
     /// The tree hash of every leaf held.
     pub fn root_hash(&self) -> [u8; HASH_LEN] {
-        if self.tree.is_empty() {
-            return empty_root();
-        }
-        (*self.tree.root().as_bytes()).into()
+        tree_hash(&self.tree)
     }
 
     /// Leaf `index`'s bytes.
@@ -168,12 +173,7 @@ impl Log {
         for leaf in leaves {
             tree.push(leaf.clone());
         }
-        let root_hash = if tree.is_empty() {
-            empty_root()
-        } else {
-            (*tree.root().as_bytes()).into()
-        };
-        if root_hash != offered.checkpoint.root_hash {
+        if tree_hash(&tree) != offered.checkpoint.root_hash {
             return Err(LogError::RootMismatch);
         }
         self.tree = tree;

@@ -31,7 +31,7 @@ mod root;
 mod statement;
 mod verify;
 
-pub use pem::{chain_from_pem, chain_to_pem, from_pem, to_pem, PemKind};
+pub use pem::{chain_from_pem, chain_to_pem, from_pem, pem_blocks, to_pem, PemKind};
 pub use revocations::Revocations;
 pub use root::{MeshRoot, RootError};
 pub use statement::{

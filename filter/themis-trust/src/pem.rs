@@ -15,6 +15,8 @@ pub enum PemKind {
 }
 
 impl PemKind {
+    const ALL: [PemKind; 3] = [PemKind::Admission, PemKind::Grant, PemKind::Revocation];
+
     fn label(self) -> &'static str {
         match self {
             PemKind::Admission => "THEMIS ADMISSION",
@@ -63,4 +65,32 @@ pub fn chain_from_pem(text: &str) -> Result<Vec<Signed>, TrustError> {
         return Err(TrustError::ChainLength);
     }
     Ok(chain)
+}
+
+/// Every credential block in `text` (a file of several: saved revocations, a grant
+/// chain, files cat together), in order, each read as its label says; text between
+/// blocks is ignored. Signatures are not checked here.
+pub fn pem_blocks(text: &str) -> Vec<Result<(PemKind, Signed), TrustError>> {
+    let mut blocks = Vec::new();
+    let mut rest = text;
+    while let Some(begin) = rest.find("-----BEGIN ") {
+        rest = &rest[begin..];
+        let kind = PemKind::ALL
+            .into_iter()
+            .find(|k| rest[11..].starts_with(&format!("{}-----", k.label())));
+        let Some(kind) = kind else {
+            blocks.push(Err(TrustError::Malformed));
+            rest = &rest[11..];
+            continue;
+        };
+        let end_marker = format!("-----END {}-----", kind.label());
+        let Some(end) = rest.find(&end_marker) else {
+            blocks.push(Err(TrustError::Malformed));
+            break;
+        };
+        let end = end + end_marker.len();
+        blocks.push(from_pem(kind, &rest[..end]).map(|signed| (kind, signed)));
+        rest = &rest[end..];
+    }
+    blocks
 }

@@ -20,11 +20,25 @@ impl Revocations {
 
     /// Checks an encoded revocation against the root (revocations never expire).
     pub fn verify(root: &MeshRoot, bytes: &[u8]) -> Result<Revocation, TrustError> {
+        Self::read(root, bytes, true)
+    }
+
+    /// The revocation `bytes` hold if they are the root's, of this mesh and within
+    /// bounds; its signature is checked if `check_signature`.
+    fn read(
+        root: &MeshRoot,
+        bytes: &[u8],
+        check_signature: bool,
+    ) -> Result<Revocation, TrustError> {
         let signed = Signed::decode(bytes)?;
         if signed.signer != root.key {
             return Err(TrustError::NotFromRoot);
         }
-        let revocation: Revocation = signed.open(REVOCATION_LABEL)?;
+        let revocation: Revocation = if check_signature {
+            signed.open(REVOCATION_LABEL)?
+        } else {
+            crate::statement::decode(&signed.body)?
+        };
         if revocation.mesh != root.mesh.as_str() {
             return Err(TrustError::WrongMesh);
         }
@@ -38,34 +52,24 @@ impl Revocations {
     /// the revocation is a leaf of the trust log under a root-signed checkpoint (which
     /// commits to it). Still the root's and of this mesh; `Ok(true)` if it was new.
     pub fn add_proven(&mut self, root: &MeshRoot, bytes: &[u8]) -> Result<bool, TrustError> {
-        let signed = Signed::decode(bytes)?;
-        if signed.signer != root.key {
-            return Err(TrustError::NotFromRoot);
-        }
-        let revocation: Revocation = crate::statement::decode(&signed.body)?;
-        if revocation.mesh != root.mesh.as_str() {
-            return Err(TrustError::WrongMesh);
-        }
-        if revocation.reason.len() > MAX_REASON_LEN {
-            return Err(TrustError::TooLarge);
-        }
-        let id = PeerId(revocation.id);
-        if self.by_id.contains_key(&id) {
-            return Ok(false);
-        }
-        self.by_id.insert(id, (revocation, bytes.to_vec()));
-        Ok(true)
+        let revocation = Self::read(root, bytes, false)?;
+        Ok(self.insert(revocation, bytes))
     }
 
     /// Verifies and adds an encoded revocation; `Ok(true)` if it was new.
     pub fn add(&mut self, root: &MeshRoot, bytes: &[u8]) -> Result<bool, TrustError> {
         let revocation = Self::verify(root, bytes)?;
+        Ok(self.insert(revocation, bytes))
+    }
+
+    /// Keeps `revocation` (the first of its id wins); `true` if it was new.
+    fn insert(&mut self, revocation: Revocation, bytes: &[u8]) -> bool {
         let id = PeerId(revocation.id);
         if self.by_id.contains_key(&id) {
-            return Ok(false);
+            return false;
         }
         self.by_id.insert(id, (revocation, bytes.to_vec()));
-        Ok(true)
+        true
     }
 
     /// Whether `id` is revoked.

@@ -559,3 +559,31 @@ fn roots_and_pem_files_round_trip_and_refuse_garbage() {
         Err(TrustError::Malformed)
     );
 }
+
+/// A file of several credentials (saved revocations, a grant chain, files cat
+/// together): every block is read as its label says, the text around them ignored; a
+/// block of another label, or cut short, is an error of its own, not the file's.
+#[test]
+fn pem_blocks_reads_every_block_by_its_label() {
+    let key = identity("demo");
+    let signed = |label: &str| Signed::sign(&key, label, &"body");
+    let (revocation, grant) = (signed(REVOCATION_LABEL), signed(GRANT_LABEL));
+    let text = format!(
+        "notes\n{}between\n{}{}-----BEGIN OTHER-----\nAAAA\n-----END OTHER-----\n",
+        to_pem(PemKind::Revocation, &revocation),
+        to_pem(PemKind::Grant, &grant),
+        to_pem(PemKind::Revocation, &revocation),
+    );
+    let blocks = pem_blocks(&text);
+    assert_eq!(blocks.len(), 4, "{blocks:?}");
+    assert_eq!(blocks[0], Ok((PemKind::Revocation, revocation.clone())));
+    assert_eq!(blocks[1], Ok((PemKind::Grant, grant)));
+    assert_eq!(blocks[2], Ok((PemKind::Revocation, revocation.clone())));
+    assert_eq!(blocks[3], Err(TrustError::Malformed));
+    let cut = to_pem(PemKind::Revocation, &revocation);
+    assert_eq!(
+        pem_blocks(&cut[..cut.len() - 10]),
+        [Err(TrustError::Malformed)]
+    );
+    assert!(pem_blocks("no credentials here").is_empty());
+}
