@@ -388,7 +388,8 @@ async fn explain(State(r): Shared, Path(service): Path<String>) -> ApiResult {
 
 async fn revocations(State(r): Shared) -> ApiResult {
     let known = r.trust().revocations();
-    let (checkpoint, proofs) = r.trust().log().revocation_proofs();
+    let proven = r.trust().log().revocation_proofs();
+    let (checkpoint, proofs) = &*proven;
     let mesh = r.overlay().mesh();
     let revocations = known
         .iter()
@@ -404,7 +405,7 @@ async fn revocations(State(r): Shared) -> ApiResult {
         })
         .collect();
     ok(contract::Revocations {
-        checkpoint: checkpoint.map(hex::encode),
+        checkpoint: checkpoint.as_ref().map(hex::encode),
         revocations,
     })
 }

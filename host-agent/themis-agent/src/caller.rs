@@ -420,24 +420,11 @@ impl Owners {
     /// Writes the map durably: a temporary file, fsynced, renamed over the old one,
     /// and the directory fsynced, so a crash leaves the old owners or the new ones.
     fn save(&self, map: &BTreeMap<WorkloadName, Owner>) -> Result<(), BindError> {
-        use std::io::Write;
-        let save = |source| BindError::Save {
+        let text = serde_json::to_vec_pretty(map).expect("owners serialise");
+        crate::files::replace(&self.path, &text).map_err(|source| BindError::Save {
             path: self.path.display().to_string(),
             source,
-        };
-        let text = serde_json::to_vec_pretty(map).expect("owners serialise");
-        let tmp = self.path.with_extension("json.tmp");
-        let mut file = std::fs::File::create(&tmp).map_err(save)?;
-        file.write_all(&text)
-            .and_then(|()| file.sync_all())
-            .map_err(save)?;
-        std::fs::rename(&tmp, &self.path).map_err(save)?;
-        if let Some(dir) = self.path.parent() {
-            std::fs::File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(save)?;
-        }
-        Ok(())
+        })
     }
 }
 

@@ -28,6 +28,7 @@ pub mod api;
 pub mod caller;
 pub mod client;
 pub mod config;
+pub mod files;
 pub mod keystore;
 pub mod local_socket;
 pub mod log_sync;

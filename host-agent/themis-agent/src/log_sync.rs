@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use themis_core::PeerId;
-use themis_log::{Audit, LogError, SignedCheckpoint};
+use themis_log::{Audit, LogError};
 use themis_net::Client;
 use tracing::{debug, warn};
 
@@ -147,12 +147,9 @@ impl Exchange<'_> {
         }
         let from = peer.printable(&self.trust.root().mesh);
         let size = match log.audit(&checkpoint, &from) {
-            Ok(Audit::Consistent) => return Synced::Consistent,
-            Ok(Audit::Fork(_)) => return Synced::Fork,
-            Ok(Audit::Ahead) => match SignedCheckpoint::verify(self.trust.root(), &checkpoint) {
-                Ok(verified) => verified.size(),
-                Err(e) => return refused(&e),
-            },
+            Ok((_, Audit::Consistent)) => return Synced::Consistent,
+            Ok((_, Audit::Fork(_))) => return Synced::Fork,
+            Ok((verified, Audit::Ahead)) => verified.size(),
             Err(e) => return refused(&e),
         };
         let wanted = size.saturating_sub(held);
@@ -179,8 +176,8 @@ impl Exchange<'_> {
                     Err(synced) => return synced,
                 };
                 match log.check_fork(&checkpoint, &whole, &from) {
-                    Ok(true) => Synced::Fork,
-                    Ok(false) | Err(_) => {
+                    Ok(Some(_)) => Synced::Fork,
+                    Ok(None) | Err(_) => {
                         warn!(peer = %from, "a peer served trust log leaves that are not its checkpoint's");
                         Synced::Refused("root_mismatch")
                     }

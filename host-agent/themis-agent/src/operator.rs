@@ -100,10 +100,7 @@ fn write_new(path: &Path, text: &str) -> Result<(), OperatorError> {
 
 /// Writes a public file, replacing what was there (a renewed grant, say).
 fn write_replace(path: &Path, text: &str) -> Result<(), OperatorError> {
-    let tmp = path.with_extension("tmp");
-    fs::write(&tmp, text)
-        .and_then(|()| fs::rename(&tmp, path))
-        .map_err(io(path))
+    crate::files::replace(path, text.as_bytes()).map_err(io(path))
 }
 
 /// A mesh directory: the root key, its public form and the trust log.
@@ -164,7 +161,7 @@ impl MeshDir {
         let bytes = log
             .to_copy()
             .ok_or_else(|| OperatorError::Refused("the log has no checkpoint yet".into()))?;
-        write_durably(&path, &bytes)?;
+        crate::files::replace(&path, &bytes).map_err(io(&path))?;
         Ok(path)
     }
 
@@ -185,24 +182,6 @@ impl MeshDir {
             dir: dir.to_owned(),
         })
     }
-}
-
-/// `bytes` to `path` so that a crash leaves the old file or the new one: a
-/// temporary file, fsynced, renamed over it, and the directory fsynced.
-fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), OperatorError> {
-    use std::io::Write;
-    let tmp = path.with_extension("tmp");
-    let written = fs::File::create(&tmp)
-        .and_then(|mut file| {
-            file.write_all(bytes)?;
-            file.sync_all()
-        })
-        .and_then(|()| fs::rename(&tmp, path))
-        .and_then(|()| match path.parent() {
-            Some(dir) => fs::File::open(dir)?.sync_all(),
-            None => Ok(()),
-        });
-    written.map_err(io(path))
 }
 
 /// What a command wrote, for people and `--json`.

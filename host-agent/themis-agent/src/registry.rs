@@ -905,14 +905,10 @@ impl Registry {
     fn save(&self, local: &Local) -> Result<(), RegistryError> {
         let all: Vec<&Registration> = local.values().map(|(r, _)| r).collect();
         let json = serde_json::to_vec_pretty(&all).expect("registrations always encode");
-        // Write then rename: a crash leaves the old file or the new one, never half.
-        let tmp = self.saved.with_extension("json.tmp");
-        std::fs::write(&tmp, json)
-            .and_then(|()| std::fs::rename(&tmp, &self.saved))
-            .map_err(|source| RegistryError::Save {
-                path: self.saved.clone(),
-                source,
-            })
+        crate::files::replace(&self.saved, &json).map_err(|source| RegistryError::Save {
+            path: self.saved.clone(),
+            source,
+        })
     }
 }
 

@@ -187,11 +187,12 @@ impl MeshTrust {
         let Ok(text) = std::fs::read_to_string(path) else {
             return;
         };
-        const END: &str = "-----END THEMIS REVOCATION-----";
         let mut loaded = 0;
-        for block in text.split_inclusive(END).filter(|b| b.contains(END)) {
-            let added = from_pem(PemKind::Revocation, block)
-                .and_then(|signed| self.revoked_mut().add(&self.root, &signed.encode()));
+        for block in themis_trust::pem_blocks(&text) {
+            let added = block.and_then(|(kind, signed)| match kind {
+                PemKind::Revocation => self.revoked_mut().add(&self.root, &signed.encode()),
+                _ => Err(TrustError::Malformed),
+            });
             match added {
                 Ok(_) => loaded += 1,
                 Err(error) => warn!(path = %path.display(), %error, "ignoring a saved revocation"),
@@ -219,8 +220,7 @@ impl MeshTrust {
             .filter_map(|(_, _, bytes)| Signed::decode(bytes).ok())
             .map(|signed| themis_trust::to_pem(PemKind::Revocation, &signed))
             .collect();
-        let tmp = path.with_extension("pem.tmp");
-        if let Err(error) = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path)) {
+        if let Err(error) = crate::files::replace(path, text.as_bytes()) {
             warn!(path = %path.display(), %error, "could not save the revocations");
         }
     }

@@ -5,7 +5,7 @@
 //! checkpoint that contradicts the copy is a fork: an alarm and evidence on disk.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use themis_contracts::api as contract;
 use themis_core::PeerId;
@@ -38,6 +38,9 @@ pub struct TrustLog {
     file: Option<PathBuf>,
     forks_dir: Option<PathBuf>,
     log: RwLock<Log>,
+    /// The checkpoint and the revocations' proofs under it, made when the log changes
+    /// (filters ask for them at every poll).
+    proofs: RwLock<Arc<(Option<Vec<u8>>, RevocationProofs)>>,
     forks: Mutex<Vec<Fork>>,
 }
 
@@ -69,6 +72,7 @@ impl TrustLog {
         TrustLog {
             file,
             forks_dir: state_dir.map(|d| d.join(FORKS_DIR)),
+            proofs: RwLock::new(Arc::new(proofs_of(&log))),
             log: RwLock::new(log),
             forks: Mutex::new(Vec::new()),
         }
@@ -81,16 +85,6 @@ impl TrustLog {
     /// Leaves held.
     pub fn size(&self) -> u64 {
         self.read().size()
-    }
-
-    /// The checkpoint held (signed bytes), if any.
-    pub fn checkpoint(&self) -> Option<SignedCheckpoint> {
-        self.read().checkpoint().cloned()
-    }
-
-    /// The tree hash of the leaves held.
-    pub fn root_hash(&self) -> [u8; 32] {
-        self.read().root_hash()
     }
 
     /// Forks seen since start.
@@ -116,24 +110,14 @@ impl TrustLog {
     /// Every revocation in the log (encoded `Signed`), oldest first.
     pub fn revocations(&self) -> Vec<Vec<u8>> {
         revocations_from(&self.read(), 0)
+            .map(|(_, signed)| signed)
+            .collect()
     }
 
     /// The checkpoint held (signed bytes) and, for each revocation in the log (by its
     /// encoded `Signed`), its leaf index and inclusion proof under that checkpoint.
-    pub fn revocation_proofs(&self) -> (Option<Vec<u8>>, RevocationProofs) {
-        let log = self.read();
-        let Some(checkpoint) = log.checkpoint() else {
-            return (None, Default::default());
-        };
-        let proofs = log
-            .statements()
-            .filter(|(_, s)| s.kind() == Kind::Revocation)
-            .filter_map(|(i, _)| {
-                let entry = themis_log::Entry::decode(log.leaf(i)?).ok()?;
-                Some((entry.statement.encode(), (i, log.inclusion_proof(i)?)))
-            })
-            .collect();
-        (Some(checkpoint.encoded().to_vec()), proofs)
+    pub fn revocation_proofs(&self) -> Arc<(Option<Vec<u8>>, RevocationProofs)> {
+        self.proofs.read().expect("never poisoned").clone()
     }
 
     /// What `GET /v1/log` shows: the checkpoint, the forks seen, every leaf.
@@ -151,8 +135,11 @@ impl TrustLog {
         let offered = Offered {
             added,
             size: log.size(),
-            revocations: revocations_from(&log, from),
+            revocations: revocations_from(&log, from)
+                .map(|(_, signed)| signed)
+                .collect(),
         };
+        *self.proofs.write().expect("never poisoned") = Arc::new(proofs_of(&log));
         if added > 0 {
             self.save(&log);
             info!(size = offered.size, added, "the trust log grew");
@@ -179,17 +166,9 @@ impl TrustLog {
         }
         match self.offer(checkpoint.encoded(), &all[from as usize..]) {
             Err(LogError::RootMismatch) => {
-                let fork = self
-                    .read()
-                    .prove_fork(checkpoint.encoded(), &all)
-                    .ok()
-                    .flatten();
-                match fork {
-                    Some(fork) => {
-                        self.record_fork(fork.clone(), "the operator's copy");
-                        Err(CopyRefused::Fork(fork))
-                    }
-                    None => Err(CopyRefused::Invalid(LogError::RootMismatch)),
+                match self.check_fork(checkpoint.encoded(), &all, "the operator's copy") {
+                    Ok(Some(fork)) => Err(CopyRefused::Fork(fork)),
+                    _ => Err(CopyRefused::Invalid(LogError::RootMismatch)),
                 }
             }
             other => other.map_err(CopyRefused::Invalid),
@@ -197,7 +176,12 @@ impl TrustLog {
     }
 
     /// Compares a checkpoint a peer holds with this copy; a fork is recorded.
-    pub fn audit(&self, checkpoint: &[u8], from: &str) -> Result<Audit, LogError> {
+    /// Returns the checkpoint, verified, and what the comparison found.
+    pub fn audit(
+        &self,
+        checkpoint: &[u8],
+        from: &str,
+    ) -> Result<(SignedCheckpoint, Audit), LogError> {
         let log = self.read();
         let theirs = SignedCheckpoint::verify(log.mesh_root(), checkpoint)?;
         let audit = log.audit(&theirs);
@@ -205,25 +189,23 @@ impl TrustLog {
         if let Audit::Fork(fork) = &audit {
             self.record_fork(fork.clone(), from);
         }
-        Ok(audit)
+        Ok((theirs, audit))
     }
 
-    /// After an offer failed with a root mismatch: a peer's whole copy, which proves
-    /// a fork or proves the peer a liar.
+    /// After an offer failed with a root mismatch: a whole copy (`leaves` from the
+    /// first) of the log `checkpoint` describes, which proves a fork (recorded) or
+    /// proves its sender a liar (`Ok(None)` or `Err`).
     pub fn check_fork(
         &self,
         checkpoint: &[u8],
         leaves: &[Vec<u8>],
         from: &str,
-    ) -> Result<bool, LogError> {
+    ) -> Result<Option<Fork>, LogError> {
         let fork = self.read().prove_fork(checkpoint, leaves)?;
-        match fork {
-            Some(fork) => {
-                self.record_fork(fork, from);
-                Ok(true)
-            }
-            None => Ok(false),
+        if let Some(fork) = &fork {
+            self.record_fork(fork.clone(), from);
         }
+        Ok(fork)
     }
 
     /// An alarm: the root signed two histories. Kept (once) in memory and on disk.
@@ -260,9 +242,7 @@ impl TrustLog {
         let (Some(path), Some(bytes)) = (&self.file, log.to_copy()) else {
             return;
         };
-        let tmp = path.with_extension("bin.tmp");
-        let written = std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = written {
+        if let Err(e) = crate::files::replace(path, &bytes) {
             warn!(path = %path.display(), error = %e, "could not save the trust log");
         }
     }
@@ -277,14 +257,26 @@ pub enum CopyRefused {
     Fork(Fork),
 }
 
-fn revocations_from(log: &Log, from: u64) -> Vec<Vec<u8>> {
+/// The revocations of the log from leaf `from` on: each leaf's index and its
+/// statement (encoded `Signed`).
+fn revocations_from(log: &Log, from: u64) -> impl Iterator<Item = (u64, Vec<u8>)> + '_ {
     log.statements()
-        .filter(|(i, s)| *i >= from && s.kind() == Kind::Revocation)
+        .filter(move |(i, s)| *i >= from && s.kind() == Kind::Revocation)
         .filter_map(|(i, _)| {
             let entry = themis_log::Entry::decode(log.leaf(i)?).ok()?;
-            Some(entry.statement.encode())
+            Some((i, entry.statement.encode()))
         })
-        .collect()
+}
+
+/// The checkpoint `log` holds and each revocation's proof under it.
+fn proofs_of(log: &Log) -> (Option<Vec<u8>>, RevocationProofs) {
+    let Some(checkpoint) = log.checkpoint() else {
+        return (None, RevocationProofs::new());
+    };
+    let proofs = revocations_from(log, 0)
+        .filter_map(|(i, signed)| Some((signed, (i, log.inclusion_proof(i)?))))
+        .collect();
+    (Some(checkpoint.encoded().to_vec()), proofs)
 }
 
 /// A log as people and auditors read it (`themis log show`, `GET /v1/log`): each

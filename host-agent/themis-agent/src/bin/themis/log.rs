@@ -11,7 +11,7 @@ use themis_agent::trust::load_root;
 use themis_agent::trust_log::status_of;
 use themis_contracts::{api as contract, paths};
 use themis_log::{Entry, Kind, Log};
-use themis_trust::{chain_from_pem, PemKind, Signed};
+use themis_trust::{PemKind, Signed};
 
 use super::{ago, LogCommand};
 
@@ -143,24 +143,28 @@ fn verify(file: &Path, mesh_root: &str, json: bool) -> Result<(), String> {
     let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
     let log = Log::from_copy(root, &bytes)
         .map_err(|e| format!("{}: the log does not verify: {e}", file.display()))?;
-    let status = status_of(&log, Vec::new());
-    let count = |kind: &str| status.leaves.iter().filter(|l| l.kind == kind).count();
-    let (admissions, grants, revocations) =
-        (count("admission"), count("grant"), count("revocation"));
+    let count = |kind: Kind| log.statements().filter(|(_, s)| s.kind() == kind).count();
+    let (admissions, grants, revocations) = (
+        count(Kind::Admission),
+        count(Kind::Grant),
+        count(Kind::Revocation),
+    );
+    let root_hash = hex::encode(log.root_hash());
+    let issued_at = log.checkpoint().map(|c| c.checkpoint.issued_at);
     if json {
         let answer = serde_json::json!({
-            "verified": true, "size": status.size, "root_hash": status.root_hash,
-            "issued_at": status.issued_at, "admissions": admissions, "grants": grants,
+            "verified": true, "size": log.size(), "root_hash": root_hash,
+            "issued_at": issued_at, "admissions": admissions, "grants": grants,
             "revocations": revocations,
         });
         println!("{}", serde_json::to_string_pretty(&answer).expect("JSON"));
     } else {
         println!(
             "verified: {} leaves from the first, every one signed by the mesh root and hashing to the checkpoint signed {}",
-            status.size,
-            ago(status.issued_at)
+            log.size(),
+            ago(issued_at)
         );
-        println!("  root hash    {}", status.root_hash);
+        println!("  root hash    {root_hash}");
         println!(
             "  admissions   {admissions}\n  grants       {grants}\n  revocations  {revocations}"
         );
@@ -252,35 +256,19 @@ fn import(mesh_dir: &Path, files: &[std::path::PathBuf], json: bool) -> Result<(
     Ok(())
 }
 
-/// The root statements in PEM text: admissions, grant chains, revocations.
+/// The statements in PEM text (admissions, grant chains, revocations), as the log
+/// holds them.
 fn statements_in(text: &str) -> Vec<(Kind, Signed)> {
-    let mut found = Vec::new();
-    for block in text
-        .split_inclusive("-----\n")
-        .collect::<String>()
-        .split("-----BEGIN ")
-        .skip(1)
-    {
-        let pem = format!("-----BEGIN {block}");
-        let kind = if block.starts_with("THEMIS ADMISSION") {
-            Some((Kind::Admission, PemKind::Admission))
-        } else if block.starts_with("THEMIS REVOCATION") {
-            Some((Kind::Revocation, PemKind::Revocation))
-        } else {
-            None
-        };
-        match kind {
-            Some((kind, pem_kind)) => {
-                if let Ok(signed) = themis_trust::from_pem(pem_kind, &pem) {
-                    found.push((kind, signed));
-                }
-            }
-            None => {
-                if let Ok(chain) = chain_from_pem(&pem) {
-                    found.extend(chain.into_iter().map(|g| (Kind::Grant, g)));
-                }
-            }
-        }
-    }
-    found
+    themis_trust::pem_blocks(text)
+        .into_iter()
+        .flatten()
+        .map(|(kind, signed)| {
+            let kind = match kind {
+                PemKind::Admission => Kind::Admission,
+                PemKind::Grant => Kind::Grant,
+                PemKind::Revocation => Kind::Revocation,
+            };
+            (kind, signed)
+        })
+        .collect()
 }
