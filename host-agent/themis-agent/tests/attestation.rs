@@ -231,6 +231,8 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
             ("POST", "/v1/debug/store", Some(&store)),
             ("GET", "/v1/debug/values/check", None),
             ("POST", "/v1/revocations", Some(&json!({"revocation": "x"}))),
+            // The trust log is the operator's to hand over.
+            ("POST", "/v1/log", Some(&json!({"copy": "x"}))),
         ] {
             let (code, answer) = call(who, method, path, body);
             assert_eq!(
@@ -240,7 +242,12 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
             );
         }
         // What the ring tells anybody stays open.
-        for path in ["/v1/status", "/v1/services/check", "/v1/revocations"] {
+        for path in [
+            "/v1/status",
+            "/v1/services/check",
+            "/v1/revocations",
+            "/v1/log",
+        ] {
             let (code, answer) = call(who, "GET", path, None);
             assert_eq!(code, 200, "{path}: {answer}");
         }
@@ -279,7 +286,7 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
     let text = scrape(node.metrics).unwrap();
     let refused = |reason| sample(&text, "themis_api_refused_total", &[("reason", reason)]);
     assert_eq!(refused("not_owner"), 8, "{text}"); // 5, and the three /delegate calls above
-    assert_eq!(refused("not_operator"), 22, "{text}");
+    assert_eq!(refused("not_operator"), 24, "{text}");
 }
 
 #[test]
