@@ -34,6 +34,9 @@ pub enum AgentError {
     /// The mesh root, the node's admission or its grants cannot be used.
     #[error("{0}")]
     Trust(#[from] crate::trust::TrustSetupError),
+    /// `--operator-own-pod` where the agent's cgroup has no pod above it.
+    #[error("--operator-own-pod: {0}")]
+    OperatorPod(String),
     /// eBPF capture could not start; the message says what is missing.
     #[error("{0}")]
     Capture(#[from] themis_capture::CaptureError),
@@ -160,7 +163,7 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
         let capture = themis_capture::Capture::start(&settings.bpf_pin_dir, settings.fast_path)?;
         registry = registry.with_capture(capture);
     }
-    let operators = operators(&settings);
+    let operators = operators(&settings)?;
     let own_cgroup = operators.own_cgroup.clone();
     let registry = Arc::new(registry.with_operators(operators));
     let socket = settings.api_socket();
@@ -334,7 +337,7 @@ async fn wait_for_shutdown() {
 
 /// The operator as configured; the agent's own uid and exactly its own cgroup always
 /// are one (its readiness probe runs there, and it reads the key files anyway).
-fn operators(settings: &Settings) -> crate::caller::Operators {
+fn operators(settings: &Settings) -> Result<crate::caller::Operators, AgentError> {
     use std::os::unix::fs::MetadataExt;
     let mut uids = settings.operator_uids.clone();
     if let Ok(me) = std::fs::metadata("/proc/self") {
@@ -363,10 +366,37 @@ fn operators(settings: &Settings) -> crate::caller::Operators {
             "the agent's own cgroup is unknown: only the listed operator cgroups are the operator's"
         ),
     }
-    crate::caller::Operators {
+    let mut cgroups = settings.operator_cgroups.clone();
+    if settings.operator_own_pod {
+        cgroups.push(own_pod(crate::caller::cgroup_root(), own_cgroup.as_deref())?);
+    }
+    Ok(crate::caller::Operators {
         uids,
-        cgroups: settings.operator_cgroups.clone(),
+        cgroups,
         own_cgroup,
+    })
+}
+
+/// The agent's pod: the cgroup holding the agent's own (its container's), which must
+/// be a Kubernetes pod's as the kubelet names it (`pod<uid>` with the cgroupfs driver,
+/// `kubepods-…-pod<uid>.slice` with systemd's). Any other parent (the root, a systemd
+/// slice) holds more than the agent's pod, and would make all of it the operator.
+fn own_pod(root: &std::path::Path, own: Option<&std::path::Path>) -> Result<std::path::PathBuf, AgentError> {
+    let own = own.ok_or_else(|| AgentError::OperatorPod("the agent's own cgroup is unknown".into()))?;
+    let pod = own.parent().filter(|pod| pod.starts_with(root) && *pod != root);
+    let is_pod = |name: &str| {
+        name.strip_prefix("pod").is_some_and(|uid| !uid.is_empty())
+            || (name.starts_with("kubepods") && name.contains("-pod") && name.ends_with(".slice"))
+    };
+    match pod {
+        Some(pod) if pod.file_name().and_then(|n| n.to_str()).is_some_and(is_pod) => {
+            info!(pod = %pod.display(), "the local API's operator may also call from the agent's own pod (--operator-own-pod)");
+            Ok(pod.to_owned())
+        }
+        _ => Err(AgentError::OperatorPod(format!(
+            "the agent's cgroup {} is not a container's in a Kubernetes pod (its parent is not named pod<uid>)",
+            own.display()
+        ))),
     }
 }
 
@@ -466,5 +496,36 @@ fn init_logs(format: crate::config::LogFormat) {
     match format {
         crate::config::LogFormat::Text => builder.init(),
         crate::config::LogFormat::Json => builder.json().init(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::own_pod;
+    use std::path::Path;
+
+    #[test]
+    fn the_operators_pod_is_only_a_kubernetes_pods_cgroup() {
+        let root = Path::new("/sys/fs/cgroup/unified");
+        let pod = |own: &str| own_pod(root, Some(Path::new(own))).map_err(|e| e.to_string());
+        // The kubelet's cgroupfs and systemd drivers.
+        assert_eq!(
+            pod("/sys/fs/cgroup/unified/kubepods/burstable/pod1234-ab/c0ffee").unwrap(),
+            Path::new("/sys/fs/cgroup/unified/kubepods/burstable/pod1234-ab")
+        );
+        assert!(pod("/sys/fs/cgroup/unified/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12_ab.slice/cri-containerd-c0.scope").is_ok());
+        // Whatever else holds the agent holds more than its pod: refused, with the reason.
+        for own in [
+            "/sys/fs/cgroup/unified/themis-agent",                  // parent: the root
+            "/sys/fs/cgroup/unified/system.slice/themis.service", // a systemd slice
+            "/sys/fs/cgroup/unified/kubepods/burstable",          // a QoS class, not a pod
+            "/sys/fs/cgroup/unified/pod/agent",                   // no uid
+            "/sys/fs/cgroup/unified",                             // the root itself
+            "/elsewhere/pod12/agent",                             // outside the hierarchy
+        ] {
+            let error = pod(own).unwrap_err();
+            assert!(error.contains("not a container's in a Kubernetes pod"), "{own}: {error}");
+        }
+        assert!(own_pod(root, None).unwrap_err().to_string().contains("unknown"));
     }
 }

@@ -93,6 +93,9 @@ pub struct Settings {
     /// agent's own cgroup, which is always one. Empty by default: only the agent's own
     /// cgroup. Never list a cgroup that contains pods.
     pub operator_cgroups: Vec<PathBuf>,
+    /// The operator may also call from the agent's pod: the parent of the agent's own
+    /// cgroup, i.e. the containers beside it (the node controller). Off by default.
+    pub operator_own_pod: bool,
     /// Resolutions that miss the cache (each is `replicas + 1` DHT lookups) allowed
     /// per second, the operator's excepted.
     pub resolve_lookups_per_sec: u32,
@@ -155,6 +158,7 @@ impl Default for Settings {
             fast_path: false,
             operator_uids: vec![0],
             operator_cgroups: Vec::new(),
+            operator_own_pod: false,
             resolve_lookups_per_sec: 50,
             resolve_lookups_burst: 200,
             inbound_handshakes_per_sec: 200,
@@ -306,6 +310,11 @@ pub struct AgentArgs {
     /// /sys/fs/cgroup/user.slice for an admin's shell; never a cgroup holding pods.
     #[arg(long = "operator-cgroup", value_name = "DIR")]
     pub operator_cgroups: Vec<PathBuf>,
+    /// The operator may also call from the agent's own pod: the cgroup that holds the
+    /// agent's own (on Kubernetes, the containers of its pod, such as the node
+    /// controller beside it). Refused where that parent is the cgroup root.
+    #[arg(long)]
+    pub operator_own_pod: bool,
     /// Resolutions missing the cache allowed per second, the operator's excepted;
     /// over it (and the burst) a resolution is refused with 429 [default: 50].
     #[arg(long, value_name = "N")]
@@ -388,6 +397,7 @@ impl Settings {
         if !args.operator_cgroups.is_empty() {
             s.operator_cgroups = args.operator_cgroups.clone();
         }
+        s.operator_own_pod |= args.operator_own_pod;
         s.adopt_root_mesh(args.mesh.is_some())?;
         s.check()?;
         Ok(s)

@@ -1,0 +1,118 @@
+//! What the controller asks of the local agent: bind a pod's workload, capture and
+//! register it; list and withdraw what it registered.
+
+use std::path::{Path, PathBuf};
+
+use hyper::{Method, StatusCode};
+use serde_json::Value;
+use themis_agent::client::ApiClient;
+use themis_capture::CaptureSpec;
+use themis_contracts::api::{CreateWorkload, Owner, Registration, Workloads};
+use themis_contracts::paths;
+
+use crate::plan::{PodPlan, POD_UID_LABEL};
+
+/// Why the agent did not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// No answer (the agent is restarting): nothing changed, try again.
+    #[error("{0}")]
+    Unreachable(#[from] themis_agent::client::ClientError),
+    /// The agent refused: its status and reason (`forbidden`, `capture`, …) and words.
+    #[error("the agent refused ({status}, {reason}): {message}")]
+    Refused {
+        /// The HTTP status.
+        status: StatusCode,
+        /// The agent's machine-readable reason, if it gave one.
+        reason: String,
+        /// The agent's words.
+        message: String,
+    },
+}
+
+/// The local agent, as the node's operator sees it.
+pub struct Agent {
+    api: ApiClient,
+}
+
+impl Agent {
+    /// The agent serving `socket`.
+    pub fn new(socket: &Path) -> Self {
+        Agent {
+            api: ApiClient::new(socket),
+        }
+    }
+
+    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<Value, AgentError> {
+        let (status, answer) = self.api.call(method, path, body.as_ref()).await?;
+        if status.is_success() {
+            return Ok(answer);
+        }
+        let text = |k: &str| answer.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+        Err(AgentError::Refused {
+            status,
+            reason: text("reason"),
+            message: text("error"),
+        })
+    }
+
+    /// This node's registrations that belong to pods (those labelled with a pod uid).
+    pub async fn pod_registrations(&self) -> Result<Vec<Registration>, AgentError> {
+        let answer = self.call(Method::GET, paths::WORKLOADS, None).await?;
+        let workloads: Workloads = serde_json::from_value(answer).map_err(|e| AgentError::Refused {
+            status: StatusCode::OK,
+            reason: "unreadable".into(),
+            message: e.to_string(),
+        })?;
+        Ok(workloads
+            .registrations
+            .into_iter()
+            .filter(|r| r.metadata.contains_key(POD_UID_LABEL))
+            .collect())
+    }
+
+    /// Binds the pod's workload to its cgroup and the proxy's uid, attaches the capture
+    /// (in the pod's network namespace) and registers it. Idempotent: a second call
+    /// re-binds the same owner and re-signs the same record.
+    pub async fn mesh(
+        &self,
+        plan: &PodPlan,
+        pod_cgroup: &Path,
+        netns: PathBuf,
+        proxy_uid: u32,
+    ) -> Result<Value, AgentError> {
+        let owner = CreateWorkload {
+            owner: Some(Owner {
+                cgroup: pod_cgroup.display().to_string(),
+                uid: Some(proxy_uid),
+                any_uid: false,
+            }),
+        };
+        let owner = serde_json::to_value(owner).expect("serialises");
+        self.call(Method::PUT, &paths::workload(&plan.workload), Some(owner)).await?;
+        let mut capture = CaptureSpec::new(pod_cgroup.to_owned());
+        capture.proxy_uid = Some(proxy_uid);
+        capture.netns = Some(netns);
+        capture.inbound_ports = plan.app_ports.clone();
+        let register = serde_json::json!({
+            "endpoint": plan.endpoint,
+            "metadata": plan.metadata(),
+            "capture": capture,
+        });
+        self.call(
+            Method::PUT,
+            &paths::instance(&plan.service, &plan.workload),
+            Some(register),
+        )
+        .await
+    }
+
+    /// Withdraws a registration and detaches its capture.
+    pub async fn withdraw(&self, registration: &Registration) -> Result<(), AgentError> {
+        let path = paths::instance(registration.service.as_str(), registration.workload.as_str());
+        match self.call(Method::DELETE, &path, None).await {
+            Err(AgentError::Refused { status: StatusCode::NOT_FOUND, .. }) | Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! `themis-node-controller`: meshes the pods of one Kubernetes node (docs/KUBERNETES.md).
+//!
+//! It watches the pods scheduled on its node and the namespaces, and makes the local
+//! agent's registrations match them: a meshed pod (namespace labelled
+//! `themis.io/mesh=enabled`) gets its workload bound to the pod's cgroup and the
+//! sidecar's uid, the capture attached in its network namespace, and a registration;
+//! a pod that goes (or stops being meshed) has its registration withdrawn and the
+//! capture detached. Level-based: every pass compares the whole node with the agent,
+//! so a restart adopts what exists and a missed event is made up at the next pass.
+//! It is out of the data path: while it is down, meshed pods keep their identities and
+//! capture; only new pods wait.
+
+mod agent;
+mod cgroup;
+mod plan;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, Resource};
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+use crate::agent::{Agent, AgentError};
+use crate::plan::{Conventions, Decision, POD_UID_LABEL};
+
+/// Meshes the pods of this Kubernetes node through the local Themis agent.
+///
+/// Pods in namespaces labelled themis.io/mesh=enabled, with a themis-proxy sidecar
+/// container, are bound to a workload identity (<pod>.<namespace>), captured and
+/// registered as the service their themis.io/service annotation (or app label) names.
+/// Runs beside the agent (the DaemonSet's second container), as the agent's operator
+/// (the agent's --operator-own-pod).
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// This node's name (the DaemonSet passes spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    node: String,
+    /// The local agent's API socket.
+    #[arg(long, env = "THEMIS_SOCKET", default_value = "/var/run/themis/agent.sock")]
+    socket: PathBuf,
+    /// The cgroup v2 hierarchy as the host mounts it [default: found from
+    /// /proc/self/mountinfo].
+    #[arg(long)]
+    cgroup_root: Option<PathBuf>,
+    /// The sidecar's uid: never captured, the only uid that may use the pod's identity.
+    #[arg(long, default_value_t = 1337)]
+    proxy_uid: u32,
+    /// The sidecar's inbound port on the pod's IP (the registered endpoint).
+    #[arg(long, default_value_t = 15006)]
+    inbound_port: u16,
+    /// A full pass over the node at least this often, besides every change.
+    #[arg(long, default_value_t = 30)]
+    resync_secs: u64,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn".into()),
+        )
+        .init();
+    let args = Args::parse();
+    match run(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let cgroup_root = args
+        .cgroup_root
+        .clone()
+        .or_else(themis_capture::cgroup2_mount)
+        .ok_or("no cgroup v2 hierarchy is mounted: cannot find pods' cgroups")?;
+    let client = Client::try_default()
+        .await
+        .map_err(|e| format!("the Kubernetes API: {e}"))?;
+    let changed = Arc::new(Notify::new());
+    let pods = watch(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().fields(&format!("spec.nodeName={}", args.node)),
+        changed.clone(),
+    );
+    let namespaces = watch(Api::<Namespace>::all(client.clone()), watcher::Config::default(), changed.clone());
+    let reporter = Reporter {
+        controller: "themis-node-controller".into(),
+        instance: Some(args.node.clone()),
+    };
+    let mut node = Node {
+        agent: Agent::new(&args.socket),
+        recorder: Recorder::new(client, reporter),
+        conventions: Conventions {
+            proxy_uid: args.proxy_uid,
+            inbound_port: args.inbound_port,
+        },
+        cgroup_root,
+        said: HashMap::new(),
+    };
+    info!(node = %args.node, socket = %args.socket.display(), cgroups = %node.cgroup_root.display(), "watching this node's pods");
+    pods.wait_until_ready().await.map_err(|e| e.to_string())?;
+    namespaces.wait_until_ready().await.map_err(|e| e.to_string())?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| e.to_string())?;
+    loop {
+        node.pass(&pods, &namespaces).await;
+        tokio::select! {
+            () = changed.notified() => tokio::time::sleep(Duration::from_millis(200)).await,
+            () = tokio::time::sleep(Duration::from_secs(args.resync_secs)) => {}
+            _ = term.recv() => {
+                // Registrations stay: the pods keep running, and a controller restart adopts them.
+                info!("SIGTERM: stopping; meshed pods keep their registrations and capture");
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// A cache of `api`'s objects, kept by a watch; every change wakes `changed`.
+fn watch<K>(api: Api<K>, config: watcher::Config, changed: Arc<Notify>) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let stream = watcher(api, config)
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(_) => changed.notify_one(),
+                Err(e) => warn!("watching {}: {e}", K::plural(&())),
+            }
+        }
+    });
+    store
+}
+
+struct Node {
+    agent: Agent,
+    recorder: Recorder,
+    conventions: Conventions,
+    cgroup_root: PathBuf,
+    /// What was last said of each pod (by uid), so an Event is published once per change.
+    said: HashMap<String, String>,
+}
+
+impl Node {
+    /// Makes the agent's pod registrations match the pods: registers each meshed pod
+    /// not registered yet, withdraws each registration whose pod is gone or no longer
+    /// meshed.
+    async fn pass(&mut self, pods: &Store<Pod>, namespaces: &Store<Namespace>) {
+        let registered = match self.agent.pod_registrations().await {
+            Ok(r) => r,
+            Err(e) => {
+                warn!("the local agent: {e}; nothing changed, trying again");
+                return;
+            }
+        };
+        let registered_uids: HashSet<String> = registered
+            .iter()
+            .filter_map(|r| r.metadata.get(POD_UID_LABEL).cloned())
+            .collect();
+        let labels: BTreeMap<String, BTreeMap<String, String>> = namespaces
+            .state()
+            .iter()
+            .filter_map(|ns| Some((ns.metadata.name.clone()?, ns.metadata.labels.clone().unwrap_or_default())))
+            .collect();
+        let mut wanted = HashSet::new();
+        for pod in pods.state() {
+            let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+            match plan::decide(&pod, labels.get(namespace), &self.conventions) {
+                Decision::Leave | Decision::Wait(_) => {}
+                Decision::Refuse(reason, message) => self.say(&pod, EventType::Warning, reason, message).await,
+                Decision::Mesh(plan) => {
+                    wanted.insert(plan.uid.clone());
+                    if registered_uids.contains(&plan.uid) {
+                        continue;
+                    }
+                    match self.mesh(&plan).await {
+                        Ok(()) => {
+                            info!(workload = %plan.workload, service = %plan.service, endpoint = %plan.endpoint, "meshed");
+                            let note = format!("workload {} registered as {} at {}", plan.workload, plan.service, plan.endpoint);
+                            self.say(&pod, EventType::Normal, "Meshed", note).await;
+                        }
+                        Err((reason, message)) => {
+                            warn!(workload = %plan.workload, reason, "not meshed: {message}");
+                            self.say(&pod, EventType::Warning, reason, message).await;
+                        }
+                    }
+                }
+            }
+        }
+        for registration in registered {
+            let uid = &registration.metadata[POD_UID_LABEL];
+            if wanted.contains(uid) {
+                continue;
+            }
+            match self.agent.withdraw(&registration).await {
+                Ok(()) => {
+                    info!(workload = %registration.workload, service = %registration.service, "withdrawn: its pod is gone or no longer meshed");
+                    self.said.remove(uid);
+                }
+                Err(e) => warn!(workload = %registration.workload, "withdrawing: {e}"),
+            }
+        }
+    }
+
+    /// Finds the pod's cgroup and network namespace, then has the agent mesh it.
+    /// Errors carry the Event's reason.
+    async fn mesh(&self, plan: &plan::PodPlan) -> Result<(), (&'static str, String)> {
+        let pod_cgroup = cgroup::find_pod(&self.cgroup_root, &plan.uid).ok_or((
+            "CgroupNotFound",
+            format!("no cgroup pod{} under {}", plan.uid, self.cgroup_root.display()),
+        ))?;
+        let pid = cgroup::a_process_of(&pod_cgroup).ok_or((
+            "NoProcess",
+            format!("no process in {} yet (its sandbox is starting)", pod_cgroup.display()),
+        ))?;
+        let netns = PathBuf::from(format!("/proc/{pid}/ns/net"));
+        self.agent
+            .mesh(plan, &pod_cgroup, netns, self.conventions.proxy_uid)
+            .await
+            .map(drop)
+            .map_err(|e| match &e {
+                AgentError::Unreachable(_) => ("AgentUnavailable", e.to_string()),
+                AgentError::Refused { reason, .. } if reason == "not_granted" => ("NotGranted", e.to_string()),
+                AgentError::Refused { reason, .. } if reason == "revoked" => ("Revoked", e.to_string()),
+                AgentError::Refused { reason, .. } if reason.contains("capture") => ("CaptureFailed", e.to_string()),
+                AgentError::Refused { .. } => ("RegistrationRefused", e.to_string()),
+            })
+    }
+
+    /// Publishes an Event on the pod, once per different message.
+    async fn say(&mut self, pod: &Pod, type_: EventType, reason: &str, note: String) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let key = format!("{reason}: {note}");
+        if self.said.get(&uid) == Some(&key) {
+            return;
+        }
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Mesh".into(),
+            secondary: None,
+        };
+        match self.recorder.publish(&event, &pod.object_ref(&())).await {
+            Ok(()) => {
+                self.said.insert(uid, key);
+            }
+            Err(e) => warn!("publishing an Event: {e}"),
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! What the controller wants for one pod, decided from the pod and its namespace alone
+//! (no I/O): leave it, wait for it, refuse it with a reason, or mesh it as this plan.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+use k8s_openapi::api::core::v1::Pod;
+
+/// The namespace label that opts a namespace's pods into the mesh (`enabled`), like
+/// Istio's `istio-injection=enabled`.
+pub const MESH_LABEL: &str = "themis.io/mesh";
+/// The pod annotation naming its Themis service; without it, the pod's `app` label.
+pub const SERVICE_ANNOTATION: &str = "themis.io/service";
+/// The sidecar container's name, as an injector writes it (Istio's `istio-proxy`).
+pub const PROXY_CONTAINER: &str = "themis-proxy";
+/// The registration label that ties a registration to its pod (and lets a restarted
+/// controller find what it made).
+pub const POD_UID_LABEL: &str = "k8s-pod-uid";
+
+/// The node's conventions for meshed pods.
+#[derive(Debug, Clone)]
+pub struct Conventions {
+    /// The sidecar's uid (Istio's 1337): never captured, the only uid that may use the
+    /// workload's identity.
+    pub proxy_uid: u32,
+    /// The sidecar's inbound listener port on the pod's IP: the registered endpoint.
+    pub inbound_port: u16,
+}
+
+impl Default for Conventions {
+    fn default() -> Self {
+        Conventions {
+            proxy_uid: 1337,
+            inbound_port: 15006,
+        }
+    }
+}
+
+/// What to do with a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Not the mesh's: an unlabelled namespace, a host-network pod's, … Nothing to do.
+    Leave,
+    /// Meshed, but not ready to bind yet (no IP, not running): look again later.
+    Wait(&'static str),
+    /// Meshed, and it cannot be: the Event's reason and message.
+    Refuse(&'static str, String),
+    /// Bind, capture and register it.
+    Mesh(PodPlan),
+}
+
+/// A meshed pod's workload and registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodPlan {
+    /// `<pod>.<namespace>`: the workload whose key the agent holds for this pod.
+    pub workload: String,
+    /// The Themis service it is registered as.
+    pub service: String,
+    /// The pod's uid: how its cgroup is found, and the registration's label.
+    pub uid: String,
+    /// Where its sidecar takes mesh traffic.
+    pub endpoint: SocketAddr,
+    /// The app containers' ports: they take TCP only through the sidecar.
+    pub app_ports: Vec<u16>,
+}
+
+impl PodPlan {
+    /// The registration's labels.
+    pub fn metadata(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([(POD_UID_LABEL.to_owned(), self.uid.clone())])
+    }
+}
+
+/// Decides for `pod`, in a namespace labelled `namespace_labels`.
+pub fn decide(
+    pod: &Pod,
+    namespace_labels: Option<&BTreeMap<String, String>>,
+    conventions: &Conventions,
+) -> Decision {
+    let meshed = namespace_labels
+        .and_then(|labels| labels.get(MESH_LABEL))
+        .is_some_and(|v| v == "enabled");
+    let meta = &pod.metadata;
+    let annotations = meta.annotations.as_ref();
+    let opted_out = annotations
+        .and_then(|a| a.get(MESH_LABEL))
+        .is_some_and(|v| v == "disabled");
+    if !meshed || opted_out {
+        return Decision::Leave;
+    }
+    let (Some(name), Some(namespace), Some(uid)) = (&meta.name, &meta.namespace, &meta.uid) else {
+        return Decision::Leave;
+    };
+    let Some(spec) = &pod.spec else {
+        return Decision::Leave;
+    };
+    if spec.host_network == Some(true) {
+        // Its connections cannot be told from the node's: no capture, no identity.
+        return Decision::Refuse(
+            "HostNetwork",
+            "a host-network pod shares the node's network: it is not meshed".into(),
+        );
+    }
+    if meta.deletion_timestamp.is_some() {
+        return Decision::Wait("terminating");
+    }
+    let service = annotations
+        .and_then(|a| a.get(SERVICE_ANNOTATION))
+        .or_else(|| meta.labels.as_ref().and_then(|l| l.get("app")));
+    let Some(service) = service else {
+        return Decision::Refuse(
+            "NoService",
+            format!("no {SERVICE_ANNOTATION} annotation and no app label: which service is it?"),
+        );
+    };
+    let has_proxy = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .any(|c| c.name == PROXY_CONTAINER);
+    if !has_proxy {
+        return Decision::Refuse(
+            "NoSidecar",
+            format!("no {PROXY_CONTAINER} container: nothing would seal its traffic"),
+        );
+    }
+    let status = pod.status.as_ref();
+    let ip = status
+        .and_then(|s| s.pod_ip.as_deref())
+        .and_then(|ip| ip.parse::<IpAddr>().ok());
+    let Some(ip) = ip else {
+        return Decision::Wait("no pod IP yet");
+    };
+    if status.and_then(|s| s.phase.as_deref()) != Some("Pending")
+        && status.and_then(|s| s.phase.as_deref()) != Some("Running")
+    {
+        return Decision::Wait("not pending or running");
+    }
+    let mut app_ports: Vec<u16> = spec
+        .containers
+        .iter()
+        .filter(|c| c.name != PROXY_CONTAINER)
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
+        .filter_map(|p| u16::try_from(p.container_port).ok())
+        .collect();
+    app_ports.sort_unstable();
+    app_ports.dedup();
+    Decision::Mesh(PodPlan {
+        workload: format!("{name}.{namespace}"),
+        service: service.clone(),
+        uid: uid.clone(),
+        endpoint: SocketAddr::new(ip, conventions.inbound_port),
+        app_ports,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(extra: serde_json::Value) -> Pod {
+        let mut base = json!({
+            "metadata": {"name": "check-7d9f", "namespace": "shop", "uid": "u-1",
+                         "labels": {"app": "check"}},
+            "spec": {"containers": [
+                {"name": "app", "image": "x", "ports": [{"containerPort": 8080}, {"containerPort": 53, "protocol": "UDP"}]},
+                {"name": "themis-proxy", "image": "y", "ports": [{"containerPort": 15006}]}]},
+            "status": {"phase": "Running", "podIP": "10.244.0.7"}
+        });
+        merge(&mut base, extra);
+        serde_json::from_value(base).unwrap()
+    }
+
+    fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
+        match (into, from) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, v) in b {
+                    merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+                }
+            }
+            (slot, v) => *slot = v,
+        }
+    }
+
+    fn meshed() -> BTreeMap<String, String> {
+        BTreeMap::from([(MESH_LABEL.to_owned(), "enabled".to_owned())])
+    }
+
+    fn decide_for(p: &Pod) -> Decision {
+        decide(p, Some(&meshed()), &Conventions::default())
+    }
+
+    #[test]
+    fn a_meshed_pod_gets_its_workload_endpoint_and_app_ports() {
+        let Decision::Mesh(plan) = decide_for(&pod(json!({}))) else { panic!() };
+        assert_eq!(plan.workload, "check-7d9f.shop");
+        assert_eq!(plan.service, "check");
+        assert_eq!(plan.endpoint, "10.244.0.7:15006".parse().unwrap());
+        assert_eq!(plan.app_ports, [8080], "TCP app ports only, not the sidecar's");
+        assert_eq!(plan.metadata()[POD_UID_LABEL], "u-1");
+        // The annotation names the service over the app label.
+        let annotated = pod(json!({"metadata": {"annotations": {SERVICE_ANNOTATION: "check.v2"}}}));
+        let Decision::Mesh(plan) = decide_for(&annotated) else { panic!() };
+        assert_eq!(plan.service, "check.v2");
+        // A native sidecar (an init container that keeps running) is a sidecar too.
+        let native = pod(json!({"spec": {
+            "containers": [{"name": "app", "image": "x"}],
+            "initContainers": [{"name": "themis-proxy", "image": "y", "restartPolicy": "Always"}]}}));
+        assert!(matches!(decide_for(&native), Decision::Mesh(_)));
+    }
+
+    #[test]
+    fn unlabelled_namespaces_and_opted_out_pods_are_left_alone() {
+        let p = pod(json!({}));
+        assert_eq!(decide(&p, None, &Conventions::default()), Decision::Leave);
+        let other = BTreeMap::from([(MESH_LABEL.to_owned(), "disabled".to_owned())]);
+        assert_eq!(decide(&p, Some(&other), &Conventions::default()), Decision::Leave);
+        let out = pod(json!({"metadata": {"annotations": {MESH_LABEL: "disabled"}}}));
+        assert_eq!(decide_for(&out), Decision::Leave);
+    }
+
+    #[test]
+    fn pods_that_cannot_be_meshed_say_why() {
+        let reason = |p: Pod| match decide_for(&p) {
+            Decision::Refuse(reason, _) => reason,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(reason(pod(json!({"spec": {"hostNetwork": true}}))), "HostNetwork");
+        assert_eq!(reason(pod(json!({"metadata": {"labels": null}}))), "NoService");
+        let bare = pod(json!({"spec": {"containers": [{"name": "app", "image": "x"}]}}));
+        assert_eq!(reason(bare), "NoSidecar");
+    }
+
+    #[test]
+    fn pods_without_an_ip_or_terminating_wait() {
+        let no_ip = pod(json!({"status": {"podIP": null}}));
+        assert_eq!(decide_for(&no_ip), Decision::Wait("no pod IP yet"));
+        let done = pod(json!({"status": {"phase": "Succeeded"}}));
+        assert!(matches!(decide_for(&done), Decision::Wait(_)));
+        let going = pod(json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}));
+        assert_eq!(decide_for(&going), Decision::Wait("terminating"));
+    }
+}
