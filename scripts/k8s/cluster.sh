@@ -33,7 +33,9 @@ SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
 # Paths outside $RUN that containerd and the kubelet create whatever they are told
 # (shim sockets, CNI results, the device-plugin socket directory, container log links);
 # down removes those up found missing. /run/netns (ip netns) is only removed if empty.
-OUTSIDE=(/run/containerd /var/lib/cni /var/lib/kubelet /var/log/containers /usr/libexec/kubernetes /run/netns)
+# Themis's DaemonSet (deploy/) keeps its state, socket and eBPF pins on the host's paths.
+OUTSIDE=(/run/containerd /var/lib/cni /var/lib/kubelet /var/log/containers /usr/libexec/kubernetes /run/netns
+    /var/lib/themis /var/run/themis /sys/fs/bpf/themis)
 
 usage() {
     cat << EOF
@@ -49,6 +51,8 @@ usage: scripts/k8s/cluster.sh up|down|status|smoke|kubectl ARGS...|env
   down     stops everything by pid and removes all up made: mounts, the node's
            network namespace (its bridge and iptables rules go with it), routes,
            cgroups, $RUN; restores the sysctls the kubelet changed
+  import TAR...
+           imports image archives (scripts/k8s/images.sh) into the node's containerd
   kubectl  kubectl against the cluster (admin)
   env      prints export KUBECONFIG=... for your shell
 
@@ -211,6 +215,10 @@ net_up() {
     # The node routes between its pods (and to the host's end of the veth); there is
     # no default route: anything else is unreachable, so nothing leaves.
     ip -n "$NS" route add unreachable default
+    # Host-network pods (Themis's DaemonSet) reach Services from the node itself: the
+    # route lookup comes before kube-proxy's DNAT, so Services need a route. Towards
+    # the host, whose blackhole drops whatever no rule rewrote.
+    ip -n "$NS" route add "$SERVICE_CIDR" via "$HOST_IP"
     in_node sysctl -qw net.ipv4.ip_forward=1
     # Pod-to-Service-to-pod on the same bridge: the reply must pass iptables too.
     in_node sysctl -qw net.bridge.bridge-nf-call-iptables=1
@@ -681,6 +689,7 @@ case ${1:-} in
     status) status ;;
     smoke) smoke ;;
     kubectl) shift && kctl "$@" ;;
+    import) shift && for tar in "$@"; do node_ctr images import "$tar" > /dev/null && ok "imported $tar"; done ;;
     env) echo "export KUBECONFIG=$RUN/pki/admin.kubeconfig PATH=$K8S_BIN:\$PATH" ;;
     -h | --help) usage ;;
     *) usage >&2 && exit 2 ;;

@@ -14,7 +14,7 @@ oci_archive() { # NAME ROOTFS OUT CMD...
     diff_id=$(sha256sum < "$layout/layer.tar" | cut -d' ' -f1)
     mv "$layout/layer.tar" "$layout/blobs/sha256/$diff_id"
     cmd_json=$(printf '"%s",' "$@") && cmd_json="[${cmd_json%,}]"
-    config=$(oci_blob "$layout" "$(printf '{"architecture":"%s","os":"linux","config":{"Entrypoint":%s,"WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
+    config=$(oci_blob "$layout" "$(printf '{"architecture":"%s","os":"linux","config":{"Entrypoint":%s,"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],"WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
         "$(dpkg --print-architecture)" "$cmd_json" "$diff_id")")
     layer="{\"mediaType\":\"application/vnd.oci.image.layer.v1.tar\",\"digest\":\"sha256:$diff_id\",\"size\":$(stat -c %s "$layout/blobs/sha256/$diff_id")}"
     manifest=$(oci_blob "$layout" "{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"config\":{\"mediaType\":\"application/vnd.oci.image.config.v1+json\",$config},\"layers\":[$layer]}")

