@@ -107,6 +107,80 @@ meshed_call() { # FROM TO: FROM calls TO by its Service name; TO's sidecar prove
 check "check calls handler by its Service name, which calls check: each side proves the other's service" \
     until_ok 30 meshed_call check handler || true
 check "handler calls check" until_ok 10 meshed_call handler check || true
+registration_of() { # SERVICE: "workload pod-uid" of each registration of SERVICE
+    on_agent --json workloads | python3 -c "import json,sys; [print(r['workload'], r['metadata'].get('k8s-pod-uid')) for r in json.load(sys.stdin)['registrations'] if r['service'] == '$1']"
+}
+explained() { # the TRUSTED instance of check is the id of the pod's workload
+    local id
+    id=$(on_agent --json workloads | python3 -c "import json,sys; print(*[r['id'] for r in json.load(sys.stdin)['registrations'] if r['service'] == 'check'])")
+    on_agent explain check | grep -q "TRUSTED *workload $id"
+}
+check "themis explain check (in the agent pod): check's pod's workload is trusted" explained || true
+
+step "what the mesh leaves alone, and what it refuses"
+kctl apply -f scripts/k8s/suite-pods.yaml > /dev/null
+kctl -n plain wait pod/outsider --for=condition=Ready --timeout=60s > /dev/null
+outsider() { kctl -n plain exec outsider -- python3 -c "$1"; }
+unregistered_outsider() { ! on_agent --json workloads | grep -q outsider; }
+check "a pod of an unlabelled namespace runs, unregistered" unregistered_outsider || true
+check_ip=$(kctl -n shop get pods -l app=check -o jsonpath='{.items[0].status.podIP}')
+refused_plain() { # an unmeshed pod's plaintext HTTP to check's Service: no answer from check
+    ! outsider "import urllib.request; print(urllib.request.urlopen('http://check.shop/?n=7', timeout=3).read())"
+}
+check "an unmeshed pod's plaintext call to check's Service is refused" refused_plain || true
+app_port_closed() { # the app's own port, straight from another pod: the capture drops it
+    ! outsider "import socket; s=socket.create_connection(('$check_ip', 8080), timeout=3); s.sendall(b'GET / HTTP/1.0\r\n\r\n'); assert s.recv(100)"
+}
+check "check's app port ($check_ip:8080) takes nothing from another pod (the capture)" app_port_closed || true
+event_says() { # POD REASON: an Event on POD (namespace shop) with REASON
+    kctl -n shop get events --field-selector "involvedObject.name=$1,reason=$2" -o name | grep -q .
+}
+check "a pod of a service this node has no grant for is not meshed, and its Event says NotGranted" \
+    until_ok 60 event_says rogue NotGranted || true
+kctl -n shop delete pod rogue --wait=false > /dev/null
+
+step "pods come and go: deletion withdraws, a rollout and an agent restart fail no call"
+old=$(registration_of check)
+kctl -n shop delete pod -l app=check --wait=true > /dev/null
+moved() { local now; now=$(registration_of check); [[ -n $now && $now != "$old" && $(wc -l <<< "$now") == 1 ]]; }
+check "deleting check's pod withdraws its registration; its replacement is registered" until_ok 90 moved || true
+calls_during() { # SECONDS: handler calls check every 100 ms for SECONDS; prints "ok N failed M"
+    kctl -n shop exec deploy/handler -c app -- python3 -c "
+import time, urllib.request
+ok = failed = 0
+end = time.time() + $1
+while time.time() < end:
+    try:
+        urllib.request.urlopen('http://check/?n=7', timeout=5).read(); ok += 1
+    except Exception as e:
+        failed += 1; print('failed:', e)
+    time.sleep(0.1)
+print('ok', ok, 'failed', failed)"
+}
+no_failed_call() { # CMD...: runs CMD while handler calls check; no call may fail
+    calls_during 40 > "$work/calls.txt" 2>&1 &
+    local caller=$!
+    sleep 3
+    "$@" > /dev/null
+    wait "$caller" || true
+    tail -n 3 "$work/calls.txt"
+    grep -q "failed 0$" "$work/calls.txt" && grep -q "^ok [1-9]" "$work/calls.txt"
+}
+rollout() { kctl -n shop rollout restart deployment/check && kctl -n shop rollout status deployment/check --timeout=120s; }
+check "rolling check's Deployment while handler calls it: no failed call" no_failed_call rollout || true
+restart_agent() {
+    kctl -n themis-system delete pod -l app=themis-agent --wait=true &&
+        kctl -n themis-system rollout status daemonset/themis-agent --timeout=120s
+}
+check "killing the agent pod (the DaemonSet restarts it) while handler calls check: no failed call" \
+    no_failed_call restart_agent || true
+new_pod_meshed() { # the running check pod's uid is the one registered
+    local uid
+    uid=$(kctl -n shop get pods -l app=check --field-selector=status.phase=Running -o jsonpath='{.items[*].metadata.uid}')
+    [[ -n $uid && $(registration_of check | cut -d' ' -f2) == "$uid" ]]
+}
+kctl -n shop delete pod -l app=check --wait=false > /dev/null
+check "after the restart, the restarted controller meshes check's next pod" until_ok 90 new_pod_meshed || true
 
 echo
 echo "$passed passed, $failed failed"

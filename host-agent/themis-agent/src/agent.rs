@@ -368,7 +368,10 @@ fn operators(settings: &Settings) -> Result<crate::caller::Operators, AgentError
     }
     let mut cgroups = settings.operator_cgroups.clone();
     if settings.operator_own_pod {
-        cgroups.push(own_pod(crate::caller::cgroup_root(), own_cgroup.as_deref())?);
+        cgroups.push(own_pod(
+            crate::caller::cgroup_root(),
+            own_cgroup.as_deref(),
+        )?);
     }
     Ok(crate::caller::Operators {
         uids,
@@ -381,9 +384,15 @@ fn operators(settings: &Settings) -> Result<crate::caller::Operators, AgentError
 /// be a Kubernetes pod's as the kubelet names it (`pod<uid>` with the cgroupfs driver,
 /// `kubepods-…-pod<uid>.slice` with systemd's). Any other parent (the root, a systemd
 /// slice) holds more than the agent's pod, and would make all of it the operator.
-fn own_pod(root: &std::path::Path, own: Option<&std::path::Path>) -> Result<std::path::PathBuf, AgentError> {
-    let own = own.ok_or_else(|| AgentError::OperatorPod("the agent's own cgroup is unknown".into()))?;
-    let pod = own.parent().filter(|pod| pod.starts_with(root) && *pod != root);
+fn own_pod(
+    root: &std::path::Path,
+    own: Option<&std::path::Path>,
+) -> Result<std::path::PathBuf, AgentError> {
+    let own =
+        own.ok_or_else(|| AgentError::OperatorPod("the agent's own cgroup is unknown".into()))?;
+    let pod = own
+        .parent()
+        .filter(|pod| pod.starts_with(root) && *pod != root);
     let is_pod = |name: &str| {
         name.strip_prefix("pod").is_some_and(|uid| !uid.is_empty())
             || (name.starts_with("kubepods") && name.contains("-pod") && name.ends_with(".slice"))
@@ -516,16 +525,22 @@ mod tests {
         assert!(pod("/sys/fs/cgroup/unified/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12_ab.slice/cri-containerd-c0.scope").is_ok());
         // Whatever else holds the agent holds more than its pod: refused, with the reason.
         for own in [
-            "/sys/fs/cgroup/unified/themis-agent",                  // parent: the root
+            "/sys/fs/cgroup/unified/themis-agent", // parent: the root
             "/sys/fs/cgroup/unified/system.slice/themis.service", // a systemd slice
-            "/sys/fs/cgroup/unified/kubepods/burstable",          // a QoS class, not a pod
-            "/sys/fs/cgroup/unified/pod/agent",                   // no uid
-            "/sys/fs/cgroup/unified",                             // the root itself
-            "/elsewhere/pod12/agent",                             // outside the hierarchy
+            "/sys/fs/cgroup/unified/kubepods/burstable", // a QoS class, not a pod
+            "/sys/fs/cgroup/unified/pod/agent",    // no uid
+            "/sys/fs/cgroup/unified",              // the root itself
+            "/elsewhere/pod12/agent",              // outside the hierarchy
         ] {
             let error = pod(own).unwrap_err();
-            assert!(error.contains("not a container's in a Kubernetes pod"), "{own}: {error}");
+            assert!(
+                error.contains("not a container's in a Kubernetes pod"),
+                "{own}: {error}"
+            );
         }
-        assert!(own_pod(root, None).unwrap_err().to_string().contains("unknown"));
+        assert!(own_pod(root, None)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown"));
     }
 }

@@ -43,12 +43,23 @@ impl Agent {
         }
     }
 
-    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<Value, AgentError> {
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, AgentError> {
         let (status, answer) = self.api.call(method, path, body.as_ref()).await?;
         if status.is_success() {
             return Ok(answer);
         }
-        let text = |k: &str| answer.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+        let text = |k: &str| {
+            answer
+                .get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
         Err(AgentError::Refused {
             status,
             reason: text("reason"),
@@ -59,11 +70,12 @@ impl Agent {
     /// This node's registrations that belong to pods (those labelled with a pod uid).
     pub async fn pod_registrations(&self) -> Result<Vec<Registration>, AgentError> {
         let answer = self.call(Method::GET, paths::WORKLOADS, None).await?;
-        let workloads: Workloads = serde_json::from_value(answer).map_err(|e| AgentError::Refused {
-            status: StatusCode::OK,
-            reason: "unreadable".into(),
-            message: e.to_string(),
-        })?;
+        let workloads: Workloads =
+            serde_json::from_value(answer).map_err(|e| AgentError::Refused {
+                status: StatusCode::OK,
+                reason: "unreadable".into(),
+                message: e.to_string(),
+            })?;
         Ok(workloads
             .registrations
             .into_iter()
@@ -89,7 +101,8 @@ impl Agent {
             }),
         };
         let owner = serde_json::to_value(owner).expect("serialises");
-        self.call(Method::PUT, &paths::workload(&plan.workload), Some(owner)).await?;
+        self.call(Method::PUT, &paths::workload(&plan.workload), Some(owner))
+            .await?;
         let mut capture = CaptureSpec::new(pod_cgroup.to_owned());
         capture.proxy_uid = Some(proxy_uid);
         capture.netns = Some(netns);
@@ -109,9 +122,16 @@ impl Agent {
 
     /// Withdraws a registration and detaches its capture.
     pub async fn withdraw(&self, registration: &Registration) -> Result<(), AgentError> {
-        let path = paths::instance(registration.service.as_str(), registration.workload.as_str());
+        let path = paths::instance(
+            registration.service.as_str(),
+            registration.workload.as_str(),
+        );
         match self.call(Method::DELETE, &path, None).await {
-            Err(AgentError::Refused { status: StatusCode::NOT_FOUND, .. }) | Ok(_) => Ok(()),
+            Err(AgentError::Refused {
+                status: StatusCode::NOT_FOUND,
+                ..
+            })
+            | Ok(_) => Ok(()),
             Err(e) => Err(e),
         }
     }

@@ -24,13 +24,19 @@ pub fn find_pod(root: &Path, uid: &str) -> Option<PathBuf> {
     for _ in 0..MAX_DEPTH {
         let mut next = Vec::new();
         for dir in level {
-            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
             for entry in entries.flatten() {
                 if !entry.file_type().is_ok_and(|t| t.is_dir()) {
                     continue;
                 }
                 let path = entry.path();
-                if entry.file_name().to_str().is_some_and(|n| is_pods_dir(n, uid)) {
+                if entry
+                    .file_name()
+                    .to_str()
+                    .is_some_and(|n| is_pods_dir(n, uid))
+                {
                     return Some(path);
                 }
                 next.push(path);
@@ -51,7 +57,9 @@ pub fn a_process_of(pod: &Path) -> Option<u32> {
                 return Some(pid);
             }
         }
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
         dirs.extend(
             entries
                 .flatten()
@@ -70,13 +78,25 @@ mod tests {
     fn the_pods_cgroup_is_found_under_either_driver() {
         let root = tempfile::tempdir().unwrap();
         let uid = "5e6f-77";
-        let cgroupfs = root.path().join("themis-k8s/kubepods/besteffort/pod5e6f-77");
+        let cgroupfs = root
+            .path()
+            .join("themis-k8s/kubepods/besteffort/pod5e6f-77");
         std::fs::create_dir_all(cgroupfs.join("c0ffee")).unwrap();
-        std::fs::create_dir_all(root.path().join("themis-k8s/kubepods/burstable/pod5e6f-770")).unwrap();
+        std::fs::create_dir_all(
+            root.path()
+                .join("themis-k8s/kubepods/burstable/pod5e6f-770"),
+        )
+        .unwrap();
         assert_eq!(find_pod(root.path(), uid), Some(cgroupfs.clone()));
-        assert_eq!(find_pod(root.path(), "5e6f"), None, "a prefix of a uid is not the pod");
+        assert_eq!(
+            find_pod(root.path(), "5e6f"),
+            None,
+            "a prefix of a uid is not the pod"
+        );
 
-        let systemd = root.path().join("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod9a_b1.slice");
+        let systemd = root
+            .path()
+            .join("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod9a_b1.slice");
         std::fs::create_dir_all(&systemd).unwrap();
         assert_eq!(find_pod(root.path(), "9a-b1"), Some(systemd));
 

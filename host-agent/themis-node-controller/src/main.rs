@@ -46,7 +46,11 @@ struct Args {
     #[arg(long, env = "NODE_NAME")]
     node: String,
     /// The local agent's API socket.
-    #[arg(long, env = "THEMIS_SOCKET", default_value = "/var/run/themis/agent.sock")]
+    #[arg(
+        long,
+        env = "THEMIS_SOCKET",
+        default_value = "/var/run/themis/agent.sock"
+    )]
     socket: PathBuf,
     /// The cgroup v2 hierarchy as the host mounts it [default: found from
     /// /proc/self/mountinfo].
@@ -96,7 +100,11 @@ async fn run(args: Args) -> Result<(), String> {
         watcher::Config::default().fields(&format!("spec.nodeName={}", args.node)),
         changed.clone(),
     );
-    let namespaces = watch(Api::<Namespace>::all(client.clone()), watcher::Config::default(), changed.clone());
+    let namespaces = watch(
+        Api::<Namespace>::all(client.clone()),
+        watcher::Config::default(),
+        changed.clone(),
+    );
     let reporter = Reporter {
         controller: "themis-node-controller".into(),
         instance: Some(args.node.clone()),
@@ -113,7 +121,10 @@ async fn run(args: Args) -> Result<(), String> {
     };
     info!(node = %args.node, socket = %args.socket.display(), cgroups = %node.cgroup_root.display(), "watching this node's pods");
     pods.wait_until_ready().await.map_err(|e| e.to_string())?;
-    namespaces.wait_until_ready().await.map_err(|e| e.to_string())?;
+    namespaces
+        .wait_until_ready()
+        .await
+        .map_err(|e| e.to_string())?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| e.to_string())?;
     loop {
@@ -133,7 +144,13 @@ async fn run(args: Args) -> Result<(), String> {
 /// A cache of `api`'s objects, kept by a watch; every change wakes `changed`.
 fn watch<K>(api: Api<K>, config: watcher::Config, changed: Arc<Notify>) -> Store<K>
 where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
 {
     let (store, writer) = reflector::store();
     let stream = watcher(api, config)
@@ -180,14 +197,21 @@ impl Node {
         let labels: BTreeMap<String, BTreeMap<String, String>> = namespaces
             .state()
             .iter()
-            .filter_map(|ns| Some((ns.metadata.name.clone()?, ns.metadata.labels.clone().unwrap_or_default())))
+            .filter_map(|ns| {
+                Some((
+                    ns.metadata.name.clone()?,
+                    ns.metadata.labels.clone().unwrap_or_default(),
+                ))
+            })
             .collect();
         let mut wanted = HashSet::new();
         for pod in pods.state() {
             let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
             match plan::decide(&pod, labels.get(namespace), &self.conventions) {
                 Decision::Leave | Decision::Wait(_) => {}
-                Decision::Refuse(reason, message) => self.say(&pod, EventType::Warning, reason, message).await,
+                Decision::Refuse(reason, message) => {
+                    self.say(&pod, EventType::Warning, reason, message).await
+                }
                 Decision::Mesh(plan) => {
                     wanted.insert(plan.uid.clone());
                     if registered_uids.contains(&plan.uid) {
@@ -196,7 +220,10 @@ impl Node {
                     match self.mesh(&plan).await {
                         Ok(()) => {
                             info!(workload = %plan.workload, service = %plan.service, endpoint = %plan.endpoint, "meshed");
-                            let note = format!("workload {} registered as {} at {}", plan.workload, plan.service, plan.endpoint);
+                            let note = format!(
+                                "workload {} registered as {} at {}",
+                                plan.workload, plan.service, plan.endpoint
+                            );
                             self.say(&pod, EventType::Normal, "Meshed", note).await;
                         }
                         Err((reason, message)) => {
@@ -227,11 +254,18 @@ impl Node {
     async fn mesh(&self, plan: &plan::PodPlan) -> Result<(), (&'static str, String)> {
         let pod_cgroup = cgroup::find_pod(&self.cgroup_root, &plan.uid).ok_or((
             "CgroupNotFound",
-            format!("no cgroup pod{} under {}", plan.uid, self.cgroup_root.display()),
+            format!(
+                "no cgroup pod{} under {}",
+                plan.uid,
+                self.cgroup_root.display()
+            ),
         ))?;
         let pid = cgroup::a_process_of(&pod_cgroup).ok_or((
             "NoProcess",
-            format!("no process in {} yet (its sandbox is starting)", pod_cgroup.display()),
+            format!(
+                "no process in {} yet (its sandbox is starting)",
+                pod_cgroup.display()
+            ),
         ))?;
         let netns = PathBuf::from(format!("/proc/{pid}/ns/net"));
         self.agent
@@ -240,9 +274,15 @@ impl Node {
             .map(drop)
             .map_err(|e| match &e {
                 AgentError::Unreachable(_) => ("AgentUnavailable", e.to_string()),
-                AgentError::Refused { reason, .. } if reason == "not_granted" => ("NotGranted", e.to_string()),
-                AgentError::Refused { reason, .. } if reason == "revoked" => ("Revoked", e.to_string()),
-                AgentError::Refused { reason, .. } if reason.contains("capture") => ("CaptureFailed", e.to_string()),
+                AgentError::Refused { reason, .. } if reason == "not_granted" => {
+                    ("NotGranted", e.to_string())
+                }
+                AgentError::Refused { reason, .. } if reason == "revoked" => {
+                    ("Revoked", e.to_string())
+                }
+                AgentError::Refused { reason, .. } if reason.contains("capture") => {
+                    ("CaptureFailed", e.to_string())
+                }
                 AgentError::Refused { .. } => ("RegistrationRefused", e.to_string()),
             })
     }

@@ -195,15 +195,23 @@ mod tests {
 
     #[test]
     fn a_meshed_pod_gets_its_workload_endpoint_and_app_ports() {
-        let Decision::Mesh(plan) = decide_for(&pod(json!({}))) else { panic!() };
+        let Decision::Mesh(plan) = decide_for(&pod(json!({}))) else {
+            panic!()
+        };
         assert_eq!(plan.workload, "check-7d9f.shop");
         assert_eq!(plan.service, "check");
         assert_eq!(plan.endpoint, "10.244.0.7:15006".parse().unwrap());
-        assert_eq!(plan.app_ports, [8080], "TCP app ports only, not the sidecar's");
+        assert_eq!(
+            plan.app_ports,
+            [8080],
+            "TCP app ports only, not the sidecar's"
+        );
         assert_eq!(plan.metadata()[POD_UID_LABEL], "u-1");
         // The annotation names the service over the app label.
         let annotated = pod(json!({"metadata": {"annotations": {SERVICE_ANNOTATION: "check.v2"}}}));
-        let Decision::Mesh(plan) = decide_for(&annotated) else { panic!() };
+        let Decision::Mesh(plan) = decide_for(&annotated) else {
+            panic!()
+        };
         assert_eq!(plan.service, "check.v2");
         // A native sidecar (an init container that keeps running) is a sidecar too.
         let native = pod(json!({"spec": {
@@ -217,7 +225,10 @@ mod tests {
         let p = pod(json!({}));
         assert_eq!(decide(&p, None, &Conventions::default()), Decision::Leave);
         let other = BTreeMap::from([(MESH_LABEL.to_owned(), "disabled".to_owned())]);
-        assert_eq!(decide(&p, Some(&other), &Conventions::default()), Decision::Leave);
+        assert_eq!(
+            decide(&p, Some(&other), &Conventions::default()),
+            Decision::Leave
+        );
         let out = pod(json!({"metadata": {"annotations": {MESH_LABEL: "disabled"}}}));
         assert_eq!(decide_for(&out), Decision::Leave);
     }
@@ -228,8 +239,14 @@ mod tests {
             Decision::Refuse(reason, _) => reason,
             other => panic!("{other:?}"),
         };
-        assert_eq!(reason(pod(json!({"spec": {"hostNetwork": true}}))), "HostNetwork");
-        assert_eq!(reason(pod(json!({"metadata": {"labels": null}}))), "NoService");
+        assert_eq!(
+            reason(pod(json!({"spec": {"hostNetwork": true}}))),
+            "HostNetwork"
+        );
+        assert_eq!(
+            reason(pod(json!({"metadata": {"labels": null}}))),
+            "NoService"
+        );
         let bare = pod(json!({"spec": {"containers": [{"name": "app", "image": "x"}]}}));
         assert_eq!(reason(bare), "NoSidecar");
     }
