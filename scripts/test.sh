@@ -4,9 +4,12 @@
 # then again as an unprivileged user, scripts/test-unprivileged.sh: the tests that need
 # root, Envoy or the kernel skip with their reason), the core on wasm32-wasip1 and,
 # under the wasmtime CLI, on wasm32-wasip2 (the same vectors and attacks), the allocation check,
-# the end-to-end demo (three nodes in network namespaces with eBPF capture), and each
-# fuzz target for a bounded time. The set-up and the demo run with Go hidden
-# (scripts/without-go.sh): neither may need it. As root.
+# the end-to-end demo (three nodes in network namespaces with eBPF capture), Themis Mesh
+# on a real one-node Kubernetes cluster (scripts/k8s/: deploy/ applied as it is, the
+# node controller, meshed Deployments), and each fuzz target for a bounded time. The
+# set-up and the demo run with Go hidden (scripts/without-go.sh): neither may need it;
+# the cluster's binaries (scripts/k8s/build.sh, cached) are the one part built with Go,
+# in the background while the Rust suites run. As root.
 #
 #   scripts/test.sh                  everything
 #   FUZZ_SECONDS=60 scripts/test.sh  fuzz each target longer (default 15 s)
@@ -31,6 +34,20 @@ scripts/without-go.sh --old-go scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 export THEMIS_EBPF=required   # the eBPF programs are built, never left out (host-agent/themis-capture/build.rs)
 FUZZ_SECONDS=${FUZZ_SECONDS:-15}
+
+# Kubernetes from the Go module proxy (about 17 minutes cold on one core, instant when
+# cached), beside the Rust builds; its own process group, stopped if this run ends early.
+k8s_build_log=$(mktemp /tmp/themis-k8s-build.XXXXXX)
+setsid scripts/k8s/build.sh > "$k8s_build_log" 2>&1 &
+k8s_build=$!
+cluster_up=false
+finish() {
+    kill -- "-$k8s_build" 2> /dev/null || true
+    if $cluster_up; then scripts/k8s/cluster.sh down > /dev/null 2>&1 || echo "note: scripts/k8s/cluster.sh down failed" >&2; fi
+    rm -f "$k8s_build_log"
+}
+trap finish EXIT
+echo "    the Kubernetes build runs in the background (scripts/k8s/build.sh, log $k8s_build_log)"
 
 section "formatting and lints"
 cargo fmt --all --check
@@ -62,6 +79,15 @@ cargo run -q --release -p themis-benchmarks --bin alloc_count
 
 section "the demo, with no Go at all: three nodes in network namespaces, agents in a ring, Envoy sidecars with the filter, eBPF capture, handler and check by plain URLs, the sealed wire"
 scripts/without-go.sh scripts/demo.sh
+
+section "Kubernetes: a real one-node cluster (scripts/k8s/cluster.sh), Themis Mesh applied from deploy/, meshed Deployments (scripts/k8s/suite.sh)"
+wait "$k8s_build" || { tail -n 20 "$k8s_build_log"; fail "scripts/k8s/build.sh failed (its log above)"; }
+tail -n 2 "$k8s_build_log"
+cluster_up=true
+scripts/k8s/cluster.sh up
+scripts/k8s/suite.sh
+scripts/k8s/cluster.sh down
+cluster_up=false
 
 section "fuzz targets, ${FUZZ_SECONDS}s each"
 scripts/fuzz-smoke.sh "$FUZZ_SECONDS"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs a command on this machine as if it had no Go, or only Debian 12's Go 1.19, and
 # fails if the command ran go or mentioned Fortio (a benchmark-only tool): the demo and
-# the tests must not need either (scripts/test.sh runs its set-up and the demo so).
+# the tests must not need either (scripts/test.sh runs its set-up and the demo so). The
+# Kubernetes test cluster's build (scripts/k8s/build.sh) is the one step that uses Go:
+# scripts/test.sh runs it outside this wrapper.
 #
 #   scripts/without-go.sh [--old-go] CMD...     (root: it uses a mount namespace)
 #

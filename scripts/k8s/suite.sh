@@ -5,6 +5,7 @@
 #
 #   scripts/k8s/suite.sh [--keep]     (the cluster must be up; needs root)
 #
+# It builds what it needs (release), so it also runs on its own after cluster.sh up.
 # Prints "N passed, M failed" and exits non-zero if any check failed. --keep leaves
 # the mesh running on the cluster for a look (scripts/k8s/cluster.sh kubectl ...).
 set -euo pipefail
@@ -39,10 +40,14 @@ until_ok() {
     done
 }
 
+created_state=false
 cleanup() {
     $keep && { echo "    --keep: the mesh stays on the cluster; $work holds the mesh key"; return; }
-    kctl delete namespace shop plain --ignore-not-found --wait=false > /dev/null 2>&1 || true
+    kctl delete namespace shop plain --ignore-not-found --wait=true --timeout=90s > /dev/null 2>&1 || true
     kctl delete -f deploy/kubernetes/agent-daemonset.yaml --ignore-not-found --wait=true --timeout=60s > /dev/null 2>&1 || true
+    # The node's state, socket and pinned capture outlive the agent's pod by design;
+    # this suite made them, so it removes them.
+    $created_state && rm -rf /var/lib/themis /var/run/themis /sys/fs/bpf/themis
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -63,14 +68,20 @@ stop_here() {
 
 "$cluster" status > /dev/null 2>&1 || fail "the cluster is not up: scripts/k8s/cluster.sh up"
 
+step "release builds: the agent (with the eBPF capture), the node controller, the native and Wasm filters"
+export THEMIS_EBPF=required
+cargo build -q --release -p themis-agent --bins -p themis-node-controller -p themis-native
+cargo build -q --release -p themis-envoy --target wasm32-wasip1
+
 step "images (scripts/k8s/images.sh): agent + controller, sidecar, demo app; imported, nothing pulled"
 scripts/k8s/images.sh "$work/images"
 "$cluster" import "$work/images"/{agent,sidecar,demo-app}.tar
 
 step "the operator, offline: mesh 'k8s', the node's admission into its /var/lib/themis, grants for handler and check"
 "$themis" mesh create k8s --out "$work/mesh" > /dev/null
+[[ -e /var/lib/themis ]] && fail "/var/lib/themis exists: this suite admits the node there and will not replace a node's state"
+created_state=true
 mkdir -p /var/lib/themis
-[[ -e /var/lib/themis/node.key ]] && fail "/var/lib/themis already holds a node key: not this suite's to replace"
 node_id=$("$themis" --json node admit --mesh-dir "$work/mesh" --out /var/lib/themis | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
 for service in handler check; do
     "$themis" service grant "$service" --mesh-dir "$work/mesh" --node /var/lib/themis > /dev/null
