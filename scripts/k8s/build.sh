@@ -58,7 +58,8 @@ have_all() {
     for b in "${K8S_BINARIES[@]}"; do [[ -x $K8S_BIN/$b ]] || return 1; done
     "$K8S_BIN/kubelet" --version 2> /dev/null | grep -qx "Kubernetes $K8S_VERSION" &&
         "$K8S_BIN/etcd" --version 2> /dev/null | grep -q "^etcd Version: ${ETCD_VERSION#v}$" &&
-        "$K8S_BIN/coredns" -version 2> /dev/null | grep -q "^CoreDNS-${COREDNS_VERSION#v}$"
+        "$K8S_BIN/coredns" -version 2> /dev/null | grep -q "^CoreDNS-${COREDNS_VERSION#v}$" &&
+        [[ -s $ISTIO_CRDS ]]
 }
 
 # missing: whether some of the wrapper module's binaries are not built yet.
@@ -89,6 +90,16 @@ export GOFLAGS="-modcacherw -buildvcs=false" GOTOOLCHAIN=local CGO_ENABLED=0
 # time, at the lowest priority. GOMAXPROCS=1 for the go command and the compiler.
 export GOMAXPROCS=${GOMAXPROCS:-1}
 quiet() { nice -n 19 ionice -c3 "$@"; }
+
+if [[ ! -s $ISTIO_CRDS ]]; then
+    step "Istio's CRDs (istio.io/api@$ISTIO_API_VERSION, from the Go module proxy)"
+    istio_api=$(quiet "$go" mod download -json "istio.io/api@$ISTIO_API_VERSION" |
+        sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    [[ -s $istio_api/kubernetes/customresourcedefinitions.gen.yaml ]] ||
+        fail "istio.io/api@$ISTIO_API_VERSION has no kubernetes/customresourcedefinitions.gen.yaml"
+    cp "$istio_api/kubernetes/customresourcedefinitions.gen.yaml" "$ISTIO_CRDS.tmp" && mv "$ISTIO_CRDS.tmp" "$ISTIO_CRDS"
+    ok "$(grep -c '^kind: CustomResourceDefinition' "$ISTIO_CRDS") CRDs ($ISTIO_CRDS)"
+fi
 
 # The build cache is 4 GB after a cold build and the binaries are all that is needed
 # (the disk of these machines is sometimes nearly full): removed once they are built.

@@ -12,6 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/lib/ui.sh
 source scripts/lib/ui.sh
+# shellcheck source=scripts/k8s/versions.sh
+source scripts/k8s/versions.sh # ISTIO_CRDS
 
 keep=false
 [[ ${1:-} == --keep ]] && keep=true
@@ -192,6 +194,13 @@ new_pod_meshed() { # the running check pod's uid is the one registered
 }
 kctl -n shop delete pod -l app=check --wait=false > /dev/null
 check "after the restart, the restarted controller meshes check's next pod" until_ok 90 new_pod_meshed || true
+
+step "Istio: deploy/istio/ validated by the API server against Istio's own CRDs (istio.io/api $ISTIO_API_VERSION)"
+istio_crds() { kctl apply --server-side -f "$ISTIO_CRDS" > /dev/null && kctl wait --for=condition=Established crd --all --timeout=60s > /dev/null; }
+istio_valid() { kctl apply --dry-run=server -f deploy/istio/; }
+check "Istio's CRDs installed ($(grep -c '^kind: CustomResourceDefinition' "$ISTIO_CRDS" 2> /dev/null || echo 0) from $ISTIO_CRDS)" istio_crds &&
+    check "EnvoyFilter, PeerAuthentication and WasmPlugin of deploy/istio/ pass server-side validation" istio_valid || true
+kctl delete -f "$ISTIO_CRDS" --ignore-not-found --wait=false > /dev/null 2>&1 || true
 
 echo
 echo "$passed passed, $failed failed"
