@@ -166,7 +166,7 @@ while time.time() < end:
     try:
         urllib.request.urlopen('http://check/?n=7', timeout=5).read(); ok += 1
     except Exception as e:
-        failed += 1; print('failed:', e)
+        failed += 1; print(time.strftime('%T'), 'failed:', e)
     time.sleep(0.1)
 print('ok', ok, 'failed', failed)"
 }
@@ -177,7 +177,12 @@ no_failed_call() { # CMD...: runs CMD while handler calls check; no call may fai
     "$@" > /dev/null
     wait "$caller" || true
     tail -n 3 "$work/calls.txt"
-    grep -q "failed 0$" "$work/calls.txt" && grep -q "^ok [1-9]" "$work/calls.txt"
+    grep -q "failed 0$" "$work/calls.txt" && grep -q "^ok [1-9]" "$work/calls.txt" && return
+    # Where the failures came from: handler's sidecar (local) or check's (upstream).
+    kctl -n shop exec deploy/handler -c themis-proxy -- python3 -c \
+        "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:15000/stats?filter=themis_to_check.*(rq_5|cx_connect_fail|no_healthy)|themis.outbound').read().decode())" |
+        grep -v ': 0$' | head -n 12
+    return 1
 }
 rollout() { kctl -n shop rollout restart deployment/check && kctl -n shop rollout status deployment/check --timeout=120s; }
 check "rolling check's Deployment while handler calls it: no failed call" no_failed_call rollout || true

@@ -83,16 +83,14 @@ impl Agent {
             .collect())
     }
 
-    /// Binds the pod's workload to its cgroup and the proxy's uid, attaches the capture
-    /// (in the pod's network namespace) and registers it. Idempotent: a second call
-    /// re-binds the same owner and re-signs the same record.
-    pub async fn mesh(
+    /// Binds the pod's workload to its cgroup and the proxy's uid (creating its
+    /// identity): from then on only the pod's sidecar may use it. Idempotent.
+    pub async fn bind(
         &self,
         plan: &PodPlan,
         pod_cgroup: &Path,
-        netns: PathBuf,
         proxy_uid: u32,
-    ) -> Result<Value, AgentError> {
+    ) -> Result<(), AgentError> {
         let owner = CreateWorkload {
             owner: Some(Owner {
                 cgroup: pod_cgroup.display().to_string(),
@@ -102,7 +100,20 @@ impl Agent {
         };
         let owner = serde_json::to_value(owner).expect("serialises");
         self.call(Method::PUT, &paths::workload(&plan.workload), Some(owner))
-            .await?;
+            .await
+            .map(drop)
+    }
+
+    /// Attaches the capture (in the pod's network namespace) and registers the pod's
+    /// workload as an instance of its service. Idempotent: a second call re-signs the
+    /// same record.
+    pub async fn register(
+        &self,
+        plan: &PodPlan,
+        pod_cgroup: &Path,
+        netns: PathBuf,
+        proxy_uid: u32,
+    ) -> Result<Value, AgentError> {
         let mut capture = CaptureSpec::new(pod_cgroup.to_owned());
         capture.proxy_uid = Some(proxy_uid);
         capture.netns = Some(netns);

@@ -118,6 +118,7 @@ async fn run(args: Args) -> Result<(), String> {
         },
         cgroup_root,
         said: HashMap::new(),
+        bound: HashSet::new(),
     };
     info!(node = %args.node, socket = %args.socket.display(), cgroups = %node.cgroup_root.display(), "watching this node's pods");
     pods.wait_until_ready().await.map_err(|e| e.to_string())?;
@@ -138,6 +139,21 @@ async fn run(args: Args) -> Result<(), String> {
                 return Ok(());
             }
         }
+    }
+}
+
+/// The Event reason for what the agent answered.
+fn event_reason(e: AgentError) -> (&'static str, String) {
+    match &e {
+        AgentError::Unreachable(_) => ("AgentUnavailable", e.to_string()),
+        AgentError::Refused { reason, .. } if reason == "not_granted" => {
+            ("NotGranted", e.to_string())
+        }
+        AgentError::Refused { reason, .. } if reason == "revoked" => ("Revoked", e.to_string()),
+        AgentError::Refused { reason, .. } if reason.contains("capture") => {
+            ("CaptureFailed", e.to_string())
+        }
+        AgentError::Refused { .. } => ("RegistrationRefused", e.to_string()),
     }
 }
 
@@ -176,6 +192,8 @@ struct Node {
     cgroup_root: PathBuf,
     /// What was last said of each pod (by uid), so an Event is published once per change.
     said: HashMap<String, String>,
+    /// Pods (by uid) whose workload is bound, waiting for their sidecar to start.
+    bound: HashSet<String>,
 }
 
 impl Node {
@@ -218,7 +236,8 @@ impl Node {
                         continue;
                     }
                     match self.mesh(&plan).await {
-                        Ok(()) => {
+                        Ok(false) => {} // bound; registered once its sidecar has started
+                        Ok(true) => {
                             info!(workload = %plan.workload, service = %plan.service, endpoint = %plan.endpoint, "meshed");
                             let note = format!(
                                 "workload {} registered as {} at {}",
@@ -234,6 +253,7 @@ impl Node {
                 }
             }
         }
+        self.bound.retain(|uid| wanted.contains(uid));
         for registration in registered {
             let uid = &registration.metadata[POD_UID_LABEL];
             if wanted.contains(uid) {
@@ -249,9 +269,12 @@ impl Node {
         }
     }
 
-    /// Finds the pod's cgroup and network namespace, then has the agent mesh it.
-    /// Errors carry the Event's reason.
-    async fn mesh(&self, plan: &plan::PodPlan) -> Result<(), (&'static str, String)> {
+    /// Finds the pod's cgroup and binds its workload (at once, so that its sidecar gets
+    /// its identity as it starts), then, once the sidecar has started, attaches the
+    /// capture and registers it (so that no caller resolves a pod whose inbound
+    /// listener does not exist yet). Ok(true) once registered. Errors carry the Event's
+    /// reason.
+    async fn mesh(&mut self, plan: &plan::PodPlan) -> Result<bool, (&'static str, String)> {
         let pod_cgroup = cgroup::find_pod(&self.cgroup_root, &plan.uid).ok_or((
             "CgroupNotFound",
             format!(
@@ -260,6 +283,17 @@ impl Node {
                 self.cgroup_root.display()
             ),
         ))?;
+        if !self.bound.contains(&plan.uid) {
+            self.agent
+                .bind(plan, &pod_cgroup, self.conventions.proxy_uid)
+                .await
+                .map_err(event_reason)?;
+            info!(workload = %plan.workload, cgroup = %pod_cgroup.display(), "bound: only its sidecar may use its identity");
+            self.bound.insert(plan.uid.clone());
+        }
+        if !plan.proxy_started {
+            return Ok(false);
+        }
         let pid = cgroup::a_process_of(&pod_cgroup).ok_or((
             "NoProcess",
             format!(
@@ -269,22 +303,11 @@ impl Node {
         ))?;
         let netns = PathBuf::from(format!("/proc/{pid}/ns/net"));
         self.agent
-            .mesh(plan, &pod_cgroup, netns, self.conventions.proxy_uid)
+            .register(plan, &pod_cgroup, netns, self.conventions.proxy_uid)
             .await
-            .map(drop)
-            .map_err(|e| match &e {
-                AgentError::Unreachable(_) => ("AgentUnavailable", e.to_string()),
-                AgentError::Refused { reason, .. } if reason == "not_granted" => {
-                    ("NotGranted", e.to_string())
-                }
-                AgentError::Refused { reason, .. } if reason == "revoked" => {
-                    ("Revoked", e.to_string())
-                }
-                AgentError::Refused { reason, .. } if reason.contains("capture") => {
-                    ("CaptureFailed", e.to_string())
-                }
-                AgentError::Refused { .. } => ("RegistrationRefused", e.to_string()),
-            })
+            .map_err(event_reason)?;
+        self.bound.remove(&plan.uid);
+        Ok(true)
     }
 
     /// Publishes an Event on the pod, once per different message.

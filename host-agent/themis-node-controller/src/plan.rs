@@ -62,6 +62,10 @@ pub struct PodPlan {
     pub endpoint: SocketAddr,
     /// The app containers' ports: they take TCP only through the sidecar.
     pub app_ports: Vec<u16>,
+    /// Whether the sidecar has started (its startup probe passed): only then is the pod
+    /// registered, so that no caller resolves it before its inbound listener exists.
+    /// Its workload is bound before, so the sidecar gets its identity as it starts.
+    pub proxy_started: bool,
 }
 
 impl PodPlan {
@@ -147,12 +151,22 @@ pub fn decide(
         .collect();
     app_ports.sort_unstable();
     app_ports.dedup();
+    let proxy_started = status
+        .into_iter()
+        .flat_map(|s| {
+            s.init_container_statuses
+                .iter()
+                .flatten()
+                .chain(s.container_statuses.iter().flatten())
+        })
+        .any(|c| c.name == PROXY_CONTAINER && c.started == Some(true));
     Decision::Mesh(PodPlan {
         workload: format!("{name}.{namespace}"),
         service: service.clone(),
         uid: uid.clone(),
         endpoint: SocketAddr::new(ip, conventions.inbound_port),
         app_ports,
+        proxy_started,
     })
 }
 
@@ -168,7 +182,9 @@ mod tests {
             "spec": {"containers": [
                 {"name": "app", "image": "x", "ports": [{"containerPort": 8080}, {"containerPort": 53, "protocol": "UDP"}]},
                 {"name": "themis-proxy", "image": "y", "ports": [{"containerPort": 15006}]}]},
-            "status": {"phase": "Running", "podIP": "10.244.0.7"}
+            "status": {"phase": "Running", "podIP": "10.244.0.7",
+                       "containerStatuses": [{"name": "themis-proxy", "started": true, "ready": true,
+                           "restartCount": 0, "image": "y", "imageID": ""}]}
         });
         merge(&mut base, extra);
         serde_json::from_value(base).unwrap()
@@ -207,6 +223,16 @@ mod tests {
             "TCP app ports only, not the sidecar's"
         );
         assert_eq!(plan.metadata()[POD_UID_LABEL], "u-1");
+        assert!(plan.proxy_started);
+        // A sidecar still starting: bound now, registered once it has started.
+        let starting = pod(
+            json!({"status": {"containerStatuses": [{"name": "themis-proxy", "started": false,
+            "ready": false, "restartCount": 0, "image": "y", "imageID": ""}]}}),
+        );
+        let Decision::Mesh(plan) = decide_for(&starting) else {
+            panic!()
+        };
+        assert!(!plan.proxy_started);
         // The annotation names the service over the app label.
         let annotated = pod(json!({"metadata": {"annotations": {SERVICE_ANNOTATION: "check.v2"}}}));
         let Decision::Mesh(plan) = decide_for(&annotated) else {
