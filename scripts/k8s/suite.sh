@@ -132,7 +132,7 @@ check "themis explain check (in the agent pod): check's pod's workload is truste
 
 step "what the mesh leaves alone, and what it refuses"
 kctl apply -f scripts/k8s/suite-pods.yaml > /dev/null
-kctl -n plain wait pod/outsider --for=condition=Ready --timeout=60s > /dev/null
+kctl -n plain wait pod/outsider pod/intruder --for=condition=Ready --timeout=60s > /dev/null
 outsider() { kctl -n plain exec outsider -- python3 -c "$1"; }
 unregistered_outsider() { ! on_agent --json workloads | grep -q outsider; }
 check "a pod of an unlabelled namespace runs, unregistered" unregistered_outsider || true
@@ -145,6 +145,17 @@ app_port_closed() { # the app's own port, straight from another pod: the capture
     ! outsider "import socket; s=socket.create_connection(('$check_ip', 8080), timeout=3); s.sendall(b'GET / HTTP/1.0\r\n\r\n'); assert s.recv(100)"
 }
 check "check's app port ($check_ip:8080) takes nothing from another pod (the capture)" app_port_closed || true
+not_operator() { # root in another pod, through the agent's socket: refused as not the operator
+    local out
+    if out=$(kctl -n plain exec intruder -- themis --socket /var/run/themis/agent.sock \
+        register check --workload evil --endpoint 10.244.0.99:15006 2>&1); then
+        echo "registered: $out"
+        return 1
+    fi
+    grep -qi "operator\|forbidden" <<< "$out" || { echo "refused, but not as a non-operator: $out"; return 1; }
+    ! on_agent --json workloads | grep -q '"evil'
+}
+check "root in another pod, with the agent's socket mounted, is not the operator: its registration is refused" not_operator || true
 event_says() { # POD REASON: an Event on POD (namespace shop) with REASON
     kctl -n shop get events --field-selector "involvedObject.name=$1,reason=$2" -o name | grep -q .
 }
