@@ -101,9 +101,10 @@ step "deploy/kubernetes/demo.yaml: handler and check with their sidecars, in nam
 kctl apply -f deploy/kubernetes/demo.yaml > /dev/null
 check "both Deployments become available" \
     kctl -n shop wait deployment/handler deployment/check --for=condition=Available --timeout=180s || stop_here
-registered() { # SERVICE: the agent lists a registration of SERVICE
-    on_agent --json workloads | python3 -c "import json,sys; sys.exit(not any(r['service'] == '$1' for r in json.load(sys.stdin)['registrations']))"
+registrations() { # SERVICE: "workload pod-uid id" of each of the agent's registrations of SERVICE
+    on_agent --json workloads | python3 -c "import json,sys; [print(r['workload'], r['metadata'].get('k8s-pod-uid'), r['id']) for r in json.load(sys.stdin)['registrations'] if r['service'] == '$1']"
 }
+registered() { [[ -n "$(registrations "$1")" ]]; } # SERVICE
 both_registered() { registered check && registered handler; }
 check "the controller registered both pods (no script)" until_ok 60 both_registered || stop_here
 
@@ -120,13 +121,8 @@ meshed_call() { # FROM TO: FROM calls TO by its Service name; TO's sidecar prove
 check "check calls handler by its Service name, which calls check: each side proves the other's service" \
     until_ok 30 meshed_call check handler || true
 check "handler calls check" until_ok 10 meshed_call handler check || true
-registration_of() { # SERVICE: "workload pod-uid" of each registration of SERVICE
-    on_agent --json workloads | python3 -c "import json,sys; [print(r['workload'], r['metadata'].get('k8s-pod-uid')) for r in json.load(sys.stdin)['registrations'] if r['service'] == '$1']"
-}
 explained() { # the TRUSTED instance of check is the id of the pod's workload
-    local id
-    id=$(on_agent --json workloads | python3 -c "import json,sys; print(*[r['id'] for r in json.load(sys.stdin)['registrations'] if r['service'] == 'check'])")
-    on_agent explain check | grep -q "TRUSTED *workload $id"
+    on_agent explain check | grep -q "TRUSTED *workload $(registrations check | cut -d' ' -f3)"
 }
 check "themis explain check (in the agent pod): check's pod's workload is trusted" explained || true
 
@@ -164,9 +160,9 @@ check "a pod of a service this node has no grant for is not meshed, and its Even
 kctl -n shop delete pod rogue --wait=false > /dev/null
 
 step "pods come and go: deletion withdraws, a rollout and an agent restart fail no call"
-old=$(registration_of check)
+old=$(registrations check)
 kctl -n shop delete pod -l app=check --wait=true > /dev/null
-moved() { local now; now=$(registration_of check); [[ -n $now && $now != "$old" && $(wc -l <<< "$now") == 1 ]]; }
+moved() { local now; now=$(registrations check); [[ -n $now && $now != "$old" && $(wc -l <<< "$now") == 1 ]]; }
 check "deleting check's pod withdraws its registration; its replacement is registered" until_ok 90 moved || true
 calls_during() { # SECONDS: handler calls check every 100 ms for SECONDS; prints "ok N failed M"
     kctl -n shop exec deploy/handler -c app -- python3 -c "
@@ -206,7 +202,7 @@ check "killing the agent pod (the DaemonSet restarts it) while handler calls che
 new_pod_meshed() { # the running check pod's uid is the one registered
     local uid
     uid=$(kctl -n shop get pods -l app=check --field-selector=status.phase=Running -o jsonpath='{.items[*].metadata.uid}')
-    [[ -n $uid && $(registration_of check | cut -d' ' -f2) == "$uid" ]]
+    [[ -n $uid && $(registrations check | cut -d' ' -f2) == "$uid" ]]
 }
 kctl -n shop delete pod -l app=check --wait=false > /dev/null
 check "after the restart, the restarted controller meshes check's next pod" until_ok 90 new_pod_meshed || true

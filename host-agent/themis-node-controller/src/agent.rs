@@ -18,7 +18,7 @@ pub enum AgentError {
     /// No answer (the agent is restarting): nothing changed, try again.
     #[error("{0}")]
     Unreachable(#[from] themis_agent::client::ClientError),
-    /// The agent refused: its status and reason (`forbidden`, `capture`, …) and words.
+    /// The agent refused: its status and reason (`not_granted`, `capture_failed`, …) and words.
     #[error("the agent refused ({status}, {reason}): {message}")]
     Refused {
         /// The HTTP status.
@@ -28,6 +28,9 @@ pub enum AgentError {
         /// The agent's words.
         message: String,
     },
+    /// The agent's answer is not what its API promises.
+    #[error("the agent's answer is unreadable: {0}")]
+    Unreadable(#[from] serde_json::Error),
 }
 
 /// The local agent, as the node's operator sees it.
@@ -70,12 +73,7 @@ impl Agent {
     /// This node's registrations that belong to pods (those labelled with a pod uid).
     pub async fn pod_registrations(&self) -> Result<Vec<Registration>, AgentError> {
         let answer = self.call(Method::GET, paths::WORKLOADS, None).await?;
-        let workloads: Workloads =
-            serde_json::from_value(answer).map_err(|e| AgentError::Refused {
-                status: StatusCode::OK,
-                reason: "unreadable".into(),
-                message: e.to_string(),
-            })?;
+        let workloads: Workloads = serde_json::from_value(answer)?;
         Ok(workloads
             .registrations
             .into_iter()

@@ -118,7 +118,7 @@ async fn run(args: Args) -> Result<(), String> {
         },
         cgroup_root,
         said: HashMap::new(),
-        bound: HashSet::new(),
+        bound: HashMap::new(),
     };
     info!(node = %args.node, socket = %args.socket.display(), cgroups = %node.cgroup_root.display(), "watching this node's pods");
     pods.wait_until_ready().await.map_err(|e| e.to_string())?;
@@ -153,7 +153,9 @@ fn event_reason(e: AgentError) -> (&'static str, String) {
         AgentError::Refused { reason, .. } if reason.contains("capture") => {
             ("CaptureFailed", e.to_string())
         }
-        AgentError::Refused { .. } => ("RegistrationRefused", e.to_string()),
+        AgentError::Refused { .. } | AgentError::Unreadable(_) => {
+            ("RegistrationRefused", e.to_string())
+        }
     }
 }
 
@@ -192,8 +194,9 @@ struct Node {
     cgroup_root: PathBuf,
     /// What was last said of each pod (by uid), so an Event is published once per change.
     said: HashMap<String, String>,
-    /// Pods (by uid) whose workload is bound, waiting for their sidecar to start.
-    bound: HashSet<String>,
+    /// Pods (by uid) whose workload is bound, waiting for their sidecar to start, with
+    /// the cgroup they were bound to.
+    bound: HashMap<String, PathBuf>,
 }
 
 impl Node {
@@ -253,7 +256,7 @@ impl Node {
                 }
             }
         }
-        self.bound.retain(|uid| wanted.contains(uid));
+        self.bound.retain(|uid, _| wanted.contains(uid));
         for registration in registered {
             let uid = &registration.metadata[POD_UID_LABEL];
             if wanted.contains(uid) {
@@ -275,22 +278,26 @@ impl Node {
     /// listener does not exist yet). Ok(true) once registered. Errors carry the Event's
     /// reason.
     async fn mesh(&mut self, plan: &plan::PodPlan) -> Result<bool, (&'static str, String)> {
-        let pod_cgroup = cgroup::find_pod(&self.cgroup_root, &plan.uid).ok_or((
-            "CgroupNotFound",
-            format!(
-                "no cgroup pod{} under {}",
-                plan.uid,
-                self.cgroup_root.display()
-            ),
-        ))?;
-        if !self.bound.contains(&plan.uid) {
-            self.agent
-                .bind(plan, &pod_cgroup, self.conventions.proxy_uid)
-                .await
-                .map_err(event_reason)?;
-            info!(workload = %plan.workload, cgroup = %pod_cgroup.display(), "bound: only its sidecar may use its identity");
-            self.bound.insert(plan.uid.clone());
-        }
+        let pod_cgroup = match self.bound.get(&plan.uid) {
+            Some(cgroup) => cgroup.clone(),
+            None => {
+                let cgroup = cgroup::find_pod(&self.cgroup_root, &plan.uid).ok_or((
+                    "CgroupNotFound",
+                    format!(
+                        "no cgroup pod{} under {}",
+                        plan.uid,
+                        self.cgroup_root.display()
+                    ),
+                ))?;
+                self.agent
+                    .bind(plan, &cgroup, self.conventions.proxy_uid)
+                    .await
+                    .map_err(event_reason)?;
+                info!(workload = %plan.workload, cgroup = %cgroup.display(), "bound: only its sidecar may use its identity");
+                self.bound.insert(plan.uid.clone(), cgroup.clone());
+                cgroup
+            }
+        };
         if !plan.proxy_started {
             return Ok(false);
         }
