@@ -109,6 +109,7 @@
 
 pub mod key;
 mod lookup;
+pub mod membership;
 pub mod message;
 mod node;
 pub mod policy;
@@ -116,6 +117,7 @@ mod routing;
 mod store;
 
 pub use key::{distance, in_half_open, in_open, Key};
+pub use membership::Members;
 pub use message::{Contact, Message, Object, Request, Response};
 pub use node::{Config, Event, Node, Stats};
 pub use policy::{AnyValue, Placement, ValuePolicy};

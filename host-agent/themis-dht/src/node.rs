@@ -7,6 +7,7 @@ use std::hash::Hash;
 
 use crate::key::{in_half_open, in_open, Key, KEY_BITS};
 use crate::lookup::{Lookup, Purpose};
+use crate::membership::{Liveness, Members};
 use crate::message::{
     Contact, Message, Request, Response, MAX_HANDOVER_OBJECTS, MAX_NAME_LEN, MAX_REPLICAS,
     MAX_SUCCESSORS, MAX_VALUE_LEN,
@@ -14,6 +15,8 @@ use crate::message::{
 use crate::policy::{AnyValue, ValuePolicy};
 use crate::store::Store;
 use crate::{Millis, OpId, Rejection};
+
+mod one_hop;
 
 /// Tunables. The defaults suit a LAN/datacentre mesh.
 #[derive(Debug, Clone)]
@@ -39,6 +42,12 @@ pub struct Config {
     pub max_hops: u32,
     /// Most values the node stores for others.
     pub store_capacity: usize,
+    /// One-hop routing ([`Node::set_members`]): how long a member whose request timed
+    /// out (or that said goodbye) is passed over as a holder.
+    pub down_for: Millis,
+    /// One-hop routing: how many more holders a `Store` or `Get` whose holder timed out
+    /// tries, each the next member clockwise.
+    pub retries: u8,
 }
 
 impl Default for Config {
@@ -53,6 +62,8 @@ impl Default for Config {
             max_ttl: 3_600_000,
             max_hops: 2 * KEY_BITS as u32,
             store_capacity: 100_000,
+            down_for: 30_000,
+            retries: 2,
         }
     }
 }
@@ -130,6 +141,8 @@ pub struct Stats {
     pub lookup_hops: u64,
     /// Owned objects re-stored by the periodic republish (each to its `k + 1` replicas).
     pub republished: u64,
+    /// One-hop routing: `Store`s and `Get`s sent again to the next holder after a timeout.
+    pub retries: u64,
 }
 
 impl Stats {
@@ -159,6 +172,13 @@ enum Pend {
     Neighbours,
     /// Answered with `Ack`; only its failure matters.
     Ack,
+    /// One-hop routing: a `Store` or `Get` sent straight to the holder of `key`, tried
+    /// `tries` times so far.
+    Direct {
+        key: Key,
+        purpose: Purpose,
+        tries: u8,
+    },
 }
 
 #[derive(Debug)]
@@ -236,6 +256,10 @@ pub struct Node<A> {
     transmits: VecDeque<(Contact<A>, Message<A>)>,
     events: VecDeque<Event<A>>,
     stats: Stats,
+    /// One-hop routing: the verified membership, once the driver has given one.
+    members: Option<Members<A>>,
+    /// One-hop routing: the members seen down by this node itself.
+    liveness: Liveness,
 }
 
 impl<A: Clone + Eq + Hash + Debug> Node<A> {
@@ -270,6 +294,8 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             stats: Stats::default(),
+            members: None,
+            liveness: Liveness::default(),
         }
     }
 
@@ -434,6 +460,10 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
             self.reject(r);
             return;
         }
+        if self.members.is_some() {
+            // A message from a peer (authenticated by the driver) shows it is up.
+            self.liveness.heard(&from.id);
+        }
         match msg {
             Message::Request { id, body } => self.on_request(now, from, id, body),
             Message::Response { id, body } => self.on_response(now, from, id, body),
@@ -465,19 +495,31 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
         if self.state != State::Joined {
             return;
         }
+        // With one-hop routing the membership decides the neighbours: nothing a
+        // neighbour says may rewire them, so Chord's stabilisation stays off.
+        let chord = self.members.is_none();
         if self.timers.stabilise <= now {
             self.timers.stabilise = now + self.config.stabilise_every;
-            self.stabilise(now);
+            if chord {
+                self.stabilise(now);
+            }
         }
         if self.timers.fix_finger <= now {
             self.timers.fix_finger = now + self.config.fix_finger_every;
-            self.fix_finger(now);
+            if chord {
+                self.fix_finger(now);
+            }
         }
         if self.timers.check_predecessor <= now {
             self.timers.check_predecessor = now + self.config.check_predecessor_every;
             self.store.expire(now);
-            if let Some(p) = self.table.predecessor.clone() {
-                self.request(now, p, Request::Ping, Pend::Ack);
+            match &self.members {
+                Some(members) => self.liveness.sweep(now, members),
+                None => {
+                    if let Some(p) = self.table.predecessor.clone() {
+                        self.request(now, p, Request::Ping, Pend::Ack);
+                    }
+                }
             }
         }
         if self.timers.republish <= now {
@@ -670,6 +712,11 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
     /// node that has lost every contact (say its join found a successor that died at
     /// once) joins again through its bootstrap node.
     fn peer_failed(&mut self, now: Millis, id: &Key) {
+        if self.members.is_some() {
+            // A member stays a member: it is only passed over for a while.
+            self.liveness.failed(*id, now + self.config.down_for);
+            return;
+        }
         self.table.remove(id);
         if !self.table.successors().is_empty() {
             return;
@@ -708,6 +755,8 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
                 predecessor: self.table.predecessor.clone(),
                 successors: self.table.successors().to_vec(),
             },
+            // With one-hop routing the membership names our predecessor.
+            Request::Notify if self.members.is_some() => Response::Ack,
             Request::Notify => {
                 self.on_notify(now, &from);
                 Response::Ack
@@ -834,6 +883,20 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
         predecessor: Option<Contact<A>>,
         successors: Vec<Contact<A>>,
     ) {
+        if self.members.is_some() {
+            // Its own farewell: passed over for a while, still a member (the driver
+            // removes members when the trust log does).
+            self.liveness.failed(from.id, now + self.config.down_for);
+            if self
+                .table
+                .predecessor
+                .as_ref()
+                .is_some_and(|p| p.id == from.id)
+            {
+                self.departed = Some((from.id, now + self.config.request_timeout));
+            }
+            return;
+        }
         let was_predecessor = self
             .table
             .predecessor
@@ -898,6 +961,14 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
                 },
             ) => self.on_neighbours(now, from, predecessor, successors),
             (Pend::Ack, Response::Ack) => {}
+            (
+                Pend::Direct {
+                    key,
+                    purpose,
+                    tries,
+                },
+                answer,
+            ) => self.direct_answered(now, key, purpose, tries, answer),
             (kind, _) => {
                 self.reject(Rejection::UnexpectedResponse);
                 self.request_failed(now, from, kind, false);
@@ -925,6 +996,11 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
                 }
             }
             Pend::Ack => {}
+            Pend::Direct {
+                key,
+                purpose,
+                tries,
+            } => self.direct_failed(now, key, purpose, tries, timed_out),
         }
     }
 
@@ -932,6 +1008,9 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
 
     /// Starts a lookup from our own routing state.
     fn start_lookup(&mut self, now: Millis, key: Key, purpose: Purpose) {
+        if self.members.is_some() {
+            return self.direct(now, key, purpose, 0);
+        }
         let lid = self.fresh_id();
         let me = self.me.clone();
         let local = if self

@@ -18,7 +18,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use themis_core::PeerId;
 use themis_dht::{
-    in_half_open, Config, Contact, Event, Key, Message, Node, OpId, Request, Response, ValuePolicy,
+    in_half_open, Config, Contact, Event, Key, Members, Message, Node, OpId, Request, Response,
+    ValuePolicy,
 };
 
 /// What a node under the adversary's control does differently; every other request it
@@ -31,6 +32,8 @@ pub struct Adversary {
     pub get: Option<GetLie>,
     /// Answers `Store` with `Rejected` (and keeps nothing).
     pub refuse_stores: bool,
+    /// Answers nothing at all (a member that stays in the membership, up but mute).
+    pub silent: bool,
 }
 
 impl Adversary {
@@ -322,7 +325,8 @@ impl Sim {
                     self.after(node);
                 }
                 What::Deliver { from, to, msg } => {
-                    if !self.alive[to] {
+                    let mute = self.adversaries.get(&to).is_some_and(|a| a.silent);
+                    if !self.alive[to] || mute {
                         self.dropped += 1;
                         continue;
                     }
@@ -555,6 +559,29 @@ impl Sim {
             sim.nodes[i]
                 .install_routing(0, predecessor, successors, fingers)
                 .expect("idle");
+            sim.after(i);
+        }
+        sim
+    }
+
+    /// `n` nodes at random positions with one-hop routing: every node is given the same
+    /// full membership (`Node::set_members`), as every agent derives it from the trust
+    /// log. No node routes through another; maintenance runs as configured.
+    pub fn one_hop(
+        seed: u64,
+        n: usize,
+        config: Config,
+        delay: (u64, u64),
+        policy: Option<PolicyFactory>,
+    ) -> Sim {
+        let mut sim = Sim::new(seed, config, delay);
+        sim.policy = policy;
+        for _ in 0..n {
+            sim.add_node();
+        }
+        let members = Members::new((0..n).map(|i| sim.contact(i)));
+        for i in 0..n {
+            sim.nodes[i].set_members(0, members.clone());
             sim.after(i);
         }
         sim

@@ -1,0 +1,172 @@
+//! One-hop routing (see [`crate::membership`]): with the full membership given by the
+//! driver, the node computes every key's holder itself and sends `Store`s and `Get`s
+//! straight to it. No `FindStep` leaves the node, so no other node can steer where its
+//! objects go or whom it asks for them.
+
+use std::fmt::Debug;
+use std::hash::Hash;
+
+use super::{Event, Node, Pend, State};
+use crate::key::{in_open, Key, KEY_BITS};
+use crate::lookup::{Lookup, Purpose};
+use crate::membership::{holder, Members};
+use crate::message::{Contact, Request, Response};
+use crate::{Millis, Rejection};
+
+impl<A: Clone + Eq + Hash + Debug> Node<A> {
+    /// Switches the node to one-hop routing over `members` (or gives it a newer list):
+    /// every member the driver has verified (in the agent: each node key the trust log
+    /// admitted, with the address that key signed). This node should be among them.
+    ///
+    /// From then on the node routes nothing through others: the holder of a key is the
+    /// first member at or after it that this node has not itself seen fail, its
+    /// predecessor and successor list come from the list (not from what neighbours say),
+    /// and Chord's stabilisation stops. An idle node starts at once (reporting
+    /// [`Event::Joined`]); a newcomer between our predecessor and us is handed the
+    /// objects it now holds.
+    pub fn set_members(&mut self, now: Millis, members: Members<A>) {
+        if self.state == State::Left {
+            return;
+        }
+        let me = self.me.id;
+        let predecessor = members.counter_clockwise_from(&me).next().cloned();
+        let successors: Vec<Contact<A>> = members
+            .clockwise_from(&me)
+            .filter(|c| c.id != me)
+            .take(self.config.successors)
+            .cloned()
+            .collect();
+        let newcomer = match (&self.table.predecessor, &predecessor) {
+            (Some(old), Some(new)) => in_open(&new.id, &old.id, &me).then(|| new.clone()),
+            _ => None,
+        };
+        self.table.predecessor = predecessor;
+        self.table.set_successors(successors);
+        // Fingers too, so that a peer still routing the Chord way through us is
+        // answered in O(log N) steps.
+        for i in 0..KEY_BITS {
+            let target = *self.table.target(i);
+            if let Some(c) = members.clockwise_from(&target).find(|c| c.id != me) {
+                self.table.set_finger(i, c.clone());
+            }
+        }
+        self.liveness.sweep(now, &members);
+        self.members = Some(members);
+        if let Some(new) = newcomer.filter(|_| self.state == State::Joined) {
+            let objects = self.store.objects_outside(Some((&new.id, &me)), now);
+            self.send_handover(now, &new, objects);
+        }
+        if self.state != State::Joined {
+            self.start_maintenance(now);
+            let successor = self.table.successor().clone();
+            self.events.push_back(Event::Joined { successor });
+        }
+    }
+
+    /// The membership one-hop routing uses, if the driver has given one.
+    pub fn members(&self) -> Option<&Members<A>> {
+        self.members.as_ref()
+    }
+
+    /// How many members this node passes over now, having seen them fail.
+    pub fn members_down(&self, now: Millis) -> usize {
+        self.liveness.down_count(now)
+    }
+
+    /// Carries out `purpose` for `key` at its holder, without a lookup.
+    pub(super) fn direct(&mut self, now: Millis, key: Key, purpose: Purpose, tries: u8) {
+        let Some(members) = &self.members else {
+            unreachable!("one-hop routing without members")
+        };
+        let found = holder(members, &self.liveness, &key, now, self.config.successors).cloned();
+        let remote = found.clone().filter(|node| node.id != self.me.id);
+        match (remote, purpose) {
+            (Some(node), Purpose::Store { op, value, ttl_ms }) => {
+                let body = Request::Store {
+                    key,
+                    value: value.clone(),
+                    ttl_ms,
+                };
+                let purpose = Purpose::Store { op, value, ttl_ms };
+                self.request(
+                    now,
+                    node,
+                    body,
+                    Pend::Direct {
+                        key,
+                        purpose,
+                        tries,
+                    },
+                );
+            }
+            (Some(node), Purpose::Get(op)) => {
+                let purpose = Purpose::Get(op);
+                let body = Request::Get { key };
+                self.request(
+                    now,
+                    node,
+                    body,
+                    Pend::Direct {
+                        key,
+                        purpose,
+                        tries,
+                    },
+                );
+            }
+            // Everything else completes here, as a lookup answered from our own table
+            // would: a key we hold, a `find`, or no member at all.
+            (_, purpose) => {
+                let lid = self.fresh_id();
+                self.lookups
+                    .insert(lid, Lookup::new(key, purpose, Vec::new()));
+                self.complete(now, lid, found);
+            }
+        }
+    }
+
+    pub(super) fn direct_answered(
+        &mut self,
+        now: Millis,
+        key: Key,
+        purpose: Purpose,
+        tries: u8,
+        answer: Response<A>,
+    ) {
+        match (&purpose, answer) {
+            (Purpose::Get(op), Response::Values { values }) => {
+                self.resolve_step(*op, Some(values), 0)
+            }
+            (Purpose::Store { op, .. }, Response::Ack) => self.store_done(*op, true),
+            (Purpose::Store { op, .. }, Response::Rejected) => {
+                self.reject(Rejection::Refused);
+                self.store_done(*op, false);
+            }
+            _ => {
+                self.reject(Rejection::UnexpectedResponse);
+                self.direct_failed(now, key, purpose, tries, false);
+            }
+        }
+    }
+
+    /// A direct request failed. A timeout has marked the holder down, so asking again
+    /// reaches the member that takes over its keys; a wrong answer is not retried (the
+    /// peer is up and chose it).
+    pub(super) fn direct_failed(
+        &mut self,
+        now: Millis,
+        key: Key,
+        purpose: Purpose,
+        tries: u8,
+        timed_out: bool,
+    ) {
+        if timed_out && tries < self.config.retries {
+            self.stats.retries += 1;
+            return self.direct(now, key, purpose, tries + 1);
+        }
+        match purpose {
+            Purpose::Get(op) => self.resolve_step(op, None, 0),
+            Purpose::Store { op, .. } => self.store_done(op, false),
+            _ => {}
+        }
+    }
+}
