@@ -165,6 +165,15 @@ mod tests {
         matches!(decision, Decision::Lookup)
     }
 
+    /// A gate made at `t0` that holds service `a` resolved at `t0`.
+    fn with_a_cached(config: &RegistryConfig) -> (ResolveGate, ServiceName, Instant) {
+        let t0 = Instant::now();
+        let mut gate = ResolveGate::new(config, t0);
+        let a = service("a");
+        gate.remember(a.clone(), 0, resolution("a", 5), t0);
+        (gate, a, t0)
+    }
+
     #[test]
     fn a_cached_service_is_answered_without_a_lookup_until_it_expires() {
         let t0 = Instant::now();
@@ -189,10 +198,7 @@ mod tests {
 
     #[test]
     fn a_revocation_sends_a_cached_service_back_to_the_dht() {
-        let t0 = Instant::now();
-        let mut gate = ResolveGate::new(&config(), t0);
-        let a = service("a");
-        gate.remember(a.clone(), 0, resolution("a", 5), t0);
+        let (mut gate, a, t0) = with_a_cached(&config());
         assert!(is_lookup(&gate.decide(&a, false, false, 1, t0)));
     }
 
@@ -225,10 +231,7 @@ mod tests {
 
     #[test]
     fn a_fresh_resolution_over_budget_falls_back_to_the_cache_or_is_refused() {
-        let t0 = Instant::now();
-        let mut gate = ResolveGate::new(&config(), t0);
-        let a = service("a");
-        gate.remember(a.clone(), 0, resolution("a", 5), t0);
+        let (mut gate, a, t0) = with_a_cached(&config());
         // The one fresh token: a lookup despite the cache.
         assert!(is_lookup(&gate.decide(&a, true, false, 0, t0)));
         // Over the fresh budget: the cached answer, saying which budget sent it there.
@@ -255,14 +258,10 @@ mod tests {
 
     #[test]
     fn a_fresh_resolution_over_the_lookups_budget_falls_back_to_the_cache() {
-        let t0 = Instant::now();
-        let config = RegistryConfig {
+        let (mut gate, a, t0) = with_a_cached(&RegistryConfig {
             fresh_burst: 10,
             ..config()
-        };
-        let mut gate = ResolveGate::new(&config, t0);
-        let a = service("a");
-        gate.remember(a.clone(), 0, resolution("a", 5), t0);
+        });
         assert!(is_lookup(&gate.decide(&a, true, false, 0, t0)));
         assert!(is_lookup(&gate.decide(&a, true, false, 0, t0)));
         let decision = gate.decide(&a, true, false, 0, t0);
@@ -285,10 +284,7 @@ mod tests {
 
     #[test]
     fn a_forgotten_service_is_looked_up_again() {
-        let t0 = Instant::now();
-        let mut gate = ResolveGate::new(&config(), t0);
-        let a = service("a");
-        gate.remember(a.clone(), 0, resolution("a", 5), t0);
+        let (mut gate, a, t0) = with_a_cached(&config());
         gate.forget(&a);
         assert!(is_lookup(&gate.decide(&a, false, false, 0, t0)));
     }

@@ -46,7 +46,9 @@ impl Registry {
         let (identity, _) = self.workloads.get_or_create(&workload)?;
         self.endorser.check_not_revoked(&workload, &identity)?;
         let mut registrations = self.registrations.lock().await;
-        let previous = registrations.current(&service, &workload);
+        let previous = registrations
+            .get(&service, &workload)
+            .map(|(r, value)| (r.serial, value));
         if expect.is_some() && previous.as_ref().map(|p| p.0) != expect {
             return Ok(None);
         }

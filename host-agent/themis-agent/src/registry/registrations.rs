@@ -45,17 +45,6 @@ impl Registrations {
         })
     }
 
-    /// The serial and value of `workload`'s registration under `service`, if any.
-    pub(super) fn current(
-        &self,
-        service: &ServiceName,
-        workload: &WorkloadName,
-    ) -> Option<(u64, Vec<u8>)> {
-        self.local
-            .get(&(service.clone(), workload.clone()))
-            .map(|(r, value)| (r.serial, value.clone()))
-    }
-
     /// `workload`'s registration under `service`, with its value.
     pub(super) fn get(
         &self,
@@ -149,6 +138,20 @@ mod tests {
         }
     }
 
+    /// Registrations saved in a temporary directory, holding `entries` (service,
+    /// workload, serial), each with the value `<service>/<workload>`.
+    fn registered(entries: &[(&str, &str, u64)]) -> (tempfile::TempDir, Registrations) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut registrations = Registrations::new(dir.path().join("registrations.json"));
+        for (service, workload, serial) in entries {
+            let value = format!("{service}/{workload}").into_bytes();
+            registrations
+                .insert(registration(service, workload, *serial), value)
+                .unwrap();
+        }
+        (dir, registrations)
+    }
+
     fn names(service: &str, workload: &str) -> (ServiceName, WorkloadName) {
         (
             ServiceName::new(service).unwrap(),
@@ -158,9 +161,8 @@ mod tests {
 
     #[test]
     fn what_is_saved_comes_back_after_a_restart() {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, mut registrations) = registered(&[]);
         let path = dir.path().join("registrations.json");
-        let mut registrations = Registrations::new(path.clone());
         assert!(registrations.saved().is_empty(), "no file yet");
         registrations
             .insert(registration("web", "web-1", 10), b"v1".to_vec())
@@ -204,10 +206,14 @@ mod tests {
 
     #[test]
     fn a_registration_again_replaces_the_one_before() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut registrations = Registrations::new(dir.path().join("r.json"));
+        let (_dir, mut registrations) = registered(&[]);
         let (service, workload) = names("web", "web-1");
-        assert_eq!(registrations.current(&service, &workload), None);
+        assert_eq!(
+            registrations
+                .get(&service, &workload)
+                .map(|(r, v)| (r.serial, v)),
+            None
+        );
         registrations
             .insert(registration("web", "web-1", 10), b"old".to_vec())
             .unwrap();
@@ -215,7 +221,9 @@ mod tests {
             .insert(registration("web", "web-1", 11), b"new".to_vec())
             .unwrap();
         assert_eq!(
-            registrations.current(&service, &workload),
+            registrations
+                .get(&service, &workload)
+                .map(|(r, v)| (r.serial, v)),
             Some((11, b"new".to_vec()))
         );
         assert_eq!(registrations.list().len(), 1);
@@ -227,14 +235,7 @@ mod tests {
 
     #[test]
     fn only_records_past_the_age_are_due() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut registrations = Registrations::new(dir.path().join("r.json"));
-        registrations
-            .insert(registration("web", "old", 1_000), Vec::new())
-            .unwrap();
-        registrations
-            .insert(registration("web", "young", 20_000), Vec::new())
-            .unwrap();
+        let (_dir, registrations) = registered(&[("web", "old", 1_000), ("web", "young", 20_000)]);
         let due = registrations.older_than(30_000, 31_000);
         assert_eq!(due, [registration("web", "old", 1_000)]);
         // A record from the future (the clock stepped back) is not due.
@@ -243,22 +244,13 @@ mod tests {
 
     #[test]
     fn a_workloads_endorsement_is_its_newest_record() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut registrations = Registrations::new(dir.path().join("r.json"));
-        registrations
-            .insert(registration("web", "w", 10), b"web".to_vec())
-            .unwrap();
-        registrations
-            .insert(registration("api", "w", 30), b"api".to_vec())
-            .unwrap();
-        registrations
-            .insert(registration("db", "other", 99), b"db".to_vec())
-            .unwrap();
+        let (_dir, registrations) =
+            registered(&[("web", "w", 10), ("api", "w", 30), ("db", "other", 99)]);
         let (_, w) = names("web", "w");
         let (service, value, serial) = registrations.endorsement_of(&w).unwrap();
         assert_eq!(
             (service.as_str(), value, serial),
-            ("api", b"api".to_vec(), 30)
+            ("api", b"api/w".to_vec(), 30)
         );
         let (_, nobody) = names("web", "nobody");
         assert_eq!(registrations.endorsement_of(&nobody), None);

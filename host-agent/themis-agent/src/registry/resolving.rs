@@ -3,7 +3,7 @@
 //! [judged](super::verdicts) against the mesh root and the revocations. `explain`
 //! always asks the DHT and shows every verdict with the trust log behind it.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::gate::{Budget, Decision};
 use super::verdicts::{judge, leaves_behind, Judged};
@@ -30,33 +30,18 @@ impl Registry {
                 resolution,
                 limited,
             } => {
-                match limited {
-                    Some(Budget::Fresh) => self.metrics.resolve_fresh_limited("served_cached"),
-                    Some(Budget::Lookups) => self.metrics.resolve_lookups_limited("served_cached"),
-                    None => {}
+                if let Some(budget) = limited {
+                    self.count_limited(budget, "served_cached");
                 }
                 self.metrics.resolve_cache(true);
                 return Ok(resolution);
             }
             Decision::Refused {
-                budget: Budget::Fresh,
+                budget,
                 retry_after,
             } => {
-                self.metrics.resolve_fresh_limited("refused");
-                return Err(RegistryError::RateLimited {
-                    per_sec: self.config.fresh_per_sec,
-                    retry_after,
-                });
-            }
-            Decision::Refused {
-                budget: Budget::Lookups,
-                retry_after,
-            } => {
-                self.metrics.resolve_lookups_limited("refused");
-                return Err(RegistryError::LookupsLimited {
-                    per_sec: self.config.lookups_per_sec,
-                    retry_after,
-                });
+                self.count_limited(budget, "refused");
+                return Err(self.over_budget(budget, retry_after));
             }
             Decision::Lookup => {}
         }
@@ -72,6 +57,28 @@ impl Registry {
             self.metrics.resolve_cache_evicted();
         }
         Ok(resolution)
+    }
+
+    /// Counts a resolution over `budget`, served from the cache or refused (`outcome`).
+    fn count_limited(&self, budget: Budget, outcome: &'static str) {
+        match budget {
+            Budget::Fresh => self.metrics.resolve_fresh_limited(outcome),
+            Budget::Lookups => self.metrics.resolve_lookups_limited(outcome),
+        }
+    }
+
+    /// The refusal of a resolution over `budget`.
+    fn over_budget(&self, budget: Budget, retry_after: Duration) -> RegistryError {
+        match budget {
+            Budget::Fresh => RegistryError::RateLimited {
+                per_sec: self.config.fresh_per_sec,
+                retry_after,
+            },
+            Budget::Lookups => RegistryError::LookupsLimited {
+                per_sec: self.config.lookups_per_sec,
+                retry_after,
+            },
+        }
     }
 
     /// Every value stored for `service` (all replicas), with why it is or is not
