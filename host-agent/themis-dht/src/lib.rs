@@ -107,6 +107,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod gossip;
 pub mod key;
 mod lookup;
 pub mod membership;

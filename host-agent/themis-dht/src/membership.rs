@@ -76,6 +76,11 @@ impl<A: Clone> Members<A> {
             .filter(move |c| c.id != id)
     }
 
+    /// The `i`-th member by id.
+    pub fn at(&self, i: usize) -> Option<&Contact<A>> {
+        self.sorted.get(i)
+    }
+
     /// All members, by id.
     pub fn iter(&self) -> impl Iterator<Item = &Contact<A>> {
         self.sorted.iter()
