@@ -25,12 +25,14 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod announcement;
 mod pem;
 mod revocations;
 mod root;
 mod statement;
 mod verify;
 
+pub use announcement::{Announced, Announcement, ANNOUNCEMENT_LABEL};
 pub use pem::{chain_from_pem, chain_to_pem, from_pem, pem_blocks, to_pem, PemKind};
 pub use revocations::Revocations;
 pub use root::{MeshRoot, RootError};
@@ -109,6 +111,12 @@ pub enum TrustError {
     /// Metadata or reason over its limits.
     #[error("a field is over its size limit")]
     TooLarge,
+    /// Signed by a key the trust log does not admit as a node.
+    #[error("not signed by an admitted node")]
+    NotAdmitted,
+    /// An instance endpoint that is not at the address its endorsing node announced.
+    #[error("the endpoint does not belong to the node that endorsed it")]
+    EndpointNotOwned,
 }
 
 impl TrustError {
@@ -130,6 +138,8 @@ impl TrustError {
             TrustError::BadLifetime => "bad_lifetime",
             TrustError::Revoked => "revoked",
             TrustError::TooLarge => "too_large",
+            TrustError::NotAdmitted => "not_admitted",
+            TrustError::EndpointNotOwned => "endpoint_not_owned",
         }
     }
 }
