@@ -306,8 +306,34 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
         })
     };
 
+    // One-hop routing: the membership and the log's growth, by gossip.
+    let gossip = (settings.routing == crate::config::Routing::OneHop).then(|| {
+        let (state, heard) = crate::gossip::GossipState::new(&node, advertise, &trust);
+        overlay.serve_gossip(state.clone());
+        info!(
+            period_ms = settings.gossip_ms,
+            "one-hop routing: gossiping the membership and the trust log"
+        );
+        tokio::spawn(
+            crate::gossip::Driver {
+                state,
+                heard,
+                overlay: overlay.clone(),
+                client: client.clone(),
+                trust: trust.clone(),
+                metrics: metrics.clone(),
+                bootstrap: settings.bootstrap().unwrap_or_default(),
+                period: Duration::from_millis(settings.gossip_ms),
+            }
+            .run(),
+        )
+    });
+
     wait_for_shutdown().await;
     info!("shutting down: leaving the ring");
+    if let Some(task) = gossip {
+        task.abort();
+    }
     log_sync.abort();
     renewal.abort();
     revocation_poll.abort();

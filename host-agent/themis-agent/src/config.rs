@@ -13,6 +13,16 @@ use themis_dht::{Contact, Key};
 use crate::overlay::{OverlayConfig, Peer};
 use crate::registry::RegistryConfig;
 
+/// How the DHT finds a key's replica holders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Routing {
+    /// Chord's iterative lookups through other nodes.
+    Chord,
+    /// One hop: holders computed from the full, verified membership.
+    OneHop,
+}
+
 /// Default state directory (key files, registrations, the API socket).
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/themis";
 
@@ -31,6 +41,12 @@ pub struct Settings {
     /// How often to compare trust logs with a peer and take what it has more, in
     /// milliseconds.
     pub log_sync_ms: u64,
+    /// How replica holders are found: Chord lookups through other nodes, or one hop
+    /// from the full membership (docs/PROTOCOL.md §6.14).
+    pub routing: Routing,
+    /// With one-hop routing, the gossip's pull period in milliseconds (news is pushed
+    /// at once).
+    pub gossip_ms: u64,
     /// Key files, saved registrations and (by default) the API socket live here.
     pub state_dir: PathBuf,
     /// Where to accept connections from other agents.
@@ -129,6 +145,8 @@ impl Default for Settings {
             mesh_root: None,
             revocation_poll_ms: 10_000,
             log_sync_ms: 5_000,
+            routing: Routing::Chord,
+            gossip_ms: 2_000,
             state_dir: DEFAULT_STATE_DIR.into(),
             listen: "127.0.0.1:7400".parse().expect("valid"),
             advertise: None,
@@ -215,6 +233,16 @@ pub struct AgentArgs {
     /// this node from a neighbour, and on how long a fork shown to it goes unseen.
     #[arg(long)]
     pub log_sync_ms: Option<u64>,
+    /// How replica holders are found [default: chord]: `chord`, lookups through other
+    /// nodes; `one-hop`, every agent holds the full membership (admitted nodes at the
+    /// addresses they signed, spread by gossip) and asks the holders directly, so no
+    /// node can steer its lookups (docs/PROTOCOL.md §6.14).
+    #[arg(long, value_enum)]
+    pub routing: Option<Routing>,
+    /// With `--routing one-hop`, the gossip's pull period, ms [default: 2000]; news
+    /// (a revocation, a member) is pushed at once.
+    #[arg(long, value_name = "MS")]
+    pub gossip_ms: Option<u64>,
     /// State directory: key files, registrations, API socket [default: /var/lib/themis].
     #[arg(long, env = "THEMIS_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
@@ -365,6 +393,8 @@ impl Settings {
             log_format,
             revocation_poll_ms,
             log_sync_ms,
+            routing,
+            gossip_ms,
             resolve_lookups_per_sec,
             resolve_lookups_burst,
             inbound_handshakes_per_sec,
@@ -465,6 +495,7 @@ impl Settings {
             || self.op_timeout_ms == 0
             || self.revocation_poll_ms == 0
             || self.log_sync_ms == 0
+            || self.gossip_ms == 0
         {
             return invalid("timeouts and periods must be non-zero".into());
         }

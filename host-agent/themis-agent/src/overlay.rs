@@ -90,6 +90,10 @@ pub enum Frame {
         /// Leaves from the index asked for.
         leaves: Vec<Vec<u8>>,
     },
+    /// Gossip (docs/PROTOCOL.md §6.14), as a request and as its answer: what the sender
+    /// holds of the trust log and of the membership. A request carries the sender's
+    /// own credentials; an answer carries every member's when the digests differ.
+    Roster(crate::gossip::RosterFrame),
 }
 
 /// The most leaves one [`Frame::LogAnswer`] carries: 256 leaves of the largest size
@@ -232,6 +236,10 @@ pub struct RingView {
     pub fingers: Vec<(usize, PeerView)>,
     /// Objects held for the ring: hex object id and number of values.
     pub objects: Vec<(String, usize)>,
+    /// With one-hop routing, how many members the node routes over (`None`: it routes
+    /// the Chord way).
+    #[serde(default)]
+    pub members: Option<usize>,
 }
 
 type Reply<T> = oneshot::Sender<T>;
@@ -253,6 +261,7 @@ enum Command {
     },
     View(Reply<RingView>),
     Leave(Reply<()>),
+    SetMembers(themis_dht::Members<SocketAddr>),
 }
 
 enum UserOp {
@@ -280,6 +289,8 @@ pub struct Overlay {
     snapshot: Arc<Mutex<Snapshot>>,
     metrics: Arc<Metrics>,
     trust: Arc<MeshTrust>,
+    /// The gossip this agent answers, once it runs one.
+    gossip: Arc<std::sync::OnceLock<Arc<crate::gossip::GossipState>>>,
 }
 
 /// Longest time a graceful leave waits for its farewell messages to be acknowledged.
@@ -334,6 +345,7 @@ impl Overlay {
             snapshot,
             metrics,
             trust,
+            gossip: Arc::default(),
         }
     }
 
@@ -486,6 +498,7 @@ impl Overlay {
                 from,
                 max,
             }) => return self.answer_log(peer, &admission, from, max),
+            Ok(Frame::Roster(request)) => return self.answer_roster(peer, request),
             Ok(Frame::Refused { .. }) => return unproven(self.refuse("unexpected_refusal")),
             Ok(Frame::LogAnswer { .. }) => return unproven(self.refuse("unexpected_answer")),
             Err(_) => return unproven(self.refuse("malformed")),
@@ -523,6 +536,39 @@ impl Overlay {
             payload: Frame::LogAnswer { checkpoint, leaves }.encode(),
             standing: Standing::Admitted,
         }
+    }
+
+    /// A peer's gossip: an admitted node gets what this one holds (see
+    /// [`crate::gossip`]); an agent that runs no gossip refuses it.
+    fn answer_roster(&self, peer: PeerId, request: crate::gossip::RosterFrame) -> Answer {
+        if let Err(error) = self.trust.check_peer(&peer, &request.admission) {
+            self.metrics.frame_refused(&not_admitted(&error));
+            return Answer {
+                payload: Frame::refused("rejected"),
+                standing: Standing::Refused,
+            };
+        }
+        let Some(gossip) = self.gossip.get() else {
+            return Answer {
+                payload: self.refuse("no_gossip"),
+                standing: Standing::Admitted,
+            };
+        };
+        let answer = gossip.answer(&self.trust, &self.metrics, peer, request);
+        Answer {
+            payload: Frame::Roster(answer).encode(),
+            standing: Standing::Admitted,
+        }
+    }
+
+    /// Serves gossip frames with `state` from now on.
+    pub fn serve_gossip(&self, state: Arc<crate::gossip::GossipState>) {
+        let _ = self.gossip.set(state);
+    }
+
+    /// Switches the node to one-hop routing over `members`, or gives it a newer list.
+    pub async fn set_members(&self, members: themis_dht::Members<SocketAddr>) {
+        let _ = self.commands.send(Command::SetMembers(members)).await;
     }
 
     /// The answer to a frame from `peer`, whose admission was checked.
@@ -745,6 +791,16 @@ impl Driver {
             Command::View(reply) => {
                 let _ = reply.send(self.view());
             }
+            Command::SetMembers(members) => {
+                let (count, first) = (members.len(), self.node.members().is_none());
+                self.node.set_members(now, members);
+                if first {
+                    info!(
+                        members = count,
+                        "one-hop routing: holders computed from the membership"
+                    );
+                }
+            }
             Command::Leave(_) => unreachable!("handled by the loop"),
         }
     }
@@ -867,6 +923,7 @@ impl Driver {
                 .into_iter()
                 .map(|(key, values)| (hex::encode(key.0), values))
                 .collect(),
+            members: self.node.members().map(themis_dht::Members::len),
         }
     }
 

@@ -42,6 +42,8 @@ pub struct TrustLog {
     /// (filters ask for them at every poll).
     proofs: RwLock<Arc<(Option<Vec<u8>>, RevocationProofs)>>,
     forks: Mutex<Vec<Fork>>,
+    /// The size, for whoever wants to hear of growth at once (gossip pushes it).
+    size: tokio::sync::watch::Sender<u64>,
 }
 
 impl TrustLog {
@@ -73,6 +75,7 @@ impl TrustLog {
             file,
             forks_dir: state_dir.map(|d| d.join(FORKS_DIR)),
             proofs: RwLock::new(Arc::new(proofs_of(&log))),
+            size: tokio::sync::watch::Sender::new(log.size()),
             log: RwLock::new(log),
             forks: Mutex::new(Vec::new()),
         }
@@ -85,6 +88,11 @@ impl TrustLog {
     /// Leaves held.
     pub fn size(&self) -> u64 {
         self.read().size()
+    }
+
+    /// Watches the size: changes as soon as the log grows.
+    pub fn watch_size(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.size.subscribe()
     }
 
     /// Forks seen since start.
@@ -143,6 +151,7 @@ impl TrustLog {
         if added > 0 {
             self.save(&log);
             info!(size = offered.size, added, "the trust log grew");
+            self.size.send_replace(offered.size);
         }
         Ok(offered)
     }

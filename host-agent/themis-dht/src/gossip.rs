@@ -143,7 +143,7 @@ impl<A: Clone> Gossip<A> {
         }
         self.version = version;
         self.claims.retain(|_, (_, claimed)| *claimed > version);
-        for peer in pick(members, &self.me, self.config.fanout, random) {
+        for peer in members.random_others(&self.me, self.config.fanout, random) {
             self.send(peer);
         }
         self.next_claim(now);
@@ -192,7 +192,7 @@ impl<A: Clone> Gossip<A> {
         if self.next_pull <= now {
             self.next_pull = now + self.config.period;
             self.distrusted.retain(|_, until| *until > now);
-            if let Some(peer) = pick(members, &self.me, 1, random).pop() {
+            if let Some(peer) = members.random_others(&self.me, 1, random).pop() {
                 self.send(peer);
             }
         }
@@ -241,35 +241,6 @@ impl<A: Clone> Gossip<A> {
         self.fetching = Some((from.id, version, now + self.config.fetch_timeout));
         self.actions.push_back(Action::Fetch(from, version));
     }
-}
-
-/// `count` distinct random members other than `me` (fewer if there are not enough).
-fn pick<A: Clone>(members: &Members<A>, me: &Key, count: usize, random: u64) -> Vec<Contact<A>> {
-    let n = members.len();
-    let mut out: Vec<Contact<A>> = Vec::with_capacity(count);
-    let mut state = random;
-    // Bounded: at most 4 draws per wanted member, then whoever was drawn.
-    for _ in 0..count * 4 {
-        if out.len() == count || n <= out.len() + 1 {
-            break;
-        }
-        state = splitmix(state);
-        let c = members
-            .at((state % n as u64) as usize)
-            .expect("index below len");
-        if &c.id != me && !out.iter().any(|o| o.id == c.id) {
-            out.push(c.clone());
-        }
-    }
-    out
-}
-
-/// SplitMix64: spreads one random word over several draws.
-fn splitmix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 #[cfg(test)]
@@ -380,9 +351,4 @@ mod tests {
         assert_eq!(g.poll_timeout(), 2_000);
     }
 
-    #[test]
-    fn picking_from_tiny_memberships_ends() {
-        assert!(pick(&members(1), &Key::from_low(0), 3, 1).is_empty());
-        assert_eq!(pick(&members(2), &Key::from_low(0), 3, 1).len(), 1);
-    }
 }

@@ -85,6 +85,36 @@ impl<A: Clone> Members<A> {
     pub fn iter(&self) -> impl Iterator<Item = &Contact<A>> {
         self.sorted.iter()
     }
+
+    /// Up to `count` distinct members other than `me`, drawn with `random` (one fresh
+    /// random word; the draws are spread from it). Bounded: a few draws per member
+    /// wanted, so it ends on any membership.
+    pub fn random_others(&self, me: &Key, count: usize, random: u64) -> Vec<Contact<A>> {
+        let n = self.sorted.len();
+        let others = n - usize::from(self.get(me).is_some());
+        let want = count.min(others);
+        let mut out: Vec<Contact<A>> = Vec::with_capacity(want);
+        let mut state = random;
+        for _ in 0..want * 8 {
+            if out.len() == want {
+                break;
+            }
+            state = splitmix(state);
+            let c = &self.sorted[(state % n as u64) as usize];
+            if &c.id != me && !out.iter().any(|o| o.id == c.id) {
+                out.push(c.clone());
+            }
+        }
+        out
+    }
+}
+
+/// SplitMix64: spreads one random word over several draws.
+fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// What this node has seen of its peers' liveness: nothing any peer said, only requests
@@ -228,6 +258,23 @@ mod tests {
         assert_eq!(live.down_count(50), 1, "99 is no member");
         live.sweep(100, &m);
         assert_eq!(live.down_count(0), 0);
+    }
+
+    #[test]
+    fn random_others_are_distinct_never_me_and_end_on_tiny_rings() {
+        let m = members(&[10, 30, 50, 70]);
+        for seed in 0..50 {
+            let got = m.random_others(&Key::from_low(30), 3, seed);
+            assert_eq!(got.len(), 3, "seed {seed}");
+            assert!(got.iter().all(|c| c.addr != 30));
+            let mut ids: Vec<u64> = got.iter().map(|c| c.addr).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            assert_eq!(ids.len(), 3);
+        }
+        assert!(members(&[10]).random_others(&Key::from_low(10), 3, 1).is_empty());
+        assert!(members(&[]).random_others(&Key::from_low(10), 3, 1).is_empty());
+        assert_eq!(members(&[10, 30]).random_others(&Key::from_low(99), 5, 1).len(), 2);
     }
 
     #[test]

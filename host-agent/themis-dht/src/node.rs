@@ -1089,6 +1089,9 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
             None => self.stats.lookups_failed += 1,
         }
         match (l.purpose, found) {
+            // Given a membership while the join was in flight: it decides the table,
+            // and the node runs whatever the join found.
+            (Purpose::Join, _) if self.members.is_some() => {}
             (Purpose::Join, Some(successor)) => {
                 self.table.set_successors(vec![successor.clone()]);
                 self.start_maintenance(now);

@@ -1,0 +1,329 @@
+//! Gossip among the agents (issue 23, docs/PROTOCOL.md §6.14): the membership that
+//! one-hop routing needs, and the trust log's growth, spread push-pull.
+//!
+//! Every exchange is one [`Frame::Roster`] request and its answer. Both say how large
+//! a log the sender holds and summarise its roster; a request also carries the
+//! sender's own credentials (admission + address announcement), an answer every
+//! member's when the rosters differ. Who to tell and when, and whose larger log to
+//! fetch, is the sans-IO [`Gossip`] of `themis-dht`: news is pushed to 3 random members
+//! at once, one random member is pulled every period, the smallest claim above ours is
+//! fetched first (through the trust log's own verified exchange, `log_sync`). Peers
+//! come from the verified roster, never from what a peer names. Roster changes are
+//! pushed the same way, and feed the DHT node's membership ([`Overlay::set_members`]).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ring::rand::{SecureRandom, SystemRandom};
+use serde::{Deserialize, Serialize};
+use themis_core::{Identity, PeerId};
+use themis_dht::gossip::{Action, Gossip, GossipConfig, Have};
+use themis_dht::{Contact, Key, Members};
+use themis_net::Client;
+use themis_trust::{Announcement, Signed, ANNOUNCEMENT_LABEL};
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinSet;
+use tracing::{debug, info};
+
+use crate::log_sync::{exchange, Synced};
+use crate::metrics::Metrics;
+use crate::overlay::{Frame, Overlay, Peer};
+use crate::roster::{Credentials, Roster, MAX_MEMBERS};
+use crate::trust::{unix_millis, MeshTrust};
+
+/// What a gossip request or answer carries.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RosterFrame {
+    /// The sender's admission credential (its frames are checked like any other).
+    pub admission: Vec<u8>,
+    /// Where the sender accepts agent connections.
+    pub listen: SocketAddr,
+    /// The size of the sender's verified trust log.
+    pub log_size: u64,
+    /// The sender's [`Roster::digest`].
+    pub digest: [u8; 32],
+    /// Members' credentials: the sender's own in a request, every member's in an
+    /// answer to a peer whose digest differs; at most [`MAX_MEMBERS`].
+    pub members: Vec<Credentials>,
+}
+
+/// The state gossip shares between the agent's server (answers) and its driver.
+pub struct GossipState {
+    roster: Mutex<Roster>,
+    own: Credentials,
+    listen: SocketAddr,
+    /// What peers said in their requests, for the driver.
+    heard: mpsc::UnboundedSender<(Peer, u64)>,
+    /// The roster changed: news to push and a membership to hand the node.
+    changed: Notify,
+}
+
+impl GossipState {
+    /// The state of the agent `node`, listening on `listen`: its roster starts with
+    /// itself, under an announcement signed now. The receiver gets what peers say.
+    pub fn new(
+        node: &Identity,
+        listen: SocketAddr,
+        trust: &MeshTrust,
+    ) -> (Arc<GossipState>, mpsc::UnboundedReceiver<(Peer, u64)>) {
+        let announcement = Signed::sign(
+            node,
+            ANNOUNCEMENT_LABEL,
+            &Announcement {
+                mesh: trust.root().mesh.as_str().into(),
+                address: listen,
+                issued_at: unix_millis(),
+                leaving: false,
+            },
+        )
+        .encode();
+        let own = (trust.own_admission().to_vec(), announcement);
+        let mut roster = Roster::default();
+        if let Err(error) = trust.verify(|v| roster.offer(v, &own.0, &own.1)) {
+            // Our own admission is checked at start; only a revocation gets here.
+            info!(%error, "this node's own credentials do not verify: it is no member");
+        }
+        let (heard, heard_rx) = mpsc::unbounded_channel();
+        let state = GossipState {
+            roster: Mutex::new(roster),
+            own,
+            listen,
+            heard,
+            changed: Notify::new(),
+        };
+        (Arc::new(state), heard_rx)
+    }
+
+    fn roster(&self) -> std::sync::MutexGuard<'_, Roster> {
+        self.roster.lock().expect("never poisoned")
+    }
+
+    /// Takes the members' credentials a peer sent; counts what does not verify.
+    fn take(&self, trust: &MeshTrust, metrics: &Metrics, members: &[Credentials]) {
+        let mut changed = false;
+        {
+            let mut roster = self.roster();
+            for (admission, announcement) in members.iter().take(MAX_MEMBERS) {
+                match trust.verify(|v| roster.offer(v, admission, announcement)) {
+                    Ok(grew) => changed |= grew,
+                    Err(error) => metrics.frame_refused(&format!("roster_{}", error.reason())),
+                }
+            }
+        }
+        if changed {
+            self.changed.notify_one();
+        }
+    }
+
+    /// What this agent holds, as a frame: its own credentials (a request) or every
+    /// member's if `their_digest` differs from ours (an answer).
+    fn frame(&self, trust: &MeshTrust, their_digest: Option<[u8; 32]>) -> RosterFrame {
+        let roster = self.roster();
+        let digest = roster.digest();
+        let members = match their_digest {
+            None => vec![self.own.clone()],
+            Some(theirs) if theirs != digest => roster.credentials(),
+            Some(_) => Vec::new(),
+        };
+        RosterFrame {
+            admission: trust.own_admission().to_vec(),
+            listen: self.listen,
+            log_size: trust.log().size(),
+            digest,
+            members,
+        }
+    }
+
+    /// The server side: a request from the admitted `peer`.
+    pub fn answer(
+        &self,
+        trust: &MeshTrust,
+        metrics: &Metrics,
+        peer: PeerId,
+        request: RosterFrame,
+    ) -> RosterFrame {
+        self.take(trust, metrics, &request.members);
+        if !request.listen.ip().is_unspecified() && request.listen.port() != 0 {
+            let from = Contact {
+                id: Key(peer.0),
+                addr: request.listen,
+            };
+            let _ = self.heard.send((from, request.log_size));
+        }
+        self.frame(trust, Some(request.digest))
+    }
+
+    /// The membership one-hop routing uses now.
+    pub fn members(&self, trust: &MeshTrust) -> Members<SocketAddr> {
+        let roster = self.roster();
+        trust.verify(|v| roster.members(v))
+    }
+
+    /// This node's key (the signer of its own announcement).
+    fn own_signer(&self) -> [u8; 32] {
+        Signed::decode(&self.own.1)
+            .map(|s| s.signer)
+            .expect("our own announcement decodes")
+    }
+
+    /// How many members the roster holds.
+    pub fn len(&self) -> usize {
+        self.roster().len()
+    }
+
+    /// Whether it holds none (not even this node).
+    pub fn is_empty(&self) -> bool {
+        self.roster().is_empty()
+    }
+}
+
+/// What the driver needs.
+pub struct Driver {
+    /// Shared with the server.
+    pub state: Arc<GossipState>,
+    /// What peers said.
+    pub heard: mpsc::UnboundedReceiver<(Peer, u64)>,
+    /// The DHT node's handle (its membership is set from the roster).
+    pub overlay: Overlay,
+    /// The agents' secure channel.
+    pub client: Arc<Client>,
+    /// The mesh root, revocations and the trust log.
+    pub trust: Arc<MeshTrust>,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// Asked first, while the roster knows nobody else.
+    pub bootstrap: Vec<Peer>,
+    /// The pull period.
+    pub period: Duration,
+}
+
+enum Done {
+    /// A gossip exchange: the peer, and its answer if it gave one.
+    Exchanged(Peer, Option<RosterFrame>),
+    /// A log fetch from a peer, and what it came to.
+    Fetched(Synced),
+}
+
+impl Driver {
+    /// Runs gossip until the task is aborted.
+    pub async fn run(mut self) {
+        let started = Instant::now();
+        let now = move || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let me = Key(PeerId::derive(&self.state.own_signer(), self.trust.root().mesh.as_str()).0);
+        let config = GossipConfig {
+            period: u64::try_from(self.period.as_millis()).unwrap_or(u64::MAX),
+            ..GossipConfig::default()
+        };
+        let mut gossip = Gossip::new(me, config, self.trust.log().size(), now());
+        let mut tasks: JoinSet<Done> = JoinSet::new();
+        let mut members = self.state.members(&self.trust);
+        let mut generation = self.trust.generation();
+        let random = SystemRandom::new();
+        let draw = || {
+            let mut b = [0u8; 8];
+            random.fill(&mut b).expect("the system RNG works");
+            u64::from_le_bytes(b)
+        };
+        self.hand_members(&members).await;
+        let mut next_bootstrap = Instant::now();
+        let mut log_grew = self.trust.log().watch_size();
+        loop {
+            // Nobody else known yet: ask the bootstrap nodes for the roster, once a
+            // period.
+            if members.len() < 2 && next_bootstrap <= Instant::now() {
+                next_bootstrap = Instant::now() + self.period;
+                for peer in self.bootstrap.clone() {
+                    self.spawn_exchange(&mut tasks, peer);
+                }
+            }
+            let mut wake = started + Duration::from_millis(gossip.poll_timeout());
+            if members.len() < 2 {
+                wake = wake.min(next_bootstrap);
+            }
+            tokio::select! {
+                Some((peer, size)) = self.heard.recv() => {
+                    gossip.on_have(now(), peer, Have { version: size });
+                }
+                () = self.state.changed.notified() => {
+                    members = self.state.members(&self.trust);
+                    self.hand_members(&members).await;
+                    // Roster news: tell a few members at once (their answers carry theirs).
+                    for peer in members.random_others(&me, 3, draw()) {
+                        self.spawn_exchange(&mut tasks, peer);
+                    }
+                }
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => match done {
+                    Ok(Done::Exchanged(peer, Some(answer))) => {
+                        self.state.take(&self.trust, &self.metrics, &answer.members);
+                        gossip.on_have(now(), peer, Have { version: answer.log_size });
+                    }
+                    Ok(Done::Exchanged(peer, None)) => {
+                        debug!(peer = %peer.addr, "gossip exchange failed");
+                    }
+                    Ok(Done::Fetched(Synced::Grew(_) | Synced::Consistent)) => {}
+                    Ok(Done::Fetched(synced)) => {
+                        debug!(?synced, "log fetch brought nothing");
+                        gossip.fetch_failed(now());
+                    }
+                    Err(_) => {}
+                },
+                // Handled below, as any growth is.
+                Ok(()) = log_grew.changed() => {}
+                () = tokio::time::sleep_until(wake.into()) => {
+                    gossip.handle_timeout(now(), &members, draw());
+                }
+            }
+            // The log grew (a fetch, the operator, the backstop sync): news.
+            let size = self.trust.log().size();
+            if size > gossip.version() {
+                gossip.learned(now(), size, &members, draw());
+            }
+            // Revocations change who is a member.
+            if self.trust.generation() != generation {
+                generation = self.trust.generation();
+                members = self.state.members(&self.trust);
+                self.hand_members(&members).await;
+            }
+            while let Some(action) = gossip.poll_action() {
+                match action {
+                    Action::Send(peer, _) => self.spawn_exchange(&mut tasks, peer),
+                    Action::Fetch(peer, _) => {
+                        let (client, trust, metrics) = (
+                            self.client.clone(),
+                            self.trust.clone(),
+                            self.metrics.clone(),
+                        );
+                        tasks.spawn(async move {
+                            let id = PeerId(peer.id.0);
+                            Done::Fetched(exchange(&client, &trust, &metrics, id, peer.addr).await)
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gives the DHT node the membership once it holds more than this node (or when
+    /// this node starts the mesh: no bootstrap).
+    async fn hand_members(&self, members: &Members<SocketAddr>) {
+        if members.len() >= 2 || (self.bootstrap.is_empty() && !members.is_empty()) {
+            self.overlay.set_members(members.clone()).await;
+        }
+    }
+
+    fn spawn_exchange(&self, tasks: &mut JoinSet<Done>, peer: Peer) {
+        let request = Frame::Roster(self.state.frame(&self.trust, None)).encode();
+        let client = self.client.clone();
+        tasks.spawn(async move {
+            let answer = client.request(PeerId(peer.id.0), peer.addr, &request).await;
+            let frame = answer
+                .ok()
+                .and_then(|bytes| postcard::from_bytes::<Frame>(&bytes).ok());
+            match frame {
+                Some(Frame::Roster(answer)) => Done::Exchanged(peer, Some(answer)),
+                _ => Done::Exchanged(peer, None),
+            }
+        });
+    }
+}

@@ -1,0 +1,145 @@
+//! One-hop routing through real agents (issue 23, docs/PROTOCOL.md §6.14): 32 agents
+//! on loopback gossip their signed addresses until each holds the full membership,
+//! resolve with no lookup through others, and a revocation published to one agent
+//! reaches all 32 by gossip, with the trust log's periodic sync turned off so that
+//! gossip is all that carries it. The reach is printed (`--nocapture`); the bound
+//! asserted is generous (the target is 5 s at p99; the figure belongs to
+//! benchmarks/RESULTS.md).
+
+use themis_testkit::agent as common;
+
+use std::time::{Duration, Instant};
+
+use common::{Agent, MESH};
+use themis_core::{MeshName, PeerId};
+
+const AGENTS: usize = 32;
+
+/// FAST, with one-hop routing, gossip every 500 ms and the log's backstop sync off.
+const ONE_HOP: &[&str] = &[
+    "--stabilise-ms",
+    "200",
+    "--request-timeout-ms",
+    "500",
+    "--record-ttl-secs",
+    "10",
+    "--republish-secs",
+    "2",
+    "--metrics",
+    "off",
+    "--routing",
+    "one-hop",
+    "--gossip-ms",
+    "500",
+    "--log-sync-ms",
+    "3600000",
+];
+
+fn members(agent: &Agent) -> Option<u64> {
+    agent.get("/v1/ring")?.1["members"].as_u64()
+}
+
+fn log_size(agent: &Agent) -> u64 {
+    agent
+        .get("/v1/log")
+        .and_then(|(_, s)| s["size"].as_u64())
+        .unwrap_or(0)
+}
+
+/// Publishes through `via` a revocation of a fresh id; returns the log size it made,
+/// how long the operator's command took (until `via` held the log), and for each
+/// agent how long after that it held the log (0 for `via`).
+fn revocation_reach(
+    agents: &[Agent],
+    via: &Agent,
+    mesh_dir: &std::path::Path,
+    salt: u8,
+) -> (u64, Duration, Vec<Duration>) {
+    let id = PeerId([salt; 32]).printable(&MeshName::new(MESH).unwrap());
+    let started = Instant::now();
+    via.revoke_many(&[id], mesh_dir);
+    let published = started.elapsed();
+    let target = log_size(via);
+    let mut reached: Vec<Option<Duration>> = vec![None; agents.len()];
+    let deadline = started + Duration::from_secs(60);
+    while reached.iter().any(Option::is_none) && Instant::now() < deadline {
+        for (i, agent) in agents.iter().enumerate() {
+            if reached[i].is_none() && log_size(agent) >= target {
+                reached[i] = Some(started.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let missing: Vec<&str> = agents
+        .iter()
+        .zip(&reached)
+        .filter(|(_, r)| r.is_none())
+        .map(|(a, _)| a.name.as_str())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "never got log size {target}: {missing:?}"
+    );
+    let mut times: Vec<Duration> = reached
+        .into_iter()
+        .flatten()
+        .map(|t| t.saturating_sub(published))
+        .collect();
+    times.sort();
+    (target, published, times)
+}
+
+fn percentile(sorted: &[Duration], p: usize) -> Duration {
+    sorted[(sorted.len() * p).div_ceil(100).max(1) - 1]
+}
+
+#[test]
+fn thirty_two_one_hop_agents_resolve_and_a_revocation_reaches_all_by_gossip() {
+    let dir = common::workdir();
+    let root = dir.path();
+    let agents = common::ring(root, AGENTS, ONE_HOP);
+    for agent in &agents {
+        agent.wait_for("the full membership", Duration::from_secs(60), |a| {
+            (members(a)? == AGENTS as u64).then_some(())
+        });
+    }
+
+    // A service on one node resolves on every node (the holders computed, not looked up).
+    agents[5].register("check", "check-0", "127.0.0.1:15006");
+    for agent in &agents {
+        agent.wait_for("check's instance", Duration::from_secs(30), |a| {
+            (a.endpoints("check")? == ["127.0.0.1:15006"]).then_some(())
+        });
+    }
+
+    // Revocations published to one agent, carried by gossip alone.
+    let mesh_dir = common::mesh_dir(root);
+    let (first_size, _, first) = revocation_reach(&agents, &agents[7], &mesh_dir, 0x51);
+    let (size, command, times) = revocation_reach(&agents, &agents[19], &mesh_dir, 0x52);
+    assert!(size > first_size);
+    eprintln!(
+        "one-hop gossip, {AGENTS} agents on loopback, pull every 500 ms: the first publication \
+         (admissions, grant, revocation: {first_size} leaves) reached all in {:?} (p50 {:?}); \
+         a second revocation (log size {size}; the operator's command took {command:?}) reached \
+         every agent after the publishing one held it p50 {:?}, p99 {:?}, max {:?}",
+        first.last().unwrap(),
+        percentile(&first, 50),
+        percentile(&times, 50),
+        percentile(&times, 99),
+        times.last().unwrap(),
+    );
+    // Generous: the target is 5 s at p99 on an idle machine.
+    assert!(
+        *times.last().unwrap() <= Duration::from_secs(20),
+        "{times:?}"
+    );
+    // Every agent enforces it.
+    for agent in &agents {
+        let (_, known) = agent.get("/v1/revocations").unwrap();
+        assert!(
+            known["revocations"].as_array().unwrap().len() >= 2,
+            "{}",
+            agent.name
+        );
+    }
+}
