@@ -308,7 +308,7 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
 
     // One-hop routing: the membership and the log's growth, by gossip.
     let gossip = (settings.routing == crate::config::Routing::OneHop).then(|| {
-        let (state, heard) = crate::gossip::GossipState::new(&node, advertise, &trust);
+        let (state, heard) = crate::gossip::GossipState::new(&node, advertise, trust.clone());
         overlay.serve_gossip(state.clone());
         info!(
             period_ms = settings.gossip_ms,

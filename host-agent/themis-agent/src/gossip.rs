@@ -12,7 +12,7 @@
 //! pushed the same way, and feed the DHT node's membership ([`Overlay::set_members`]).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ring::rand::{SecureRandom, SystemRandom};
@@ -48,9 +48,11 @@ pub struct RosterFrame {
     pub members: Vec<Credentials>,
 }
 
-/// The state gossip shares between the agent's server (answers) and its driver.
+/// The state gossip shares between the agent's server (answers) and its driver. The
+/// roster itself is the trust state's ([`MeshTrust::enable_roster`]): records are
+/// checked against it too.
 pub struct GossipState {
-    roster: Mutex<Roster>,
+    trust: Arc<MeshTrust>,
     own: Credentials,
     listen: SocketAddr,
     /// What peers said in their requests, for the driver.
@@ -65,7 +67,7 @@ impl GossipState {
     pub fn new(
         node: &Identity,
         listen: SocketAddr,
-        trust: &MeshTrust,
+        trust: Arc<MeshTrust>,
     ) -> (Arc<GossipState>, mpsc::UnboundedReceiver<(Peer, u64)>) {
         let announcement = Signed::sign(
             node,
@@ -79,14 +81,15 @@ impl GossipState {
         )
         .encode();
         let own = (trust.own_admission().to_vec(), announcement);
-        let mut roster = Roster::default();
+        let mut roster = trust.enable_roster().lock().expect("never poisoned");
         if let Err(error) = trust.verify(|v| roster.offer(v, &own.0, &own.1)) {
             // Our own admission is checked at start; only a revocation gets here.
             info!(%error, "this node's own credentials do not verify: it is no member");
         }
+        drop(roster);
         let (heard, heard_rx) = mpsc::unbounded_channel();
         let state = GossipState {
-            roster: Mutex::new(roster),
+            trust,
             own,
             listen,
             heard,
@@ -96,16 +99,21 @@ impl GossipState {
     }
 
     fn roster(&self) -> std::sync::MutexGuard<'_, Roster> {
-        self.roster.lock().expect("never poisoned")
+        self.trust
+            .roster()
+            .expect("enabled when the state was made")
     }
 
     /// Takes the members' credentials a peer sent; counts what does not verify.
-    fn take(&self, trust: &MeshTrust, metrics: &Metrics, members: &[Credentials]) {
+    fn take(&self, metrics: &Metrics, members: &[Credentials]) {
         let mut changed = false;
         {
             let mut roster = self.roster();
             for (admission, announcement) in members.iter().take(MAX_MEMBERS) {
-                match trust.verify(|v| roster.offer(v, admission, announcement)) {
+                match self
+                    .trust
+                    .verify(|v| roster.offer(v, admission, announcement))
+                {
                     Ok(grew) => changed |= grew,
                     Err(error) => metrics.frame_refused(&format!("roster_{}", error.reason())),
                 }
@@ -118,7 +126,7 @@ impl GossipState {
 
     /// What this agent holds, as a frame: its own credentials (a request) or every
     /// member's if `their_digest` differs from ours (an answer).
-    fn frame(&self, trust: &MeshTrust, their_digest: Option<[u8; 32]>) -> RosterFrame {
+    fn frame(&self, their_digest: Option<[u8; 32]>) -> RosterFrame {
         let roster = self.roster();
         let digest = roster.digest();
         let members = match their_digest {
@@ -127,23 +135,17 @@ impl GossipState {
             Some(_) => Vec::new(),
         };
         RosterFrame {
-            admission: trust.own_admission().to_vec(),
+            admission: self.trust.own_admission().to_vec(),
             listen: self.listen,
-            log_size: trust.log().size(),
+            log_size: self.trust.log().size(),
             digest,
             members,
         }
     }
 
     /// The server side: a request from the admitted `peer`.
-    pub fn answer(
-        &self,
-        trust: &MeshTrust,
-        metrics: &Metrics,
-        peer: PeerId,
-        request: RosterFrame,
-    ) -> RosterFrame {
-        self.take(trust, metrics, &request.members);
+    pub fn answer(&self, metrics: &Metrics, peer: PeerId, request: RosterFrame) -> RosterFrame {
+        self.take(metrics, &request.members);
         if !request.listen.ip().is_unspecified() && request.listen.port() != 0 {
             let from = Contact {
                 id: Key(peer.0),
@@ -151,13 +153,13 @@ impl GossipState {
             };
             let _ = self.heard.send((from, request.log_size));
         }
-        self.frame(trust, Some(request.digest))
+        self.frame(Some(request.digest))
     }
 
     /// The membership one-hop routing uses now.
-    pub fn members(&self, trust: &MeshTrust) -> Members<SocketAddr> {
+    pub fn members(&self) -> Members<SocketAddr> {
         let roster = self.roster();
-        trust.verify(|v| roster.members(v))
+        self.trust.verify(|v| roster.members(v))
     }
 
     /// This node's key (the signer of its own announcement).
@@ -217,7 +219,7 @@ impl Driver {
         };
         let mut gossip = Gossip::new(me, config, self.trust.log().size(), now());
         let mut tasks: JoinSet<Done> = JoinSet::new();
-        let mut members = self.state.members(&self.trust);
+        let mut members = self.state.members();
         let mut generation = self.trust.generation();
         let random = SystemRandom::new();
         let draw = || {
@@ -246,7 +248,7 @@ impl Driver {
                     gossip.on_have(now(), peer, Have { version: size });
                 }
                 () = self.state.changed.notified() => {
-                    members = self.state.members(&self.trust);
+                    members = self.state.members();
                     self.hand_members(&members).await;
                     // Roster news: tell a few members at once (their answers carry theirs).
                     for peer in members.random_others(&me, 3, draw()) {
@@ -255,7 +257,7 @@ impl Driver {
                 }
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => match done {
                     Ok(Done::Exchanged(peer, Some(answer))) => {
-                        self.state.take(&self.trust, &self.metrics, &answer.members);
+                        self.state.take(&self.metrics, &answer.members);
                         gossip.on_have(now(), peer, Have { version: answer.log_size });
                     }
                     Ok(Done::Exchanged(peer, None)) => {
@@ -282,7 +284,7 @@ impl Driver {
             // Revocations change who is a member.
             if self.trust.generation() != generation {
                 generation = self.trust.generation();
-                members = self.state.members(&self.trust);
+                members = self.state.members();
                 self.hand_members(&members).await;
             }
             while let Some(action) = gossip.poll_action() {
@@ -313,7 +315,7 @@ impl Driver {
     }
 
     fn spawn_exchange(&self, tasks: &mut JoinSet<Done>, peer: Peer) {
-        let request = Frame::Roster(self.state.frame(&self.trust, None)).encode();
+        let request = Frame::Roster(self.state.frame(None)).encode();
         let client = self.client.clone();
         tasks.spawn(async move {
             let answer = client.request(PeerId(peer.id.0), peer.addr, &request).await;

@@ -554,7 +554,7 @@ impl Overlay {
                 standing: Standing::Admitted,
             };
         };
-        let answer = gossip.answer(&self.trust, &self.metrics, peer, request);
+        let answer = gossip.answer(&self.metrics, peer, request);
         Answer {
             payload: Frame::Roster(answer).encode(),
             standing: Standing::Admitted,

@@ -11,9 +11,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use ring::digest::{Context, SHA256};
-use themis_core::PeerId;
 use themis_dht::{Contact, Key, Members};
-use themis_trust::{Signed, TrustError, Verifier};
+use themis_trust::{Announced, Signed, TrustError, Verifier};
 
 /// The most members a roster holds (and a gossip answer carries: about 560 KiB at
 /// most). A mesh larger than this needs paged roster answers (not built).
@@ -24,10 +23,7 @@ pub type Credentials = (Vec<u8>, Vec<u8>);
 
 #[derive(Debug, Clone)]
 struct Entry {
-    id: PeerId,
-    address: SocketAddr,
-    issued_at: u64,
-    leaving: bool,
+    announced: Announced,
     /// The admission's `not_after`, kept so that listing members needs no signature.
     not_after: Option<u64>,
     credentials: Credentials,
@@ -51,9 +47,8 @@ impl Roster {
         let key = Signed::decode(announcement)?.signer;
         let admitted = verifier.admission(admission, &key)?;
         let announced = verifier.announcement(announcement, |k| *k == key)?;
-        let a = announced.announcement;
         if let Some(held) = self.entries.get(&key) {
-            if held.issued_at >= a.issued_at {
+            if held.announced.announcement.issued_at >= announced.announcement.issued_at {
                 return Ok(false);
             }
         } else if self.entries.len() >= MAX_MEMBERS {
@@ -62,10 +57,7 @@ impl Roster {
         self.entries.insert(
             key,
             Entry {
-                id: announced.id,
-                address: a.address,
-                issued_at: a.issued_at,
-                leaving: a.leaving,
+                announced,
                 not_after: admitted.not_after,
                 credentials: (admission.to_vec(), announcement.to_vec()),
             },
@@ -80,13 +72,13 @@ impl Roster {
             self.entries
                 .iter()
                 .filter(|(key, e)| {
-                    !e.leaving
+                    !e.announced.announcement.leaving
                         && e.not_after.is_none_or(|t| t > verifier.now_ms)
                         && !verifier.revoked.contains_key(verifier.root, key)
                 })
                 .map(|(_, e)| Contact {
-                    id: Key(e.id.0),
-                    addr: e.address,
+                    id: Key(e.announced.id.0),
+                    addr: e.announced.announcement.address,
                 }),
         )
     }
@@ -97,7 +89,7 @@ impl Roster {
         let mut ctx = Context::new(&SHA256);
         for (key, e) in &self.entries {
             ctx.update(key);
-            ctx.update(&e.issued_at.to_be_bytes());
+            ctx.update(&e.announced.announcement.issued_at.to_be_bytes());
         }
         ctx.finish().as_ref().try_into().expect("32 bytes")
     }
@@ -125,12 +117,9 @@ impl Roster {
         self.entries.is_empty()
     }
 
-    /// The node's announced address, by its ring id.
-    pub fn address_of(&self, id: &PeerId) -> Option<SocketAddr> {
-        self.entries
-            .values()
-            .find(|e| e.id == *id)
-            .map(|e| e.address)
+    /// What the node with this key announced, checked.
+    pub fn announced(&self, key: &[u8; 32]) -> Option<&Announced> {
+        self.entries.get(key).map(|e| &e.announced)
     }
 }
 

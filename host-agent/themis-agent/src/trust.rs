@@ -18,12 +18,13 @@ use themis_core::{Identity, PeerId};
 use themis_dht::{Key, Placement, Rejection, ValuePolicy};
 use themis_log::LogError;
 use themis_trust::{
-    chain_from_pem, from_pem, Grant, InstanceValue, MeshRoot, PemKind, Record, Revocations, Signed,
-    TrustError, Verifier, GRANT_LABEL,
+    chain_from_pem, from_pem, Grant, Instance, InstanceValue, MeshRoot, PemKind, Record,
+    Revocations, Signed, TrustError, Verifier, GRANT_LABEL,
 };
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;
+use crate::roster::Roster;
 
 /// The DHT name revocations are stored under (not a valid service name, so it
 /// cannot collide with one).
@@ -136,6 +137,9 @@ pub struct MeshTrust {
     metrics: Arc<Metrics>,
     /// The mesh's trust log (its revocations are enforced like any other).
     log: TrustLog,
+    /// With one-hop routing, the members at the addresses they signed; records must
+    /// then have their endpoint at their endorser's address.
+    roster: std::sync::OnceLock<Mutex<Roster>>,
 }
 
 impl MeshTrust {
@@ -252,7 +256,33 @@ impl MeshTrust {
             generation: AtomicU64::new(0),
             metrics,
             log: TrustLog::load(None, root.clone()),
+            roster: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Keeps a roster of the members (one-hop routing) from now on; from then on a
+    /// record is trusted only with its endpoint at its endorser's signed address.
+    pub fn enable_roster(&self) -> &Mutex<Roster> {
+        self.roster.get_or_init(Mutex::default)
+    }
+
+    /// The roster, if one is kept.
+    pub fn roster(&self) -> Option<std::sync::MutexGuard<'_, Roster>> {
+        Some(self.roster.get()?.lock().expect("never poisoned"))
+    }
+
+    /// Checks a stored value as an endorsed instance of `service` (see
+    /// [`Verifier::instance_value`]); with a roster, its endpoint must also belong to
+    /// the node that endorsed it (a granted node cannot point a service elsewhere).
+    pub fn instance(&self, value: &InstanceValue, service: &str) -> Result<Instance, TrustError> {
+        let instance = self.verify(|v| v.instance_value(value, service))?;
+        if let Some(roster) = self.roster() {
+            let endorser = roster
+                .announced(&instance.endorser)
+                .ok_or(TrustError::EndpointNotOwned)?;
+            self.verify(|v| v.endpoint_owned(&instance, endorser))?;
+        }
+        Ok(instance)
     }
 
     /// The mesh root.
@@ -476,9 +506,7 @@ impl TrustPolicy {
         if !is_under(claimed.service.as_bytes()) {
             return Err(TrustError::WrongService);
         }
-        let instance = self
-            .0
-            .verify(|v| v.instance_value(&parsed, &claimed.service))?;
+        let instance = self.0.instance(&parsed, &claimed.service)?;
         Ok(Placement {
             owner: instance.endorser,
             slot: instance.id.0,

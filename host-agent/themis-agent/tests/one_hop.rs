@@ -11,7 +11,10 @@ use themis_testkit::agent as common;
 use std::time::{Duration, Instant};
 
 use common::{Agent, MESH};
+use hyper::Method;
+use serde_json::json;
 use themis_core::{MeshName, PeerId};
+use themis_trust::{chain_from_pem, InstanceValue, Record, Signed, RECORD_LABEL};
 
 const AGENTS: usize = 32;
 
@@ -141,5 +144,82 @@ fn thirty_two_one_hop_agents_resolve_and_a_revocation_reaches_all_by_gossip() {
             "{}",
             agent.name
         );
+    }
+}
+
+/// A record signed with a granted node's own key (stolen, or its agent modified)
+/// whose endpoint is not at the address that node signed, as `POST /v1/debug/store`
+/// offers it to the ring through another agent.
+fn endorse_at(node_dir: &std::path::Path, workload: u8, endpoint: &str) -> Vec<u8> {
+    let (node, _) = common::node_credentials(node_dir);
+    let pem = std::fs::read_to_string(node_dir.join("grants").join("check.pem")).unwrap();
+    let now = themis_agent::trust::unix_millis();
+    let record = Record {
+        mesh: MESH.into(),
+        service: "check".into(),
+        workload_key: [workload; 32],
+        endpoint: Some(endpoint.parse().unwrap()),
+        metadata: Default::default(),
+        issued_at: now,
+        not_after: now + 60_000,
+    };
+    InstanceValue {
+        grants: chain_from_pem(&pem).unwrap(),
+        record: Signed::sign(&node, RECORD_LABEL, &record),
+    }
+    .encode()
+}
+
+/// Endpoints are owned (issue 23): with one-hop routing, an instance's endpoint must
+/// be at the IP its endorsing node signed. A granted node's agent will not register
+/// one elsewhere, and a record endorsed elsewhere with the node's own key and grant is
+/// refused by every agent's check (the one replica holders and resolvers run); the
+/// same record at the node's own address is taken, so the refusal is the endpoint's.
+#[test]
+fn a_granted_node_cannot_point_its_service_at_another_address() {
+    let dir = common::workdir();
+    let root = dir.path();
+    let agents = common::ring(root, 4, ONE_HOP);
+    for agent in &agents {
+        agent.wait_for("the full membership", Duration::from_secs(60), |a| {
+            (members(a)? == 4).then_some(())
+        });
+    }
+    let endorser = &agents[1];
+    endorser.register("check", "check-0", "127.0.0.1:15006");
+
+    let body = json!({ "endpoint": "10.9.9.9:15006" });
+    let (status, answer) = endorser
+        .call(
+            Method::PUT,
+            "/v1/services/check/instances/check-1",
+            Some(&body),
+        )
+        .unwrap();
+    assert_eq!(status, 400, "registered an endpoint elsewhere: {answer}");
+    let why = answer["error"].as_str().unwrap_or_default();
+    assert!(why.contains("endpoint does not belong"), "{answer}");
+
+    let store = |agent: &Agent, value: &[u8]| {
+        let body =
+            json!({ "name": "check", "value": hex::encode(value), "hex": true, "replicas": 2 });
+        agent
+            .call(Method::POST, "/v1/debug/store", Some(&body))
+            .unwrap()
+    };
+    let elsewhere = endorse_at(&endorser.dir, 0xe1, "10.9.9.9:15006");
+    for agent in &agents {
+        let (status, answer) = store(agent, &elsewhere);
+        assert_ne!(status, 200, "{}: stored {answer}", agent.name);
+    }
+    let own = endorse_at(&endorser.dir, 0xe2, "127.0.0.1:15099");
+    let (status, answer) = store(&agents[3], &own);
+    assert_eq!(status, 200, "{answer}");
+    for agent in &agents {
+        agent.wait_for("the two owned endpoints", Duration::from_secs(30), |a| {
+            let mut got = a.endpoints("check")?;
+            got.sort();
+            (got == ["127.0.0.1:15006", "127.0.0.1:15099"]).then_some(())
+        });
     }
 }

@@ -99,8 +99,14 @@ impl Endorser {
         let value = InstanceValue {
             grants: chain,
             record: Signed::sign(&self.node, RECORD_LABEL, &record),
+        };
+        // What every replica holder will check, checked here first, so that the
+        // caller hears why (with one-hop routing: an endpoint not at this node's
+        // address) rather than that no replica took it.
+        if endpoint.is_some() {
+            self.trust.instance(&value, service.as_str())?;
         }
-        .encode();
+        let value = value.encode();
         if value.len() > themis_dht::message::MAX_VALUE_LEN {
             return Err(TrustError::TooLarge.into());
         }

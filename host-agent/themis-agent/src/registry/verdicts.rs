@@ -62,7 +62,9 @@ pub(super) fn judge(
             reason: "endorsed by a node the mesh root granted the service".into(),
             log: Vec::new(),
         };
-        match trust.verify(|v| v.instance(value, service.as_str())) {
+        let checked = InstanceValue::decode(value)
+            .and_then(|decoded| trust.instance(&decoded, service.as_str()));
+        match checked {
             Ok(instance) => verified.push((instance, value)),
             Err(error) => {
                 warn!(%service, %error, "refused a stored record");
