@@ -800,8 +800,12 @@ fn render_status(v: &Value) -> String {
 }
 
 fn render_ring(v: &Value) -> String {
+    let routing = match v["members"].as_u64() {
+        Some(n) => format!("one hop, over {n} members (holders computed, not looked up)"),
+        None => "chord (lookups through other nodes)".into(),
+    };
     let mut out = format!(
-        "me           {}\npredecessor  {}\n",
+        "me           {}\nrouting      {routing}\npredecessor  {}\n",
         peer(&v["me"]),
         peer(&v["predecessor"])
     );
