@@ -4,6 +4,8 @@
 //! the DHT stores (instance records with their grant chains, revocations) and the
 //! admissions are fuzzed by `trust_decoders`.
 //!
+//! Gossip frames' member credentials go through the roster's checks (one-hop routing).
+//!
 //! Also what it decodes from local callers and its own state: the local API's request
 //! bodies (a workload's owner, a sign request, a revocation to publish) and
 //! `owners.json`. Each decodes or is refused, and what decodes round-trips.
@@ -46,8 +48,23 @@ fuzz_target!(|bytes: &[u8]| {
     json_round_trip::<PublishRevocation>(bytes);
     json_round_trip::<BTreeMap<String, Owner>>(bytes);
     if let Ok(frame) = postcard::from_bytes::<Frame>(bytes) {
-        if let Frame::Dht { message, .. } = &frame {
-            let _ = message.check();
+        match &frame {
+            Frame::Dht { message, .. } => {
+                let _ = message.check();
+            }
+            // A gossip frame's members go through the roster's checks (under the
+            // fixed mesh of `trust_decoders`): they return, and whatever the fuzzer
+            // sends, no member is taken without the root's admission.
+            Frame::Roster(gossip) => {
+                let t = themis_fuzz::trust::trust();
+                let mut roster = themis_agent::roster::Roster::default();
+                for (admission, announcement) in &gossip.members {
+                    if roster.offer(&t.verifier(), admission, announcement).is_ok() {
+                        assert_eq!(admission, &t.admission.encode(), "a member without the root's admission");
+                    }
+                }
+            }
+            _ => {}
         }
         let encoded = postcard::to_allocvec(&frame).expect("a decoded frame encodes");
         let again: Frame = postcard::from_bytes(&encoded).expect("and decodes");

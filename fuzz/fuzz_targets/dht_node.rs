@@ -1,7 +1,8 @@
 //! The DHT's Chord node (host-agent/themis-dht, `Node`) under a hostile script: messages
 //! of any shape from any contact (including answers to the node's real outstanding
 //! requests, from the peer asked or another), time moving on, timeouts, and the user
-//! operations (`create`, `join`, `find`, `store`, `unstore`, `resolve`, `leave`), with
+//! operations (`create`, `join`, `find`, `store`, `unstore`, `resolve`, `leave`, and
+//! `set_members`, which switches it to one-hop routing), with
 //! a fuzzer-chosen configuration and value policy. The wire decoding of these messages
 //! (postcard `Frame`s) is `agent_decoders`; here they are built directly.
 //!
@@ -234,6 +235,8 @@ enum Step {
         k: u8,
     },
     Leave,
+    /// One-hop routing over these members (ourselves among them or not).
+    SetMembers(Vec<ContactIn>),
 }
 
 /// The node's configuration, within operator-sane bounds (periods up to a day: the
@@ -249,6 +252,8 @@ struct ConfigIn {
     max_ttl: u32,
     max_hops: Option<u8>,
     store_capacity: u16,
+    down_for: u16,
+    retries: u8,
 }
 
 impl ConfigIn {
@@ -263,6 +268,8 @@ impl ConfigIn {
             max_ttl: u64::from(self.max_ttl),
             max_hops: self.max_hops.map_or(Config::default().max_hops, u32::from),
             store_capacity: usize::from(self.store_capacity) % (MAX_CAPACITY + 1),
+            down_for: u64::from(self.down_for),
+            retries: self.retries % 8,
         }
     }
 }
@@ -560,6 +567,16 @@ impl Run {
                 let k = k % 10;
                 if let Ok(op) = self.node.resolve(now, name, k) {
                     self.model.resolves.insert(op, k + 1);
+                }
+                self.drain(None);
+            }
+            Step::SetMembers(members) => {
+                let members = themis_dht::Members::new(members.iter().take(64).map(|c| c.get(None)));
+                self.node.set_members(now, members);
+                if !self.model.left {
+                    self.model.running = true;
+                    // The membership decides: a join in flight completes silently.
+                    self.model.joining = false;
                 }
                 self.drain(None);
             }

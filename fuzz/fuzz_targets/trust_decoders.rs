@@ -106,6 +106,22 @@ fn verifiers(bytes: &[u8], strictness: Match) {
     assert!(v.instance(bytes, "handler").is_err());
     assert!(t.revoking_verifier().instance(bytes, SERVICE).is_err());
 
+    // Address announcements: only the admitted node's own, and its records' endpoints
+    // are at its address.
+    let node_key = *t.node.public_key();
+    match v.announcement(bytes, |key| *key == node_key) {
+        Ok(announced) => {
+            assert_genuine("Verifier::announcement", Genuine::Announcement, bytes, strictness);
+            assert_eq!(announced.id, t.node.id());
+            for value in &t.values {
+                let instance = v.instance(value, SERVICE).expect("a genuine value");
+                assert_eq!(v.endpoint_owned(&instance, &announced), Ok(()));
+            }
+        }
+        Err(e) => assert!(!is(Genuine::Announcement), "the genuine announcement refused: {e:?}"),
+    }
+    assert!(v.announcement(bytes, |_| false).is_err(), "an unadmitted key announced");
+
     match Revocations::verify(&t.root, bytes) {
         Ok(revocation) => {
             assert_genuine("Revocations::verify", Genuine::Revocation, bytes, strictness);

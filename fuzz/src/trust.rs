@@ -8,9 +8,9 @@ use std::sync::OnceLock;
 
 use themis_core::Identity;
 use themis_trust::{
-    chain_to_pem, to_pem, Admission, Grant, InstanceValue, MeshRoot, Metadata, PemKind, Record,
-    Revocation, Revocations, Signed, Verifier, ADMISSION_LABEL, GRANT_LABEL, RECORD_LABEL,
-    REVOCATION_LABEL,
+    chain_to_pem, to_pem, Admission, Announcement, Grant, InstanceValue, MeshRoot, Metadata,
+    PemKind, Record, Revocation, Revocations, Signed, Verifier, ADMISSION_LABEL,
+    ANNOUNCEMENT_LABEL, GRANT_LABEL, RECORD_LABEL, REVOCATION_LABEL,
 };
 
 use crate::{mesh, with_rng, MESH};
@@ -142,6 +142,17 @@ pub fn trust() -> &'static Trust {
             [&direct].into_iter().chain(&delegated_chain).map(|g| (Genuine::Grant, g.encode())),
         );
         genuine.extend(values.iter().map(|v| (Genuine::Value, v.clone())));
+        let announcement = Signed::sign(
+            &node,
+            ANNOUNCEMENT_LABEL,
+            &Announcement {
+                mesh: MESH.into(),
+                address: "10.0.0.7:7946".parse().expect("an address"),
+                issued_at: NOW - MINUTE,
+                leaving: false,
+            },
+        );
+        genuine.push((Genuine::Announcement, announcement.encode()));
         Trust {
             root,
             root_key,
@@ -210,4 +221,6 @@ pub enum Genuine {
     Revocation,
     /// An encoded `InstanceValue`.
     Value,
+    /// The node's `Signed` address announcement (at the records' endpoint IP).
+    Announcement,
 }

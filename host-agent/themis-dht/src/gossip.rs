@@ -350,5 +350,4 @@ mod tests {
         assert!(drain(&mut g).is_empty());
         assert_eq!(g.poll_timeout(), 2_000);
     }
-
 }

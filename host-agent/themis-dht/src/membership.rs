@@ -272,9 +272,18 @@ mod tests {
             ids.dedup();
             assert_eq!(ids.len(), 3);
         }
-        assert!(members(&[10]).random_others(&Key::from_low(10), 3, 1).is_empty());
-        assert!(members(&[]).random_others(&Key::from_low(10), 3, 1).is_empty());
-        assert_eq!(members(&[10, 30]).random_others(&Key::from_low(99), 5, 1).len(), 2);
+        assert!(members(&[10])
+            .random_others(&Key::from_low(10), 3, 1)
+            .is_empty());
+        assert!(members(&[])
+            .random_others(&Key::from_low(10), 3, 1)
+            .is_empty());
+        assert_eq!(
+            members(&[10, 30])
+                .random_others(&Key::from_low(99), 5, 1)
+                .len(),
+            2
+        );
     }
 
     #[test]

@@ -22,7 +22,8 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
     /// first member at or after it that this node has not itself seen fail, its
     /// predecessor and successor list come from the list (not from what neighbours say),
     /// and Chord's stabilisation stops. An idle node starts at once (reporting
-    /// [`Event::Joined`]); a newcomer between our predecessor and us is handed the
+    /// [`Event::Joined`] when another member is its successor); a join still in
+    /// flight completes silently; a newcomer between our predecessor and us is handed the
     /// objects it now holds.
     pub fn set_members(&mut self, now: Millis, members: Members<A>) {
         if self.state == State::Left {
@@ -59,7 +60,9 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
         if self.state != State::Joined {
             self.start_maintenance(now);
             let successor = self.table.successor().clone();
-            self.events.push_back(Event::Joined { successor });
+            if successor.id != me {
+                self.events.push_back(Event::Joined { successor });
+            }
         }
     }
 
