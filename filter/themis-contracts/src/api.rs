@@ -170,6 +170,11 @@ pub struct Revocations {
     pub checkpoint: Option<String>,
     /// Every revocation known.
     pub revocations: Vec<Revocation>,
+    /// The agent holds a request with `?known=&wait_ms=` until it learns a revocation
+    /// ([`crate::paths::revocations_after`]): a client may ask again at once. An
+    /// older agent answers at once and says nothing (`false`).
+    #[serde(default)]
+    pub long_poll: bool,
 }
 
 /// `POST /v1/revocations`: publish a root-signed revocation.

@@ -17,6 +17,17 @@ pub const RING: &str = "/v1/ring";
 /// `GET`: the revocations this node knows ([`api::Revocations`](crate::api::Revocations));
 /// `POST`: publish one ([`api::PublishRevocation`](crate::api::PublishRevocation)).
 pub const REVOCATIONS: &str = "/v1/revocations";
+/// [`REVOCATIONS`] as a long poll: answered at once if the node knows another number
+/// of revocations than `known`, else when it learns one, or after `wait_ms` (at most
+/// [`MAX_REVOCATIONS_WAIT_MS`]). A filter that holds `known` hears of a new revocation
+/// as soon as its agent does.
+pub fn revocations_after(known: usize, wait_ms: u64) -> String {
+    format!("{REVOCATIONS}?known={known}&wait_ms={wait_ms}")
+}
+
+/// The longest an agent holds a [`revocations_after`] request.
+pub const MAX_REVOCATIONS_WAIT_MS: u64 = 60_000;
+
 /// `GET`: the trust log this node holds ([`api::LogStatus`](crate::api::LogStatus));
 /// `POST`: the operator's whole copy of it (`application/octet-stream`, as
 /// `<mesh dir>/trust-log.bin`), answered with [`api::LogPublished`](crate::api::LogPublished).

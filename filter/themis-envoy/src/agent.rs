@@ -102,6 +102,48 @@ pub fn parse_revocations(body: &[u8], root: &MeshRoot) -> Result<Revocations, Ag
         .map(|r| r.map(|r| r.revocations).unwrap_or_default())
 }
 
+/// How long a filter asks its agent to hold a revocations poll (a long poll answered
+/// as soon as the agent learns a revocation): well under the agent's cap
+/// (`paths::MAX_REVOCATIONS_WAIT_MS`) and under idle timeouts between the two.
+pub const REVOCATIONS_WAIT_MS: u64 = 25_000;
+
+/// What a revocations answer says about the next poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NextPoll {
+    /// How many revocations the agent listed: the next poll waits for another count.
+    pub known: usize,
+    /// Whether the agent holds long polls (an older one answers at once).
+    pub long_poll: bool,
+}
+
+impl NextPoll {
+    /// Read from a `GET /v1/revocations` answer; `None` if it does not parse.
+    pub fn of(body: &[u8]) -> Option<NextPoll> {
+        #[derive(serde::Deserialize)]
+        struct Counted {
+            revocations: Vec<serde::de::IgnoredAny>,
+            #[serde(default)]
+            long_poll: bool,
+        }
+        let counted: Counted = serde_json::from_slice(body).ok()?;
+        Some(NextPoll {
+            known: counted.revocations.len(),
+            long_poll: counted.long_poll,
+        })
+    }
+
+    /// The path of the next poll: held by the agent until it knows another count of
+    /// revocations, when it holds long polls; else the plain list, asked every period.
+    pub fn path(next: Option<NextPoll>) -> String {
+        match next {
+            Some(n) if n.long_poll => {
+                themis_contracts::paths::revocations_after(n.known, REVOCATIONS_WAIT_MS)
+            }
+            _ => themis_contracts::paths::REVOCATIONS.into(),
+        }
+    }
+}
+
 /// A revocation list read from the agent.
 #[derive(Debug, Default)]
 pub struct RevocationList {
@@ -221,6 +263,39 @@ pub fn parse_signature(body: &[u8]) -> Result<[u8; 64], AgentError> {
     let mut signature = [0u8; 64];
     hex::decode_to_slice(&raw.signature, &mut signature).map_err(|_| AgentError::Signature)?;
     Ok(signature)
+}
+
+#[cfg(test)]
+mod next_poll_tests {
+    use super::*;
+
+    #[test]
+    fn a_long_poll_waits_for_another_count_and_an_old_agent_is_polled_by_period() {
+        let long = NextPoll::of(br#"{"revocations":[{},{}],"long_poll":true}"#);
+        assert_eq!(
+            long,
+            Some(NextPoll {
+                known: 2,
+                long_poll: true
+            })
+        );
+        assert_eq!(
+            NextPoll::path(long),
+            themis_contracts::paths::revocations_after(2, REVOCATIONS_WAIT_MS)
+        );
+        // An agent from before long polls says nothing: asked every period, plainly.
+        let old = NextPoll::of(br#"{"revocations":[]}"#);
+        assert_eq!(
+            old,
+            Some(NextPoll {
+                known: 0,
+                long_poll: false
+            })
+        );
+        assert_eq!(NextPoll::path(old), themis_contracts::paths::REVOCATIONS);
+        assert_eq!(NextPoll::of(b"not json"), None);
+        assert_eq!(NextPoll::path(None), themis_contracts::paths::REVOCATIONS);
+    }
 }
 
 #[cfg(test)]
@@ -464,6 +539,7 @@ mod tests {
                         }),
                     })
                     .collect(),
+                long_poll: false,
             })
             .unwrap()
         };

@@ -961,6 +961,59 @@ fn a_revoked_workload_is_refused_by_the_filter_and_the_agents(runtime: Runtime) 
     }
 }
 
+/// A revocation reaches the filter as soon as its agent has it (issue 23): the filter
+/// long-polls its agent, so a sidecar whose poll period is an hour still holds a new
+/// revocation within seconds. (Before, it held it at its next poll: an hour here.)
+fn a_revocation_reaches_the_filter_at_once_not_at_its_poll_period(runtime: Runtime) {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
+    let mesh = Mesh::standard_on(runtime);
+    let mesh_dir = mesh.dir.path().join("mesh");
+    let mesh_name = themis_core::MeshName::new(MESH).unwrap();
+    let id = |b: u8| themis_core::PeerId([b; 32]).printable(&mesh_name);
+    // One revocation before the sidecar starts: its first poll (at start) returns it,
+    // and the log line says the first poll is done.
+    mesh.b.revoke_many(&[id(0x61)], &mesh_dir);
+    let hour = |config: String| {
+        config.replace(
+            r#""revocation_poll_secs":1"#,
+            r#""revocation_poll_secs":3600"#,
+        )
+    };
+    let root = mesh.dir.path();
+    let slow = runtime.start(
+        root,
+        "envoy-slow",
+        &Sidecar {
+            app_protocol: AppProtocol::Http1,
+            ip: IP_B,
+            agent_socket: &mesh.b.dir.join("agent.sock"),
+            app: mesh.app.addr,
+            outbound_config: &hour(outbound_config(
+                &support::envoy::mesh_root(root),
+                "check",
+                "check",
+            )),
+            inbound_config: &hour(inbound_config(
+                &support::envoy::mesh_root(root),
+                "check",
+                "check",
+                Some(ALLOW_HANDLER),
+            )),
+        },
+    );
+    slow.wait_identity();
+    wait_holds_revocation(&slow, runtime, 1);
+    let published = Instant::now();
+    mesh.b.revoke_many(&[id(0x62)], &mesh_dir);
+    wait_holds_revocation(&slow, runtime, 2);
+    eprintln!(
+        "{runtime:?}: the sidecar held the new revocation {:?} after the operator's command began (poll period 1 h)",
+        published.elapsed()
+    );
+}
+
 /// A dotted service name (`check.default.svc`, as Kubernetes names a Service) is a
 /// name everywhere: the agent registers it, the outbound filter routes the app's call
 /// to it by its host (it answered 400 when the filter had a name rule of its own), and
@@ -1384,6 +1437,7 @@ themis_testkit::on_both_runtimes!(
     unknown_service_and_dead_instance,
     an_admitted_node_without_a_grant_cannot_serve_or_claim_a_name,
     a_revoked_workload_is_refused_by_the_filter_and_the_agents,
+    a_revocation_reaches_the_filter_at_once_not_at_its_poll_period,
     a_dotted_service_name_resolves_and_is_called,
     hello_floods_are_refused_cheaply_and_counted_by_reason,
     a_flood_of_fresh_hellos_from_many_sources_is_refused_busy_and_pooled_callers_keep_going,

@@ -1,8 +1,9 @@
 //! What every connection of one workload's sidecar shares: its credential (a
 //! delegated key with the agent's delegation and the workload's endorsement), the
 //! mesh's revocations and the verified resolutions of the services its clusters
-//! reach. A transport socket cannot wait on a call, so one thread per workload keeps
-//! them fresh from the local agent and connections read an immutable snapshot.
+//! reach. A transport socket cannot wait on a call, so two threads per workload keep
+//! them fresh from the local agent (one long-polls the revocations, so a new one is
+//! in force as soon as the agent has it) and connections read an immutable snapshot.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::{Read, Write};
@@ -15,7 +16,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ring::rand::SystemRandom;
 use themis_contracts::{api, paths};
 use themis_core::delegation::{Credential, DelegatedKey, Delegation};
-use themis_envoy::agent::{endorsed, parse_instances, parse_new_revocations, Instance};
+use themis_envoy::agent::{
+    endorsed, parse_instances, parse_new_revocations, Instance, NextPoll, REVOCATIONS_WAIT_MS,
+};
 use themis_envoy::config::Config;
 use themis_trust::{MeshRoot, Revocations, Verifier};
 
@@ -93,6 +96,11 @@ impl Runtime {
             .name(format!("themis-{}", config.workload))
             .spawn(move || worker.run())
             .map_err(|e| e.to_string())?;
+        let watcher = runtime.clone();
+        std::thread::Builder::new()
+            .name(format!("themis-{}-revocations", config.workload))
+            .spawn(move || watcher.watch_revocations())
+            .map_err(|e| e.to_string())?;
         all.insert(key, runtime.clone());
         Ok(runtime)
     }
@@ -122,8 +130,12 @@ impl Runtime {
         self.stale.store(true, Ordering::Relaxed);
     }
 
+    /// Replaces the snapshot with a changed copy, under the write lock: two threads
+    /// publish (the revocations' long poll and the rest), and neither may lose the
+    /// other's change.
     fn publish(&self, change: impl FnOnce(&mut Snapshot)) {
-        let current = self.snapshot();
+        let mut slot = self.snapshot.write().unwrap_or_else(|e| e.into_inner());
+        let current = &**slot;
         let mut next = Snapshot {
             credential: current.credential.clone(),
             revocations: current.revocations.clone(),
@@ -131,17 +143,41 @@ impl Runtime {
             resolutions: current.resolutions.clone(),
         };
         change(&mut next);
-        if let Ok(mut slot) = self.snapshot.write() {
-            *slot = Arc::new(next);
+        *slot = Arc::new(next);
+    }
+
+    /// The revocations' thread: a long poll the agent answers as soon as it learns a
+    /// revocation, asked again at once (an agent that does not hold long polls is
+    /// asked every `revocation_poll`); a failure is logged and retried a second later.
+    fn watch_revocations(self: Arc<Self>) {
+        let mut next = None;
+        loop {
+            let asked = std::time::Instant::now();
+            match self.poll_revocations(next) {
+                Ok((answer, changed)) => {
+                    next = answer;
+                    if !next.is_some_and(|n: NextPoll| n.long_poll) {
+                        std::thread::sleep(self.revocation_poll);
+                    } else if !changed && asked.elapsed() < Duration::from_secs(1) {
+                        // Answered at once with nothing new: never a loop.
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                }
+                Err(e) => {
+                    crate::ffi::log(3, &format!("themis native: revocations: {e}"));
+                    next = None;
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
         }
     }
 
-    /// The thread: renews the credential at half its life, polls revocations and
-    /// re-resolves the wanted services, each on its own period; failures are logged
-    /// and retried a second later.
+    /// The thread: renews the credential at half its life and re-resolves the wanted
+    /// services, each on its own period; failures are logged and retried a second
+    /// later.
     fn run(self: Arc<Self>) {
         let rng = SystemRandom::new();
-        let (mut renew_at, mut poll_at, mut resolve_at) = (0u64, 0u64, 0u64);
+        let (mut renew_at, mut resolve_at) = (0u64, 0u64);
         let mut resolved: BTreeSet<String> = BTreeSet::new();
         loop {
             let now = now_ms();
@@ -153,15 +189,6 @@ impl Runtime {
                             3,
                             &format!("themis native: delegation for {}: {e}", self.workload),
                         );
-                        now + 1_000
-                    }
-                };
-            }
-            if now >= poll_at {
-                poll_at = match self.poll_revocations() {
-                    Ok(()) => now + self.revocation_poll.as_millis() as u64,
-                    Err(e) => {
-                        crate::ffi::log(3, &format!("themis native: revocations: {e}"));
                         now + 1_000
                     }
                 };
@@ -221,11 +248,18 @@ impl Runtime {
         Ok(renew_at.max(now + 1_000))
     }
 
-    fn poll_revocations(&self) -> Result<(), String> {
-        let body = self.call("GET", paths::REVOCATIONS, b"")?;
+    /// One poll (long if `next` says the agent holds them); returns what the answer
+    /// says of the next, and whether it brought a new list.
+    fn poll_revocations(&self, next: Option<NextPoll>) -> Result<(Option<NextPoll>, bool), String> {
+        let timeout = match next.is_some_and(|n| n.long_poll) {
+            true => self.timeout + Duration::from_millis(REVOCATIONS_WAIT_MS),
+            false => self.timeout,
+        };
+        let body = self.call_within("GET", &NextPoll::path(next), b"", timeout)?;
         let held = self.snapshot().revocations.len();
         let revocations =
             parse_new_revocations(&body, &self.root, held).map_err(|e| e.to_string())?;
+        let changed = revocations.is_some();
         if let Some(list) = revocations {
             crate::ffi::log(
                 2,
@@ -240,7 +274,7 @@ impl Runtime {
                 s.revocation_generation += 1;
             });
         }
-        Ok(())
+        Ok((NextPoll::of(&body), changed))
     }
 
     fn resolve(&self, service: &str) -> Result<(), String> {
@@ -277,9 +311,20 @@ impl Runtime {
 
     /// One HTTP/1.1 exchange with the agent over its Unix socket.
     fn call(&self, method: &str, path: &str, body: &[u8]) -> Result<Vec<u8>, String> {
+        self.call_within(method, path, body, self.timeout)
+    }
+
+    /// [`Runtime::call`], answered within `timeout`.
+    fn call_within(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, String> {
         let mut stream = UnixStream::connect(&self.agent_socket)
             .map_err(|e| format!("{}: {e}", self.agent_socket.display()))?;
-        stream.set_read_timeout(Some(self.timeout)).ok();
+        stream.set_read_timeout(Some(timeout)).ok();
         stream.set_write_timeout(Some(self.timeout)).ok();
         let head = format!(
             "{method} {path} HTTP/1.1\r\nhost: themis-agent\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",

@@ -386,7 +386,31 @@ async fn explain(State(r): Shared, Path(service): Path<String>) -> ApiResult {
     ok(r.explain(&service).await?)
 }
 
-async fn revocations(State(r): Shared) -> ApiResult {
+/// `?known=N&wait_ms=M`: a long poll (`paths::revocations_after`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RevocationsQuery {
+    known: Option<usize>,
+    wait_ms: Option<u64>,
+}
+
+async fn revocations(
+    State(r): Shared,
+    query: Result<Query<RevocationsQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    if let (Some(held), Some(wait_ms)) = (query.known, query.wait_ms) {
+        // Held until the count differs from the caller's (a revocation is learnt, or
+        // it was already behind), or the wait is over.
+        let mut count = r.trust().watch_revocations();
+        let wait =
+            Duration::from_millis(wait_ms.min(themis_contracts::paths::MAX_REVOCATIONS_WAIT_MS));
+        let _ = tokio::time::timeout(
+            wait,
+            count.wait_for(|_| r.trust().revocations().len() != held),
+        )
+        .await;
+    }
     let known = r.trust().revocations();
     let proven = r.trust().log().revocation_proofs();
     let (checkpoint, proofs) = &*proven;
@@ -407,6 +431,7 @@ async fn revocations(State(r): Shared) -> ApiResult {
     ok(contract::Revocations {
         checkpoint: checkpoint.as_ref().map(hex::encode),
         revocations,
+        long_poll: true,
     })
 }
 

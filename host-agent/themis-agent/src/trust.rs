@@ -134,6 +134,9 @@ pub struct MeshTrust {
     admitted: Mutex<HashMap<PeerId, Admitted>>,
     /// Bumped at every new revocation; caches compare it.
     generation: AtomicU64,
+    /// How many revocations are known, for whoever waits on the next one (filters'
+    /// long polls).
+    revoked_count: tokio::sync::watch::Sender<usize>,
     metrics: Arc<Metrics>,
     /// The mesh's trust log (its revocations are enforced like any other).
     log: TrustLog,
@@ -179,6 +182,9 @@ impl MeshTrust {
         trust.load_revocations();
         // Every revocation of the saved log is in force before the agent serves.
         trust.add_revocations(&trust.log.revocations());
+        trust
+            .revoked_count
+            .send_replace(trust.revoked.read().expect("never poisoned").len());
         Ok(trust)
     }
 
@@ -254,6 +260,7 @@ impl MeshTrust {
             revoked: RwLock::new(revoked),
             admitted: Default::default(),
             generation: AtomicU64::new(0),
+            revoked_count: tokio::sync::watch::Sender::new(0),
             metrics,
             log: TrustLog::load(None, root.clone()),
             roster: std::sync::OnceLock::new(),
@@ -402,6 +409,8 @@ impl MeshTrust {
             );
             self.admitted.lock().expect("never poisoned").clear();
             self.generation.fetch_add(1, Ordering::Relaxed);
+            self.revoked_count
+                .send_replace(self.revoked.read().expect("never poisoned").len());
             self.metrics.revocation_learnt();
         }
         Ok(added)
@@ -426,11 +435,18 @@ impl MeshTrust {
             info!(revocations = added, "learnt revocations from the trust log");
             self.admitted.lock().expect("never poisoned").clear();
             self.generation.fetch_add(1, Ordering::Relaxed);
+            self.revoked_count
+                .send_replace(self.revoked.read().expect("never poisoned").len());
             for _ in 0..added {
                 self.metrics.revocation_learnt();
             }
         }
         added
+    }
+
+    /// Watches how many revocations are known: changes as soon as one is learnt.
+    pub fn watch_revocations(&self) -> tokio::sync::watch::Receiver<usize> {
+        self.revoked_count.subscribe()
     }
 
     /// The trust log.

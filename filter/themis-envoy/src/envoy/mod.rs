@@ -157,6 +157,9 @@ struct Root {
     worker: Option<Shared>,
     identity_call: Option<u32>,
     revocations_call: Option<u32>,
+    /// What the last revocations answer said about the next poll (a long poll when
+    /// the agent holds them: a new revocation arrives as soon as the agent has it).
+    next_poll: Option<agent::NextPoll>,
     /// When the revocations were last asked for (ms).
     revocations_asked: u64,
 }
@@ -171,20 +174,25 @@ impl Root {
         self.identity_call = call_agent_for_identity(self, &w.config);
     }
 
-    /// Asks the agent for the revocations it knows, every `revocation_poll`.
+    /// Asks the agent for the revocations it knows: a long poll held until the agent
+    /// learns one, asked again as soon as it is answered, where the agent holds them;
+    /// else every `revocation_poll`.
     fn poll_revocations(&mut self) {
         let Some(worker) = &self.worker else { return };
         let now = now_ms();
         let every = worker.borrow().config.revocation_poll.as_millis() as u64;
-        if self.revocations_call.is_some() || now < self.revocations_asked + every {
+        let long_poll = self.next_poll.is_some_and(|n| n.long_poll);
+        if self.revocations_call.is_some() || (!long_poll && now < self.revocations_asked + every) {
             return;
         }
         self.revocations_asked = now;
-        self.revocations_call = call_agent(
-            self,
-            &worker.borrow().config,
-            themis_contracts::paths::REVOCATIONS,
-        );
+        let w = worker.borrow();
+        let timeout = match long_poll {
+            true => w.config.timeout + Duration::from_millis(agent::REVOCATIONS_WAIT_MS),
+            false => w.config.timeout,
+        };
+        let path = agent::NextPoll::path(self.next_poll);
+        self.revocations_call = call_agent_with(self, &w.config, &path, None, timeout);
     }
 
     /// Installs a fresh revocation list; a new revocation drops cached resolutions
@@ -255,7 +263,20 @@ impl Context for Root {
             }
         } else if self.revocations_call == Some(token) {
             self.revocations_call = None;
+            let before = worker.borrow().revoked.len();
             Root::install_revocations(&worker, status, &body);
+            let changed = worker.borrow().revoked.len() != before;
+            // A failed call falls back to the period (no loop against a failing agent).
+            self.next_poll = (status == Some(200))
+                .then(|| agent::NextPoll::of(&body))
+                .flatten();
+            // Asked again at once when the agent held the call or it brought news;
+            // an answer that came back at once with nothing is asked again at the
+            // next tick (a second), never in a loop.
+            let held = now_ms().saturating_sub(self.revocations_asked) >= 1_000;
+            if held || changed {
+                self.poll_revocations();
+            }
         }
     }
 }
@@ -361,22 +382,24 @@ fn announce_policy(config: &Config, metrics: &Metrics) {
 
 /// A GET to the local agent's API; `None` (logged) if Envoy refuses the call.
 fn call_agent(ctx: &dyn Context, config: &Config, path: &str) -> Option<u32> {
-    call_agent_with(ctx, config, path, None)
+    call_agent_with(ctx, config, path, None, config.timeout)
 }
 
-/// A call to the local agent's API: a GET, or with a JSON body a POST.
+/// A call to the local agent's API: a GET, or with a JSON body a POST, answered
+/// within `timeout` (the configured one, or longer for a long poll).
 fn call_agent_with(
     ctx: &dyn Context,
     config: &Config,
     path: &str,
     json: Option<&[u8]>,
+    timeout: Duration,
 ) -> Option<u32> {
     let mut headers = vec![(":path", path), (":authority", "themis-agent")];
     match json {
         Some(_) => headers.extend([(":method", "POST"), ("content-type", "application/json")]),
         None => headers.push((":method", "GET")),
     }
-    match ctx.dispatch_http_call(&config.agent_cluster, headers, json, vec![], config.timeout) {
+    match ctx.dispatch_http_call(&config.agent_cluster, headers, json, vec![], timeout) {
         Ok(token) => Some(token),
         Err(status) => {
             warn!(
@@ -413,7 +436,7 @@ fn call_agent_to_sign(ctx: &dyn Context, config: &Config, to_sign: &ToSign) -> O
         hello_hash: to_sign.hello_hash.map(hex::encode),
     })
     .expect("serialises");
-    call_agent_with(ctx, config, &path, Some(body.as_bytes()))
+    call_agent_with(ctx, config, &path, Some(body.as_bytes()), config.timeout)
 }
 
 /// The signature in the agent's answer to [`call_agent_to_sign`], or the reason to
