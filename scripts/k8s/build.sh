@@ -56,9 +56,12 @@ esac
 have_all() {
     local b
     for b in "${K8S_BINARIES[@]}"; do [[ -x $K8S_BIN/$b ]] || return 1; done
-    "$K8S_BIN/kubelet" --version 2> /dev/null | grep -qx "Kubernetes $K8S_VERSION" &&
-        "$K8S_BIN/etcd" --version 2> /dev/null | grep -q "^etcd Version: ${ETCD_VERSION#v}$" &&
-        "$K8S_BIN/coredns" -version 2> /dev/null | grep -q "^CoreDNS-${COREDNS_VERSION#v}$" &&
+    # Each answer is read whole before it is matched: `cmd | grep -q` under pipefail
+    # fails at random when grep leaves at its first match and etcd or CoreDNS (one
+    # write per line) dies of SIGPIPE writing the next.
+    [[ $'\n'$("$K8S_BIN/kubelet" --version 2> /dev/null)$'\n' == *$'\n'"Kubernetes $K8S_VERSION"$'\n'* ]] &&
+        [[ $'\n'$("$K8S_BIN/etcd" --version 2> /dev/null)$'\n' == *$'\n'"etcd Version: ${ETCD_VERSION#v}"$'\n'* ]] &&
+        [[ $'\n'$("$K8S_BIN/coredns" -version 2> /dev/null)$'\n' == *$'\n'"CoreDNS-${COREDNS_VERSION#v}"$'\n'* ]] &&
         [[ -s $ISTIO_CRDS ]]
 }
 
