@@ -18,25 +18,19 @@ use themis_trust::{chain_from_pem, InstanceValue, Record, Signed, RECORD_LABEL};
 
 const AGENTS: usize = 32;
 
-/// FAST, with one-hop routing, gossip every 500 ms and the log's backstop sync off.
-const ONE_HOP: &[&str] = &[
-    "--stabilise-ms",
-    "200",
-    "--request-timeout-ms",
-    "500",
-    "--record-ttl-secs",
-    "10",
-    "--republish-secs",
-    "2",
-    "--metrics",
-    "off",
-    "--routing",
-    "one-hop",
-    "--gossip-ms",
-    "500",
-    "--log-sync-ms",
-    "3600000",
-];
+/// The harness's fast settings, with one-hop routing, gossip every 500 ms and the
+/// log's backstop sync off.
+fn one_hop() -> Vec<&'static str> {
+    let more = [
+        "--routing",
+        "one-hop",
+        "--gossip-ms",
+        "500",
+        "--log-sync-ms",
+        "3600000",
+    ];
+    common::FAST.iter().copied().chain(more).collect()
+}
 
 fn members(agent: &Agent) -> Option<u64> {
     agent.get("/v1/ring")?.1["members"].as_u64()
@@ -100,7 +94,7 @@ fn percentile(sorted: &[Duration], p: usize) -> Duration {
 fn thirty_two_one_hop_agents_resolve_and_a_revocation_reaches_all_by_gossip() {
     let dir = common::workdir();
     let root = dir.path();
-    let agents = common::ring(root, AGENTS, ONE_HOP);
+    let agents = common::ring(root, AGENTS, &one_hop());
     for agent in &agents {
         agent.wait_for("the full membership", Duration::from_secs(60), |a| {
             (members(a)? == AGENTS as u64).then_some(())
@@ -179,7 +173,7 @@ fn endorse_at(node_dir: &std::path::Path, workload: u8, endpoint: &str) -> Vec<u
 fn a_granted_node_cannot_point_its_service_at_another_address() {
     let dir = common::workdir();
     let root = dir.path();
-    let agents = common::ring(root, 4, ONE_HOP);
+    let agents = common::ring(root, 4, &one_hop());
     for agent in &agents {
         agent.wait_for("the full membership", Duration::from_secs(60), |a| {
             (members(a)? == 4).then_some(())

@@ -83,42 +83,27 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
         };
         let found = holder(members, &self.liveness, &key, now, self.config.successors).cloned();
         let remote = found.clone().filter(|node| node.id != self.me.id);
-        match (remote, purpose) {
-            (Some(node), Purpose::Store { op, value, ttl_ms }) => {
-                let body = Request::Store {
+        let body = match &purpose {
+            Purpose::Store { value, ttl_ms, .. } => Some(Request::Store {
+                key,
+                value: value.clone(),
+                ttl_ms: *ttl_ms,
+            }),
+            Purpose::Get(_) => Some(Request::Get { key }),
+            _ => None,
+        };
+        match (remote, body) {
+            (Some(node), Some(body)) => {
+                let pend = Pend::Direct {
                     key,
-                    value: value.clone(),
-                    ttl_ms,
+                    purpose,
+                    tries,
                 };
-                let purpose = Purpose::Store { op, value, ttl_ms };
-                self.request(
-                    now,
-                    node,
-                    body,
-                    Pend::Direct {
-                        key,
-                        purpose,
-                        tries,
-                    },
-                );
-            }
-            (Some(node), Purpose::Get(op)) => {
-                let purpose = Purpose::Get(op);
-                let body = Request::Get { key };
-                self.request(
-                    now,
-                    node,
-                    body,
-                    Pend::Direct {
-                        key,
-                        purpose,
-                        tries,
-                    },
-                );
+                self.request(now, node, body, pend);
             }
             // Everything else completes here, as a lookup answered from our own table
             // would: a key we hold, a `find`, or no member at all.
-            (_, purpose) => {
+            _ => {
                 let lid = self.fresh_id();
                 self.lookups
                     .insert(lid, Lookup::new(key, purpose, Vec::new()));

@@ -518,6 +518,22 @@ impl Sim {
         sim
     }
 
+    /// `n` idle nodes at random positions, each with the policy `policy` makes.
+    fn with_nodes(
+        seed: u64,
+        n: usize,
+        config: Config,
+        delay: (u64, u64),
+        policy: Option<PolicyFactory>,
+    ) -> Sim {
+        let mut sim = Sim::new(seed, config, delay);
+        sim.policy = policy;
+        for _ in 0..n {
+            sim.add_node();
+        }
+        sim
+    }
+
     /// `n` nodes at random positions put straight into a converged ring: each gets its
     /// true predecessor, successor list and fingers from the sorted ids (through
     /// `Node::install_routing`) instead of joining, which would cost `O(n log² n)`
@@ -530,11 +546,7 @@ impl Sim {
         delay: (u64, u64),
         policy: Option<PolicyFactory>,
     ) -> Sim {
-        let mut sim = Sim::new(seed, config, delay);
-        sim.policy = policy;
-        for _ in 0..n {
-            sim.add_node();
-        }
+        let mut sim = Sim::with_nodes(seed, n, config, delay, policy);
         let s = sim.sorted().to_vec();
         let r = sim.config.successors;
         let succ_of = |key: &Key| s[s.partition_point(|(id, _)| id < key) % n].1;
@@ -574,11 +586,7 @@ impl Sim {
         delay: (u64, u64),
         policy: Option<PolicyFactory>,
     ) -> Sim {
-        let mut sim = Sim::new(seed, config, delay);
-        sim.policy = policy;
-        for _ in 0..n {
-            sim.add_node();
-        }
+        let mut sim = Sim::with_nodes(seed, n, config, delay, policy);
         let members = Members::new((0..n).map(|i| sim.contact(i)));
         for i in 0..n {
             sim.nodes[i].set_members(0, members.clone());
