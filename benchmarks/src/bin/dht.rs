@@ -1,8 +1,10 @@
 //! The host agents' DHT against the Themis paper (ARES 2022, §7, Fig. 4):
 //!
 //! * `find` and `store` throughput resolved on the receiving node (one remote request
-//!   each), and with random ids across 8 and 32 nodes, with the secure channel on and
-//!   (benchmark only, `plaintext.rs`) off;
+//!   each), and with random ids across 8 and 32 nodes, with Chord lookups and with
+//!   one-hop routing (every node given the full membership: a find is computed, a
+//!   store is one request), with the secure channel on and (benchmark only,
+//!   `plaintext.rs`) off;
 //! * joining 100 nodes one after another and all at once;
 //! * leaving.
 //!
@@ -382,11 +384,32 @@ async fn one_hop(security: Security, secs: f64) -> ((f64, u64), (f64, u64)) {
     (find, store)
 }
 
+/// How the nodes of a run find holders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Routing {
+    /// Chord lookups through other nodes.
+    Chord,
+    /// One hop (issue 23): every node is given the full membership and computes
+    /// holders itself; a find is answered locally, a store is one request.
+    OneHop,
+}
+
 /// Find and store of random ids from random nodes of an `n`-node ring; also the
 /// mean hops of the finds.
-async fn random_ids(security: Security, n: usize, secs: f64) -> ((f64, u64), (f64, u64), f64) {
+async fn random_ids(
+    security: Security,
+    routing: Routing,
+    n: usize,
+    secs: f64,
+) -> ((f64, u64), (f64, u64), f64) {
     let nodes = ring(security, n).await;
     let overlays: Arc<Vec<Overlay>> = Arc::new(nodes.iter().map(|n| n.overlay.clone()).collect());
+    if routing == Routing::OneHop {
+        let members = themis_dht::Members::new(overlays.iter().map(|o| o.me().clone()));
+        for overlay in overlays.iter() {
+            overlay.set_members(members.clone()).await;
+        }
+    }
     // Per node, endorsed values for random names it stores.
     let pools: Arc<Vec<_>> = Arc::new(
         nodes
@@ -695,10 +718,16 @@ fn main() {
         println!("| find, resolved by the receiving node | {} | {} | {} |", fmt(find_on), fmt(find_off), overhead(find_on.0, find_off.0));
         println!("| store, resolved by the receiving node | {} | {} | {} |", fmt(store_on), fmt(store_off), overhead(store_on.0, store_off.0));
         for n in [8, 32] {
-            let (f_on, s_on, hops) = random_ids(Security::On, n, secs).await;
-            let (f_off, s_off, _) = random_ids(Security::Off, n, secs).await;
-            println!("| find, random ids, {n} nodes (mean {hops:.2} hops) | {} | {} | {} |", fmt(f_on), fmt(f_off), overhead(f_on.0, f_off.0));
-            println!("| store, random ids, {n} nodes | {} | {} | {} |", fmt(s_on), fmt(s_off), overhead(s_on.0, s_off.0));
+            for routing in [Routing::Chord, Routing::OneHop] {
+                let (f_on, s_on, hops) = random_ids(Security::On, routing, n, secs).await;
+                let (f_off, s_off, _) = random_ids(Security::Off, routing, n, secs).await;
+                let how = match routing {
+                    Routing::Chord => String::new(),
+                    Routing::OneHop => ", one-hop routing".into(),
+                };
+                println!("| find, random ids, {n} nodes{how} (mean {hops:.2} hops) | {} | {} | {} |", fmt(f_on), fmt(f_off), overhead(f_on.0, f_off.0));
+                println!("| store, random ids, {n} nodes{how} | {} | {} | {} |", fmt(s_on), fmt(s_off), overhead(s_on.0, s_off.0));
+            }
         }
         println!("\n| membership | result |\n|---|---|");
         joins(100).await;

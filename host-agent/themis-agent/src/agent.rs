@@ -314,9 +314,9 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
             period_ms = settings.gossip_ms,
             "one-hop routing: gossiping the membership and the trust log"
         );
-        tokio::spawn(
+        let driver = tokio::spawn(
             crate::gossip::Driver {
-                state,
+                state: state.clone(),
                 heard,
                 overlay: overlay.clone(),
                 client: client.clone(),
@@ -326,13 +326,15 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
                 period: Duration::from_millis(settings.gossip_ms),
             }
             .run(),
-        )
+        );
+        (state, driver)
     });
 
     wait_for_shutdown().await;
     info!("shutting down: leaving the ring");
-    if let Some(task) = gossip {
-        task.abort();
+    if let Some((state, driver)) = gossip {
+        driver.abort();
+        state.farewell(&node, &client).await;
     }
     log_sync.abort();
     renewal.abort();

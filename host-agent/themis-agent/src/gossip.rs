@@ -12,7 +12,7 @@
 //! pushed the same way, and feed the DHT node's membership ([`Overlay::set_members`]).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ring::rand::{SecureRandom, SystemRandom};
@@ -53,7 +53,8 @@ pub struct RosterFrame {
 /// checked against it too.
 pub struct GossipState {
     trust: Arc<MeshTrust>,
-    own: Credentials,
+    /// This node's admission and newest announcement (a farewell replaces it).
+    own: Mutex<Credentials>,
     listen: SocketAddr,
     /// What peers said in their requests, for the driver.
     heard: mpsc::UnboundedSender<(Peer, u64)>,
@@ -69,33 +70,44 @@ impl GossipState {
         listen: SocketAddr,
         trust: Arc<MeshTrust>,
     ) -> (Arc<GossipState>, mpsc::UnboundedReceiver<(Peer, u64)>) {
-        let announcement = Signed::sign(
-            node,
-            ANNOUNCEMENT_LABEL,
-            &Announcement {
-                mesh: trust.root().mesh.as_str().into(),
-                address: listen,
-                issued_at: unix_millis(),
-                leaving: false,
-            },
-        )
-        .encode();
-        let own = (trust.own_admission().to_vec(), announcement);
-        let mut roster = trust.enable_roster().lock().expect("never poisoned");
-        if let Err(error) = trust.verify(|v| roster.offer(v, &own.0, &own.1)) {
-            // Our own admission is checked at start; only a revocation gets here.
-            info!(%error, "this node's own credentials do not verify: it is no member");
-        }
-        drop(roster);
+        let own = announce(node, listen, &trust, false);
+        trust.enable_roster();
         let (heard, heard_rx) = mpsc::unbounded_channel();
         let state = GossipState {
             trust,
-            own,
+            own: Mutex::new(own),
             listen,
             heard,
             changed: Notify::new(),
         };
         (Arc::new(state), heard_rx)
+    }
+
+    /// Says goodbye before the agent stops: a leaving announcement (the one liveness
+    /// report peers believe, since only this node can sign it) taken into the roster
+    /// and told to a few members at once, each within a second; the others learn it
+    /// by their pulls. They stop choosing this node as a holder, rather than each
+    /// finding out by a timeout.
+    pub async fn farewell(&self, node: &Identity, client: &Client) {
+        *self.own.lock().expect("never poisoned") = announce(node, self.listen, &self.trust, true);
+        let request = Frame::Roster(self.frame(None)).encode();
+        let me = Key(node.id().0);
+        let members = self.members();
+        let told = members.random_others(&me, 3, unix_millis());
+        let asks = told.iter().map(|peer| {
+            let wait = tokio::time::timeout(
+                Duration::from_secs(1),
+                client.request(PeerId(peer.id.0), peer.addr, &request),
+            );
+            async move { wait.await.is_ok_and(|answer| answer.is_ok()) }
+        });
+        let answered = futures_util::future::join_all(asks).await;
+        let took = answered.iter().filter(|ok| **ok).count();
+        info!(
+            told = took,
+            of = told.len(),
+            "said goodbye to the membership"
+        );
     }
 
     fn roster(&self) -> std::sync::MutexGuard<'_, Roster> {
@@ -130,7 +142,7 @@ impl GossipState {
         let roster = self.roster();
         let digest = roster.digest();
         let members = match their_digest {
-            None => vec![self.own.clone()],
+            None => vec![self.own.lock().expect("never poisoned").clone()],
             Some(theirs) if theirs != digest => roster.credentials(),
             Some(_) => Vec::new(),
         };
@@ -164,7 +176,7 @@ impl GossipState {
 
     /// This node's key (the signer of its own announcement).
     fn own_signer(&self) -> [u8; 32] {
-        Signed::decode(&self.own.1)
+        Signed::decode(&self.own.lock().expect("never poisoned").1)
             .map(|s| s.signer)
             .expect("our own announcement decodes")
     }
@@ -328,4 +340,27 @@ impl Driver {
             }
         });
     }
+}
+
+/// This node's credentials with an announcement signed now (taken into its own
+/// roster): where it listens, and whether it is leaving.
+fn announce(node: &Identity, listen: SocketAddr, trust: &MeshTrust, leaving: bool) -> Credentials {
+    let announcement = Signed::sign(
+        node,
+        ANNOUNCEMENT_LABEL,
+        &Announcement {
+            mesh: trust.root().mesh.as_str().into(),
+            address: listen,
+            issued_at: unix_millis(),
+            leaving,
+        },
+    )
+    .encode();
+    let own = (trust.own_admission().to_vec(), announcement);
+    let mut roster = trust.enable_roster().lock().expect("never poisoned");
+    if let Err(error) = trust.verify(|v| roster.offer(v, &own.0, &own.1)) {
+        // Our own admission is checked at start; only a revocation gets here.
+        info!(%error, "this node's own credentials do not verify: it is no member");
+    }
+    own
 }

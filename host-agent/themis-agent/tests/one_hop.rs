@@ -217,3 +217,41 @@ fn a_granted_node_cannot_point_its_service_at_another_address() {
         });
     }
 }
+
+/// An agent that stops says goodbye (issue 23): its signed leaving announcement takes
+/// it out of every peer's membership, so nobody asks it as a holder and waits for a
+/// timeout; restarted, it announces itself again and is a member once more.
+#[test]
+fn a_stopping_agent_leaves_the_membership_and_comes_back() {
+    let dir = common::workdir();
+    let root = dir.path();
+    let mut agents = common::ring(root, 4, &one_hop());
+    let members_are = |agents: &[Agent], n: u64| {
+        for agent in agents {
+            agent.wait_for(&format!("{n} members"), Duration::from_secs(30), |a| {
+                (members(a)? == n).then_some(())
+            });
+        }
+    };
+    members_are(&agents, 4);
+    let mut leaving = agents.pop().unwrap();
+    let code = leaving.terminate();
+    assert_eq!(code, Some(0), "{}", leaving.log_tail());
+    assert!(
+        leaving.log().contains("said goodbye to the membership"),
+        "{}",
+        leaving.log_tail()
+    );
+    members_are(&agents, 3);
+    let back = Agent::spawn(
+        root,
+        "agent-3",
+        common::Spawn {
+            join: Some(&agents[0].contact),
+            extra: &one_hop(),
+            ..common::Spawn::default()
+        },
+    );
+    agents.push(back);
+    members_are(&agents, 4);
+}
