@@ -130,7 +130,9 @@ step "what the mesh leaves alone, and what it refuses"
 kctl apply -f scripts/k8s/suite-pods.yaml > /dev/null
 kctl -n plain wait pod/outsider pod/intruder --for=condition=Ready --timeout=60s > /dev/null
 outsider() { kctl -n plain exec outsider -- python3 -c "$1"; }
-unregistered_outsider() { ! on_agent --json workloads | grep -q outsider; }
+# Negative checks read the answer whole first: under pipefail, `! cmd | grep -q x` also
+# passes when grep found x and cmd died of SIGPIPE writing the rest.
+unregistered_outsider() { ! grep -q outsider <<< "$(on_agent --json workloads)"; }
 check "a pod of an unlabelled namespace runs, unregistered" unregistered_outsider || true
 check_ip=$(kctl -n shop get pods -l app=check -o jsonpath='{.items[0].status.podIP}')
 refused_plain() { # an unmeshed pod's plaintext HTTP to check's Service: no answer from check
@@ -149,7 +151,7 @@ not_operator() { # root in another pod, through the agent's socket: refused as n
         return 1
     fi
     grep -qi "operator\|forbidden" <<< "$out" || { echo "refused, but not as a non-operator: $out"; return 1; }
-    ! on_agent --json workloads | grep -q '"evil'
+    ! grep -q '"evil' <<< "$(on_agent --json workloads)"
 }
 check "root in another pod, with the agent's socket mounted, is not the operator: its registration is refused" not_operator || true
 event_says() { # POD REASON: an Event on POD (namespace shop) with REASON
