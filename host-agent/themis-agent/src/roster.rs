@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 
 use ring::digest::{Context, SHA256};
 use themis_dht::{Contact, Key, Members};
-use themis_trust::{Announced, Signed, TrustError, Verifier};
+use themis_trust::{Announced, Announcement, Signed, TrustError, Verifier};
 
 /// The most members a roster holds (and a gossip answer carries: about 560 KiB at
 /// most). A mesh larger than this needs paged roster answers (not built).
@@ -44,7 +44,18 @@ impl Roster {
         admission: &[u8],
         announcement: &[u8],
     ) -> Result<bool, TrustError> {
-        let key = Signed::decode(announcement)?.signer;
+        let signed = Signed::decode(announcement)?;
+        let key = signed.signer;
+        // What is held already costs no signature check: a gossip answer carries
+        // every member, and all but the changed ones are the same.
+        let claimed = Announcement::decode(&signed.body)?;
+        if self
+            .entries
+            .get(&key)
+            .is_some_and(|held| held.announced.announcement.issued_at >= claimed.issued_at)
+        {
+            return Ok(false);
+        }
         let admitted = verifier.admission(admission, &key)?;
         let announced = verifier.announcement(announcement, |k| *k == key)?;
         if let Some(held) = self.entries.get(&key) {
