@@ -25,8 +25,9 @@ pub fn revocations_after(known: usize, wait_ms: u64) -> String {
     format!("{REVOCATIONS}?known={known}&wait_ms={wait_ms}")
 }
 
-/// The longest an agent holds a [`revocations_after`] request.
-pub const MAX_REVOCATIONS_WAIT_MS: u64 = 60_000;
+/// The longest an agent holds a [`revocations_after`] request: under the idle
+/// timeout of the agent's TCP resolve listener (30 s), which serves it too.
+pub const MAX_REVOCATIONS_WAIT_MS: u64 = 25_000;
 
 /// `GET`: the trust log this node holds ([`api::LogStatus`](crate::api::LogStatus));
 /// `POST`: the operator's whole copy of it (`application/octet-stream`, as

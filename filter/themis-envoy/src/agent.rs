@@ -103,9 +103,9 @@ pub fn parse_revocations(body: &[u8], root: &MeshRoot) -> Result<Revocations, Ag
 }
 
 /// How long a filter asks its agent to hold a revocations poll (a long poll answered
-/// as soon as the agent learns a revocation): well under the agent's cap
+/// as soon as the agent learns a revocation): under the agent's cap
 /// (`paths::MAX_REVOCATIONS_WAIT_MS`) and under idle timeouts between the two.
-pub const REVOCATIONS_WAIT_MS: u64 = 25_000;
+pub const REVOCATIONS_WAIT_MS: u64 = 20_000;
 
 /// What a revocations answer says about the next poll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -318,6 +318,7 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
             crate::gossip::Driver {
                 state: state.clone(),
                 heard,
+                node: node.clone(),
                 overlay: overlay.clone(),
                 client: client.clone(),
                 trust: trust.clone(),

@@ -405,11 +405,8 @@ async fn revocations(
         let mut count = r.trust().watch_revocations();
         let wait =
             Duration::from_millis(wait_ms.min(themis_contracts::paths::MAX_REVOCATIONS_WAIT_MS));
-        let _ = tokio::time::timeout(
-            wait,
-            count.wait_for(|_| r.trust().revocations().len() != held),
-        )
-        .await;
+        // The watched count only: no other lock is taken under the watch's.
+        let _ = tokio::time::timeout(wait, count.wait_for(|known| *known != held)).await;
     }
     let known = r.trust().revocations();
     let proven = r.trust().log().revocation_proofs();

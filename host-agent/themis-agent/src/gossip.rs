@@ -19,7 +19,7 @@ use ring::rand::{SecureRandom, SystemRandom};
 use serde::{Deserialize, Serialize};
 use themis_core::{Identity, PeerId};
 use themis_dht::gossip::{Action, Gossip, GossipConfig, Have};
-use themis_dht::{Contact, Key, Members};
+use themis_dht::{Key, Members};
 use themis_net::Client;
 use themis_trust::{Announcement, Signed, ANNOUNCEMENT_LABEL};
 use tokio::sync::{mpsc, Notify};
@@ -31,6 +31,13 @@ use crate::metrics::Metrics;
 use crate::overlay::{Frame, Overlay, Peer};
 use crate::roster::{Credentials, Roster, MAX_MEMBERS};
 use crate::trust::{unix_millis, MeshTrust};
+
+/// Haves from members queued for the driver at most.
+const HEARD_QUEUE: usize = 256;
+
+/// How long a log fetch may take before the next claim is taken (the fetch reports
+/// its result before that, unless it hangs).
+const FETCH_TIMEOUT_MS: u64 = 10_000;
 
 /// What a gossip request or answer carries.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -56,8 +63,9 @@ pub struct GossipState {
     /// This node's admission and newest announcement (a farewell replaces it).
     own: Mutex<Credentials>,
     listen: SocketAddr,
-    /// What peers said in their requests, for the driver.
-    heard: mpsc::UnboundedSender<(Peer, u64)>,
+    /// What members said in their requests, for the driver (bounded: a Have is a
+    /// hint, and pulls repair what is dropped).
+    heard: mpsc::Sender<(Peer, u64)>,
     /// The roster changed: news to push and a membership to hand the node.
     changed: Notify,
 }
@@ -69,10 +77,10 @@ impl GossipState {
         node: &Identity,
         listen: SocketAddr,
         trust: Arc<MeshTrust>,
-    ) -> (Arc<GossipState>, mpsc::UnboundedReceiver<(Peer, u64)>) {
+    ) -> (Arc<GossipState>, mpsc::Receiver<(Peer, u64)>) {
         let own = announce(node, listen, &trust, false);
         trust.enable_roster();
-        let (heard, heard_rx) = mpsc::unbounded_channel();
+        let (heard, heard_rx) = mpsc::channel(HEARD_QUEUE);
         let state = GossipState {
             trust,
             own: Mutex::new(own),
@@ -116,19 +124,23 @@ impl GossipState {
             .expect("enabled when the state was made")
     }
 
-    /// Takes the members' credentials a peer sent; counts what does not verify.
+    /// Takes the members' credentials a peer sent; counts what does not verify. The
+    /// signatures are checked without the roster's lock (records are checked against
+    /// the roster too), and only for announcements newer than the ones held.
     fn take(&self, metrics: &Metrics, members: &[Credentials]) {
         let mut changed = false;
-        {
-            let mut roster = self.roster();
-            for (admission, announcement) in members.iter().take(MAX_MEMBERS) {
-                match self
+        for (admission, announcement) in members.iter().take(MAX_MEMBERS) {
+            let wanted = self.roster().wants(announcement);
+            let taken = wanted.and_then(|wanted| match wanted {
+                false => Ok(false),
+                true => self
                     .trust
-                    .verify(|v| roster.offer(v, admission, announcement))
-                {
-                    Ok(grew) => changed |= grew,
-                    Err(error) => metrics.frame_refused(&format!("roster_{}", error.reason())),
-                }
+                    .verify(|v| Roster::check(v, admission, announcement))
+                    .and_then(|entry| self.roster().insert(entry)),
+            });
+            match taken {
+                Ok(grew) => changed |= grew,
+                Err(error) => metrics.frame_refused(&format!("roster_{}", error.reason())),
             }
         }
         if changed {
@@ -136,16 +148,26 @@ impl GossipState {
         }
     }
 
+    /// Signs a fresh announcement (announcements count for
+    /// [`crate::roster::ANNOUNCEMENT_LIFETIME_MS`]; the driver renews at half).
+    fn reannounce(&self, node: &Identity) {
+        *self.own.lock().expect("never poisoned") = announce(node, self.listen, &self.trust, false);
+        self.changed.notify_one();
+    }
+
     /// What this agent holds, as a frame: its own credentials (a request) or every
     /// member's if `their_digest` differs from ours (an answer).
     fn frame(&self, their_digest: Option<[u8; 32]>) -> RosterFrame {
         let roster = self.roster();
-        let digest = roster.digest();
-        let members = match their_digest {
-            None => vec![self.own.lock().expect("never poisoned").clone()],
-            Some(theirs) if theirs != digest => roster.credentials(),
-            Some(_) => Vec::new(),
-        };
+        let (digest, members) = self.trust.verify(|v| {
+            let digest = roster.digest(v);
+            let members = match their_digest {
+                None => vec![self.own.lock().expect("never poisoned").clone()],
+                Some(theirs) if theirs != digest => roster.credentials(v),
+                Some(_) => Vec::new(),
+            };
+            (digest, members)
+        });
         RosterFrame {
             admission: self.trust.own_admission().to_vec(),
             listen: self.listen,
@@ -155,23 +177,36 @@ impl GossipState {
         }
     }
 
-    /// The server side: a request from the admitted `peer`.
+    /// The server side: a request from the admitted `peer`. A request carries the
+    /// sender's own credentials only (anything else in it is ignored), and what it
+    /// says of its log is heard only from a member, at the address the member signed
+    /// (never at one the frame names).
     pub fn answer(&self, metrics: &Metrics, peer: PeerId, request: RosterFrame) -> RosterFrame {
-        self.take(metrics, &request.members);
-        if !request.listen.ip().is_unspecified() && request.listen.port() != 0 {
-            let from = Contact {
-                id: Key(peer.0),
-                addr: request.listen,
-            };
-            let _ = self.heard.send((from, request.log_size));
+        let mesh = self.trust.root().mesh.as_str();
+        let own: Vec<Credentials> = request
+            .members
+            .into_iter()
+            .filter(|(_, a)| {
+                Signed::decode(a).is_ok_and(|s| PeerId::derive(&s.signer, mesh) == peer)
+            })
+            .take(1)
+            .collect();
+        self.take(metrics, &own);
+        if let Some(from) = self.members().get(&Key(peer.0)).cloned() {
+            // Full: the driver is behind, and a Have is only a hint (pulls repair).
+            let _ = self.heard.try_send((from, request.log_size));
         }
         self.frame(Some(request.digest))
     }
 
-    /// The membership one-hop routing uses now.
+    /// The membership one-hop routing uses now (what no longer counts is forgotten
+    /// on the way).
     pub fn members(&self) -> Members<SocketAddr> {
-        let roster = self.roster();
-        self.trust.verify(|v| roster.members(v))
+        let mut roster = self.roster();
+        self.trust.verify(|v| {
+            roster.prune(v);
+            roster.members(v)
+        })
     }
 
     /// This node's key (the signer of its own announcement).
@@ -196,8 +231,10 @@ impl GossipState {
 pub struct Driver {
     /// Shared with the server.
     pub state: Arc<GossipState>,
-    /// What peers said.
-    pub heard: mpsc::UnboundedReceiver<(Peer, u64)>,
+    /// What members said.
+    pub heard: mpsc::Receiver<(Peer, u64)>,
+    /// This node's key (it signs the announcements it renews).
+    pub node: Arc<Identity>,
     /// The DHT node's handle (its membership is set from the roster).
     pub overlay: Overlay,
     /// The agents' secure channel.
@@ -215,8 +252,8 @@ pub struct Driver {
 enum Done {
     /// A gossip exchange: the peer, and its answer if it gave one.
     Exchanged(Peer, Option<RosterFrame>),
-    /// A log fetch from a peer, and what it came to.
-    Fetched(Synced),
+    /// A log fetch from a peer: the size it claimed, and what the fetch came to.
+    Fetched(u64, Synced),
 }
 
 impl Driver {
@@ -227,6 +264,7 @@ impl Driver {
         let me = Key(PeerId::derive(&self.state.own_signer(), self.trust.root().mesh.as_str()).0);
         let config = GossipConfig {
             period: u64::try_from(self.period.as_millis()).unwrap_or(u64::MAX),
+            fetch_timeout: FETCH_TIMEOUT_MS,
             ..GossipConfig::default()
         };
         let mut gossip = Gossip::new(me, config, self.trust.log().size(), now());
@@ -239,9 +277,12 @@ impl Driver {
             random.fill(&mut b).expect("the system RNG works");
             u64::from_le_bytes(b)
         };
-        self.hand_members(&members).await;
+        let mut handed = false;
+        self.hand_members(&members, &mut handed).await;
         let mut next_bootstrap = Instant::now();
         let mut log_grew = self.trust.log().watch_size();
+        let renew_every = Duration::from_millis(crate::roster::ANNOUNCEMENT_LIFETIME_MS / 2);
+        let mut next_renewal = Instant::now() + renew_every;
         loop {
             // Nobody else known yet: ask the bootstrap nodes for the roster, once a
             // period.
@@ -255,13 +296,14 @@ impl Driver {
             if members.len() < 2 {
                 wake = wake.min(next_bootstrap);
             }
+            wake = wake.min(next_renewal);
             tokio::select! {
                 Some((peer, size)) = self.heard.recv() => {
                     gossip.on_have(now(), peer, Have { version: size });
                 }
                 () = self.state.changed.notified() => {
                     members = self.state.members();
-                    self.hand_members(&members).await;
+                    self.hand_members(&members, &mut handed).await;
                     // Roster news: tell a few members at once (their answers carry theirs).
                     for peer in members.random_others(&me, 3, draw()) {
                         self.spawn_exchange(&mut tasks, peer);
@@ -275,16 +317,30 @@ impl Driver {
                     Ok(Done::Exchanged(peer, None)) => {
                         debug!(peer = %peer.addr, "gossip exchange failed");
                     }
-                    Ok(Done::Fetched(Synced::Grew(_) | Synced::Consistent)) => {}
-                    Ok(Done::Fetched(synced)) => {
-                        debug!(?synced, "log fetch brought nothing");
-                        gossip.fetch_failed(now());
+                    // Holding at least what was claimed settles the fetch (below: the
+                    // log grew); a peer that could not be reached is no liar; one
+                    // that served less than it claimed, or what does not verify, is.
+                    Ok(Done::Fetched(claimed, synced)) if self.trust.log().size() < claimed => {
+                        debug!(?synced, claimed, "log fetch brought less than claimed");
+                        match synced {
+                            Synced::Unreachable => gossip.fetch_done(now()),
+                            _ => gossip.fetch_failed(now()),
+                        }
                     }
+                    Ok(Done::Fetched(..)) => {}
                     Err(_) => {}
                 },
                 // Handled below, as any growth is.
                 Ok(()) = log_grew.changed() => {}
                 () = tokio::time::sleep_until(wake.into()) => {
+                    if next_renewal <= Instant::now() {
+                        next_renewal = Instant::now() + renew_every;
+                        self.state.reannounce(&self.node);
+                    }
+                    // Announcements age and admissions expire: the membership is
+                    // recomputed every period, not only when the roster changes.
+                    members = self.state.members();
+                    self.hand_members(&members, &mut handed).await;
                     gossip.handle_timeout(now(), &members, draw());
                 }
             }
@@ -297,12 +353,12 @@ impl Driver {
             if self.trust.generation() != generation {
                 generation = self.trust.generation();
                 members = self.state.members();
-                self.hand_members(&members).await;
+                self.hand_members(&members, &mut handed).await;
             }
             while let Some(action) = gossip.poll_action() {
                 match action {
                     Action::Send(peer, _) => self.spawn_exchange(&mut tasks, peer),
-                    Action::Fetch(peer, _) => {
+                    Action::Fetch(peer, claimed) => {
                         let (client, trust, metrics) = (
                             self.client.clone(),
                             self.trust.clone(),
@@ -310,7 +366,8 @@ impl Driver {
                         );
                         tasks.spawn(async move {
                             let id = PeerId(peer.id.0);
-                            Done::Fetched(exchange(&client, &trust, &metrics, id, peer.addr).await)
+                            let synced = exchange(&client, &trust, &metrics, id, peer.addr).await;
+                            Done::Fetched(claimed, synced)
                         });
                     }
                 }
@@ -319,9 +376,12 @@ impl Driver {
     }
 
     /// Gives the DHT node the membership once it holds more than this node (or when
-    /// this node starts the mesh: no bootstrap).
-    async fn hand_members(&self, members: &Members<SocketAddr>) {
-        if members.len() >= 2 || (self.bootstrap.is_empty() && !members.is_empty()) {
+    /// this node starts the mesh: no bootstrap), and from then on every time: a
+    /// membership that shrinks back to this node alone is one too.
+    async fn hand_members(&self, members: &Members<SocketAddr>, handed: &mut bool) {
+        let first = members.len() >= 2 || (self.bootstrap.is_empty() && !members.is_empty());
+        if *handed || first {
+            *handed = true;
             self.overlay.set_members(members.clone()).await;
         }
     }

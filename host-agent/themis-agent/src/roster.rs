@@ -4,11 +4,16 @@
 //!
 //! An entry is a pair of credentials any agent checks offline: the node's root-signed
 //! admission and its own address announcement. Nobody can place another node, and the
-//! newest announcement of a node wins. Sans-IO: time and revocations come in through
-//! the [`Verifier`].
+//! newest announcement of a node wins. Announcements are dated: one older than
+//! [`ANNOUNCEMENT_LIFETIME_MS`] no longer counts (a node re-announces at half that), so
+//! a node that died without its farewell leaves the membership by itself, believing
+//! no peer about it. Sans-IO: time and revocations come in through the [`Verifier`].
+//!
+//! Checking is apart from holding ([`Roster::check`] then [`Roster::insert`]), so a
+//! caller verifies signatures without holding the roster's lock.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use ring::digest::{Context, SHA256};
 use themis_dht::{Contact, Key, Members};
@@ -18,11 +23,21 @@ use themis_trust::{Announced, Announcement, Signed, TrustError, Verifier};
 /// most). A mesh larger than this needs paged roster answers (not built).
 pub const MAX_MEMBERS: usize = 2048;
 
+/// How long an announcement counts; nodes announce again at half of it.
+pub const ANNOUNCEMENT_LIFETIME_MS: u64 = 3_600_000;
+
+/// A node's next announcement is taken no sooner than this after the one held (unless
+/// it says the node is leaving, or back): a member re-announcing in a loop cannot
+/// make every roster change, and every agent gossip, in a loop.
+pub const MIN_REANNOUNCE_MS: u64 = 5_000;
+
 /// One member's credentials, as they travel: its admission and its announcement.
 pub type Credentials = (Vec<u8>, Vec<u8>);
 
+/// A member's checked credentials, ready to be held.
 #[derive(Debug, Clone)]
-struct Entry {
+pub struct Entry {
+    key: [u8; 32],
     announced: Announced,
     /// The admission's `not_after`, kept so that listing members needs no signature.
     not_after: Option<u64>,
@@ -36,58 +51,81 @@ pub struct Roster {
 }
 
 impl Roster {
-    /// Takes one member's credentials if they verify and are newer than what is held
-    /// for that node. Returns whether the roster changed.
+    /// Whether the roster would take an announcement like this one: from its unchecked
+    /// date alone, with no signature checked (a gossip answer carries every member,
+    /// nearly all unchanged). `Ok(false)`: nothing to do.
+    pub fn wants(&self, announcement: &[u8]) -> Result<bool, TrustError> {
+        let signed = Signed::decode(announcement)?;
+        let claimed = Announcement::decode(&signed.body)?;
+        match self.entries.get(&signed.signer) {
+            None if self.entries.len() >= MAX_MEMBERS => Err(TrustError::TooLarge),
+            None => Ok(true),
+            Some(held) => Ok(newer(&held.announced.announcement, &claimed)),
+        }
+    }
+
+    /// Checks one member's credentials: the root's admission of the key that signed
+    /// the announcement, and the announcement itself. Holds no state: call it without
+    /// the roster's lock, then [`Roster::insert`].
+    pub fn check(
+        verifier: &Verifier<'_>,
+        admission: &[u8],
+        announcement: &[u8],
+    ) -> Result<Entry, TrustError> {
+        let key = Signed::decode(announcement)?.signer;
+        let admitted = verifier.admission(admission, &key)?;
+        let announced = verifier.announcement(announcement, |k| *k == key)?;
+        Ok(Entry {
+            key,
+            announced,
+            not_after: admitted.not_after,
+            credentials: (admission.to_vec(), announcement.to_vec()),
+        })
+    }
+
+    /// Holds a checked entry if it is newer than what is held for that node (see
+    /// [`MIN_REANNOUNCE_MS`]). Returns whether the roster changed.
+    pub fn insert(&mut self, entry: Entry) -> Result<bool, TrustError> {
+        match self.entries.get(&entry.key) {
+            Some(held) if !newer(&held.announced.announcement, &entry.announced.announcement) => {
+                return Ok(false)
+            }
+            None if self.entries.len() >= MAX_MEMBERS => return Err(TrustError::TooLarge),
+            _ => {}
+        }
+        self.entries.insert(entry.key, entry);
+        Ok(true)
+    }
+
+    /// [`Roster::check`] then [`Roster::insert`], for callers that hold no lock.
     pub fn offer(
         &mut self,
         verifier: &Verifier<'_>,
         admission: &[u8],
         announcement: &[u8],
     ) -> Result<bool, TrustError> {
-        let signed = Signed::decode(announcement)?;
-        let key = signed.signer;
-        // What is held already costs no signature check: a gossip answer carries
-        // every member, and all but the changed ones are the same.
-        let claimed = Announcement::decode(&signed.body)?;
-        if self
-            .entries
-            .get(&key)
-            .is_some_and(|held| held.announced.announcement.issued_at >= claimed.issued_at)
-        {
+        if !self.wants(announcement)? {
             return Ok(false);
         }
-        let admitted = verifier.admission(admission, &key)?;
-        let announced = verifier.announcement(announcement, |k| *k == key)?;
-        if let Some(held) = self.entries.get(&key) {
-            if held.announced.announcement.issued_at >= announced.announcement.issued_at {
-                return Ok(false);
-            }
-        } else if self.entries.len() >= MAX_MEMBERS {
-            return Err(TrustError::TooLarge);
-        }
-        self.entries.insert(
-            key,
-            Entry {
-                announced,
-                not_after: admitted.not_after,
-                credentials: (admission.to_vec(), announcement.to_vec()),
-            },
-        );
-        Ok(true)
+        self.insert(Roster::check(verifier, admission, announcement)?)
     }
 
-    /// The members one-hop routing uses now: not leaving, admission not expired, key
-    /// not revoked.
+    /// Forgets the entries that no longer count: revoked keys, expired admissions,
+    /// announcements past their lifetime. Returns how many went.
+    pub fn prune(&mut self, verifier: &Verifier<'_>) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|_, e| current(e, verifier));
+        before - self.entries.len()
+    }
+
+    /// The members one-hop routing uses now: current (see [`Roster::prune`]) and not
+    /// leaving.
     pub fn members(&self, verifier: &Verifier<'_>) -> Members<SocketAddr> {
         Members::new(
             self.entries
-                .iter()
-                .filter(|(key, e)| {
-                    !e.announced.announcement.leaving
-                        && e.not_after.is_none_or(|t| t > verifier.now_ms)
-                        && !verifier.revoked.contains_key(verifier.root, key)
-                })
-                .map(|(_, e)| Contact {
+                .values()
+                .filter(|e| current(e, verifier) && !e.announced.announcement.leaving)
+                .map(|e| Contact {
                     id: Key(e.announced.id.0),
                     addr: e.announced.announcement.address,
                 }),
@@ -95,30 +133,28 @@ impl Roster {
     }
 
     /// A summary two agents compare to see whether their rosters differ: SHA-256 over
-    /// every (node key, announcement date), in key order.
-    pub fn digest(&self) -> [u8; 32] {
+    /// every current (node key, announcement date), in key order. Entries one agent
+    /// still holds and another refused (revoked, expired) do not count, so two
+    /// agents that agree on the members agree on the digest.
+    pub fn digest(&self, verifier: &Verifier<'_>) -> [u8; 32] {
         let mut ctx = Context::new(&SHA256);
-        for (key, e) in &self.entries {
+        for (key, e) in self.entries.iter().filter(|(_, e)| current(e, verifier)) {
             ctx.update(key);
             ctx.update(&e.announced.announcement.issued_at.to_be_bytes());
         }
         ctx.finish().as_ref().try_into().expect("32 bytes")
     }
 
-    /// Every member's credentials (what a gossip answer carries).
-    pub fn credentials(&self) -> Vec<Credentials> {
+    /// Every current member's credentials (what a gossip answer carries).
+    pub fn credentials(&self, verifier: &Verifier<'_>) -> Vec<Credentials> {
         self.entries
             .values()
+            .filter(|e| current(e, verifier))
             .map(|e| e.credentials.clone())
             .collect()
     }
 
-    /// The credentials held for the node with this key.
-    pub fn get(&self, key: &[u8; 32]) -> Option<&Credentials> {
-        self.entries.get(key).map(|e| &e.credentials)
-    }
-
-    /// How many members are held (leaving ones included).
+    /// How many entries are held (leaving ones included).
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -132,6 +168,45 @@ impl Roster {
     pub fn announced(&self, key: &[u8; 32]) -> Option<&Announced> {
         self.entries.get(key).map(|e| &e.announced)
     }
+
+    /// How many current members other than `key` announce `ip`. An IP claimed by
+    /// more than one node belongs to none of them (a node can announce any address;
+    /// the root does not bind it yet), except loopback, which is every node's own.
+    pub fn others_at(&self, key: &[u8; 32], ip: IpAddr, verifier: &Verifier<'_>) -> usize {
+        if ip.is_loopback() {
+            return 0;
+        }
+        self.entries
+            .values()
+            .filter(|e| {
+                e.key != *key
+                    && current(e, verifier)
+                    && !e.announced.announcement.leaving
+                    && e.announced.announcement.address.ip() == ip
+            })
+            .count()
+    }
+}
+
+/// Whether `claimed` replaces `held`: later, and either far enough later or a change
+/// of leaving.
+fn newer(held: &Announcement, claimed: &Announcement) -> bool {
+    claimed.issued_at > held.issued_at
+        && (claimed.leaving != held.leaving
+            || claimed.issued_at >= held.issued_at.saturating_add(MIN_REANNOUNCE_MS))
+}
+
+/// Whether an entry still counts: its key not revoked, its admission not expired,
+/// its announcement within its lifetime.
+fn current(e: &Entry, verifier: &Verifier<'_>) -> bool {
+    let now = verifier.now_ms;
+    e.not_after.is_none_or(|t| t > now)
+        && e.announced
+            .announcement
+            .issued_at
+            .saturating_add(ANNOUNCEMENT_LIFETIME_MS)
+            > now
+        && !verifier.revoked.contains_key(verifier.root, &e.key)
 }
 
 #[cfg(test)]
@@ -206,27 +281,96 @@ mod tests {
         let mut roster = Roster::default();
         let admission = mesh.admit(&node, None);
         let v = mesh.verifier();
+        let at = |address: &str, when: u64| announce(&node, address, when, false);
         assert_eq!(
-            roster.offer(
-                &v,
-                &admission,
-                &announce(&node, "127.0.0.1:7001", NOW - 10, false)
-            ),
+            roster.offer(&v, &admission, &at("127.0.0.1:7001", NOW - 10_000)),
             Ok(true)
         );
-        let before = roster.digest();
-        // An older one changes nothing; a newer one moves the node.
-        let old = announce(&node, "127.0.0.1:7000", NOW - 20, false);
-        assert_eq!(roster.offer(&v, &admission, &old), Ok(false));
-        assert_eq!(roster.digest(), before);
-        let new = announce(&node, "127.0.0.1:7002", NOW, false);
-        assert_eq!(roster.offer(&v, &admission, &new), Ok(true));
-        assert_ne!(roster.digest(), before);
+        let before = roster.digest(&v);
+        // An older one changes nothing, nor does a newer one too soon after; a newer
+        // one moves the node.
+        assert_eq!(
+            roster.offer(&v, &admission, &at("127.0.0.1:7000", NOW - 20_000)),
+            Ok(false)
+        );
+        let soon = NOW - 10_000 + MIN_REANNOUNCE_MS - 1;
+        assert_eq!(
+            roster.offer(&v, &admission, &at("127.0.0.1:7009", soon)),
+            Ok(false)
+        );
+        assert_eq!(roster.digest(&v), before);
+        assert_eq!(
+            roster.offer(&v, &admission, &at("127.0.0.1:7002", NOW)),
+            Ok(true)
+        );
+        assert_ne!(roster.digest(&v), before);
         let members = roster.members(&v);
         assert_eq!(members.len(), 1);
         let me = members.iter().next().unwrap();
         assert_eq!(me.id, Key(node.id().0));
         assert_eq!(me.addr, "127.0.0.1:7002".parse().unwrap());
+        // Saying goodbye is taken at once, however soon.
+        let bye = announce(&node, "127.0.0.1:7002", NOW + 1, true);
+        assert_eq!(roster.offer(&v, &admission, &bye), Ok(true));
+        assert!(roster.members(&v).is_empty());
+    }
+
+    #[test]
+    fn an_announcement_past_its_lifetime_no_longer_counts() {
+        let mesh = Mesh::new();
+        let (old, fresh) = (identity(), identity());
+        let mut roster = Roster::default();
+        let v = mesh.verifier();
+        for (node, when) in [(&old, NOW - ANNOUNCEMENT_LIFETIME_MS + 1), (&fresh, NOW)] {
+            let offered = roster.offer(
+                &v,
+                &mesh.admit(node, None),
+                &announce(node, "127.0.0.1:1", when, false),
+            );
+            assert_eq!(offered, Ok(true));
+        }
+        assert_eq!(roster.members(&v).len(), 2);
+        let later = Verifier {
+            now_ms: NOW + 1,
+            ..mesh.verifier()
+        };
+        let members: Vec<Key> = roster.members(&later).iter().map(|c| c.id).collect();
+        assert_eq!(
+            members,
+            vec![Key(fresh.id().0)],
+            "the old one died without a word"
+        );
+        assert_eq!(roster.credentials(&later).len(), 1);
+        assert_eq!(roster.prune(&later), 1);
+        assert_eq!(roster.len(), 1);
+    }
+
+    #[test]
+    fn an_address_two_nodes_announce_belongs_to_neither() {
+        let mesh = Mesh::new();
+        let (honest, squatter, elsewhere) = (identity(), identity(), identity());
+        let mut roster = Roster::default();
+        let v = mesh.verifier();
+        for (node, address) in [
+            (&honest, "10.0.0.2:7946"),
+            (&squatter, "10.0.0.2:9"),
+            (&elsewhere, "10.0.0.3:7946"),
+        ] {
+            let offered = roster.offer(
+                &v,
+                &mesh.admit(node, None),
+                &announce(node, address, NOW, false),
+            );
+            assert_eq!(offered, Ok(true));
+        }
+        let ip = "10.0.0.2".parse().unwrap();
+        assert_eq!(roster.others_at(honest.public_key(), ip, &v), 1);
+        assert_eq!(roster.others_at(squatter.public_key(), ip, &v), 1);
+        let own = "10.0.0.3".parse().unwrap();
+        assert_eq!(roster.others_at(elsewhere.public_key(), own, &v), 0);
+        // Loopback is every node's own (one host, or tests).
+        let lo = "127.0.0.1".parse().unwrap();
+        assert_eq!(roster.others_at(honest.public_key(), lo, &v), 0);
     }
 
     #[test]
@@ -305,12 +449,16 @@ mod tests {
         };
         let members: Vec<Key> = roster.members(&later).iter().map(|c| c.id).collect();
         assert_eq!(members, vec![Key(staying.id().0)]);
-        // The revoked node cannot come back with a newer announcement.
-        let again = announce(&revoked, "127.0.0.1:2", NOW + 1, false);
+        // The revoked node cannot come back with a newer announcement, and agents
+        // that hold it and agents that never took it agree on the digest.
+        let again = announce(&revoked, "127.0.0.1:2", NOW + MIN_REANNOUNCE_MS, false);
         assert_eq!(
             roster.offer(&later, &mesh.admit(&revoked, None), &again),
             Err(TrustError::Revoked)
         );
+        let digest = roster.digest(&later);
+        roster.prune(&later);
+        assert_eq!(roster.digest(&later), digest);
     }
 
     #[test]
@@ -336,6 +484,6 @@ mod tests {
             ),
             Err(TrustError::TooLarge)
         );
-        assert_eq!(roster.credentials().len(), MAX_MEMBERS);
+        assert_eq!(roster.credentials(&v).len(), MAX_MEMBERS);
     }
 }

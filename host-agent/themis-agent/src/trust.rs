@@ -182,9 +182,8 @@ impl MeshTrust {
         trust.load_revocations();
         // Every revocation of the saved log is in force before the agent serves.
         trust.add_revocations(&trust.log.revocations());
-        trust
-            .revoked_count
-            .send_replace(trust.revoked.read().expect("never poisoned").len());
+        let known = trust.revoked.read().expect("never poisoned").len();
+        trust.revoked_count.send_replace(known);
         Ok(trust)
     }
 
@@ -287,7 +286,16 @@ impl MeshTrust {
             let endorser = roster
                 .announced(&instance.endorser)
                 .ok_or(TrustError::EndpointNotOwned)?;
-            self.verify(|v| v.endpoint_owned(&instance, endorser))?;
+            self.verify(|v| {
+                v.endpoint_owned(&instance, endorser)?;
+                // An address another member announces too belongs to neither.
+                match instance.endpoint {
+                    Some(e) if roster.others_at(&instance.endorser, e.ip(), v) > 0 => {
+                        Err(TrustError::EndpointNotOwned)
+                    }
+                    _ => Ok(()),
+                }
+            })?;
         }
         Ok(instance)
     }
@@ -409,8 +417,11 @@ impl MeshTrust {
             );
             self.admitted.lock().expect("never poisoned").clear();
             self.generation.fetch_add(1, Ordering::Relaxed);
-            self.revoked_count
-                .send_replace(self.revoked.read().expect("never poisoned").len());
+            // The count first, its guard dropped: no lock of the revocations is held
+            // while the watch's own is taken (a long poll's check takes them the
+            // other way round).
+            let known = self.revoked.read().expect("never poisoned").len();
+            self.revoked_count.send_replace(known);
             self.metrics.revocation_learnt();
         }
         Ok(added)
@@ -435,8 +446,11 @@ impl MeshTrust {
             info!(revocations = added, "learnt revocations from the trust log");
             self.admitted.lock().expect("never poisoned").clear();
             self.generation.fetch_add(1, Ordering::Relaxed);
-            self.revoked_count
-                .send_replace(self.revoked.read().expect("never poisoned").len());
+            // The count first, its guard dropped: no lock of the revocations is held
+            // while the watch's own is taken (a long poll's check takes them the
+            // other way round).
+            let known = self.revoked.read().expect("never poisoned").len();
+            self.revoked_count.send_replace(known);
             for _ in 0..added {
                 self.metrics.revocation_learnt();
             }

@@ -149,15 +149,26 @@ impl<A: Clone> Gossip<A> {
         self.next_claim(now);
     }
 
-    /// The fetch from the peer we asked did not bring what it claimed.
+    /// The fetch from the peer we asked did not bring what it claimed (it served
+    /// less, or what does not verify): its claims are ignored for `distrust_for`.
     pub fn fetch_failed(&mut self, now: Millis) {
-        self.give_up_fetch(now);
+        self.give_up_fetch(now, true);
     }
 
-    fn give_up_fetch(&mut self, now: Millis) {
+    /// The fetch ended without proving the peer a liar (it could not be reached, or
+    /// what it held was no longer news): the next claim is taken, nobody distrusted.
+    /// A fetch that verified calls [`Gossip::learned`] instead.
+    pub fn fetch_done(&mut self, now: Millis) {
+        self.give_up_fetch(now, false);
+    }
+
+    fn give_up_fetch(&mut self, now: Millis, distrust: bool) {
         if let Some((peer, _, _)) = self.fetching.take() {
-            self.stats.failed_fetches += 1;
-            self.distrusted.insert(peer, now + self.config.distrust_for);
+            if distrust {
+                self.stats.failed_fetches += 1;
+                self.distrusted
+                    .insert(peer, now.saturating_add(self.config.distrust_for));
+            }
         }
         self.next_claim(now);
     }
@@ -186,11 +197,11 @@ impl<A: Clone> Gossip<A> {
     pub fn handle_timeout(&mut self, now: Millis, members: &Members<A>, random: u64) {
         if let Some((_, _, until)) = self.fetching {
             if until <= now {
-                self.give_up_fetch(now);
+                self.give_up_fetch(now, true);
             }
         }
         if self.next_pull <= now {
-            self.next_pull = now + self.config.period;
+            self.next_pull = now.saturating_add(self.config.period);
             self.distrusted.retain(|_, until| *until > now);
             if let Some(peer) = members.random_others(&self.me, 1, random).pop() {
                 self.send(peer);
@@ -238,7 +249,11 @@ impl<A: Clone> Gossip<A> {
             return;
         };
         self.stats.fetches += 1;
-        self.fetching = Some((from.id, version, now + self.config.fetch_timeout));
+        self.fetching = Some((
+            from.id,
+            version,
+            now.saturating_add(self.config.fetch_timeout),
+        ));
         self.actions.push_back(Action::Fetch(from, version));
     }
 }
@@ -303,6 +318,14 @@ mod tests {
         g.on_have(40, liar.clone(), Have { version: 1 });
         assert!(drain(&mut g).is_empty());
         let later = 10 + GossipConfig::default().distrust_for;
+        // A fetch that merely found nothing new distrusts nobody.
+        let other = m.get(&Key::from_low(5)).cloned().expect("member");
+        g.on_have(later - 1, other.clone(), Have { version: 7 });
+        assert_eq!(drain(&mut g), vec![Action::Fetch(other.clone(), 7)]);
+        g.fetch_done(later - 1);
+        g.on_have(later - 1, other.clone(), Have { version: 7 });
+        assert_eq!(drain(&mut g), vec![Action::Fetch(other, 7)]);
+        g.fetch_done(later - 1);
         g.on_have(later, liar.clone(), Have { version: u64::MAX });
         assert_eq!(drain(&mut g), vec![Action::Fetch(liar, u64::MAX)]);
     }

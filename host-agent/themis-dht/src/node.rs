@@ -714,7 +714,8 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
     fn peer_failed(&mut self, now: Millis, id: &Key) {
         if self.members.is_some() {
             // A member stays a member: it is only passed over for a while.
-            self.liveness.failed(*id, now + self.config.down_for);
+            self.liveness
+                .failed(*id, now.saturating_add(self.config.down_for));
             return;
         }
         self.table.remove(id);
@@ -886,7 +887,8 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
         if self.members.is_some() {
             // Its own farewell: passed over for a while, still a member (the driver
             // removes members when the trust log does).
-            self.liveness.failed(from.id, now + self.config.down_for);
+            self.liveness
+                .failed(from.id, now.saturating_add(self.config.down_for));
             if self
                 .table
                 .predecessor
