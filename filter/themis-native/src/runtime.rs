@@ -303,7 +303,10 @@ impl Runtime {
                 &format!("themis native: {service} resolves to [{}]", at.join(", ")),
             );
             self.publish(|s| {
-                s.resolutions.insert(service.to_owned(), good);
+                // Checked against the revocations of the snapshot read above; the
+                // revocations' thread may have published newer ones since.
+                let live = good.into_iter().filter(|i| !s.revocations.contains(&i.id));
+                s.resolutions.insert(service.to_owned(), live.collect());
             });
         }
         Ok(())
