@@ -499,6 +499,12 @@ impl Settings {
         {
             return invalid("timeouts and periods must be non-zero".into());
         }
+        if self.gossip_ms > 600_000 {
+            return invalid(format!(
+                "gossip_ms = {}: the gossip's pull period is at most 600000 (10 minutes)",
+                self.gossip_ms
+            ));
+        }
         if self.max_inbound_connections == 0
             || self.max_inbound_per_ip == 0
             || self.handshake_timeout_ms == 0
