@@ -336,12 +336,13 @@ up() {
     local t0=$SECONDS
 
     scripts/k8s/build.sh
-    local missing
-    missing=$(apt_missing containerd runc containernetworking-plugins busybox-static iptables conntrack)
-    if [[ -n $missing ]]; then
-        step "installing $(echo "$missing" | paste -sd' ') (Debian)"
-        # shellcheck disable=SC2086 # one package per word
-        nice -n 19 ionice -c3 bash -c "$(declare -f apt_install fail); apt_install $missing"
+    local missing=()
+    mapfile -t missing < <(apt_missing containerd runc containernetworking-plugins busybox-static iptables conntrack)
+    if ((${#missing[@]})); then
+        step "installing ${missing[*]} (Debian)"
+        # On one line: apt_missing prints one package a line, and a newline in the
+        # script given to bash -c would run each further package as a command.
+        nice -n 19 ionice -c3 bash -c "$(declare -f apt_install fail); apt_install ${missing[*]}"
     fi
     command -v gcc > /dev/null || fail "gcc is needed for the pause image: apt-get install gcc libc6-dev"
     ok "containerd $(containerd --version | awk '{print $3}'), runc $(runc --version | awk 'NR==1{print $3}'), CNI plugins"
