@@ -85,12 +85,25 @@ impl Verifier<'_> {
         instance: &Instance,
         endorser: &Announced,
     ) -> Result<(), TrustError> {
-        if instance.endorser != endorser.node_key {
+        endorser.owns(&instance.endorser, instance.endpoint)
+    }
+}
+
+impl Announced {
+    /// Whether `endpoint`, endorsed by the node with key `endorser`, belongs to this
+    /// announcement's node: the same node, at the IP it announced (any port: its
+    /// sidecars). `None` (a tombstone) names no address.
+    pub fn owns(
+        &self,
+        endorser: &[u8; 32],
+        endpoint: Option<SocketAddr>,
+    ) -> Result<(), TrustError> {
+        if *endorser != self.node_key {
             return Err(TrustError::EndpointNotOwned);
         }
-        match instance.endpoint {
+        match endpoint {
             None => Ok(()),
-            Some(e) if e.ip() == endorser.announcement.address.ip() => Ok(()),
+            Some(e) if e.ip() == self.announcement.address.ip() => Ok(()),
             Some(_) => Err(TrustError::EndpointNotOwned),
         }
     }

@@ -321,7 +321,6 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
                 node: node.clone(),
                 overlay: overlay.clone(),
                 client: client.clone(),
-                trust: trust.clone(),
                 metrics: metrics.clone(),
                 bootstrap: settings.bootstrap().unwrap_or_default(),
                 period: Duration::from_millis(settings.gossip_ms),

@@ -192,7 +192,8 @@ impl GossipState {
             .take(1)
             .collect();
         self.take(metrics, &own);
-        if let Some(from) = self.members().get(&Key(peer.0)).cloned() {
+        let member = self.trust.verify(|v| self.roster().contact(&peer, v));
+        if let Some(from) = member {
             // Full: the driver is behind, and a Have is only a hint (pulls repair).
             let _ = self.heard.try_send((from, request.log_size));
         }
@@ -208,23 +209,6 @@ impl GossipState {
             roster.members(v)
         })
     }
-
-    /// This node's key (the signer of its own announcement).
-    fn own_signer(&self) -> [u8; 32] {
-        Signed::decode(&self.own.lock().expect("never poisoned").1)
-            .map(|s| s.signer)
-            .expect("our own announcement decodes")
-    }
-
-    /// How many members the roster holds.
-    pub fn len(&self) -> usize {
-        self.roster().len()
-    }
-
-    /// Whether it holds none (not even this node).
-    pub fn is_empty(&self) -> bool {
-        self.roster().is_empty()
-    }
 }
 
 /// What the driver needs.
@@ -239,8 +223,6 @@ pub struct Driver {
     pub overlay: Overlay,
     /// The agents' secure channel.
     pub client: Arc<Client>,
-    /// The mesh root, revocations and the trust log.
-    pub trust: Arc<MeshTrust>,
     /// Counters.
     pub metrics: Arc<Metrics>,
     /// Asked first, while the roster knows nobody else.
@@ -261,26 +243,26 @@ impl Driver {
     pub async fn run(mut self) {
         let started = Instant::now();
         let now = move || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let me = Key(PeerId::derive(&self.state.own_signer(), self.trust.root().mesh.as_str()).0);
+        let me = Key(self.node.id().0);
         let config = GossipConfig {
             period: u64::try_from(self.period.as_millis()).unwrap_or(u64::MAX),
             fetch_timeout: FETCH_TIMEOUT_MS,
             ..GossipConfig::default()
         };
-        let mut gossip = Gossip::new(me, config, self.trust.log().size(), now());
+        let mut gossip = Gossip::new(me, config, self.state.trust.log().size(), now());
         let mut tasks: JoinSet<Done> = JoinSet::new();
         let mut members = self.state.members();
-        let mut generation = self.trust.generation();
+        let mut generation = self.state.trust.generation();
         let random = SystemRandom::new();
         let draw = || {
             let mut b = [0u8; 8];
             random.fill(&mut b).expect("the system RNG works");
             u64::from_le_bytes(b)
         };
-        let mut handed = false;
+        let mut handed = None;
         self.hand_members(&members, &mut handed).await;
         let mut next_bootstrap = Instant::now();
-        let mut log_grew = self.trust.log().watch_size();
+        let mut log_grew = self.state.trust.log().watch_size();
         let renew_every = Duration::from_millis(crate::roster::ANNOUNCEMENT_LIFETIME_MS / 2);
         let mut next_renewal = Instant::now() + renew_every;
         loop {
@@ -320,7 +302,7 @@ impl Driver {
                     // Holding at least what was claimed settles the fetch (below: the
                     // log grew); a peer that could not be reached is no liar; one
                     // that served less than it claimed, or what does not verify, is.
-                    Ok(Done::Fetched(claimed, synced)) if self.trust.log().size() < claimed => {
+                    Ok(Done::Fetched(claimed, synced)) if self.state.trust.log().size() < claimed => {
                         debug!(?synced, claimed, "log fetch brought less than claimed");
                         match synced {
                             Synced::Unreachable => gossip.fetch_done(now()),
@@ -345,13 +327,13 @@ impl Driver {
                 }
             }
             // The log grew (a fetch, the operator, the backstop sync): news.
-            let size = self.trust.log().size();
+            let size = self.state.trust.log().size();
             if size > gossip.version() {
                 gossip.learned(now(), size, &members, draw());
             }
             // Revocations change who is a member.
-            if self.trust.generation() != generation {
-                generation = self.trust.generation();
+            if self.state.trust.generation() != generation {
+                generation = self.state.trust.generation();
                 members = self.state.members();
                 self.hand_members(&members, &mut handed).await;
             }
@@ -361,7 +343,7 @@ impl Driver {
                     Action::Fetch(peer, claimed) => {
                         let (client, trust, metrics) = (
                             self.client.clone(),
-                            self.trust.clone(),
+                            self.state.trust.clone(),
                             self.metrics.clone(),
                         );
                         tasks.spawn(async move {
@@ -375,13 +357,22 @@ impl Driver {
         }
     }
 
-    /// Gives the DHT node the membership once it holds more than this node (or when
-    /// this node starts the mesh: no bootstrap), and from then on every time: a
-    /// membership that shrinks back to this node alone is one too.
-    async fn hand_members(&self, members: &Members<SocketAddr>, handed: &mut bool) {
+    /// Gives the DHT node the membership when it differs from the one `handed` last:
+    /// the first time once it holds more than this node (or when this node starts the
+    /// mesh: no bootstrap), and from then on at every change — a membership that
+    /// shrinks back to this node alone is one too.
+    async fn hand_members(
+        &self,
+        members: &Members<SocketAddr>,
+        handed: &mut Option<Members<SocketAddr>>,
+    ) {
         let first = members.len() >= 2 || (self.bootstrap.is_empty() && !members.is_empty());
-        if *handed || first {
-            *handed = true;
+        let changed = match handed {
+            Some(last) => last != members,
+            None => first,
+        };
+        if changed {
+            *handed = Some(members.clone());
             self.overlay.set_members(members.clone()).await;
         }
     }

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
 use ring::digest::{Context, SHA256};
+use themis_core::PeerId;
 use themis_dht::{Contact, Key, Members};
 use themis_trust::{Announced, Announcement, Signed, TrustError, Verifier};
 
@@ -42,6 +43,16 @@ pub struct Entry {
     /// The admission's `not_after`, kept so that listing members needs no signature.
     not_after: Option<u64>,
     credentials: Credentials,
+}
+
+impl Entry {
+    /// Where one-hop routing reaches this member.
+    fn contact(&self) -> Contact<SocketAddr> {
+        Contact {
+            id: Key(self.announced.id.0),
+            addr: self.announced.announcement.address,
+        }
+    }
 }
 
 /// The members, by node key.
@@ -125,10 +136,7 @@ impl Roster {
             self.entries
                 .values()
                 .filter(|e| current(e, verifier) && !e.announced.announcement.leaving)
-                .map(|e| Contact {
-                    id: Key(e.announced.id.0),
-                    addr: e.announced.announcement.address,
-                }),
+                .map(Entry::contact),
         )
     }
 
@@ -152,6 +160,16 @@ impl Roster {
             .filter(|e| current(e, verifier))
             .map(|e| e.credentials.clone())
             .collect()
+    }
+
+    /// The member with ring id `id`, at the address it signed, if it is a current
+    /// member (not leaving).
+    pub fn contact(&self, id: &PeerId, verifier: &Verifier<'_>) -> Option<Contact<SocketAddr>> {
+        self.entries
+            .values()
+            .find(|e| e.announced.id == *id)
+            .filter(|e| current(e, verifier) && !e.announced.announcement.leaving)
+            .map(Entry::contact)
     }
 
     /// How many entries are held (leaving ones included).

@@ -8,6 +8,7 @@
 //! key, within the grants it holds (the registry does that signing).
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -278,26 +279,34 @@ impl MeshTrust {
     }
 
     /// Checks a stored value as an endorsed instance of `service` (see
-    /// [`Verifier::instance_value`]); with a roster, its endpoint must also belong to
-    /// the node that endorsed it (a granted node cannot point a service elsewhere).
+    /// [`Verifier::instance_value`]) whose endpoint belongs to its endorser
+    /// ([`MeshTrust::check_endpoint`]).
     pub fn instance(&self, value: &InstanceValue, service: &str) -> Result<Instance, TrustError> {
         let instance = self.verify(|v| v.instance_value(value, service))?;
-        if let Some(roster) = self.roster() {
-            let endorser = roster
-                .announced(&instance.endorser)
-                .ok_or(TrustError::EndpointNotOwned)?;
-            self.verify(|v| {
-                v.endpoint_owned(&instance, endorser)?;
-                // An address another member announces too belongs to neither.
-                match instance.endpoint {
-                    Some(e) if roster.others_at(&instance.endorser, e.ip(), v) > 0 => {
-                        Err(TrustError::EndpointNotOwned)
-                    }
-                    _ => Ok(()),
-                }
-            })?;
-        }
+        self.check_endpoint(&instance.endorser, instance.endpoint)?;
         Ok(instance)
+    }
+
+    /// With a roster (one-hop routing), `endpoint` must be at the IP the node with key
+    /// `endorser` announced, and at no other member's (an IP two members announce
+    /// belongs to neither): a granted node cannot point a service elsewhere. Without
+    /// a roster, anything goes, as before. No signature is checked.
+    pub fn check_endpoint(
+        &self,
+        endorser: &[u8; 32],
+        endpoint: Option<SocketAddr>,
+    ) -> Result<(), TrustError> {
+        let (Some(roster), Some(at)) = (self.roster(), endpoint) else {
+            return Ok(());
+        };
+        let announced = roster
+            .announced(endorser)
+            .ok_or(TrustError::EndpointNotOwned)?;
+        announced.owns(endorser, endpoint)?;
+        match self.verify(|v| roster.others_at(endorser, at.ip(), v)) {
+            0 => Ok(()),
+            _ => Err(TrustError::EndpointNotOwned),
+        }
     }
 
     /// The mesh root.

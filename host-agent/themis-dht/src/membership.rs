@@ -26,7 +26,7 @@ use crate::Millis;
 
 /// The ring's members, sorted by id; cheap to clone and share (a driver builds it once
 /// per change of the trust log or of an address, and hands the same list to its node).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Members<A> {
     sorted: Arc<[Contact<A>]>,
 }

@@ -87,6 +87,11 @@ impl Endorser {
     ) -> Result<Vec<u8>, RegistryError> {
         let chain = self.check_granted(service)?;
         themis_trust::check_metadata(&metadata)?;
+        // What every replica holder checks of the endpoint, checked here first, so
+        // that the caller hears why (with one-hop routing: not at this node's
+        // address) rather than that no replica took the record.
+        self.trust
+            .check_endpoint(self.node.public_key(), endpoint)?;
         let record = Record {
             mesh: identity.mesh().as_str().to_owned(),
             service: service.as_str().to_owned(),
@@ -99,14 +104,8 @@ impl Endorser {
         let value = InstanceValue {
             grants: chain,
             record: Signed::sign(&self.node, RECORD_LABEL, &record),
-        };
-        // What every replica holder will check, checked here first, so that the
-        // caller hears why (with one-hop routing: an endpoint not at this node's
-        // address) rather than that no replica took it.
-        if endpoint.is_some() {
-            self.trust.instance(&value, service.as_str())?;
         }
-        let value = value.encode();
+        .encode();
         if value.len() > themis_dht::message::MAX_VALUE_LEN {
             return Err(TrustError::TooLarge.into());
         }
