@@ -255,3 +255,65 @@ fn a_stopping_agent_leaves_the_membership_and_comes_back() {
     agents.push(back);
     members_are(&agents, 4);
 }
+
+/// Gossip fails closed (issue 23): a stranger with a self-made key, presenting no
+/// admission or a real node's copied one, and announcing itself in a roster frame,
+/// is answered `rejected` (or not at all), learns no member, and is not taken into
+/// the membership.
+#[test]
+fn a_stranger_gets_nothing_of_the_roster_and_is_no_member() {
+    use std::sync::Arc;
+    use themis_agent::gossip::RosterFrame;
+    use themis_agent::overlay::Frame;
+    use themis_trust::{Announcement, ANNOUNCEMENT_LABEL};
+
+    let dir = common::workdir();
+    let root = dir.path();
+    let agents = common::ring(root, 2, &one_hop());
+    for agent in &agents {
+        agent.wait_for("2 members", Duration::from_secs(30), |a| {
+            (members(a)? == 2).then_some(())
+        });
+    }
+    let target = &agents[0];
+    let (id, addr) = target.contact.split_once('@').unwrap();
+    let mesh = MeshName::new(MESH).unwrap();
+    let peer = PeerId::parse_in(id, &mesh).unwrap();
+    let addr: std::net::SocketAddr = addr.parse().unwrap();
+    let stolen = common::node_credentials(&agents[1].dir).1;
+    let stranger = Arc::new(themis_testkit::intruder::self_made_key(MESH));
+    let announcement = Signed::sign(
+        &stranger,
+        ANNOUNCEMENT_LABEL,
+        &Announcement {
+            mesh: MESH.into(),
+            address: "127.0.0.1:9".parse().unwrap(),
+            issued_at: themis_agent::trust::unix_millis(),
+            leaving: false,
+        },
+    )
+    .encode();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for admission in [vec![0x5a; 64], stolen] {
+        let client = themis_net::Client::new(stranger.clone(), themis_net::ClientConfig::default());
+        let request = Frame::Roster(RosterFrame {
+            admission: admission.clone(),
+            listen: "127.0.0.1:9".parse().unwrap(),
+            log_size: u64::MAX,
+            digest: [0; 32],
+            members: vec![(admission, announcement.clone())],
+        })
+        .encode();
+        let answer = runtime.block_on(client.request(peer, addr, &request));
+        match answer.map(|bytes| postcard::from_bytes::<Frame>(&bytes)) {
+            Ok(Ok(Frame::Refused { reason })) => assert_eq!(reason, "rejected"),
+            Err(_) => {} // closed before answering: nothing either
+            other => panic!("a stranger was answered: {other:?}"),
+        }
+    }
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert_eq!(members(target), Some(2), "{}", target.log_tail());
+}
