@@ -115,12 +115,23 @@ fn verifiers(bytes: &[u8], strictness: Match) {
             assert_eq!(announced.id, t.node.id());
             for value in &t.values {
                 let instance = v.instance(value, SERVICE).expect("a genuine value");
-                assert_eq!(v.endpoint_owned(&instance, &announced), Ok(()));
+                assert_eq!(v.endpoint_owned(&instance, &announced, None), Ok(()));
             }
         }
         Err(e) => assert!(!is(Genuine::Announcement), "the genuine announcement refused: {e:?}"),
     }
     assert!(v.announcement(bytes, |_| false).is_err(), "an unadmitted key announced");
+
+    // Address ranges: only the root's, for the node it names, and always a network.
+    match v.address_range(bytes, t.node.public_key()) {
+        Ok((range, net)) => {
+            assert_genuine("Verifier::address_range", Genuine::AddressRange, bytes, strictness);
+            assert_eq!(net.network(), range.network);
+            assert_eq!(net.trunc(), net);
+        }
+        Err(e) => assert!(!is(Genuine::AddressRange), "the genuine range refused: {e:?}"),
+    }
+    assert!(v.address_range(bytes, t.workload.public_key()).is_err(), "a range for another key");
 
     match Revocations::verify(&t.root, bytes) {
         Ok(revocation) => {

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use themis_core::Identity;
 use themis_trust::{
-    chain_to_pem, to_pem, Admission, Announcement, Grant, InstanceValue, MeshRoot, Metadata,
+    chain_to_pem, to_pem, AddressRange, Admission, Announcement, Grant, InstanceValue, MeshRoot, Metadata,
     PemKind, Record, Revocation, Revocations, Signed, Verifier, ADMISSION_LABEL,
     ANNOUNCEMENT_LABEL, GRANT_LABEL, RECORD_LABEL, REVOCATION_LABEL,
 };
@@ -153,6 +153,19 @@ pub fn trust() -> &'static Trust {
             },
         );
         genuine.push((Genuine::Announcement, announcement.encode()));
+        let address_range = Signed::sign(
+            &root_key,
+            themis_trust::ADDRESS_RANGE_LABEL,
+            &AddressRange {
+                mesh: MESH.into(),
+                node_key: *node.public_key(),
+                network: "10.244.1.0".parse().expect("an address"),
+                prefix_len: 24,
+                issued_at: NOW - MINUTE,
+                not_after: None,
+            },
+        );
+        genuine.push((Genuine::AddressRange, address_range.encode()));
         Trust {
             root,
             root_key,
@@ -223,4 +236,6 @@ pub enum Genuine {
     Value,
     /// The node's `Signed` address announcement (at the records' endpoint IP).
     Announcement,
+    /// The root's `Signed` grant of 10.244.1.0/24 to the node.
+    AddressRange,
 }

@@ -217,7 +217,7 @@ pub struct LogStatus {
 pub struct LogLeaf {
     /// Its index.
     pub index: u64,
-    /// `admission`, `grant` or `revocation`.
+    /// `admission`, `grant`, `revocation` or `address-range`.
     pub kind: String,
     /// The printable id of the key it is about (admitted node, grantee, revoked key).
     pub subject: String,
@@ -227,6 +227,9 @@ pub struct LogLeaf {
     pub delegate: Option<bool>,
     /// Why, for a revocation.
     pub reason: Option<String>,
+    /// The addresses granted (`10.244.1.0/24`), for an address range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub range: Option<String>,
     /// When the root signed it (Unix ms).
     pub issued_at: u64,
     /// The leaf, hex.

@@ -2,8 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 use themis_trust::{
-    Admission, Grant, MeshRoot, Revocation, Signed, TrustError, ADMISSION_LABEL, GRANT_LABEL,
-    MAX_REASON_LEN, REVOCATION_LABEL,
+    AddressRange, Admission, Grant, MeshRoot, Revocation, Signed, TrustError,
+    ADDRESS_RANGE_LABEL, ADMISSION_LABEL, GRANT_LABEL, MAX_REASON_LEN, REVOCATION_LABEL,
 };
 
 use crate::{decode, LogError, MAX_LEAF_LEN};
@@ -18,6 +18,8 @@ pub enum Kind {
     Grant,
     /// A key withdrawn.
     Revocation,
+    /// Addresses granted to a node (its pod range). Last, so that older logs decode.
+    AddressRange,
 }
 
 impl Kind {
@@ -27,6 +29,7 @@ impl Kind {
             Kind::Admission => ADMISSION_LABEL,
             Kind::Grant => GRANT_LABEL,
             Kind::Revocation => REVOCATION_LABEL,
+            Kind::AddressRange => ADDRESS_RANGE_LABEL,
         }
     }
 
@@ -36,6 +39,7 @@ impl Kind {
             Kind::Admission => "admission",
             Kind::Grant => "grant",
             Kind::Revocation => "revocation",
+            Kind::AddressRange => "address-range",
         }
     }
 }
@@ -58,6 +62,8 @@ pub enum Statement {
     Grant(Grant),
     /// See [`Revocation`].
     Revocation(Revocation),
+    /// See [`AddressRange`].
+    AddressRange(AddressRange),
 }
 
 impl Statement {
@@ -67,6 +73,7 @@ impl Statement {
             Statement::Admission(_) => Kind::Admission,
             Statement::Grant(_) => Kind::Grant,
             Statement::Revocation(_) => Kind::Revocation,
+            Statement::AddressRange(_) => Kind::AddressRange,
         }
     }
 
@@ -76,6 +83,7 @@ impl Statement {
             Statement::Admission(a) => a.issued_at,
             Statement::Grant(g) => g.issued_at,
             Statement::Revocation(r) => r.issued_at,
+            Statement::AddressRange(r) => r.issued_at,
         }
     }
 }
@@ -123,6 +131,12 @@ impl Entry {
                 }
                 let m = r.mesh.clone();
                 (Statement::Revocation(r), m)
+            }
+            Kind::AddressRange => {
+                let r: AddressRange = self.statement.open(label)?;
+                r.net()?;
+                let m = r.mesh.clone();
+                (Statement::AddressRange(r), m)
             }
         };
         if its_mesh != mesh {

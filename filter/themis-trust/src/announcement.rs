@@ -3,8 +3,14 @@
 //! every agent can hold the full membership (one-hop routing) without believing any
 //! peer about another. An instance record's endpoint must then belong to the node that
 //! endorsed it: a granted node cannot point a service at somebody else's address.
+//!
+//! On Kubernetes a node's workloads listen at their pods' own IPs, not the node's: the
+//! root grants the node its pod range ([`AddressRange`], logged like every root
+//! statement), and an endpoint in that range belongs to the node too.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
 
 use serde::{Deserialize, Serialize};
 use themis_core::PeerId;
@@ -15,6 +21,8 @@ use crate::TrustError;
 
 /// The label address announcements are signed under.
 pub const ANNOUNCEMENT_LABEL: &str = "themis/1 node address";
+/// The label the root's address-range grants are signed under.
+pub const ADDRESS_RANGE_LABEL: &str = "themis/1 address range";
 
 /// Admitted node → the mesh: its agent listens at `address` as of `issued_at` (the
 /// newest announcement of a node replaces older ones); `leaving`: its own farewell,
@@ -30,6 +38,36 @@ pub struct Announcement {
     /// The node is leaving (it stays admitted; it is passed over until it announces
     /// again).
     pub leaving: bool,
+}
+
+/// Root → node: the node's workloads may listen anywhere in `network/prefix_len` (on
+/// Kubernetes, the node's pod range), besides the address the node announces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddressRange {
+    /// The mesh.
+    pub mesh: String,
+    /// The node the range is granted to.
+    pub node_key: [u8; 32],
+    /// The range's first address (no host bits set).
+    pub network: IpAddr,
+    /// The range's prefix length.
+    pub prefix_len: u8,
+    /// Unix ms.
+    pub issued_at: u64,
+    /// Unix ms; `None`: until revoked.
+    pub not_after: Option<u64>,
+}
+
+impl AddressRange {
+    /// The range as a network, if it is one: a prefix length the address family
+    /// allows and no host bits set (one spelling per range).
+    pub fn net(&self) -> Result<IpNet, TrustError> {
+        let net = IpNet::new(self.network, self.prefix_len).map_err(|_| TrustError::Malformed)?;
+        match net.trunc() == net {
+            true => Ok(net),
+            false => Err(TrustError::Malformed),
+        }
+    }
 }
 
 /// A checked announcement: whose, and what it says.
@@ -77,35 +115,76 @@ impl Verifier<'_> {
         })
     }
 
+    /// Checks an encoded address-range grant for the node holding `node_key`: signed
+    /// by the root under its own label, for this mesh and that key, current, the node
+    /// not revoked, and a well-formed range.
+    pub fn address_range(
+        &self,
+        bytes: &[u8],
+        node_key: &[u8; 32],
+    ) -> Result<(AddressRange, IpNet), TrustError> {
+        let signed = Signed::decode(bytes)?;
+        if signed.signer != self.root.key {
+            return Err(TrustError::NotFromRoot);
+        }
+        let range: AddressRange = signed.open(ADDRESS_RANGE_LABEL)?;
+        if range.mesh != self.root.mesh.as_str() {
+            return Err(TrustError::WrongMesh);
+        }
+        if &range.node_key != node_key {
+            return Err(TrustError::WrongKey);
+        }
+        if range.issued_at > self.now_ms.saturating_add(crate::MAX_CLOCK_SKEW_MS) {
+            return Err(TrustError::FromTheFuture);
+        }
+        if range.not_after.is_some_and(|t| t <= self.now_ms) {
+            return Err(TrustError::Expired);
+        }
+        if self.revoked.contains_key(self.root, node_key) {
+            return Err(TrustError::Revoked);
+        }
+        let net = range.net()?;
+        Ok((range, net))
+    }
+
     /// Whether `instance`'s endpoint belongs to the node that endorsed it, given that
-    /// node's checked announcement: the endpoint's IP must be the one the node
-    /// announced (its sidecars listen on the node's address; a tombstone names none).
+    /// node's checked announcement and the range the root granted it, if any: the
+    /// endpoint's IP must be the one the node announced (its sidecars listen on the
+    /// node's address) or in its range (its pods'); a tombstone names none.
     pub fn endpoint_owned(
         &self,
         instance: &Instance,
         endorser: &Announced,
+        range: Option<&IpNet>,
     ) -> Result<(), TrustError> {
-        endorser.owns(&instance.endorser, instance.endpoint)
+        endorser.owns(&instance.endorser, instance.endpoint, range)
     }
 }
 
 impl Announced {
     /// Whether `endpoint`, endorsed by the node with key `endorser`, belongs to this
-    /// announcement's node: the same node, at the IP it announced (any port: its
-    /// sidecars). `None` (a tombstone) names no address.
+    /// announcement's node (whose granted range is `range`): the same node, at an IP
+    /// it [`Announced::claims`] (any port). `None` (a tombstone) names no address.
     pub fn owns(
         &self,
         endorser: &[u8; 32],
         endpoint: Option<SocketAddr>,
+        range: Option<&IpNet>,
     ) -> Result<(), TrustError> {
         if *endorser != self.node_key {
             return Err(TrustError::EndpointNotOwned);
         }
         match endpoint {
             None => Ok(()),
-            Some(e) if e.ip() == self.announcement.address.ip() => Ok(()),
+            Some(e) if self.claims(e.ip(), range) => Ok(()),
             Some(_) => Err(TrustError::EndpointNotOwned),
         }
+    }
+
+    /// Whether `ip` is this node's: the IP it announced, or in the range the root
+    /// granted it (`range`, checked with [`Verifier::address_range`]).
+    pub fn claims(&self, ip: IpAddr, range: Option<&IpNet>) -> bool {
+        ip == self.announcement.address.ip() || range.is_some_and(|r| r.contains(&ip))
     }
 }
 

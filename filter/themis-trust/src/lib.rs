@@ -32,7 +32,10 @@ mod root;
 mod statement;
 mod verify;
 
-pub use announcement::{Announced, Announcement, ANNOUNCEMENT_LABEL};
+pub use announcement::{
+    AddressRange, Announced, Announcement, ADDRESS_RANGE_LABEL, ANNOUNCEMENT_LABEL,
+};
+pub use ipnet::IpNet;
 pub use pem::{chain_from_pem, chain_to_pem, from_pem, pem_blocks, to_pem, PemKind};
 pub use revocations::Revocations;
 pub use root::{MeshRoot, RootError};

@@ -12,16 +12,24 @@ pub enum PemKind {
     Grant,
     /// A [`crate::Revocation`].
     Revocation,
+    /// An [`crate::AddressRange`].
+    AddressRange,
 }
 
 impl PemKind {
-    const ALL: [PemKind; 3] = [PemKind::Admission, PemKind::Grant, PemKind::Revocation];
+    const ALL: [PemKind; 4] = [
+        PemKind::Admission,
+        PemKind::Grant,
+        PemKind::Revocation,
+        PemKind::AddressRange,
+    ];
 
     fn label(self) -> &'static str {
         match self {
             PemKind::Admission => "THEMIS ADMISSION",
             PemKind::Grant => "THEMIS GRANT",
             PemKind::Revocation => "THEMIS REVOCATION",
+            PemKind::AddressRange => "THEMIS ADDRESS RANGE",
         }
     }
 }

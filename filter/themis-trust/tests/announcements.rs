@@ -1,6 +1,6 @@
 //! Address announcements and endpoint ownership (issue 23): an admitted node says where
 //! it is, nobody else can say it for it, and a record's endpoint must be at its
-//! endorser's address.
+//! endorser's address or in the address range the root granted it (its pods').
 
 use std::net::SocketAddr;
 
@@ -41,6 +41,30 @@ struct Mesh {
 }
 
 impl Mesh {
+    /// The root's grant of `network/prefix_len` to `node`, signed under `label`.
+    fn range_under(&self, label: &str, node: &Identity, mesh: &str, net: (&str, u8)) -> Vec<u8> {
+        let body = AddressRange {
+            mesh: mesh.into(),
+            node_key: *node.public_key(),
+            network: net.0.parse().unwrap(),
+            prefix_len: net.1,
+            issued_at: NOW - MINUTE,
+            not_after: None,
+        };
+        Signed::sign(&self.root_key, label, &body).encode()
+    }
+
+    fn range(&self, net: (&str, u8)) -> Vec<u8> {
+        self.range_under(ADDRESS_RANGE_LABEL, &self.node, "demo", net)
+    }
+
+    fn check_range(&self, bytes: &[u8]) -> Result<IpNet, TrustError> {
+        let (_, net) = self
+            .verifier()
+            .address_range(bytes, self.node.public_key())?;
+        Ok(net)
+    }
+
     fn new() -> Mesh {
         let root_key = identity("demo");
         let root = MeshRoot {
@@ -198,12 +222,12 @@ fn a_record_endpoint_must_be_at_its_endorsers_address() {
     let v = mesh.verifier();
     // Its own address, any port (its sidecars' inbound listeners): owned.
     let own = mesh.instance_at(&mesh.node, Some("10.77.0.2:15006"));
-    assert_eq!(v.endpoint_owned(&own, &announced), Ok(()));
+    assert_eq!(v.endpoint_owned(&own, &announced, None), Ok(()));
     // Pointed at another node's (or anyone's) address: refused.
     for elsewhere in ["10.77.0.3:15006", "127.0.0.1:15006", "[::1]:15006"] {
         let hijack = mesh.instance_at(&mesh.node, Some(elsewhere));
         assert_eq!(
-            v.endpoint_owned(&hijack, &announced),
+            v.endpoint_owned(&hijack, &announced, None),
             Err(TrustError::EndpointNotOwned),
             "{elsewhere}"
         );
@@ -212,10 +236,115 @@ fn a_record_endpoint_must_be_at_its_endorsers_address() {
     let other = identity("demo");
     let by_other = mesh.instance_at(&other, Some("10.77.0.2:15006"));
     assert_eq!(
-        v.endpoint_owned(&by_other, &announced),
+        v.endpoint_owned(&by_other, &announced, None),
         Err(TrustError::EndpointNotOwned)
     );
     // A tombstone names no endpoint.
     let tombstone = mesh.instance_at(&mesh.node, None);
-    assert_eq!(v.endpoint_owned(&tombstone, &announced), Ok(()));
+    assert_eq!(v.endpoint_owned(&tombstone, &announced, None), Ok(()));
+}
+
+#[test]
+fn a_pod_in_the_range_the_root_granted_the_node_is_the_nodes() {
+    let mesh = Mesh::new();
+    let announced = mesh
+        .check(&announce(&mesh.node, "demo", "10.77.0.2:7946", NOW))
+        .expect("verifies");
+    let range = mesh.check_range(&mesh.range(("10.244.1.0", 24))).expect("granted");
+    assert_eq!(range.to_string(), "10.244.1.0/24");
+    let v = mesh.verifier();
+    for pod in ["10.244.1.7:15006", "10.244.1.255:15006", "10.77.0.2:15006"] {
+        let instance = mesh.instance_at(&mesh.node, Some(pod));
+        assert_eq!(v.endpoint_owned(&instance, &announced, Some(&range)), Ok(()), "{pod}");
+    }
+    // Outside the range (the next one, another node's pods), or a range checked for
+    // another node's instance: refused.
+    for elsewhere in ["10.244.2.7:15006", "10.244.0.255:15006", "[::1]:15006"] {
+        let hijack = mesh.instance_at(&mesh.node, Some(elsewhere));
+        assert_eq!(
+            v.endpoint_owned(&hijack, &announced, Some(&range)),
+            Err(TrustError::EndpointNotOwned),
+            "{elsewhere}"
+        );
+    }
+    let other = identity("demo");
+    let by_other = mesh.instance_at(&other, Some("10.244.1.7:15006"));
+    assert_eq!(
+        v.endpoint_owned(&by_other, &announced, Some(&range)),
+        Err(TrustError::EndpointNotOwned)
+    );
+}
+
+#[test]
+fn only_the_roots_range_grant_for_this_node_and_mesh_counts() {
+    let mut mesh = Mesh::new();
+    let net = ("10.244.1.0", 24);
+    // Signed by the node itself (a node cannot grant itself addresses), or by a stranger.
+    for signer in [&mesh.node, &identity("demo")] {
+        let body = AddressRange {
+            mesh: "demo".into(),
+            node_key: *mesh.node.public_key(),
+            network: net.0.parse().unwrap(),
+            prefix_len: net.1,
+            issued_at: NOW,
+            not_after: None,
+        };
+        let forged = Signed::sign(signer, ADDRESS_RANGE_LABEL, &body).encode();
+        assert_eq!(mesh.check_range(&forged), Err(TrustError::NotFromRoot));
+    }
+    // Another statement of the root's (its label) cannot pass as a range grant.
+    let other_label = mesh.range_under(ADMISSION_LABEL, &mesh.node, "demo", net);
+    assert_eq!(mesh.check_range(&other_label), Err(TrustError::BadSignature));
+    // For another mesh, or another node (presented by this one).
+    let other_mesh = mesh.range_under(ADDRESS_RANGE_LABEL, &mesh.node, "prod", net);
+    assert_eq!(mesh.check_range(&other_mesh), Err(TrustError::WrongMesh));
+    let theirs = mesh.range_under(ADDRESS_RANGE_LABEL, &identity("demo"), "demo", net);
+    assert_eq!(mesh.check_range(&theirs), Err(TrustError::WrongKey));
+    // Not a range: host bits set, a prefix longer than the family has.
+    for bad in [("10.244.1.7", 24), ("10.244.1.0", 33), ("::", 129)] {
+        assert_eq!(mesh.check_range(&mesh.range(bad)), Err(TrustError::Malformed), "{bad:?}");
+    }
+    // Expired, from the future.
+    let dated = |issued_at, not_after| {
+        let body = AddressRange {
+            mesh: "demo".into(),
+            node_key: *mesh.node.public_key(),
+            network: net.0.parse().unwrap(),
+            prefix_len: net.1,
+            issued_at,
+            not_after,
+        };
+        Signed::sign(&mesh.root_key, ADDRESS_RANGE_LABEL, &body).encode()
+    };
+    assert_eq!(mesh.check_range(&dated(NOW - MINUTE, Some(NOW))), Err(TrustError::Expired));
+    let skew = MAX_CLOCK_SKEW_MS;
+    assert_eq!(
+        mesh.check_range(&dated(NOW + skew + 1, None)),
+        Err(TrustError::FromTheFuture)
+    );
+    // Every flipped byte, every cut, oversize input.
+    let bytes = mesh.range(net);
+    for i in 0..bytes.len() {
+        let mut b = bytes.clone();
+        b[i] ^= 0x01;
+        assert!(mesh.check_range(&b).is_err(), "flip at byte {i} accepted");
+    }
+    for len in 0..bytes.len() {
+        assert!(mesh.check_range(&bytes[..len]).is_err(), "cut at {len} accepted");
+    }
+    assert_eq!(mesh.check_range(&vec![0xff; 4096]), Err(TrustError::Malformed));
+    // A revoked node's range no longer counts.
+    let revocation = Signed::sign(
+        &mesh.root_key,
+        REVOCATION_LABEL,
+        &Revocation {
+            mesh: "demo".into(),
+            id: PeerId::derive(mesh.node.public_key(), "demo").0,
+            issued_at: NOW,
+            reason: "node retired".into(),
+        },
+    )
+    .encode();
+    mesh.revoked.add(&mesh.root, &revocation).expect("revocation");
+    assert_eq!(mesh.check_range(&bytes), Err(TrustError::Revoked));
 }

@@ -3,7 +3,7 @@
 //!
 //! Every exchange is one [`Frame::Roster`] request and its answer. Both say how large
 //! a log the sender holds and summarise its roster; a request also carries the
-//! sender's own credentials (admission + address announcement), an answer every
+//! sender's own credentials (admission, address announcement, address range), an answer every
 //! member's when the rosters differ. Who to tell and when, and whose larger log to
 //! fetch, is the sans-IO [`Gossip`] of `themis-dht`: news is pushed to 3 random members
 //! at once, one random member is pulled every period, the smallest claim above ours is
@@ -129,13 +129,13 @@ impl GossipState {
     /// the roster too), and only for announcements newer than the ones held.
     fn take(&self, metrics: &Metrics, members: &[Credentials]) {
         let mut changed = false;
-        for (admission, announcement) in members.iter().take(MAX_MEMBERS) {
-            let wanted = self.roster().wants(announcement);
+        for credentials in members.iter().take(MAX_MEMBERS) {
+            let wanted = self.roster().wants(&credentials.announcement);
             let taken = wanted.and_then(|wanted| match wanted {
                 false => Ok(false),
                 true => self
                     .trust
-                    .verify(|v| Roster::check(v, admission, announcement))
+                    .verify(|v| Roster::check(v, credentials))
                     .and_then(|entry| self.roster().insert(entry)),
             });
             match taken {
@@ -186,8 +186,9 @@ impl GossipState {
         let own: Vec<Credentials> = request
             .members
             .into_iter()
-            .filter(|(_, a)| {
-                Signed::decode(a).is_ok_and(|s| PeerId::derive(&s.signer, mesh) == peer)
+            .filter(|c| {
+                Signed::decode(&c.announcement)
+                    .is_ok_and(|s| PeerId::derive(&s.signer, mesh) == peer)
             })
             .take(1)
             .collect();
@@ -407,9 +408,13 @@ fn announce(node: &Identity, listen: SocketAddr, trust: &MeshTrust, leaving: boo
         },
     )
     .encode();
-    let own = (trust.own_admission().to_vec(), announcement);
+    let own = Credentials {
+        admission: trust.own_admission().to_vec(),
+        announcement,
+        address_range: trust.own_address_range().map(<[u8]>::to_vec),
+    };
     let mut roster = trust.enable_roster().lock().expect("never poisoned");
-    if let Err(error) = trust.verify(|v| roster.offer(v, &own.0, &own.1)) {
+    if let Err(error) = trust.verify(|v| roster.offer(v, &own)) {
         // Our own admission is checked at start; only a revocation gets here.
         info!(%error, "this node's own credentials do not verify: it is no member");
     }

@@ -13,6 +13,7 @@
 //! <node dir>/admission.pem   root → node
 //! <node dir>/mesh.root       a copy of the root
 //! <node dir>/grants/<service>.pem   the grant chain for one service
+//! <node dir>/address-range.pem      root → node: its pods' addresses (Kubernetes)
 //! <authority dir>/authority.key, grant.pem, mesh.root   a per-service authority
 //! ```
 
@@ -25,13 +26,16 @@ use serde::Serialize;
 use themis_core::{Identity, MeshName, PeerId};
 use themis_log::{Entry, Kind, Log};
 use themis_trust::{
-    chain_from_pem, chain_to_pem, to_pem, Admission, Grant, MeshRoot, PemKind, Revocation, Signed,
-    ADMISSION_LABEL, GRANT_LABEL, MAX_REASON_LEN, REVOCATION_LABEL,
+    chain_from_pem, chain_to_pem, to_pem, AddressRange, Admission, Grant, IpNet, MeshRoot, PemKind,
+    Revocation, Signed, ADDRESS_RANGE_LABEL, ADMISSION_LABEL, GRANT_LABEL, MAX_REASON_LEN,
+    REVOCATION_LABEL,
 };
 
 use crate::keystore;
 use crate::names::ServiceName;
-use crate::trust::{load_root, unix_millis, ADMISSION_FILE, GRANTS_DIR, ROOT_FILE};
+use crate::trust::{
+    load_root, unix_millis, ADDRESS_RANGE_FILE, ADMISSION_FILE, GRANTS_DIR, ROOT_FILE,
+};
 
 /// The root's private key file in a mesh directory.
 pub const MESH_KEY_FILE: &str = "mesh.key";
@@ -330,6 +334,64 @@ pub fn grant_to_node(
     let mut written = write_chain(node_dir, service, &chain, &node, &mesh.root)?;
     written.files.insert(0, log_path);
     Ok(written)
+}
+
+/// The broadest range the operator grants one node: a /8 of IPv4, a /32 of IPv6. An
+/// IP two members claim belongs to neither, so one over-broad grant would take
+/// everybody's endpoints away.
+const BROADEST_RANGE: (u8, u8) = (8, 32);
+
+/// The root grants a node the addresses its workloads may listen at besides its own
+/// (on Kubernetes, its pod range: `kubectl get node N -o jsonpath='{.spec.podCIDR}'`).
+/// Writes DIR/address-range.pem (one range per node: a new grant replaces the file;
+/// the agent reads it at start) and records the grant in the log.
+pub fn grant_address_range(
+    mesh: &MeshDir,
+    node_dir: &Path,
+    range: IpNet,
+    not_after: Option<u64>,
+) -> Result<Written, OperatorError> {
+    if range.trunc() != range {
+        return Err(OperatorError::Refused(format!(
+            "{range} has host bits set: did you mean {}?",
+            range.trunc()
+        )));
+    }
+    let broadest = match range {
+        IpNet::V4(_) => BROADEST_RANGE.0,
+        IpNet::V6(_) => BROADEST_RANGE.1,
+    };
+    if range.prefix_len() < broadest {
+        return Err(OperatorError::Refused(format!(
+            "{range} is broader than /{broadest}: a node is granted its own pods' range, \
+             and an address two nodes claim belongs to neither"
+        )));
+    }
+    let node = node_key(node_dir, &mesh.root.mesh)?;
+    let grant = Signed::sign(
+        &mesh.key,
+        ADDRESS_RANGE_LABEL,
+        &AddressRange {
+            mesh: mesh.root.mesh.to_string(),
+            node_key: *node.public_key(),
+            network: range.network(),
+            prefix_len: range.prefix_len(),
+            issued_at: unix_millis(),
+            not_after,
+        },
+    );
+    let (log_path, _) = mesh.record(&[(Kind::AddressRange, &grant)])?;
+    let path = node_dir.join(ADDRESS_RANGE_FILE);
+    write_replace(&path, &to_pem(PemKind::AddressRange, &grant))?;
+    Ok(Written {
+        summary: format!(
+            "node {} may now place its workloads at {range} (its agent reads this at start)",
+            node.printable_id()
+        ),
+        id: node.printable_id(),
+        mesh_root: mesh.root.to_string(),
+        files: vec![log_path, path],
+    })
 }
 
 fn write_chain(

@@ -2,8 +2,9 @@
 //! §6.14): every admitted node with the address it signed itself. One-hop routing
 //! computes replica holders from it (`themis_dht::Members`), and gossip carries it.
 //!
-//! An entry is a pair of credentials any agent checks offline: the node's root-signed
-//! admission and its own address announcement. Nobody can place another node, and the
+//! An entry is credentials any agent checks offline: the node's root-signed admission,
+//! its own address announcement and, on Kubernetes, the root's grant of its pod range
+//! ([`themis_trust::AddressRange`]). Nobody can place another node, and the
 //! newest announcement of a node wins. Announcements are dated: one older than
 //! [`ANNOUNCEMENT_LIFETIME_MS`] no longer counts (a node re-announces at half that), so
 //! a node that died without its farewell leaves the membership by itself, believing
@@ -16,9 +17,10 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
 use ring::digest::{Context, SHA256};
+use serde::{Deserialize, Serialize};
 use themis_core::PeerId;
 use themis_dht::{Contact, Key, Members};
-use themis_trust::{Announced, Announcement, Signed, TrustError, Verifier};
+use themis_trust::{Announced, Announcement, IpNet, Signed, TrustError, Verifier};
 
 /// The most members a roster holds (and a gossip answer carries: about 560 KiB at
 /// most). A mesh larger than this needs paged roster answers (not built).
@@ -32,8 +34,16 @@ pub const ANNOUNCEMENT_LIFETIME_MS: u64 = 3_600_000;
 /// make every roster change, and every agent gossip, in a loop.
 pub const MIN_REANNOUNCE_MS: u64 = 5_000;
 
-/// One member's credentials, as they travel: its admission and its announcement.
-pub type Credentials = (Vec<u8>, Vec<u8>);
+/// One member's credentials, as they travel (encoded `Signed` statements).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Credentials {
+    /// The root's admission of the node key.
+    pub admission: Vec<u8>,
+    /// The node's own address announcement.
+    pub announcement: Vec<u8>,
+    /// The root's grant of addresses to the node (its pod range), if it has one.
+    pub address_range: Option<Vec<u8>>,
+}
 
 /// A member's checked credentials, ready to be held.
 #[derive(Debug, Clone)]
@@ -42,10 +52,25 @@ pub struct Entry {
     announced: Announced,
     /// The admission's `not_after`, kept so that listing members needs no signature.
     not_after: Option<u64>,
+    /// The granted range and its `not_after`.
+    range: Option<(IpNet, Option<u64>)>,
     credentials: Credentials,
 }
 
 impl Entry {
+    /// The range the root granted this member, while it holds.
+    fn range(&self, verifier: &Verifier<'_>) -> Option<&IpNet> {
+        self.range
+            .as_ref()
+            .filter(|(_, not_after)| not_after.is_none_or(|t| t > verifier.now_ms))
+            .map(|(net, _)| net)
+    }
+
+    /// Whether `ip` is this member's (see [`Announced::claims`]).
+    fn claims(&self, ip: IpAddr, verifier: &Verifier<'_>) -> bool {
+        self.announced.claims(ip, self.range(verifier))
+    }
+
     /// Where one-hop routing reaches this member.
     fn contact(&self) -> Contact<SocketAddr> {
         Contact {
@@ -76,21 +101,26 @@ impl Roster {
     }
 
     /// Checks one member's credentials: the root's admission of the key that signed
-    /// the announcement, and the announcement itself. Holds no state: call it without
-    /// the roster's lock, then [`Roster::insert`].
-    pub fn check(
-        verifier: &Verifier<'_>,
-        admission: &[u8],
-        announcement: &[u8],
-    ) -> Result<Entry, TrustError> {
-        let key = Signed::decode(announcement)?.signer;
-        let admitted = verifier.admission(admission, &key)?;
-        let announced = verifier.announcement(announcement, |k| *k == key)?;
+    /// the announcement, the announcement itself, and the root's range grant for that
+    /// key if one comes along. Holds no state: call it without the roster's lock, then
+    /// [`Roster::insert`].
+    pub fn check(verifier: &Verifier<'_>, credentials: &Credentials) -> Result<Entry, TrustError> {
+        let key = Signed::decode(&credentials.announcement)?.signer;
+        let admitted = verifier.admission(&credentials.admission, &key)?;
+        let announced = verifier.announcement(&credentials.announcement, |k| *k == key)?;
+        let range = match &credentials.address_range {
+            Some(bytes) => {
+                let (range, net) = verifier.address_range(bytes, &key)?;
+                Some((net, range.not_after))
+            }
+            None => None,
+        };
         Ok(Entry {
             key,
             announced,
             not_after: admitted.not_after,
-            credentials: (admission.to_vec(), announcement.to_vec()),
+            range,
+            credentials: credentials.clone(),
         })
     }
 
@@ -112,13 +142,12 @@ impl Roster {
     pub fn offer(
         &mut self,
         verifier: &Verifier<'_>,
-        admission: &[u8],
-        announcement: &[u8],
+        credentials: &Credentials,
     ) -> Result<bool, TrustError> {
-        if !self.wants(announcement)? {
+        if !self.wants(&credentials.announcement)? {
             return Ok(false);
         }
-        self.insert(Roster::check(verifier, admission, announcement)?)
+        self.insert(Roster::check(verifier, credentials)?)
     }
 
     /// Forgets the entries that no longer count: revoked keys, expired admissions,
@@ -182,27 +211,38 @@ impl Roster {
         self.entries.is_empty()
     }
 
-    /// What the node with this key announced, checked.
-    pub fn announced(&self, key: &[u8; 32]) -> Option<&Announced> {
-        self.entries.get(key).map(|e| &e.announced)
-    }
-
-    /// How many current members other than `key` announce `ip`. An IP claimed by
-    /// more than one node belongs to none of them (a node can announce any address;
-    /// the root does not bind it yet), except loopback, which is every node's own.
-    pub fn others_at(&self, key: &[u8; 32], ip: IpAddr, verifier: &Verifier<'_>) -> usize {
-        if ip.is_loopback() {
-            return 0;
+    /// Whether `endpoint`, endorsed by the node with key `endorser`, belongs to that
+    /// node: a current member, at an IP it claims (the address it announced, or in the
+    /// range the root granted it) and no other current member claims. An IP claimed
+    /// by two members belongs to neither (a node can announce any address), except
+    /// loopback, which is every node's own. No signature is checked.
+    pub fn check_endpoint(
+        &self,
+        endorser: &[u8; 32],
+        endpoint: Option<SocketAddr>,
+        verifier: &Verifier<'_>,
+    ) -> Result<(), TrustError> {
+        let entry = self
+            .entries
+            .get(endorser)
+            .filter(|e| current(e, verifier))
+            .ok_or(TrustError::EndpointNotOwned)?;
+        entry
+            .announced
+            .owns(endorser, endpoint, entry.range(verifier))?;
+        let Some(ip) = endpoint.map(|e| e.ip()).filter(|ip| !ip.is_loopback()) else {
+            return Ok(());
+        };
+        let claimed_by_another = self.entries.values().any(|e| {
+            e.key != *endorser
+                && current(e, verifier)
+                && !e.announced.announcement.leaving
+                && e.claims(ip, verifier)
+        });
+        match claimed_by_another {
+            false => Ok(()),
+            true => Err(TrustError::EndpointNotOwned),
         }
-        self.entries
-            .values()
-            .filter(|e| {
-                e.key != *key
-                    && current(e, verifier)
-                    && !e.announced.announcement.leaving
-                    && e.announced.announcement.address.ip() == ip
-            })
-            .count()
     }
 }
 
@@ -282,6 +322,14 @@ mod tests {
         }
     }
 
+    fn creds(admission: &[u8], announcement: &[u8]) -> Credentials {
+        Credentials {
+            admission: admission.to_vec(),
+            announcement: announcement.to_vec(),
+            address_range: None,
+        }
+    }
+
     fn announce(node: &Identity, address: &str, issued_at: u64, leaving: bool) -> Vec<u8> {
         let body = Announcement {
             mesh: "demo".into(),
@@ -301,24 +349,24 @@ mod tests {
         let v = mesh.verifier();
         let at = |address: &str, when: u64| announce(&node, address, when, false);
         assert_eq!(
-            roster.offer(&v, &admission, &at("127.0.0.1:7001", NOW - 10_000)),
+            roster.offer(&v, &creds(&admission, &at("127.0.0.1:7001", NOW - 10_000))),
             Ok(true)
         );
         let before = roster.digest(&v);
         // An older one changes nothing, nor does a newer one too soon after; a newer
         // one moves the node.
         assert_eq!(
-            roster.offer(&v, &admission, &at("127.0.0.1:7000", NOW - 20_000)),
+            roster.offer(&v, &creds(&admission, &at("127.0.0.1:7000", NOW - 20_000))),
             Ok(false)
         );
         let soon = NOW - 10_000 + MIN_REANNOUNCE_MS - 1;
         assert_eq!(
-            roster.offer(&v, &admission, &at("127.0.0.1:7009", soon)),
+            roster.offer(&v, &creds(&admission, &at("127.0.0.1:7009", soon))),
             Ok(false)
         );
         assert_eq!(roster.digest(&v), before);
         assert_eq!(
-            roster.offer(&v, &admission, &at("127.0.0.1:7002", NOW)),
+            roster.offer(&v, &creds(&admission, &at("127.0.0.1:7002", NOW))),
             Ok(true)
         );
         assert_ne!(roster.digest(&v), before);
@@ -329,7 +377,7 @@ mod tests {
         assert_eq!(me.addr, "127.0.0.1:7002".parse().unwrap());
         // Saying goodbye is taken at once, however soon.
         let bye = announce(&node, "127.0.0.1:7002", NOW + 1, true);
-        assert_eq!(roster.offer(&v, &admission, &bye), Ok(true));
+        assert_eq!(roster.offer(&v, &creds(&admission, &bye)), Ok(true));
         assert!(roster.members(&v).is_empty());
     }
 
@@ -342,8 +390,10 @@ mod tests {
         for (node, when) in [(&old, NOW - ANNOUNCEMENT_LIFETIME_MS + 1), (&fresh, NOW)] {
             let offered = roster.offer(
                 &v,
-                &mesh.admit(node, None),
-                &announce(node, "127.0.0.1:1", when, false),
+                &creds(
+                    &mesh.admit(node, None),
+                    &announce(node, "127.0.0.1:1", when, false),
+                ),
             );
             assert_eq!(offered, Ok(true));
         }
@@ -364,7 +414,7 @@ mod tests {
     }
 
     #[test]
-    fn an_address_two_nodes_announce_belongs_to_neither() {
+    fn an_address_two_nodes_claim_belongs_to_neither() {
         let mesh = Mesh::new();
         let (honest, squatter, elsewhere) = (identity(), identity(), identity());
         let mut roster = Roster::default();
@@ -376,19 +426,149 @@ mod tests {
         ] {
             let offered = roster.offer(
                 &v,
-                &mesh.admit(node, None),
-                &announce(node, address, NOW, false),
+                &creds(
+                    &mesh.admit(node, None),
+                    &announce(node, address, NOW, false),
+                ),
             );
             assert_eq!(offered, Ok(true));
         }
-        let ip = "10.0.0.2".parse().unwrap();
-        assert_eq!(roster.others_at(honest.public_key(), ip, &v), 1);
-        assert_eq!(roster.others_at(squatter.public_key(), ip, &v), 1);
-        let own = "10.0.0.3".parse().unwrap();
-        assert_eq!(roster.others_at(elsewhere.public_key(), own, &v), 0);
-        // Loopback is every node's own (one host, or tests).
-        let lo = "127.0.0.1".parse().unwrap();
-        assert_eq!(roster.others_at(honest.public_key(), lo, &v), 0);
+        let at = |ip: &str| Some(SocketAddr::new(ip.parse().unwrap(), 15006));
+        for node in [&honest, &squatter] {
+            assert_eq!(
+                roster.check_endpoint(node.public_key(), at("10.0.0.2"), &v),
+                Err(TrustError::EndpointNotOwned)
+            );
+        }
+        assert_eq!(
+            roster.check_endpoint(elsewhere.public_key(), at("10.0.0.3"), &v),
+            Ok(())
+        );
+        // Not its address: refused; a tombstone names none.
+        assert_eq!(
+            roster.check_endpoint(honest.public_key(), at("10.0.0.3"), &v),
+            Err(TrustError::EndpointNotOwned)
+        );
+        assert_eq!(roster.check_endpoint(honest.public_key(), None, &v), Ok(()));
+        // Loopback that several nodes announce (one host, or tests) stays each one's.
+        let (one, two) = (identity(), identity());
+        for (node, address) in [(&one, "127.0.0.1:7001"), (&two, "127.0.0.1:7002")] {
+            let offered = roster.offer(
+                &v,
+                &creds(
+                    &mesh.admit(node, None),
+                    &announce(node, address, NOW, false),
+                ),
+            );
+            assert_eq!(offered, Ok(true));
+            assert_eq!(
+                roster.check_endpoint(node.public_key(), at("127.0.0.1"), &v),
+                Ok(())
+            );
+        }
+        // A stranger's key is nobody's.
+        assert_eq!(
+            roster.check_endpoint(identity().public_key(), None, &v),
+            Err(TrustError::EndpointNotOwned)
+        );
+    }
+
+    #[test]
+    fn a_nodes_pods_are_in_the_range_the_root_granted_it_and_nobody_elses() {
+        let mesh = Mesh::new();
+        let (kube, other, squatter) = (identity(), identity(), identity());
+        let mut roster = Roster::default();
+        let v = mesh.verifier();
+        let range = |node: &Identity, net: &str, prefix_len| {
+            let body = themis_trust::AddressRange {
+                mesh: "demo".into(),
+                node_key: *node.public_key(),
+                network: net.parse().unwrap(),
+                prefix_len,
+                issued_at: NOW - 1,
+                not_after: None,
+            };
+            Signed::sign(&mesh.root_key, themis_trust::ADDRESS_RANGE_LABEL, &body).encode()
+        };
+        let granted = Credentials {
+            address_range: Some(range(&kube, "10.244.1.0", 24)),
+            ..creds(
+                &mesh.admit(&kube, None),
+                &announce(&kube, "10.0.0.1:7946", NOW, false),
+            )
+        };
+        assert_eq!(roster.offer(&v, &granted), Ok(true));
+        let plain = creds(
+            &mesh.admit(&other, None),
+            &announce(&other, "10.0.0.2:7946", NOW, false),
+        );
+        assert_eq!(roster.offer(&v, &plain), Ok(true));
+        let at = |ip: &str| Some(SocketAddr::new(ip.parse().unwrap(), 15006));
+        // Its pods and its own address are its own; not the next range, and its
+        // pods are no other node's.
+        assert_eq!(
+            roster.check_endpoint(kube.public_key(), at("10.244.1.9"), &v),
+            Ok(())
+        );
+        assert_eq!(
+            roster.check_endpoint(kube.public_key(), at("10.0.0.1"), &v),
+            Ok(())
+        );
+        assert_eq!(
+            roster.check_endpoint(kube.public_key(), at("10.244.2.9"), &v),
+            Err(TrustError::EndpointNotOwned)
+        );
+        assert_eq!(
+            roster.check_endpoint(other.public_key(), at("10.244.1.9"), &v),
+            Err(TrustError::EndpointNotOwned)
+        );
+        // A node cannot bring another node's range, nor one it signed itself.
+        let stolen = Credentials {
+            address_range: Some(range(&kube, "10.244.1.0", 24)),
+            ..creds(
+                &mesh.admit(&squatter, None),
+                &announce(&squatter, "10.0.0.3:7946", NOW, false),
+            )
+        };
+        assert_eq!(roster.offer(&v, &stolen), Err(TrustError::WrongKey));
+        let self_made = Credentials {
+            address_range: Some(
+                Signed::sign(
+                    &squatter,
+                    themis_trust::ADDRESS_RANGE_LABEL,
+                    &themis_trust::AddressRange {
+                        mesh: "demo".into(),
+                        node_key: *squatter.public_key(),
+                        network: "10.244.1.0".parse().unwrap(),
+                        prefix_len: 24,
+                        issued_at: NOW - 1,
+                        not_after: None,
+                    },
+                )
+                .encode(),
+            ),
+            ..stolen.clone()
+        };
+        assert_eq!(roster.offer(&v, &self_made), Err(TrustError::NotFromRoot));
+        // A member announcing an address in the range (it may announce any) takes
+        // that one address from the range's node, and gets nothing for itself.
+        let inside = creds(
+            &mesh.admit(&squatter, None),
+            &announce(&squatter, "10.244.1.9:7946", NOW, false),
+        );
+        assert_eq!(roster.offer(&v, &inside), Ok(true));
+        assert_eq!(
+            roster.check_endpoint(kube.public_key(), at("10.244.1.9"), &v),
+            Err(TrustError::EndpointNotOwned)
+        );
+        assert_eq!(
+            roster.check_endpoint(squatter.public_key(), at("10.244.1.9"), &v),
+            Err(TrustError::EndpointNotOwned)
+        );
+        assert_eq!(
+            roster.check_endpoint(kube.public_key(), at("10.244.1.10"), &v),
+            Ok(())
+        );
     }
 
     #[test]
@@ -401,7 +581,7 @@ mod tests {
         // Another node's admission with a stranger's announcement; a self-made
         // "admission"; a foreign root's.
         assert_eq!(
-            roster.offer(&v, &mesh.admit(&node, None), &at(&stranger)),
+            roster.offer(&v, &creds(&mesh.admit(&node, None), &at(&stranger))),
             Err(TrustError::WrongKey)
         );
         let self_made = Signed::sign(
@@ -416,12 +596,12 @@ mod tests {
         )
         .encode();
         assert_eq!(
-            roster.offer(&v, &self_made, &at(&stranger)),
+            roster.offer(&v, &creds(&self_made, &at(&stranger))),
             Err(TrustError::NotFromRoot)
         );
         let foreign = Mesh::new();
         assert_eq!(
-            roster.offer(&v, &foreign.admit(&other, None), &at(&other)),
+            roster.offer(&v, &creds(&foreign.admit(&other, None), &at(&other))),
             Err(TrustError::NotFromRoot)
         );
         assert!(roster.is_empty());
@@ -442,8 +622,10 @@ mod tests {
             ] {
                 let offered = roster.offer(
                     &v,
-                    &mesh.admit(node, not_after),
-                    &announce(node, "127.0.0.1:1", NOW, bye),
+                    &creds(
+                        &mesh.admit(node, not_after),
+                        &announce(node, "127.0.0.1:1", NOW, bye),
+                    ),
                 );
                 assert_eq!(offered, Ok(true));
             }
@@ -471,7 +653,7 @@ mod tests {
         // that hold it and agents that never took it agree on the digest.
         let again = announce(&revoked, "127.0.0.1:2", NOW + MIN_REANNOUNCE_MS, false);
         assert_eq!(
-            roster.offer(&later, &mesh.admit(&revoked, None), &again),
+            roster.offer(&later, &creds(&mesh.admit(&revoked, None), &again)),
             Err(TrustError::Revoked)
         );
         let digest = roster.digest(&later);
@@ -488,8 +670,10 @@ mod tests {
             let node = identity();
             let offered = roster.offer(
                 &v,
-                &mesh.admit(&node, None),
-                &announce(&node, "127.0.0.1:1", NOW, false),
+                &creds(
+                    &mesh.admit(&node, None),
+                    &announce(&node, "127.0.0.1:1", NOW, false),
+                ),
             );
             assert_eq!(offered, Ok(true));
         }
@@ -497,8 +681,10 @@ mod tests {
         assert_eq!(
             roster.offer(
                 &v,
-                &mesh.admit(&one_more, None),
-                &announce(&one_more, "127.0.0.1:1", NOW, false)
+                &creds(
+                    &mesh.admit(&one_more, None),
+                    &announce(&one_more, "127.0.0.1:1", NOW, false)
+                )
             ),
             Err(TrustError::TooLarge)
         );

@@ -34,6 +34,8 @@ pub const REVOCATIONS_NAME: &[u8] = b"themis/revocations";
 pub const ROOT_FILE: &str = "mesh.root";
 /// The node's admission credential.
 pub const ADMISSION_FILE: &str = "admission.pem";
+/// The root's grant of addresses to the node (its pod range), if it has one.
+pub const ADDRESS_RANGE_FILE: &str = "address-range.pem";
 /// The directory of grant chains, one `<service>.pem` each.
 pub const GRANTS_DIR: &str = "grants";
 /// The revocations this node knows, kept across restarts.
@@ -65,6 +67,14 @@ pub enum TrustSetupError {
     /// The node's own admission is not valid for its key under the root.
     #[error("{path}: the admission is not valid for this node ({error}); have the mesh operator run `themis node admit` again")]
     Admission {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        error: TrustError,
+    },
+    /// The node's address range (`address-range.pem`) is not valid for it.
+    #[error("{path}: the address range is not valid for this node ({error}); have the mesh operator run `themis node range` again")]
+    AddressRange {
         /// The file.
         path: PathBuf,
         /// Why.
@@ -124,6 +134,8 @@ const ADMISSION_HINT: &str = " (an agent joins only with an admission: have the 
 pub struct MeshTrust {
     root: MeshRoot,
     admission: Vec<u8>,
+    /// The root's grant of this node's pod range, if any (told with its announcement).
+    address_range: Option<Vec<u8>>,
     grants_dir: PathBuf,
     grants: RwLock<BTreeMap<String, Vec<Signed>>>,
     /// Where known revocations are saved (`None`: kept in memory only).
@@ -174,7 +186,26 @@ impl MeshTrust {
                 )
             })
             .map_err(|error| TrustSetupError::Admission { path, error })?;
+        let range_path = state_dir.join(ADDRESS_RANGE_FILE);
+        let address_range = match range_path.exists() {
+            false => None,
+            true => {
+                let text = read(&range_path, "")?;
+                let checked = from_pem(PemKind::AddressRange, &text).and_then(|signed| {
+                    let bytes = signed.encode();
+                    let (_, net) = trust.verify(|v| v.address_range(&bytes, node.public_key()))?;
+                    info!(addresses = %net, "the root granted this node an address range");
+                    Ok(bytes)
+                });
+                let error = |error| TrustSetupError::AddressRange {
+                    path: range_path.clone(),
+                    error,
+                };
+                Some(checked.map_err(error)?)
+            }
+        };
         let trust = MeshTrust {
+            address_range,
             revocations_file: Some(state_dir.join(REVOCATIONS_FILE)),
             log: TrustLog::load(Some(state_dir), trust.root.clone()),
             ..trust
@@ -254,6 +285,7 @@ impl MeshTrust {
         Ok(MeshTrust {
             root: root.clone(),
             admission,
+            address_range: None,
             grants_dir,
             grants: Default::default(),
             revocations_file: None,
@@ -287,25 +319,19 @@ impl MeshTrust {
         Ok(instance)
     }
 
-    /// With a roster (one-hop routing), `endpoint` must be at the IP the node with key
-    /// `endorser` announced, and at no other member's (an IP two members announce
-    /// belongs to neither): a granted node cannot point a service elsewhere. Without
-    /// a roster, anything goes, as before. No signature is checked.
+    /// With a roster (one-hop routing), `endpoint` must belong to the node with key
+    /// `endorser` ([`Roster::check_endpoint`]): a granted node cannot point a service
+    /// elsewhere. Without a roster (Chord routing), anything goes, as before.
     pub fn check_endpoint(
         &self,
         endorser: &[u8; 32],
         endpoint: Option<SocketAddr>,
     ) -> Result<(), TrustError> {
-        let (Some(roster), Some(at)) = (self.roster(), endpoint) else {
-            return Ok(());
-        };
-        let announced = roster
-            .announced(endorser)
-            .ok_or(TrustError::EndpointNotOwned)?;
-        announced.owns(endorser, endpoint)?;
-        match self.verify(|v| roster.others_at(endorser, at.ip(), v)) {
-            0 => Ok(()),
-            _ => Err(TrustError::EndpointNotOwned),
+        match (self.roster(), endpoint) {
+            (Some(roster), Some(_)) => {
+                self.verify(|v| roster.check_endpoint(endorser, endpoint, v))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -317,6 +343,11 @@ impl MeshTrust {
     /// This node's admission credential, as sent with every DHT frame.
     pub fn own_admission(&self) -> &[u8] {
         &self.admission
+    }
+
+    /// The root's grant of this node's address range, if it has one.
+    pub fn own_address_range(&self) -> Option<&[u8]> {
+        self.address_range.as_deref()
     }
 
     /// Runs `f` with a verifier for now and the known revocations.

@@ -296,8 +296,13 @@ pub fn status_of(log: &Log, forks: Vec<String>) -> contract::LogStatus {
     let leaves = log
         .statements()
         .map(|(index, statement)| {
+            let mut range = None;
             let (subject, service, delegate, reason) = match statement {
                 Statement::Admission(a) => (printable(&a.node_key), None, None, None),
+                Statement::AddressRange(r) => {
+                    range = r.net().ok().map(|net| net.to_string());
+                    (printable(&r.node_key), None, None, None)
+                }
                 Statement::Grant(g) => (
                     printable(&g.grantee),
                     Some(g.service.clone()),
@@ -318,6 +323,7 @@ pub fn status_of(log: &Log, forks: Vec<String>) -> contract::LogStatus {
                 service,
                 delegate,
                 reason,
+                range,
                 issued_at: statement.issued_at(),
                 leaf: hex::encode(log.leaf(index).unwrap_or_default()),
                 proof: hex::encode(log.inclusion_proof(index).unwrap_or_default()),

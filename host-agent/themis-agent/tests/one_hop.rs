@@ -218,6 +218,93 @@ fn a_granted_node_cannot_point_its_service_at_another_address() {
     }
 }
 
+/// Pods have their own IPs (Kubernetes): the root grants a node its pod range
+/// (`themis node range`), the node's agent tells it with its announcement, and an
+/// endpoint in that range is the node's — registered by its agent, taken by every
+/// other. Outside it, or in that range for another node, refused as before.
+#[test]
+fn a_nodes_pods_in_the_range_the_root_granted_it_are_its_endpoints() {
+    let dir = common::workdir();
+    let root = dir.path();
+    let first = Agent::spawn(
+        root,
+        "agent-0",
+        common::Spawn {
+            extra: &one_hop(),
+            ..common::Spawn::default()
+        },
+    );
+    let kube_dir = root.join("agent-1");
+    std::fs::create_dir_all(&kube_dir).unwrap();
+    common::admit(root, &kube_dir);
+    let mesh = common::mesh_dir(root);
+    common::operator(&[
+        "node".as_ref(),
+        "range".as_ref(),
+        "10.244.1.0/24".as_ref(),
+        "--mesh-dir".as_ref(),
+        mesh.as_os_str(),
+        "--node".as_ref(),
+        kube_dir.as_os_str(),
+    ]);
+    let spawn = |name: &str| {
+        Agent::spawn(
+            root,
+            name,
+            common::Spawn {
+                join: Some(&first.contact),
+                extra: &one_hop(),
+                ..common::Spawn::default()
+            },
+        )
+    };
+    let (kube, other) = (spawn("agent-1"), spawn("agent-2"));
+    assert!(
+        kube.log().contains("granted this node an address range"),
+        "{}",
+        kube.log_tail()
+    );
+    let agents = [first, kube, other];
+    for agent in &agents {
+        agent.wait_for("the full membership", Duration::from_secs(60), |a| {
+            (members(a)? == 3).then_some(())
+        });
+    }
+    let [_, kube, other] = &agents;
+    kube.register("check", "check-pod", "10.244.1.7:15006");
+    other.register("check", "check-own", "127.0.0.1:15007");
+    let put = |agent: &Agent, workload: &str, endpoint: &str| {
+        let body = json!({ "endpoint": endpoint });
+        let path = format!("/v1/services/check/instances/{workload}");
+        agent.call(Method::PUT, &path, Some(&body)).unwrap()
+    };
+    for (agent, endpoint) in [(kube, "10.244.2.7:15006"), (other, "10.244.1.8:15006")] {
+        let (status, answer) = put(agent, "check-elsewhere", endpoint);
+        assert_eq!(
+            status, 400,
+            "{}: registered {endpoint}: {answer}",
+            agent.name
+        );
+    }
+    // Offered to the ring with the other node's own key and grant: refused by all.
+    let squatted = endorse_at(&other.dir, 0xe3, "10.244.1.9:15006");
+    for agent in &agents {
+        let body =
+            json!({ "name": "check", "value": hex::encode(&squatted), "hex": true, "replicas": 2 });
+        let (status, answer) = agent
+            .call(Method::POST, "/v1/debug/store", Some(&body))
+            .unwrap();
+        assert_ne!(status, 200, "{}: stored {answer}", agent.name);
+    }
+    for agent in &agents {
+        agent.wait_for("the pod's and the other node's endpoints", Duration::from_secs(30), |a| {
+            let mut got = a.endpoints("check")?;
+            got.sort();
+            (got == ["10.244.1.7:15006", "127.0.0.1:15007"]).then_some(())
+        });
+    }
+}
+
 /// An agent that stops says goodbye (issue 23): its signed leaving announcement takes
 /// it out of every peer's membership, so nobody asks it as a holder and waits for a
 /// timeout; restarted, it announces itself again and is a member once more.
@@ -304,7 +391,11 @@ fn a_stranger_gets_nothing_of_the_roster_and_is_no_member() {
             listen: "127.0.0.1:9".parse().unwrap(),
             log_size: u64::MAX,
             digest: [0; 32],
-            members: vec![(admission, announcement.clone())],
+            members: vec![themis_agent::roster::Credentials {
+                admission,
+                announcement: announcement.clone(),
+                address_range: None,
+            }],
         })
         .encode();
         let answer = runtime.block_on(client.request(peer, addr, &request));

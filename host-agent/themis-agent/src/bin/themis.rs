@@ -324,6 +324,21 @@ enum NodeCommand {
         #[arg(long)]
         existing_key: bool,
     },
+    /// Grant an admitted node the addresses its workloads listen at besides its own:
+    /// on Kubernetes its pod range (`kubectl get node NAME -o
+    /// jsonpath='{.spec.podCIDR}'`). With one-hop routing, an instance endpoint must
+    /// be at its node's announced address or in its range. Writes
+    /// DIR/address-range.pem (replacing an earlier one; the agent reads it at start).
+    Range {
+        /// The range, e.g. 10.244.1.0/24 (at most a /8 of IPv4, a /32 of IPv6).
+        range: themis_trust::IpNet,
+        /// The mesh directory.
+        #[arg(long, env = "THEMIS_MESH_DIR", value_name = "DIR")]
+        mesh_dir: PathBuf,
+        /// The node's directory (its agent's --state-dir).
+        #[arg(long, value_name = "DIR")]
+        node: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -682,6 +697,12 @@ fn offline(command: Command, json: bool) -> ExitCode {
             existing_key,
         }) => MeshDir::open(&mesh_dir)
             .and_then(|mesh| operator::admit_node(&mesh, &out, None, existing_key)),
+        Command::Node(NodeCommand::Range {
+            range,
+            mesh_dir,
+            node,
+        }) => MeshDir::open(&mesh_dir)
+            .and_then(|mesh| operator::grant_address_range(&mesh, &node, range, None)),
         Command::Service(ServiceCommand::Grant {
             service: name,
             mesh_dir,

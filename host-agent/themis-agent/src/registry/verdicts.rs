@@ -226,6 +226,7 @@ mod tests {
             service: service.map(Into::into),
             delegate,
             reason: None,
+            range: None,
             issued_at: 0,
             leaf: String::new(),
             proof: String::new(),

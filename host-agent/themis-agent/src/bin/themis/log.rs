@@ -93,6 +93,7 @@ fn show(
                 }
             ),
             "revocation" => format!("reason: {}", leaf.reason.as_deref().unwrap_or("")),
+            "address-range" => format!("addresses {}", leaf.range.as_deref().unwrap_or("?")),
             _ => String::new(),
         };
         println!(
@@ -144,10 +145,11 @@ fn verify(file: &Path, mesh_root: &str, json: bool) -> Result<(), String> {
     let log = Log::from_copy(root, &bytes)
         .map_err(|e| format!("{}: the log does not verify: {e}", file.display()))?;
     let count = |kind: Kind| log.statements().filter(|(_, s)| s.kind() == kind).count();
-    let (admissions, grants, revocations) = (
+    let (admissions, grants, revocations, ranges) = (
         count(Kind::Admission),
         count(Kind::Grant),
         count(Kind::Revocation),
+        count(Kind::AddressRange),
     );
     let root_hash = hex::encode(log.root_hash());
     let issued_at = log.checkpoint().map(|c| c.checkpoint.issued_at);
@@ -155,7 +157,7 @@ fn verify(file: &Path, mesh_root: &str, json: bool) -> Result<(), String> {
         let answer = serde_json::json!({
             "verified": true, "size": log.size(), "root_hash": root_hash,
             "issued_at": issued_at, "admissions": admissions, "grants": grants,
-            "revocations": revocations,
+            "revocations": revocations, "address_ranges": ranges,
         });
         println!("{}", serde_json::to_string_pretty(&answer).expect("JSON"));
     } else {
@@ -164,9 +166,9 @@ fn verify(file: &Path, mesh_root: &str, json: bool) -> Result<(), String> {
             log.size(),
             ago(issued_at)
         );
-        println!("  root hash    {root_hash}");
+        println!("  root hash      {root_hash}");
         println!(
-            "  admissions   {admissions}\n  grants       {grants}\n  revocations  {revocations}"
+            "  admissions     {admissions}\n  grants         {grants}\n  revocations    {revocations}\n  address ranges {ranges}"
         );
     }
     Ok(())
@@ -267,6 +269,7 @@ fn statements_in(text: &str) -> Vec<(Kind, Signed)> {
                 PemKind::Admission => Kind::Admission,
                 PemKind::Grant => Kind::Grant,
                 PemKind::Revocation => Kind::Revocation,
+                PemKind::AddressRange => Kind::AddressRange,
             };
             (kind, signed)
         })
