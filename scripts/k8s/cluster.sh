@@ -60,7 +60,8 @@ The node is the network namespace $NS ($NODE_IP, veth $HOST_IF on the host side,
 $HOST_IP). All daemons run in it: etcd on its loopback, the API server on
 https://$NODE_IP:6443 (reachable from the host through the veth only), containerd,
 the kubelet and kube-proxy (iptables mode). Pods get $NODE_POD_CIDR on a CNI bridge
-inside it; Services $SERVICE_CIDR. The host has blackhole routes for $POD_CIDR and
+inside it (the node's .spec.podCIDR, allocated by the controller manager: the range
+the mesh operator grants the node with `themis node range`); Services $SERVICE_CIDR. The host has blackhole routes for $POD_CIDR and
 $SERVICE_CIDR, and the node no default route: nothing can leave the machine.
 Cluster DNS: CoreDNS (built here) at $DNS_SERVICE_IP, serving cluster.local only, with no
 upstream: other names do not resolve. Images are built here (pause, busybox, coredns)
@@ -403,7 +404,8 @@ up() {
         --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
         --use-service-account-credentials \
         --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
-        --service-cluster-ip-range "$SERVICE_CIDR" --cluster-cidr "$POD_CIDR" --allocate-node-cidrs=false
+        --service-cluster-ip-range "$SERVICE_CIDR" --cluster-cidr "$POD_CIDR" \
+        --allocate-node-cidrs=true --node-cidr-mask-size=24
     start_daemon kube-scheduler "$K8S_BIN/kube-scheduler" \
         --kubeconfig "$pki/scheduler.kubeconfig" \
         --authentication-kubeconfig "$pki/scheduler.kubeconfig" \

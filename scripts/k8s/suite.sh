@@ -79,16 +79,23 @@ step "images (scripts/k8s/images.sh): agent + controller, sidecar, demo app; imp
 scripts/k8s/images.sh "$work/images"
 "$cluster" import "$work/images"/{agent,sidecar,demo-app}.tar
 
-step "the operator, offline: mesh 'k8s', the node's admission into its /var/lib/themis, grants for handler and check"
+step "the operator, offline: mesh 'k8s', the node's admission into its /var/lib/themis, its pod range, grants for handler and check"
 "$themis" mesh create k8s --out "$work/mesh" > /dev/null
 [[ -e /var/lib/themis ]] && fail "/var/lib/themis exists: this suite admits the node there and will not replace a node's state"
 created_state=true
 mkdir -p /var/lib/themis
 node_id=$("$themis" --json node admit --mesh-dir "$work/mesh" --out /var/lib/themis | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+# Pods listen at their own IPs: the root grants the node its pod range, so that (with
+# one-hop routing, the default) their endpoints belong to the node that endorses them.
+node_pod_cidr() { kctl get nodes -o jsonpath='{.items[0].spec.podCIDR}'; }
+has_pod_cidr() { [[ -n "$(node_pod_cidr)" ]]; }
+until_ok 60 has_pod_cidr || fail "the node was allocated no pod range (.spec.podCIDR)"
+pod_cidr=$(node_pod_cidr)
+"$themis" node range "$pod_cidr" --mesh-dir "$work/mesh" --node /var/lib/themis > /dev/null
 for service in handler check; do
     "$themis" service grant "$service" --mesh-dir "$work/mesh" --node /var/lib/themis > /dev/null
 done
-ok "node ${node_id:0:16}…, granted handler, check"
+ok "node ${node_id:0:16}…, pods at $pod_cidr, granted handler, check"
 
 step "deploy/kubernetes/agent-daemonset.yaml, applied as it is"
 kctl apply -f deploy/kubernetes/agent-daemonset.yaml > /dev/null
@@ -96,6 +103,13 @@ check "the DaemonSet's pod is ready (agent + controller)" \
     kctl -n themis-system rollout status daemonset/themis-agent --timeout=120s || stop_here
 agent_pod() { kctl -n themis-system get pods -l app=themis-agent -o jsonpath='{.items[0].metadata.name}'; }
 on_agent() { kctl -n themis-system exec "$(agent_pod)" -c agent -- themis --socket /var/run/themis/agent.sock "$@"; }
+routes_one_hop_with_its_range() { # read whole first (see the negative checks below)
+    local ring logs
+    ring=$(on_agent ring) && logs=$(kctl -n themis-system logs "$(agent_pod)" -c agent)
+    grep -q "routing *one hop" <<< "$ring" && grep -q "granted this node an address range" <<< "$logs"
+}
+check "the agent routes one hop (the default) and holds the root's grant of the node's pod range" \
+    until_ok 30 routes_one_hop_with_its_range || true
 
 step "deploy/kubernetes/demo.yaml: handler and check with their sidecars, in namespace shop (themis.io/mesh=enabled)"
 kctl apply -f deploy/kubernetes/demo.yaml > /dev/null
