@@ -3,8 +3,9 @@
 //!
 //! Every exchange is one [`Frame::Roster`] request and its answer. Both say how large
 //! a log the sender holds and summarise its roster; a request also carries the
-//! sender's own credentials (admission, address announcement, address range), an answer every
-//! member's when the rosters differ. Who to tell and when, and whose larger log to
+//! sender's own credentials (admission, address announcement, address range), an
+//! answer the members' when the rosters differ, a page of [`PAGE`] at a time (the asker
+//! asks for the next page after the last key it got, up to [`MAX_PAGES`]). Who to tell and when, and whose larger log to
 //! fetch, is the sans-IO [`Gossip`] of `themis-dht`: news is pushed to 3 random members
 //! at once, one random member is pulled every period, the smallest claim above ours is
 //! fetched first (through the trust log's own verified exchange, `log_sync`). Peers
@@ -29,11 +30,15 @@ use tracing::{debug, info};
 use crate::log_sync::{exchange, Synced};
 use crate::metrics::Metrics;
 use crate::overlay::{Frame, Overlay, Peer};
-use crate::roster::{Credentials, Roster, MAX_MEMBERS};
+use crate::roster::{Credentials, Roster, MAX_MEMBERS, PAGE};
 use crate::trust::{unix_millis, MeshTrust};
 
 /// Haves from members queued for the driver at most.
 const HEARD_QUEUE: usize = 256;
+
+/// The most pages one exchange asks for: a whole roster of [`MAX_MEMBERS`], however
+/// many further pages a peer says there are.
+pub const MAX_PAGES: usize = MAX_MEMBERS.div_ceil(PAGE);
 
 /// How long a log fetch may take before the next claim is taken (the fetch reports
 /// its result before that, unless it hangs).
@@ -50,9 +55,14 @@ pub struct RosterFrame {
     pub log_size: u64,
     /// The sender's [`Roster::digest`].
     pub digest: [u8; 32],
-    /// Members' credentials: the sender's own in a request, every member's in an
-    /// answer to a peer whose digest differs; at most [`MAX_MEMBERS`].
+    /// Members' credentials: the sender's own in a request; in an answer to a peer
+    /// whose digest differs, a page of the members (at most [`PAGE`]).
     pub members: Vec<Credentials>,
+    /// In a request, the page wanted: the members after this node key (`None`: from
+    /// the first). Ignored in an answer.
+    pub after: Option<[u8; 32]>,
+    /// In an answer, where the next page starts, if there is one.
+    pub next: Option<[u8; 32]>,
 }
 
 /// The state gossip shares between the agent's server (answers) and its driver. The
@@ -98,7 +108,7 @@ impl GossipState {
     /// finding out by a timeout.
     pub async fn farewell(&self, node: &Identity, client: &Client) {
         *self.own.lock().expect("never poisoned") = announce(node, self.listen, &self.trust, true);
-        let request = Frame::Roster(self.frame(None)).encode();
+        let request = Frame::Roster(self.request(None)).encode();
         let me = Key(node.id().0);
         let members = self.members();
         let told = members.random_others(&me, 3, unix_millis());
@@ -129,7 +139,7 @@ impl GossipState {
     /// the roster too), and only for announcements newer than the ones held.
     fn take(&self, metrics: &Metrics, members: &[Credentials]) {
         let mut changed = false;
-        for credentials in members.iter().take(MAX_MEMBERS) {
+        for credentials in members.iter().take(PAGE) {
             let wanted = self.roster().wants(&credentials.announcement);
             let taken = wanted.and_then(|wanted| match wanted {
                 false => Ok(false),
@@ -155,25 +165,44 @@ impl GossipState {
         self.changed.notify_one();
     }
 
-    /// What this agent holds, as a frame: its own credentials (a request) or every
-    /// member's if `their_digest` differs from ours (an answer).
-    fn frame(&self, their_digest: Option<[u8; 32]>) -> RosterFrame {
+    /// A request: this agent's own credentials, and the page of the peer's roster
+    /// wanted (after this node key; `None`: the first).
+    fn request(&self, after: Option<[u8; 32]>) -> RosterFrame {
+        let own = self.own.lock().expect("never poisoned").clone();
+        let digest = self.trust.verify(|v| self.roster().digest(v));
+        self.frame(digest, vec![own], after, None)
+    }
+
+    /// An answer to a peer whose roster summarises to `their_digest`: nothing more
+    /// if the rosters agree, else the page of members after `after`.
+    fn answer_to(&self, their_digest: [u8; 32], after: Option<[u8; 32]>) -> RosterFrame {
         let roster = self.roster();
-        let (digest, members) = self.trust.verify(|v| {
+        let (digest, (members, next)) = self.trust.verify(|v| {
             let digest = roster.digest(v);
-            let members = match their_digest {
-                None => vec![self.own.lock().expect("never poisoned").clone()],
-                Some(theirs) if theirs != digest => roster.credentials(v),
-                Some(_) => Vec::new(),
-            };
-            (digest, members)
+            match their_digest == digest {
+                true => (digest, (Vec::new(), None)),
+                false => (digest, roster.page(after.as_ref(), v)),
+            }
         });
+        drop(roster);
+        self.frame(digest, members, None, next)
+    }
+
+    fn frame(
+        &self,
+        digest: [u8; 32],
+        members: Vec<Credentials>,
+        after: Option<[u8; 32]>,
+        next: Option<[u8; 32]>,
+    ) -> RosterFrame {
         RosterFrame {
             admission: self.trust.own_admission().to_vec(),
             listen: self.listen,
             log_size: self.trust.log().size(),
             digest,
             members,
+            after,
+            next,
         }
     }
 
@@ -198,7 +227,7 @@ impl GossipState {
             // Full: the driver is behind, and a Have is only a hint (pulls repair).
             let _ = self.heard.try_send((from, request.log_size));
         }
-        self.frame(Some(request.digest))
+        self.answer_to(request.digest, request.after)
     }
 
     /// The membership one-hop routing uses now (what no longer counts is forgotten
@@ -233,8 +262,9 @@ pub struct Driver {
 }
 
 enum Done {
-    /// A gossip exchange: the peer, and its answer if it gave one.
-    Exchanged(Peer, Option<RosterFrame>),
+    /// A gossip exchange: the peer, its answer if it gave one, and how many pages
+    /// of its roster this exchange has had.
+    Exchanged(Peer, Option<RosterFrame>, usize),
     /// A log fetch from a peer: the size it claimed, and what the fetch came to.
     Fetched(u64, Synced),
 }
@@ -293,11 +323,14 @@ impl Driver {
                     }
                 }
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => match done {
-                    Ok(Done::Exchanged(peer, Some(answer))) => {
+                    Ok(Done::Exchanged(peer, Some(answer), pages)) => {
                         self.state.take(&self.metrics, &answer.members);
-                        gossip.on_have(now(), peer, Have { version: answer.log_size });
+                        gossip.on_have(now(), peer.clone(), Have { version: answer.log_size });
+                        if let Some(after) = next_page(&answer, pages) {
+                            self.spawn_page(&mut tasks, peer, Some(after), pages + 1);
+                        }
                     }
-                    Ok(Done::Exchanged(peer, None)) => {
+                    Ok(Done::Exchanged(peer, None, _)) => {
                         debug!(peer = %peer.addr, "gossip exchange failed");
                     }
                     // Holding at least what was claimed settles the fetch (below: the
@@ -379,7 +412,18 @@ impl Driver {
     }
 
     fn spawn_exchange(&self, tasks: &mut JoinSet<Done>, peer: Peer) {
-        let request = Frame::Roster(self.state.frame(None)).encode();
+        self.spawn_page(tasks, peer, None, 1);
+    }
+
+    /// Asks `peer` for the page of its roster after `after`; `pages` counts this one.
+    fn spawn_page(
+        &self,
+        tasks: &mut JoinSet<Done>,
+        peer: Peer,
+        after: Option<[u8; 32]>,
+        pages: usize,
+    ) {
+        let request = Frame::Roster(self.state.request(after)).encode();
         let client = self.client.clone();
         tasks.spawn(async move {
             let answer = client.request(PeerId(peer.id.0), peer.addr, &request).await;
@@ -387,11 +431,25 @@ impl Driver {
                 .ok()
                 .and_then(|bytes| postcard::from_bytes::<Frame>(&bytes).ok());
             match frame {
-                Some(Frame::Roster(answer)) => Done::Exchanged(peer, Some(answer)),
-                _ => Done::Exchanged(peer, None),
+                Some(Frame::Roster(answer)) => Done::Exchanged(peer, Some(answer), pages),
+                _ => Done::Exchanged(peer, None, pages),
             }
         });
     }
+}
+
+/// Where the page after `answer` (the `pages`-th of an exchange) starts, if the
+/// asker should ask for it: only after a full page whose last member is the node key
+/// the answer names, and never past [`MAX_PAGES`], so a peer that always says there
+/// is more cannot keep an agent asking.
+fn next_page(answer: &RosterFrame, pages: usize) -> Option<[u8; 32]> {
+    let next = answer.next?;
+    let last = answer
+        .members
+        .get(PAGE - 1)
+        .filter(|_| answer.members.len() == PAGE)?;
+    let last_key = Signed::decode(&last.announcement).ok()?.signer;
+    (pages < MAX_PAGES && last_key == next).then_some(next)
 }
 
 /// This node's credentials with an announcement signed now (taken into its own
@@ -419,4 +477,131 @@ fn announce(node: &Identity, listen: SocketAddr, trust: &MeshTrust, leaving: boo
         info!(%error, "this node's own credentials do not verify: it is no member");
     }
     own
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::{self, MeshDir};
+    use ring::rand::SystemRandom;
+    use themis_trust::{Admission, ADMISSION_LABEL};
+
+    struct Node {
+        id: PeerId,
+        state: Arc<GossipState>,
+        // Kept: the state's channel closes without it.
+        _heard: mpsc::Receiver<(Peer, u64)>,
+    }
+
+    fn node(mesh: &MeshDir, dir: &std::path::Path, port: u16) -> Node {
+        operator::admit_node(mesh, dir, None, false).unwrap();
+        let key = crate::keystore::load(&dir.join("node.key"), &mesh.root.mesh).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let trust = Arc::new(MeshTrust::load(dir, mesh.root.clone(), &key, metrics).unwrap());
+        let listen = SocketAddr::from(([127, 0, 0, 1], port));
+        let (state, heard) = GossipState::new(&key, listen, trust);
+        Node {
+            id: key.id(),
+            state,
+            _heard: heard,
+        }
+    }
+
+    /// Members the root admitted, each announcing itself (what a large mesh holds).
+    fn members(mesh: &MeshDir, n: usize) -> Vec<Credentials> {
+        let now = unix_millis();
+        (0..n)
+            .map(|i| {
+                let key = Identity::generate(mesh.root.mesh.clone(), &SystemRandom::new()).unwrap();
+                let admission = Admission {
+                    mesh: mesh.root.mesh.to_string(),
+                    node_key: *key.public_key(),
+                    issued_at: now,
+                    not_after: None,
+                };
+                let announcement = Announcement {
+                    mesh: mesh.root.mesh.to_string(),
+                    address: SocketAddr::from(([10, 1, (i / 250) as u8, (i % 250) as u8], 7946)),
+                    issued_at: now,
+                    leaving: false,
+                };
+                Credentials {
+                    admission: Signed::sign(&mesh.key, ADMISSION_LABEL, &admission).encode(),
+                    announcement: Signed::sign(&key, ANNOUNCEMENT_LABEL, &announcement).encode(),
+                    address_range: None,
+                }
+            })
+            .collect()
+    }
+
+    fn digest(node: &Node) -> [u8; 32] {
+        node.state.trust.verify(|v| node.state.roster().digest(v))
+    }
+
+    #[test]
+    fn a_roster_larger_than_a_page_arrives_whole_page_by_page() {
+        let dir = tempfile::tempdir().unwrap();
+        operator::create_mesh("test", &dir.path().join("mesh")).unwrap();
+        let mesh = MeshDir::open(&dir.path().join("mesh")).unwrap();
+        let (big, new) = (
+            node(&mesh, &dir.path().join("big"), 7001),
+            node(&mesh, &dir.path().join("new"), 7002),
+        );
+        let metrics = Metrics::new();
+        let many = members(&mesh, 2 * PAGE + 100);
+        big.state.take(&metrics, &many[..PAGE]);
+        big.state.take(&metrics, &many[PAGE..2 * PAGE]);
+        big.state.take(&metrics, &many[2 * PAGE..]);
+        assert_eq!(big.state.members().len(), 2 * PAGE + 101);
+
+        // The newcomer asks; each answer is a page, and it asks for the next.
+        let (mut after, mut pages) = (None, 1);
+        loop {
+            let answer = big.state.answer(&metrics, new.id, new.state.request(after));
+            assert!(answer.members.len() <= PAGE);
+            new.state.take(&metrics, &answer.members);
+            match next_page(&answer, pages) {
+                Some(next) => (after, pages) = (Some(next), pages + 1),
+                None => break,
+            }
+        }
+        assert_eq!(pages, 3, "2 full pages and the rest");
+        // Both hold the same members now (the big one took the newcomer's own).
+        assert_eq!(new.state.members().len(), 2 * PAGE + 102);
+        assert_eq!(digest(&new), digest(&big));
+        let again = big.state.answer(&metrics, new.id, new.state.request(None));
+        assert!(
+            again.members.is_empty() && again.next.is_none(),
+            "agreeing rosters: nothing"
+        );
+    }
+
+    #[test]
+    fn a_peer_that_always_says_there_is_more_is_asked_a_bounded_number_of_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        operator::create_mesh("test", &dir.path().join("mesh")).unwrap();
+        let mesh = MeshDir::open(&dir.path().join("mesh")).unwrap();
+        let page = members(&mesh, PAGE);
+        let last = Signed::decode(&page[PAGE - 1].announcement).unwrap().signer;
+        let answer = |members: Vec<Credentials>, next| RosterFrame {
+            admission: Vec::new(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 1)),
+            log_size: 0,
+            digest: [0; 32],
+            members,
+            after: None,
+            next,
+        };
+        assert_eq!(next_page(&answer(page.clone(), Some(last)), 1), Some(last));
+        // No more, a short page, a next that is not the page's last key, or past the
+        // bound: the asker stops.
+        assert_eq!(next_page(&answer(page.clone(), None), 1), None);
+        assert_eq!(next_page(&answer(page[1..].to_vec(), Some(last)), 1), None);
+        assert_eq!(next_page(&answer(page.clone(), Some([0xff; 32])), 1), None);
+        assert_eq!(
+            next_page(&answer(page.clone(), Some(last)), MAX_PAGES),
+            None
+        );
+        assert!(MAX_PAGES * PAGE >= MAX_MEMBERS);
+    }
 }

@@ -22,9 +22,12 @@ use themis_core::PeerId;
 use themis_dht::{Contact, Key, Members};
 use themis_trust::{Announced, Announcement, IpNet, Signed, TrustError, Verifier};
 
-/// The most members a roster holds (and a gossip answer carries: about 560 KiB at
-/// most). A mesh larger than this needs paged roster answers (not built).
-pub const MAX_MEMBERS: usize = 2048;
+/// The most members a roster holds (the scale is 10,000 nodes).
+pub const MAX_MEMBERS: usize = 16_384;
+
+/// The most members one gossip answer carries (about 430 KiB with address ranges);
+/// a larger roster is fetched in pages, in node-key order ([`Roster::page`]).
+pub const PAGE: usize = 1024;
 
 /// How long an announcement counts; nodes announce again at half of it.
 pub const ANNOUNCEMENT_LIFETIME_MS: u64 = 3_600_000;
@@ -182,13 +185,39 @@ impl Roster {
         ctx.finish().as_ref().try_into().expect("32 bytes")
     }
 
-    /// Every current member's credentials (what a gossip answer carries).
+    /// Every current member's credentials.
     pub fn credentials(&self, verifier: &Verifier<'_>) -> Vec<Credentials> {
         self.entries
             .values()
             .filter(|e| current(e, verifier))
             .map(|e| e.credentials.clone())
             .collect()
+    }
+
+    /// One page of a gossip answer: the credentials of up to [`PAGE`] current members
+    /// whose node key follows `after` (from the first with `None`), and the key to ask
+    /// the next page after, if there are more.
+    pub fn page(
+        &self,
+        after: Option<&[u8; 32]>,
+        verifier: &Verifier<'_>,
+    ) -> (Vec<Credentials>, Option<[u8; 32]>) {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let from = after.map_or(Unbounded, Excluded);
+        let mut current = self
+            .entries
+            .range::<[u8; 32], _>((from, Unbounded))
+            .filter(|(_, e)| current(e, verifier));
+        let page: Vec<_> = current.by_ref().take(PAGE).collect();
+        let next = match current.next() {
+            Some(_) => page.last().map(|(key, _)| **key),
+            None => None,
+        };
+        let credentials = page
+            .into_iter()
+            .map(|(_, e)| e.credentials.clone())
+            .collect();
+        (credentials, next)
     }
 
     /// The member with ring id `id`, at the address it signed, if it is a current
