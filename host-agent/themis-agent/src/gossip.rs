@@ -39,6 +39,7 @@ const HEARD_QUEUE: usize = 256;
 /// The most pages one exchange asks for: a whole roster of [`MAX_MEMBERS`], however
 /// many further pages a peer says there are.
 pub const MAX_PAGES: usize = MAX_MEMBERS.div_ceil(PAGE);
+const _: () = assert!(MAX_PAGES * PAGE >= MAX_MEMBERS);
 
 /// How long a log fetch may take before the next claim is taken (the fetch reports
 /// its result before that, unless it hangs).
@@ -264,7 +265,7 @@ pub struct Driver {
 enum Done {
     /// A gossip exchange: the peer, its answer if it gave one, and how many pages
     /// of its roster this exchange has had.
-    Exchanged(Peer, Option<RosterFrame>, usize),
+    Exchanged(Peer, Option<Box<RosterFrame>>, usize),
     /// A log fetch from a peer: the size it claimed, and what the fetch came to.
     Fetched(u64, Synced),
 }
@@ -431,7 +432,7 @@ impl Driver {
                 .ok()
                 .and_then(|bytes| postcard::from_bytes::<Frame>(&bytes).ok());
             match frame {
-                Some(Frame::Roster(answer)) => Done::Exchanged(peer, Some(answer), pages),
+                Some(Frame::Roster(answer)) => Done::Exchanged(peer, Some(Box::new(answer)), pages),
                 _ => Done::Exchanged(peer, None, pages),
             }
         });
@@ -602,6 +603,5 @@ mod tests {
             next_page(&answer(page.clone(), Some(last)), MAX_PAGES),
             None
         );
-        assert!(MAX_PAGES * PAGE >= MAX_MEMBERS);
     }
 }

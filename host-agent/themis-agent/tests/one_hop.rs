@@ -297,11 +297,15 @@ fn a_nodes_pods_in_the_range_the_root_granted_it_are_its_endpoints() {
         assert_ne!(status, 200, "{}: stored {answer}", agent.name);
     }
     for agent in &agents {
-        agent.wait_for("the pod's and the other node's endpoints", Duration::from_secs(30), |a| {
-            let mut got = a.endpoints("check")?;
-            got.sort();
-            (got == ["10.244.1.7:15006", "127.0.0.1:15007"]).then_some(())
-        });
+        agent.wait_for(
+            "the pod's and the other node's endpoints",
+            Duration::from_secs(30),
+            |a| {
+                let mut got = a.endpoints("check")?;
+                got.sort();
+                (got == ["10.244.1.7:15006", "127.0.0.1:15007"]).then_some(())
+            },
+        );
     }
 }
 
@@ -396,6 +400,8 @@ fn a_stranger_gets_nothing_of_the_roster_and_is_no_member() {
                 announcement: announcement.clone(),
                 address_range: None,
             }],
+            after: None,
+            next: None,
         })
         .encode();
         let answer = runtime.block_on(client.request(peer, addr, &request));
