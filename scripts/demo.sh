@@ -15,7 +15,7 @@
 # from the local sidecar. A capture on the wire between the nodes shows the sealing.
 # Every statement the operator signs goes into the mesh's trust log, which the agents
 # copy from each other and check; the demo revokes a workload through it. The agents
-# route one hop: each holds every admitted node at the address it signed (spread by
+# route one hop (the default): each holds every admitted node at the address it signed (spread by
 # gossip, with the log's growth), computes who holds a name and asks it directly; the
 # demo times the revocation's way to every node.
 #
@@ -187,7 +187,7 @@ start_agent() { # N [JOIN]
     spawn "n$n agent" "$(ns "$n")" - "$work/n$n/agent.log" \
         "$themis" agent --state-dir "$work/n$n" --listen "$(ip_of "$n"):7000" \
         --metrics 127.0.0.1:9464 --stabilise-ms 250 ${2:+--join "$2"} \
-        --routing one-hop --gossip-ms 1000 \
+        --gossip-ms 1000 \
         --capture --bpf-pin-dir "$(pin_dir "$n")" "${fast_path[@]}" \
         --operator-cgroup "$CGROUP_FS/$name/operator"
     retry_while "$last_pid" 100 on "$n" status || fail "node $n's agent did not start"

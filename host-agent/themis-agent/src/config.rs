@@ -41,8 +41,9 @@ pub struct Settings {
     /// How often to compare trust logs with a peer and take what it has more, in
     /// milliseconds.
     pub log_sync_ms: u64,
-    /// How replica holders are found: Chord lookups through other nodes, or one hop
-    /// from the full membership (docs/PROTOCOL.md §6.14).
+    /// How replica holders are found: one hop from the full membership (the default:
+    /// no other node can steer a lookup), or Chord lookups through other nodes
+    /// (docs/PROTOCOL.md §6.14).
     pub routing: Routing,
     /// With one-hop routing, the gossip's pull period in milliseconds (news is pushed
     /// at once).
@@ -145,7 +146,7 @@ impl Default for Settings {
             mesh_root: None,
             revocation_poll_ms: 10_000,
             log_sync_ms: 5_000,
-            routing: Routing::Chord,
+            routing: Routing::OneHop,
             gossip_ms: 2_000,
             state_dir: DEFAULT_STATE_DIR.into(),
             listen: "127.0.0.1:7400".parse().expect("valid"),
@@ -233,13 +234,15 @@ pub struct AgentArgs {
     /// this node from a neighbour, and on how long a fork shown to it goes unseen.
     #[arg(long)]
     pub log_sync_ms: Option<u64>,
-    /// How replica holders are found [default: chord]: `chord`, lookups through other
-    /// nodes; `one-hop`, every agent holds the full membership (admitted nodes at the
-    /// addresses they signed, spread by gossip) and asks the holders directly, so no
-    /// node can steer its lookups (docs/PROTOCOL.md §6.14).
+    /// How replica holders are found [default: one-hop]: `one-hop`, every agent holds
+    /// the full membership (admitted nodes at the addresses they signed, spread by
+    /// gossip) and asks the holders directly, so no node can steer its lookups, and a
+    /// record's endpoint must belong to its endorsing node (its announced IP, or the
+    /// pod range the root granted it); `chord`, lookups through other nodes
+    /// (docs/PROTOCOL.md §6.14).
     #[arg(long, value_enum)]
     pub routing: Option<Routing>,
-    /// With `--routing one-hop`, the gossip's pull period, ms [default: 2000]; news
+    /// With one-hop routing, the gossip's pull period, ms [default: 2000]; news
     /// (a revocation, a member) is pushed at once.
     #[arg(long, value_name = "MS")]
     pub gossip_ms: Option<u64>,
@@ -717,5 +720,36 @@ mod tests {
             let error = Settings::load(&args).unwrap_err().to_string();
             assert!(error.contains(expect), "{error}");
         }
+    }
+
+    #[test]
+    fn one_hop_routing_is_the_default_and_chord_is_chosen_by_file_or_flag() {
+        assert_eq!(Settings::default().routing, Routing::OneHop);
+        assert_eq!(
+            Settings::load(&AgentArgs::default()).unwrap().routing,
+            Routing::OneHop
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("agent.toml");
+        std::fs::write(&file, "routing = \"chord\"\n").unwrap();
+        let from_file = AgentArgs {
+            config: Some(file.clone()),
+            ..AgentArgs::default()
+        };
+        assert_eq!(Settings::load(&from_file).unwrap().routing, Routing::Chord);
+        let flag_over_file = AgentArgs {
+            routing: Some(Routing::OneHop),
+            ..from_file
+        };
+        assert_eq!(
+            Settings::load(&flag_over_file).unwrap().routing,
+            Routing::OneHop
+        );
+        let flag = AgentArgs {
+            routing: Some(Routing::Chord),
+            ..AgentArgs::default()
+        };
+        assert_eq!(Settings::load(&flag).unwrap().routing, Routing::Chord);
     }
 }
