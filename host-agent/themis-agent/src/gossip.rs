@@ -22,7 +22,7 @@ use themis_core::{Identity, PeerId};
 use themis_dht::gossip::{Action, Gossip, GossipConfig, Have};
 use themis_dht::{Key, Members};
 use themis_net::Client;
-use themis_trust::{Announcement, Signed, ANNOUNCEMENT_LABEL};
+use themis_trust::{Announcement, Signed, TrustError, ANNOUNCEMENT_LABEL};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tracing::{debug, info};
@@ -137,7 +137,10 @@ impl GossipState {
 
     /// Takes the members' credentials a peer sent; counts what does not verify. The
     /// signatures are checked without the roster's lock (records are checked against
-    /// the roster too), and only for announcements newer than the ones held.
+    /// the roster too), and only for announcements newer than the ones held. The rest
+    /// of a frame is dropped at its first forgery ([`forged`]): an honest peer sends
+    /// only what it verified under the same root, so a peer that pads its answers
+    /// with junk costs this agent one failed check per answer, not a page of them.
     fn take(&self, metrics: &Metrics, members: &[Credentials]) {
         let mut changed = false;
         for credentials in members.iter().take(PAGE) {
@@ -151,7 +154,12 @@ impl GossipState {
             });
             match taken {
                 Ok(grew) => changed |= grew,
-                Err(error) => metrics.frame_refused(&format!("roster_{}", error.reason())),
+                Err(error) => {
+                    metrics.frame_refused(&format!("roster_{}", error.reason()));
+                    if forged(&error) {
+                        break;
+                    }
+                }
             }
         }
         if changed {
@@ -439,6 +447,17 @@ impl Driver {
     }
 }
 
+/// Whether a member's credentials failing with `error` were made up, as opposed to
+/// merely no longer current here (revoked, expired: revocations reach agents at
+/// different moments) or one too many.
+fn forged(error: &TrustError) -> bool {
+    use TrustError::*;
+    matches!(
+        error,
+        Malformed | BadSignature | NotFromRoot | WrongKey | WrongMesh | NotAdmitted
+    )
+}
+
 /// Where the page after `answer` (the `pages`-th of an exchange) starts, if the
 /// asker should ask for it: only after a full page whose last member is the node key
 /// the answer names, and never past [`MAX_PAGES`], so a peer that always says there
@@ -575,6 +594,29 @@ mod tests {
             again.members.is_empty() && again.next.is_none(),
             "agreeing rosters: nothing"
         );
+    }
+
+    #[test]
+    fn an_answer_is_dropped_at_its_first_forged_member() {
+        let dir = tempfile::tempdir().unwrap();
+        operator::create_mesh("test", &dir.path().join("mesh")).unwrap();
+        let mesh = MeshDir::open(&dir.path().join("mesh")).unwrap();
+        let taker = node(&mesh, &dir.path().join("taker"), 7001);
+        let metrics = Metrics::new();
+        let genuine = members(&mesh, 6);
+        let mut answer = genuine.clone();
+        // The second: an announcement whose signature is another member's.
+        answer[1].announcement = {
+            let mut signed = Signed::decode(&answer[1].announcement).unwrap();
+            signed.signature = Signed::decode(&answer[2].announcement).unwrap().signature;
+            signed.encode()
+        };
+        taker.state.take(&metrics, &answer);
+        // Itself and the one before the forgery; nothing after it was checked.
+        assert_eq!(taker.state.members().len(), 2);
+        // The same members from an honest peer are all taken.
+        taker.state.take(&metrics, &genuine);
+        assert_eq!(taker.state.members().len(), 7);
     }
 
     #[test]
