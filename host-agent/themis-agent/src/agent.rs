@@ -332,15 +332,20 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
 
     wait_for_shutdown().await;
     info!("shutting down: leaving the ring");
-    if let Some((state, driver)) = gossip {
+    if let Some((_, driver)) = &gossip {
         driver.abort();
-        state.farewell(&node, &client).await;
     }
     log_sync.abort();
     renewal.abort();
     revocation_poll.abort();
     restore.abort();
+    // The objects are handed over before the goodbye: with one-hop routing a successor
+    // that has taken our leaving announcement no longer counts us its predecessor, and
+    // refuses our hand-over.
     overlay.leave().await;
+    if let Some((state, _)) = gossip {
+        state.farewell(&node, &client).await;
+    }
     api_task.abort();
     server.abort();
     if let Some(task) = metrics_task {
