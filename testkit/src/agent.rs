@@ -16,6 +16,7 @@ use themis_agent::client::ApiClient;
 
 use crate::build;
 pub use crate::ports::free_port;
+pub use themis_agent::config::Routing;
 
 /// The mesh every test agent is in.
 pub const MESH: &str = "test";
@@ -60,6 +61,9 @@ pub struct Spawn<'a> {
     pub extra: &'a [&'a str],
     /// Run inside this network namespace (`ip netns exec`).
     pub netns: Option<&'a str>,
+    /// `--routing`, when the test pins it (after `extra`, so it wins); `None`: the
+    /// agent's default, one hop. See [`Spawn::chord`].
+    pub routing: Option<Routing>,
 }
 
 impl Default for Spawn<'_> {
@@ -69,7 +73,29 @@ impl Default for Spawn<'_> {
             join: None,
             extra: FAST,
             netns: None,
+            routing: None,
         }
+    }
+}
+
+impl Spawn<'_> {
+    /// Pins the agent to Chord routing (`--routing chord`) rather than the agent's
+    /// default, one hop: for tests whose subject is Chord itself (a peer's `Notify`,
+    /// joins that rewire the ring, successor lists repaired by stabilisation, lookups
+    /// through other nodes).
+    pub fn chord(self) -> Self {
+        Spawn {
+            routing: Some(Routing::Chord),
+            ..self
+        }
+    }
+}
+
+/// The `--routing` value naming `routing`.
+pub fn routing_flag(routing: Routing) -> &'static str {
+    match routing {
+        Routing::Chord => "chord",
+        Routing::OneHop => "one-hop",
     }
 }
 
@@ -128,6 +154,12 @@ impl Agent {
             .arg("--state-dir")
             .arg(&dir)
             .args(options.extra)
+            .args(
+                options
+                    .routing
+                    .iter()
+                    .flat_map(|r| ["--routing", routing_flag(*r)]),
+            )
             .env("RUST_LOG", "info,themis_agent=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -559,11 +591,18 @@ pub fn workdir() -> tempfile::TempDir {
 /// Starts `n` agents: the first creates the ring, the others join through it, one
 /// after another. Waits until all have joined.
 pub fn ring(root: &Path, n: usize, extra: &[&str]) -> Vec<Agent> {
+    ring_routed(root, n, extra, None)
+}
+
+/// [`ring`], with every agent's `--routing` pinned to `routing` (`None`: the
+/// agent's default, one hop); see [`Spawn::chord`].
+pub fn ring_routed(root: &Path, n: usize, extra: &[&str], routing: Option<Routing>) -> Vec<Agent> {
     let first = Agent::spawn(
         root,
         "agent-0",
         Spawn {
             extra,
+            routing,
             ..Spawn::default()
         },
     );
@@ -576,6 +615,7 @@ pub fn ring(root: &Path, n: usize, extra: &[&str]) -> Vec<Agent> {
             Spawn {
                 join: Some(&contact),
                 extra,
+                routing,
                 ..Spawn::default()
             },
         ));
@@ -631,6 +671,12 @@ impl Metered {
         Metered::spawn_setting(root, name, join, &[], more)
     }
 
+    /// [`Metered::spawn`] pinned to Chord routing ([`Spawn::chord`]), for tests whose
+    /// subject is Chord itself.
+    pub fn spawn_chord(root: &Path, name: &str, join: Option<&str>, more: &[&str]) -> Metered {
+        Metered::start(root, name, join, &[], more, Some(Routing::Chord))
+    }
+
     /// [`Metered::spawn`], with the `FAST` flags named in `set` given new values.
     pub fn spawn_setting(
         root: &Path,
@@ -638,6 +684,17 @@ impl Metered {
         join: Option<&str>,
         set: &[(&str, &str)],
         more: &[&str],
+    ) -> Metered {
+        Metered::start(root, name, join, set, more, None)
+    }
+
+    fn start(
+        root: &Path,
+        name: &str,
+        join: Option<&str>,
+        set: &[(&str, &str)],
+        more: &[&str],
+        routing: Option<Routing>,
     ) -> Metered {
         let (mut extra, metrics) = metered(more);
         for (flag, value) in set {
@@ -654,6 +711,7 @@ impl Metered {
             Spawn {
                 join,
                 extra: &extra,
+                routing,
                 ..Spawn::default()
             },
         );

@@ -25,7 +25,9 @@ use ring::digest;
 use ring::rand::{SecureRandom, SystemRandom};
 use ring::signature::{Ed25519KeyPair, KeyPair};
 use serde_json::{json, Value};
+use themis_agent::gossip::RosterFrame;
 use themis_agent::overlay::Frame;
+use themis_agent::roster::Credentials;
 use themis_core::handshake::Initiator;
 use themis_core::wire::{
     self, Hello, HelloBody, Kind, RecordHeader, Signature, MAX_RECORD_PAYLOAD, PROTOCOL_VERSION,
@@ -35,8 +37,8 @@ use themis_core::{HandshakeConfig, Identity, MeshName, PeerId, SessionInfo};
 use themis_dht::message::{MAX_AVOID, MAX_VALUE_LEN};
 use themis_dht::{in_open, Contact, Key, Message, Object, Request, Response};
 use themis_trust::{
-    chain_from_pem, Admission, Grant, InstanceValue, Record, Signed, ADMISSION_LABEL, GRANT_LABEL,
-    RECORD_LABEL,
+    chain_from_pem, Admission, Announcement, Grant, InstanceValue, Record, Signed, ADMISSION_LABEL,
+    ANNOUNCEMENT_LABEL, GRANT_LABEL, RECORD_LABEL,
 };
 
 // ---- helpers -------------------------------------------------------------------------
@@ -867,8 +869,10 @@ fn fake_answer(
 #[test]
 fn a_peer_that_answers_lookups_without_progress_is_dropped() {
     let dir = common::workdir();
-    let x = Metered::spawn(dir.path(), "agent-0", None, &[]);
-    let y = Metered::spawn(dir.path(), "agent-1", Some(&x.agent.contact), &[]);
+    // Chord: the subject is Chord's lookup through other nodes (and the fake's
+    // `Notify` making it a predecessor); one-hop routing sends no `FindStep` at all.
+    let x = Metered::spawn_chord(dir.path(), "agent-0", None, &[]);
+    let y = Metered::spawn_chord(dir.path(), "agent-1", Some(&x.agent.contact), &[]);
     common::wait_stable(&[&x.agent, &y.agent], Duration::from_secs(30));
 
     let fake = Admitted::new(dir.path(), "fake");
@@ -1317,6 +1321,42 @@ fn instance_value(grants: &[Signed], signer: &Identity, record: &Record) -> Inst
     }
 }
 
+/// The admitted `peer` announces its address ([`nowhere`], the address its frames
+/// name) in a roster request on `stream`, as an agent's gossip does, and the agent
+/// answers it (a roster answer).
+async fn announce(stream: &mut themis_net::SecureStream, peer: &Admitted) {
+    let announcement = Signed::sign(
+        &peer.me,
+        ANNOUNCEMENT_LABEL,
+        &Announcement {
+            mesh: MESH.into(),
+            address: nowhere(),
+            issued_at: now_ms(),
+            leaving: false,
+        },
+    )
+    .encode();
+    let request = Frame::Roster(RosterFrame {
+        admission: peer.admission.clone(),
+        listen: nowhere(),
+        log_size: 0,
+        digest: [0; 32],
+        members: vec![Credentials {
+            admission: peer.admission.clone(),
+            announcement,
+            address_range: None,
+        }],
+        after: None,
+        next: None,
+    });
+    let answer = stream.request(&encode(&request)).await.unwrap();
+    let answer = postcard::from_bytes::<Frame>(&answer).unwrap();
+    assert!(
+        matches!(answer, Frame::Roster(_)),
+        "the announcement was not answered: {answer:?}"
+    );
+}
+
 /// The grant chain the operator wrote for `service` into the node directory `dir`.
 fn chain(dir: &Path, service: &str) -> Vec<Signed> {
     let text = std::fs::read_to_string(dir.join("grants").join(format!("{service}.pem")));
@@ -1333,6 +1373,9 @@ fn chain(dir: &Path, service: &str) -> Vec<Signed> {
 /// lifetime over a day, with too much metadata, or junk, is each answered `Rejected`
 /// and counted under its reason. A genuinely endorsed record stored the same way
 /// beside them is acknowledged and is all that resolves.
+///
+/// The peer first announces its address, as every agent's gossip does: with one-hop
+/// routing (the default) a record is trusted only at an IP its endorser announced.
 ///
 /// (Before mesh trust, any record signed by the key inside it was stored and
 /// resolved: a fresh unrelated key was an instance of `spoofed`.)
@@ -1360,7 +1403,7 @@ fn stored_records_that_do_not_verify_are_refused_and_counted() {
     assert_eq!(resolved["refused"], 0, "nothing was stored: {resolved}");
 
     // An admitted node, granted `elsewhere` and `spoofed` by the operator, stores
-    // values itself under replica 0 of "spoofed" (this lone agent holds every key).
+    // values itself under replica 0 of "spoofed", straight into this agent.
     let publisher = Admitted::new(dir.path(), "publisher");
     let publisher_dir = dir.path().join("publisher");
     for service in ["spoofed", "elsewhere"] {
@@ -1467,6 +1510,7 @@ fn stored_records_that_do_not_verify_are_refused_and_counted() {
             themis_net::connect(me, a.listen(), a.peer_id(), &themis_net::Config::default())
                 .await
                 .unwrap();
+        announce(&mut stream, &publisher).await;
         let mut answers = Vec::new();
         let values = forged.iter().map(|(_, v)| v.clone()).chain([genuine]);
         for (i, value) in values.enumerate() {
@@ -1489,6 +1533,9 @@ fn stored_records_that_do_not_verify_are_refused_and_counted() {
         }
         answers
     });
+    // (With one-hop routing the publisher is a member now, at an address where nothing
+    // answers: replicas it would hold are asked of it, time out, and are asked of the
+    // next member, this agent.)
     let (genuine_answer, forged_answers) = answers.split_last().unwrap();
     for ((reason, _), answer) in forged.iter().zip(forged_answers) {
         assert_eq!(*answer, Response::Rejected, "the {reason} value was kept");
