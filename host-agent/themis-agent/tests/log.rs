@@ -138,12 +138,20 @@ fn publishing_with_every_agent_down_fails() {
 /// revoking a different key), and each is published through a different agent: every
 /// agent that sees both checkpoints reports the fork and keeps the evidence; the
 /// copy it holds does not change.
+///
+/// The second history goes to an agent away from the others (alone in a ring of its
+/// own), which then joins them: through an agent of theirs, it would meet the first
+/// already there (gossip spreads a log at once) and be refused by that agent alone.
 #[test]
 fn a_forked_log_is_detected_by_every_agent_that_sees_both() {
     let dir = common::workdir();
     let root = dir.path();
-    let agents = common::ring(root, 3, common::FAST);
+    let mut agents = common::ring(root, 3, common::FAST);
     let mesh_dir = common::mesh_dir(root);
+    // The agent away is admitted before the histories part: its admission is common.
+    let away_dir = root.join("agent-3");
+    std::fs::create_dir_all(&away_dir).unwrap();
+    common::admit(root, &away_dir);
     let twin = root.join("mesh-twin");
     std::fs::create_dir_all(&twin).unwrap();
     for file in ["mesh.key", "mesh.root", "trust-log.bin"] {
@@ -159,9 +167,22 @@ fn a_forked_log_is_detected_by_every_agent_that_sees_both() {
     }
     let (code, out, err) = agents[0].revoke_ids(&ids(1, 0x21), &mesh_dir, true);
     assert_eq!(code, 0, "{out}{err}");
-    // The other history, to another agent: refused by it if it already took the
-    // first (409, a fork), taken if not; either way the ring sees both.
-    let _ = agents[1].revoke_ids(&ids(1, 0x22), &twin, true);
+    // The other history, to the agent away, which takes it (its copy was empty), then
+    // restarts with its copy and joins the others.
+    let mut away = Agent::spawn(root, "agent-3", Spawn::default());
+    away.wait_joined();
+    let (code, out, err) = away.revoke_ids(&ids(1, 0x22), &twin, true);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(away.terminate(), Some(0));
+    let away = Agent::spawn(
+        root,
+        "agent-3",
+        Spawn {
+            join: Some(&agents[0].contact),
+            ..Spawn::default()
+        },
+    );
+    agents.push(away);
     for agent in &agents {
         agent.wait_for("the fork to be seen", SPREAD, |a| {
             (!log_status(a)["forks"].as_array()?.is_empty()).then_some(())

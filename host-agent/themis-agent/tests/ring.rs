@@ -1,13 +1,20 @@
 //! Real agents as separate processes on loopback: they form a ring, register and
 //! resolve services through each other, leave gracefully without losing objects, and
-//! survive losing a third of the nodes at once.
+//! survive losing a third of the nodes at once. With the agents' default routing (one
+//! hop), and the leave and the loss again with Chord's (`--routing chord`), whose
+//! hand-over and ring repair are their own.
 
 use themis_testkit::agent as common;
 
+use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{ring, wait_stable, Agent, FAST};
+use common::{ring, ring_routed, wait_stable, Agent, Routing, FAST};
 use themis_dht::Key;
+
+/// Held by the tests that run 32 agents, so that two such rings never share the
+/// machine.
+static THIRTY_TWO: Mutex<()> = Mutex::new(());
 
 #[test]
 fn three_agents_register_on_one_and_resolve_on_every_other() {
@@ -110,6 +117,17 @@ fn three_agents_register_on_one_and_resolve_on_every_other() {
 
 #[test]
 fn graceful_leave_hands_objects_over() {
+    graceful_leave(None);
+}
+
+/// Chord's leave: the hand-over and `Leaving` to the neighbours its stabilisation
+/// found (no membership, no farewell announcement).
+#[test]
+fn graceful_leave_hands_objects_over_with_chord() {
+    graceful_leave(Some(Routing::Chord));
+}
+
+fn graceful_leave(routing: Option<Routing>) {
     // One copy only (k = 0) and no re-storing during the test: if the leaving holder
     // did not hand its objects over, they would be gone.
     // (A flag given twice: the last wins.)
@@ -123,7 +141,7 @@ fn graceful_leave_hands_objects_over() {
     ];
     let extra: Vec<&str> = FAST.iter().copied().chain(overrides).collect();
     let root = common::workdir();
-    let mut agents = ring(root.path(), 4, &extra);
+    let mut agents = ring_routed(root.path(), 4, &extra, routing);
     wait_stable(&agents.iter().collect::<Vec<_>>(), Duration::from_secs(30));
 
     // Register services on agent-0 until one lands on another node than its owner.
@@ -163,9 +181,30 @@ fn graceful_leave_hands_objects_over() {
 
 #[test]
 fn thirty_two_agents_survive_a_third_killed() {
+    thirty_two_lose_a_third(None);
+}
+
+/// Chord repairs its ring from the successor lists: the survivors' lists close
+/// over the dead.
+#[test]
+fn thirty_two_agents_survive_a_third_killed_with_chord() {
+    thirty_two_lose_a_third(Some(Routing::Chord));
+}
+
+fn thirty_two_lose_a_third(routing: Option<Routing>) {
+    let _alone = THIRTY_TWO.lock().unwrap_or_else(|e| e.into_inner());
     let root = common::workdir();
-    let mut agents = ring(root.path(), 32, FAST);
+    let mut agents = ring_routed(root.path(), 32, FAST, routing);
     wait_stable(&agents.iter().collect::<Vec<_>>(), Duration::from_secs(90));
+    let one_hop = routing != Some(Routing::Chord);
+    if one_hop {
+        // Gossip needs a moment to tell every agent of every other.
+        for agent in &agents {
+            agent.wait_for("all 32 members", Duration::from_secs(90), |a| {
+                (members(a)? == 32).then_some(())
+            });
+        }
+    }
 
     // Eight services, registered on the first eight nodes, resolved on all 32.
     let services: Vec<(String, String)> = (0..8)
@@ -192,7 +231,9 @@ fn thirty_two_agents_survive_a_third_killed() {
     }
     let survivors: Vec<&Agent> = agents.iter().filter(|a| a.pid().is_some()).collect();
     assert_eq!(survivors.len(), 21);
-    wait_stable(&survivors, Duration::from_secs(90));
+    if !one_hop {
+        wait_stable(&survivors, Duration::from_secs(90));
+    }
     for agent in &survivors {
         for (service, endpoint) in &services {
             let endpoints =
@@ -206,5 +247,16 @@ fn thirty_two_agents_survive_a_third_killed() {
                 agent.name
             );
         }
+        // One hop takes no liveness from peers: the dead, who said no goodbye, are
+        // still members (until their announcements lapse); the survivor passed over
+        // those its own requests found dead and asked the next member.
+        if one_hop {
+            assert_eq!(members(agent), Some(32), "{}", agent.name);
+        }
     }
+}
+
+/// How many members the agent routes over (one-hop routing).
+fn members(agent: &Agent) -> Option<u64> {
+    agent.get("/v1/ring")?.1["members"].as_u64()
 }
