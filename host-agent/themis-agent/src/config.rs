@@ -668,6 +668,8 @@ mod tests {
         let args = AgentArgs {
             config: Some(file.clone()),
             replicas: Some(1),
+            // Not the default /var/lib/themis: a mesh root there names the mesh.
+            state_dir: Some(dir.path().to_owned()),
             ..AgentArgs::default()
         };
         let s = Settings::load(&args).unwrap();
@@ -725,17 +727,19 @@ mod tests {
     #[test]
     fn one_hop_routing_is_the_default_and_chord_is_chosen_by_file_or_flag() {
         assert_eq!(Settings::default().routing, Routing::OneHop);
-        assert_eq!(
-            Settings::load(&AgentArgs::default()).unwrap().routing,
-            Routing::OneHop
-        );
-
         let dir = tempfile::tempdir().unwrap();
+        // Not the default /var/lib/themis, whatever this machine holds there.
+        let here = AgentArgs {
+            state_dir: Some(dir.path().to_owned()),
+            ..AgentArgs::default()
+        };
+        assert_eq!(Settings::load(&here).unwrap().routing, Routing::OneHop);
+
         let file = dir.path().join("agent.toml");
         std::fs::write(&file, "routing = \"chord\"\n").unwrap();
         let from_file = AgentArgs {
             config: Some(file.clone()),
-            ..AgentArgs::default()
+            ..here.clone()
         };
         assert_eq!(Settings::load(&from_file).unwrap().routing, Routing::Chord);
         let flag_over_file = AgentArgs {
@@ -748,7 +752,7 @@ mod tests {
         );
         let flag = AgentArgs {
             routing: Some(Routing::Chord),
-            ..AgentArgs::default()
+            ..here
         };
         assert_eq!(Settings::load(&flag).unwrap().routing, Routing::Chord);
     }
