@@ -21,10 +21,6 @@ use crate::http::{self, Response};
 pub const IP_A: &str = "127.0.0.31";
 /// Node B's address.
 pub const IP_B: &str = "127.0.0.32";
-/// The man in the middle's address.
-pub const IP_MITM: &str = "127.0.0.33";
-/// Where instances that do not answer are registered.
-pub const IP_DEAD: &str = "127.0.0.34";
 /// An admitted node without grants (the impostor of issue 11).
 pub const IP_EVIL: &str = "127.0.0.35";
 

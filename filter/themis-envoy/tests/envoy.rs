@@ -29,9 +29,7 @@ use support::envoy::{
     inbound_config, outbound_config, AppProtocol, Envoy, Sidecar, ALLOW_HANDLER, ALLOW_NOBODY,
 };
 use support::http::{self, KeepAlive};
-use support::mesh::{
-    closed_port, random_hex, tempdir, Mesh, Runtime, IP_A, IP_B, IP_DEAD, IP_EVIL, IP_MITM,
-};
+use support::mesh::{closed_port, random_hex, tempdir, Mesh, Runtime, IP_A, IP_B, IP_EVIL};
 use support::mitm::{self, Mitm, Mode};
 use support::process::{installed, wait_until, Process};
 use support::require;
@@ -354,7 +352,9 @@ fn mitm_tampering_is_rejected(runtime: Runtime) {
         return;
     }
     let mesh = Mesh::start_on(runtime, runtime, Some(ALLOW_HANDLER));
-    let mitm = Mitm::start(IP_MITM, mesh.envoy_b.inbound);
+    // At node B's address: with one-hop routing (the agents' default) an instance's
+    // endpoint must be at its node's.
+    let mitm = Mitm::start(IP_B, mesh.envoy_b.inbound);
     mesh.register("check", "check", mitm.addr);
     // Bodies of several records (16 KiB of plaintext each), so that there is a next
     // record to swap with.
@@ -604,8 +604,9 @@ fn unknown_service_and_dead_instance(runtime: Runtime) {
     }
     let mesh = Mesh::start_on(runtime, runtime, Some(ALLOW_HANDLER));
     // A second instance of `check` that never answers, registered before anything
-    // resolves `check` (the filter caches resolutions).
-    let dead = closed_port(IP_DEAD);
+    // resolves `check` (the filter caches resolutions); at node B's address, as an
+    // instance's endpoint must be with one-hop routing (the agents' default).
+    let dead = closed_port(IP_B);
     mesh.b.register("check", "check-dead", &dead.to_string());
     mesh.register("check", "check", mesh.envoy_b.inbound);
     mesh.wait_resolves(
@@ -1105,7 +1106,8 @@ fn hello_floods_are_refused_cheaply_and_counted_by_reason(runtime: Runtime) {
         return;
     }
     let mesh = Mesh::start_on(runtime, runtime, Some(ALLOW_HANDLER));
-    let mitm = Mitm::start(IP_MITM, mesh.envoy_b.inbound);
+    // At node B's address, as an instance's endpoint must be with one-hop routing.
+    let mitm = Mitm::start(IP_B, mesh.envoy_b.inbound);
     mesh.register("check", "check", mitm.addr);
     let r = mesh.call("GET", "check", "/first", &[], b"");
     assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());

@@ -3,8 +3,10 @@
 //! does) with two real `themis` agents:
 //!
 //! * node A (127.0.0.31): agent A, Envoy A, workload `handler` (the caller: the test);
-//! * node B (127.0.0.32, and 127.0.0.33 for a second instance): agent B, the
-//!   sidecars and apps of the services called.
+//! * node B (127.0.0.32, and 127.0.0.33 for a second instance's app): agent B, the
+//!   sidecars and apps of the services called (every sidecar at node B's address:
+//!   with one-hop routing, the agents' default, an instance's endpoint must be at its
+//!   node's).
 //!
 //! gRPC (grpcio: unary, server streaming, bidirectional streaming, trailers, a
 //! non-OK status), WebSocket, a 256 MiB streamed upload, plain TCP (Debian's redis),
@@ -37,7 +39,8 @@ use support::pair::{
 };
 use support::require;
 
-/// The second instance's address in the canary case.
+/// The second instance's app's address in the canary case (its sidecar is at node
+/// B's).
 const IP_B2: &str = "127.0.0.33";
 
 /// One case at a time.
@@ -446,7 +449,7 @@ fn canary_gets_its_share(runtime: Runtime) {
     );
     let (envoy_b2, _) = nodes.envoy_b(
         "envoy-b2",
-        IP_B2,
+        IP_B,
         "check-v2",
         "check",
         canary.addr,
