@@ -627,7 +627,9 @@ pub fn ring_routed(root: &Path, n: usize, extra: &[&str], routing: Option<Routin
 }
 
 /// Waits until every agent's successor list is consistent with a ring of exactly
-/// these agents (each one's first successor is the next id clockwise).
+/// these agents (each one's first successor is the next id clockwise) and, with
+/// one-hop routing, its membership counts exactly these agents (gossip needs a moment
+/// to tell each of every other, its successor first or not).
 pub fn wait_stable(agents: &[&Agent], limit: Duration) {
     let mut ids: Vec<(String, &Agent)> = agents.iter().map(|a| (hex_of(&a.id), *a)).collect();
     ids.sort_by(|x, y| x.0.cmp(&y.0));
@@ -637,6 +639,9 @@ pub fn wait_stable(agents: &[&Agent], limit: Duration) {
             let next = &ids[(i + 1) % ids.len()].1.id;
             a.get("/v1/ring").is_some_and(|(_, ring)| {
                 ring["successors"][0]["id"].as_str() == Some(next.as_str())
+                    && ring["members"]
+                        .as_u64()
+                        .is_none_or(|n| n == ids.len() as u64)
             })
         });
         if stable {
