@@ -12,6 +12,7 @@
 //! come from the verified roster, never from what a peer names. Roster changes are
 //! pushed the same way, and feed the DHT node's membership ([`Overlay::set_members`]).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -54,6 +55,9 @@ pub struct RosterFrame {
     pub listen: SocketAddr,
     /// The size of the sender's verified trust log.
     pub log_size: u64,
+    /// Its tree's root hash at that size: two agents that hold as many leaves but
+    /// different roots hold two histories of the root's (a fork, §6.13).
+    pub log_root: [u8; 32],
     /// The sender's [`Roster::digest`].
     pub digest: [u8; 32],
     /// Members' credentials: the sender's own in a request; in an answer to a peer
@@ -76,7 +80,7 @@ pub struct GossipState {
     listen: SocketAddr,
     /// What members said in their requests, for the driver (bounded: a Have is a
     /// hint, and pulls repair what is dropped).
-    heard: mpsc::Sender<(Peer, u64)>,
+    heard: mpsc::Sender<(Peer, u64, [u8; 32])>,
     /// The roster changed: news to push and a membership to hand the node.
     changed: Notify,
 }
@@ -88,7 +92,7 @@ impl GossipState {
         node: &Identity,
         listen: SocketAddr,
         trust: Arc<MeshTrust>,
-    ) -> (Arc<GossipState>, mpsc::Receiver<(Peer, u64)>) {
+    ) -> (Arc<GossipState>, mpsc::Receiver<(Peer, u64, [u8; 32])>) {
         let own = announce(node, listen, &trust, false);
         trust.enable_roster();
         let (heard, heard_rx) = mpsc::channel(HEARD_QUEUE);
@@ -204,10 +208,12 @@ impl GossipState {
         after: Option<[u8; 32]>,
         next: Option<[u8; 32]>,
     ) -> RosterFrame {
+        let (log_size, log_root) = self.trust.log().head();
         RosterFrame {
             admission: self.trust.own_admission().to_vec(),
             listen: self.listen,
-            log_size: self.trust.log().size(),
+            log_size,
+            log_root,
             digest,
             members,
             after,
@@ -234,7 +240,9 @@ impl GossipState {
         let member = self.trust.verify(|v| self.roster().contact(&peer, v));
         if let Some(from) = member {
             // Full: the driver is behind, and a Have is only a hint (pulls repair).
-            let _ = self.heard.try_send((from, request.log_size));
+            let _ = self
+                .heard
+                .try_send((from, request.log_size, request.log_root));
         }
         self.answer_to(request.digest, request.after)
     }
@@ -255,7 +263,7 @@ pub struct Driver {
     /// Shared with the server.
     pub state: Arc<GossipState>,
     /// What members said.
-    pub heard: mpsc::Receiver<(Peer, u64)>,
+    pub heard: mpsc::Receiver<(Peer, u64, [u8; 32])>,
     /// This node's key (it signs the announcements it renews).
     pub node: Arc<Identity>,
     /// The DHT node's handle (its membership is set from the roster).
@@ -300,6 +308,8 @@ impl Driver {
             u64::from_le_bytes(b)
         };
         let mut handed = None;
+        // Members whose other history of a size we already fetched.
+        let mut compared = HashMap::new();
         self.hand_members(&members, &mut handed).await;
         let mut next_bootstrap = Instant::now();
         let mut log_grew = self.state.trust.log().watch_size();
@@ -320,7 +330,8 @@ impl Driver {
             }
             wake = wake.min(next_renewal);
             tokio::select! {
-                Some((peer, size)) = self.heard.recv() => {
+                Some((peer, size, root)) = self.heard.recv() => {
+                    self.compare_histories(&mut tasks, &mut compared, &peer, size, root);
                     gossip.on_have(now(), peer, Have { version: size });
                 }
                 () = self.state.changed.notified() => {
@@ -334,7 +345,9 @@ impl Driver {
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => match done {
                     Ok(Done::Exchanged(peer, Some(answer), pages)) => {
                         self.state.take(&self.metrics, &answer.members);
-                        gossip.on_have(now(), peer.clone(), Have { version: answer.log_size });
+                        let (size, root) = (answer.log_size, answer.log_root);
+                        self.compare_histories(&mut tasks, &mut compared, &peer, size, root);
+                        gossip.on_have(now(), peer.clone(), Have { version: size });
                         if let Some(after) = next_page(&answer, pages) {
                             self.spawn_page(&mut tasks, peer, Some(after), pages + 1);
                         }
@@ -383,18 +396,7 @@ impl Driver {
             while let Some(action) = gossip.poll_action() {
                 match action {
                     Action::Send(peer, _) => self.spawn_exchange(&mut tasks, peer),
-                    Action::Fetch(peer, claimed) => {
-                        let (client, trust, metrics) = (
-                            self.client.clone(),
-                            self.state.trust.clone(),
-                            self.metrics.clone(),
-                        );
-                        tasks.spawn(async move {
-                            let id = PeerId(peer.id.0);
-                            let synced = exchange(&client, &trust, &metrics, id, peer.addr).await;
-                            Done::Fetched(claimed, synced)
-                        });
-                    }
+                    Action::Fetch(peer, claimed) => self.spawn_fetch(&mut tasks, peer, claimed),
                 }
             }
         }
@@ -417,6 +419,44 @@ impl Driver {
         if changed {
             *handed = Some(members.clone());
             self.overlay.set_members(members.clone()).await;
+        }
+    }
+
+    /// Fetches `peer`'s log through the trust log's verified exchange (`log_sync`),
+    /// which takes what extends ours and keeps a contradicting checkpoint as evidence.
+    fn spawn_fetch(&self, tasks: &mut JoinSet<Done>, peer: Peer, claimed: u64) {
+        let (client, trust, metrics) = (
+            self.client.clone(),
+            self.state.trust.clone(),
+            self.metrics.clone(),
+        );
+        tasks.spawn(async move {
+            let id = PeerId(peer.id.0);
+            let synced = exchange(&client, &trust, &metrics, id, peer.addr).await;
+            Done::Fetched(claimed, synced)
+        });
+    }
+
+    /// A member holds as many leaves as we do under another root: one of us holds
+    /// another history. Its checkpoint is fetched and compared (a fork is kept as
+    /// evidence, §6.13), once per member and size, so a member that keeps saying so
+    /// costs one exchange per log growth. (Sizes alone, which the gossip compares,
+    /// would never show two histories of one length.)
+    fn compare_histories(
+        &self,
+        tasks: &mut JoinSet<Done>,
+        compared: &mut HashMap<Key, u64>,
+        peer: &Peer,
+        size: u64,
+        root: [u8; 32],
+    ) {
+        let (own_size, own_root) = self.state.trust.log().head();
+        if size == 0 || size != own_size || root == own_root {
+            return;
+        }
+        if compared.insert(peer.id, size) != Some(size) {
+            debug!(peer = %peer.addr, size, "a member holds another history of this size");
+            self.spawn_fetch(tasks, peer.clone(), size);
         }
     }
 
@@ -510,7 +550,7 @@ mod tests {
         id: PeerId,
         state: Arc<GossipState>,
         // Kept: the state's channel closes without it.
-        _heard: mpsc::Receiver<(Peer, u64)>,
+        _heard: mpsc::Receiver<(Peer, u64, [u8; 32])>,
     }
 
     fn node(mesh: &MeshDir, dir: &std::path::Path, port: u16) -> Node {
@@ -630,6 +670,7 @@ mod tests {
             admission: Vec::new(),
             listen: SocketAddr::from(([127, 0, 0, 1], 1)),
             log_size: 0,
+            log_root: [0; 32],
             digest: [0; 32],
             members,
             after: None,

@@ -90,6 +90,12 @@ impl TrustLog {
         self.read().size()
     }
 
+    /// Leaves held and the tree's root hash over them, read together.
+    pub fn head(&self) -> (u64, [u8; 32]) {
+        let log = self.read();
+        (log.size(), log.root_hash())
+    }
+
     /// Watches the size: changes as soon as the log grows.
     pub fn watch_size(&self) -> tokio::sync::watch::Receiver<u64> {
         self.size.subscribe()

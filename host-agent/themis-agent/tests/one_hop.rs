@@ -309,6 +309,70 @@ fn a_nodes_pods_in_the_range_the_root_granted_it_are_its_endpoints() {
     }
 }
 
+/// Two histories of one length are a fork (§6.13) that sizes alone never show: with
+/// the log's periodic sync off, gossip alone must bring every agent to see it. The
+/// root signs one more revocation on each of two copies of the mesh (the same size,
+/// two roots); one agent holds the second, away from the others, then joins them.
+#[test]
+fn two_histories_of_one_length_are_seen_by_gossip_alone() {
+    let dir = common::workdir();
+    let root = dir.path();
+    let mut agents = common::ring(root, 3, &one_hop());
+    let mesh_dir = common::mesh_dir(root);
+    let away_dir = root.join("agent-3");
+    std::fs::create_dir_all(&away_dir).unwrap();
+    common::admit(root, &away_dir);
+    let twin = root.join("mesh-twin");
+    std::fs::create_dir_all(&twin).unwrap();
+    for file in ["mesh.key", "mesh.root", "trust-log.bin"] {
+        std::fs::copy(mesh_dir.join(file), twin.join(file)).unwrap();
+    }
+    let revoke = |agent: &Agent, mesh: &std::path::Path, salt: u8| {
+        let id = PeerId([salt; 32]).printable(&MeshName::new(MESH).unwrap());
+        let (code, out, err) = agent.revoke_ids(&[id], mesh, true);
+        assert_eq!(code, 0, "{out}{err}");
+    };
+    revoke(&agents[0], &mesh_dir, 0x21);
+    let size = log_size(&agents[0]);
+    for agent in &agents {
+        agent.wait_for("the first history", Duration::from_secs(30), |a| {
+            (log_size(a) == size).then_some(())
+        });
+    }
+    let mut away = Agent::spawn(
+        root,
+        "agent-3",
+        common::Spawn {
+            extra: &one_hop(),
+            ..common::Spawn::default()
+        },
+    );
+    revoke(&away, &twin, 0x22);
+    assert_eq!(log_size(&away), size, "the twin history is as long");
+    assert_eq!(away.terminate(), Some(0));
+    agents.push(Agent::spawn(
+        root,
+        "agent-3",
+        common::Spawn {
+            join: Some(&agents[0].contact),
+            extra: &one_hop(),
+            ..common::Spawn::default()
+        },
+    ));
+    for agent in &agents {
+        agent.wait_for("the fork to be seen", Duration::from_secs(60), |a| {
+            let (_, status) = a.get("/v1/log")?;
+            (!status["forks"].as_array()?.is_empty()).then_some(())
+        });
+        assert_eq!(
+            log_size(agent),
+            size,
+            "{}: neither history replaced the other",
+            agent.name
+        );
+    }
+}
+
 /// An agent that stops says goodbye (issue 23): its signed leaving announcement takes
 /// it out of every peer's membership, so nobody asks it as a holder and waits for a
 /// timeout; restarted, it announces itself again and is a member once more.
@@ -394,6 +458,7 @@ fn a_stranger_gets_nothing_of_the_roster_and_is_no_member() {
             admission: admission.clone(),
             listen: "127.0.0.1:9".parse().unwrap(),
             log_size: u64::MAX,
+            log_root: [0; 32],
             digest: [0; 32],
             members: vec![themis_agent::roster::Credentials {
                 admission,
