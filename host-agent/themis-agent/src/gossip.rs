@@ -46,6 +46,9 @@ const _: () = assert!(MAX_PAGES * PAGE >= MAX_MEMBERS);
 /// its result before that, unless it hangs).
 const FETCH_TIMEOUT_MS: u64 = 10_000;
 
+/// What a member said in its request: its log's size and root hash.
+type Heard = (Peer, u64, [u8; 32]);
+
 /// What a gossip request or answer carries.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RosterFrame {
@@ -80,7 +83,7 @@ pub struct GossipState {
     listen: SocketAddr,
     /// What members said in their requests, for the driver (bounded: a Have is a
     /// hint, and pulls repair what is dropped).
-    heard: mpsc::Sender<(Peer, u64, [u8; 32])>,
+    heard: mpsc::Sender<Heard>,
     /// The roster changed: news to push and a membership to hand the node.
     changed: Notify,
 }
@@ -92,7 +95,7 @@ impl GossipState {
         node: &Identity,
         listen: SocketAddr,
         trust: Arc<MeshTrust>,
-    ) -> (Arc<GossipState>, mpsc::Receiver<(Peer, u64, [u8; 32])>) {
+    ) -> (Arc<GossipState>, mpsc::Receiver<Heard>) {
         let own = announce(node, listen, &trust, false);
         trust.enable_roster();
         let (heard, heard_rx) = mpsc::channel(HEARD_QUEUE);
@@ -263,7 +266,7 @@ pub struct Driver {
     /// Shared with the server.
     pub state: Arc<GossipState>,
     /// What members said.
-    pub heard: mpsc::Receiver<(Peer, u64, [u8; 32])>,
+    pub heard: mpsc::Receiver<Heard>,
     /// This node's key (it signs the announcements it renews).
     pub node: Arc<Identity>,
     /// The DHT node's handle (its membership is set from the roster).
@@ -550,7 +553,7 @@ mod tests {
         id: PeerId,
         state: Arc<GossipState>,
         // Kept: the state's channel closes without it.
-        _heard: mpsc::Receiver<(Peer, u64, [u8; 32])>,
+        _heard: mpsc::Receiver<Heard>,
     }
 
     fn node(mesh: &MeshDir, dir: &std::path::Path, port: u16) -> Node {

@@ -1340,6 +1340,7 @@ async fn announce(stream: &mut themis_net::SecureStream, peer: &Admitted) {
         admission: peer.admission.clone(),
         listen: nowhere(),
         log_size: 0,
+        log_root: [0; 32],
         digest: [0; 32],
         members: vec![Credentials {
             admission: peer.admission.clone(),
