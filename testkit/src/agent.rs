@@ -435,6 +435,18 @@ pub fn operator(args: &[&std::ffi::OsStr]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A copy of the test mesh's directory under `root` (its key, root and trust log as
+/// they are now) at `root/mesh-twin`: what the root signs from then on in each copy
+/// is one of two histories (a fork of the log).
+pub fn twin_mesh(root: &Path) -> PathBuf {
+    let (mesh, twin) = (mesh_dir(root), root.join("mesh-twin"));
+    std::fs::create_dir_all(&twin).unwrap();
+    for file in ["mesh.key", "mesh.root", "trust-log.bin"] {
+        std::fs::copy(mesh.join(file), twin.join(file)).unwrap();
+    }
+    twin
+}
+
 /// The test mesh's directory under `root` (its key and root), created once.
 pub fn mesh_dir(root: &Path) -> PathBuf {
     let mesh = root.join("mesh");

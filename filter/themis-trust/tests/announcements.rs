@@ -65,6 +65,24 @@ impl Mesh {
         Ok(net)
     }
 
+    /// The root revokes the node.
+    fn revoke_node(&mut self) {
+        let revocation = Signed::sign(
+            &self.root_key,
+            REVOCATION_LABEL,
+            &Revocation {
+                mesh: "demo".into(),
+                id: PeerId::derive(self.node.public_key(), "demo").0,
+                issued_at: NOW,
+                reason: "node retired".into(),
+            },
+        )
+        .encode();
+        self.revoked
+            .add(&self.root, &revocation)
+            .expect("revocation");
+    }
+
     fn new() -> Mesh {
         let root_key = identity("demo");
         let root = MeshRoot {
@@ -175,20 +193,7 @@ fn another_mesh_the_future_and_a_revoked_node_are_refused() {
     let within = announce(&mesh.node, "demo", "10.77.0.2:7946", NOW + skew);
     assert!(mesh.check(&within).is_ok(), "clock skew is tolerated");
 
-    let revocation = Signed::sign(
-        &mesh.root_key,
-        REVOCATION_LABEL,
-        &Revocation {
-            mesh: "demo".into(),
-            id: PeerId::derive(mesh.node.public_key(), "demo").0,
-            issued_at: NOW,
-            reason: "node retired".into(),
-        },
-    )
-    .encode();
-    mesh.revoked
-        .add(&mesh.root, &revocation)
-        .expect("revocation");
+    mesh.revoke_node();
     let bytes = announce(&mesh.node, "demo", "10.77.0.2:7946", NOW);
     assert_eq!(mesh.check(&bytes), Err(TrustError::Revoked));
 }
@@ -250,12 +255,18 @@ fn a_pod_in_the_range_the_root_granted_the_node_is_the_nodes() {
     let announced = mesh
         .check(&announce(&mesh.node, "demo", "10.77.0.2:7946", NOW))
         .expect("verifies");
-    let range = mesh.check_range(&mesh.range(("10.244.1.0", 24))).expect("granted");
+    let range = mesh
+        .check_range(&mesh.range(("10.244.1.0", 24)))
+        .expect("granted");
     assert_eq!(range.to_string(), "10.244.1.0/24");
     let v = mesh.verifier();
     for pod in ["10.244.1.7:15006", "10.244.1.255:15006", "10.77.0.2:15006"] {
         let instance = mesh.instance_at(&mesh.node, Some(pod));
-        assert_eq!(v.endpoint_owned(&instance, &announced, Some(&range)), Ok(()), "{pod}");
+        assert_eq!(
+            v.endpoint_owned(&instance, &announced, Some(&range)),
+            Ok(()),
+            "{pod}"
+        );
     }
     // Outside the range (the next one, another node's pods), or a range checked for
     // another node's instance: refused.
@@ -294,7 +305,10 @@ fn only_the_roots_range_grant_for_this_node_and_mesh_counts() {
     }
     // Another statement of the root's (its label) cannot pass as a range grant.
     let other_label = mesh.range_under(ADMISSION_LABEL, &mesh.node, "demo", net);
-    assert_eq!(mesh.check_range(&other_label), Err(TrustError::BadSignature));
+    assert_eq!(
+        mesh.check_range(&other_label),
+        Err(TrustError::BadSignature)
+    );
     // For another mesh, or another node (presented by this one).
     let other_mesh = mesh.range_under(ADDRESS_RANGE_LABEL, &mesh.node, "prod", net);
     assert_eq!(mesh.check_range(&other_mesh), Err(TrustError::WrongMesh));
@@ -302,7 +316,11 @@ fn only_the_roots_range_grant_for_this_node_and_mesh_counts() {
     assert_eq!(mesh.check_range(&theirs), Err(TrustError::WrongKey));
     // Not a range: host bits set, a prefix longer than the family has.
     for bad in [("10.244.1.7", 24), ("10.244.1.0", 33), ("::", 129)] {
-        assert_eq!(mesh.check_range(&mesh.range(bad)), Err(TrustError::Malformed), "{bad:?}");
+        assert_eq!(
+            mesh.check_range(&mesh.range(bad)),
+            Err(TrustError::Malformed),
+            "{bad:?}"
+        );
     }
     // Expired, from the future.
     let dated = |issued_at, not_after| {
@@ -316,7 +334,10 @@ fn only_the_roots_range_grant_for_this_node_and_mesh_counts() {
         };
         Signed::sign(&mesh.root_key, ADDRESS_RANGE_LABEL, &body).encode()
     };
-    assert_eq!(mesh.check_range(&dated(NOW - MINUTE, Some(NOW))), Err(TrustError::Expired));
+    assert_eq!(
+        mesh.check_range(&dated(NOW - MINUTE, Some(NOW))),
+        Err(TrustError::Expired)
+    );
     let skew = MAX_CLOCK_SKEW_MS;
     assert_eq!(
         mesh.check_range(&dated(NOW + skew + 1, None)),
@@ -330,21 +351,16 @@ fn only_the_roots_range_grant_for_this_node_and_mesh_counts() {
         assert!(mesh.check_range(&b).is_err(), "flip at byte {i} accepted");
     }
     for len in 0..bytes.len() {
-        assert!(mesh.check_range(&bytes[..len]).is_err(), "cut at {len} accepted");
+        assert!(
+            mesh.check_range(&bytes[..len]).is_err(),
+            "cut at {len} accepted"
+        );
     }
-    assert_eq!(mesh.check_range(&vec![0xff; 4096]), Err(TrustError::Malformed));
+    assert_eq!(
+        mesh.check_range(&vec![0xff; 4096]),
+        Err(TrustError::Malformed)
+    );
     // A revoked node's range no longer counts.
-    let revocation = Signed::sign(
-        &mesh.root_key,
-        REVOCATION_LABEL,
-        &Revocation {
-            mesh: "demo".into(),
-            id: PeerId::derive(mesh.node.public_key(), "demo").0,
-            issued_at: NOW,
-            reason: "node retired".into(),
-        },
-    )
-    .encode();
-    mesh.revoked.add(&mesh.root, &revocation).expect("revocation");
+    mesh.revoke_node();
     assert_eq!(mesh.check_range(&bytes), Err(TrustError::Revoked));
 }

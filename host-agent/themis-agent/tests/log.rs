@@ -152,11 +152,7 @@ fn a_forked_log_is_detected_by_every_agent_that_sees_both() {
     let away_dir = root.join("agent-3");
     std::fs::create_dir_all(&away_dir).unwrap();
     common::admit(root, &away_dir);
-    let twin = root.join("mesh-twin");
-    std::fs::create_dir_all(&twin).unwrap();
-    for file in ["mesh.key", "mesh.root", "trust-log.bin"] {
-        std::fs::copy(mesh_dir.join(file), twin.join(file)).unwrap();
-    }
+    let twin = common::twin_mesh(root);
     // Let every agent hold the common history first.
     agents[0].publish_log(&mesh_dir);
     let size = log_status(&agents[0])["size"].as_u64().unwrap();

@@ -164,6 +164,15 @@ fn endorse_at(node_dir: &std::path::Path, workload: u8, endpoint: &str) -> Vec<u
     .encode()
 }
 
+/// Offers `value` as an instance of `check` to the ring through `agent`
+/// (`POST /v1/debug/store`, 3 replicas): its status and answer.
+fn debug_store(agent: &Agent, value: &[u8]) -> (u16, serde_json::Value) {
+    let body = json!({ "name": "check", "value": hex::encode(value), "hex": true, "replicas": 2 });
+    agent
+        .call(Method::POST, "/v1/debug/store", Some(&body))
+        .unwrap()
+}
+
 /// Endpoints are owned (issue 23): with one-hop routing, an instance's endpoint must
 /// be at the IP its endorsing node signed. A granted node's agent will not register
 /// one elsewhere, and a record endorsed elsewhere with the node's own key and grant is
@@ -194,20 +203,13 @@ fn a_granted_node_cannot_point_its_service_at_another_address() {
     let why = answer["error"].as_str().unwrap_or_default();
     assert!(why.contains("endpoint does not belong"), "{answer}");
 
-    let store = |agent: &Agent, value: &[u8]| {
-        let body =
-            json!({ "name": "check", "value": hex::encode(value), "hex": true, "replicas": 2 });
-        agent
-            .call(Method::POST, "/v1/debug/store", Some(&body))
-            .unwrap()
-    };
     let elsewhere = endorse_at(&endorser.dir, 0xe1, "10.9.9.9:15006");
     for agent in &agents {
-        let (status, answer) = store(agent, &elsewhere);
+        let (status, answer) = debug_store(agent, &elsewhere);
         assert_ne!(status, 200, "{}: stored {answer}", agent.name);
     }
     let own = endorse_at(&endorser.dir, 0xe2, "127.0.0.1:15099");
-    let (status, answer) = store(&agents[3], &own);
+    let (status, answer) = debug_store(&agents[3], &own);
     assert_eq!(status, 200, "{answer}");
     for agent in &agents {
         agent.wait_for("the two owned endpoints", Duration::from_secs(30), |a| {
@@ -289,11 +291,7 @@ fn a_nodes_pods_in_the_range_the_root_granted_it_are_its_endpoints() {
     // Offered to the ring with the other node's own key and grant: refused by all.
     let squatted = endorse_at(&other.dir, 0xe3, "10.244.1.9:15006");
     for agent in &agents {
-        let body =
-            json!({ "name": "check", "value": hex::encode(&squatted), "hex": true, "replicas": 2 });
-        let (status, answer) = agent
-            .call(Method::POST, "/v1/debug/store", Some(&body))
-            .unwrap();
+        let (status, answer) = debug_store(agent, &squatted);
         assert_ne!(status, 200, "{}: stored {answer}", agent.name);
     }
     for agent in &agents {
@@ -322,11 +320,7 @@ fn two_histories_of_one_length_are_seen_by_gossip_alone() {
     let away_dir = root.join("agent-3");
     std::fs::create_dir_all(&away_dir).unwrap();
     common::admit(root, &away_dir);
-    let twin = root.join("mesh-twin");
-    std::fs::create_dir_all(&twin).unwrap();
-    for file in ["mesh.key", "mesh.root", "trust-log.bin"] {
-        std::fs::copy(mesh_dir.join(file), twin.join(file)).unwrap();
-    }
+    let twin = common::twin_mesh(root);
     let revoke = |agent: &Agent, mesh: &std::path::Path, salt: u8| {
         let id = PeerId([salt; 32]).printable(&MeshName::new(MESH).unwrap());
         let (code, out, err) = agent.revoke_ids(&[id], mesh, true);
