@@ -2,8 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 use themis_trust::{
-    AddressRange, Admission, Grant, MeshRoot, Revocation, Signed, TrustError,
-    ADDRESS_RANGE_LABEL, ADMISSION_LABEL, GRANT_LABEL, MAX_REASON_LEN, REVOCATION_LABEL,
+    AddressRange, Admission, Grant, MeshRoot, Revocation, Signed, TrustError, ADDRESS_RANGE_LABEL,
+    ADMISSION_LABEL, GRANT_LABEL, MAX_REASON_LEN, REVOCATION_LABEL,
 };
 
 use crate::{decode, LogError, MAX_LEAF_LEN};
