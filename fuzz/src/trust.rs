@@ -150,6 +150,7 @@ pub fn trust() -> &'static Trust {
                 address: "10.0.0.7:7946".parse().expect("an address"),
                 issued_at: NOW - MINUTE,
                 leaving: false,
+                address_range: None,
             },
         );
         genuine.push((Genuine::Announcement, announcement.encode()));

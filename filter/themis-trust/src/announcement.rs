@@ -23,6 +23,17 @@ use crate::TrustError;
 pub const ANNOUNCEMENT_LABEL: &str = "themis/1 node address";
 /// The label the root's address-range grants are signed under.
 pub const ADDRESS_RANGE_LABEL: &str = "themis/1 address range";
+/// The broadest range a node is granted, as the shortest prefix: a /8 of IPv4, a /32
+/// of IPv6. An IP two members claim belongs to neither, so one over-broad grant would
+/// take every endpoint in it from every other node.
+pub const BROADEST_RANGE: (u8, u8) = (8, 32);
+
+/// What an announcement binds of the range grant the node holds: SHA-256 of the
+/// encoded grant.
+pub fn grant_digest(grant: &[u8]) -> [u8; 32] {
+    let digest = ring::digest::digest(&ring::digest::SHA256, grant);
+    digest.as_ref().try_into().expect("32 bytes")
+}
 
 /// Admitted node → the mesh: its agent listens at `address` as of `issued_at` (the
 /// newest announcement of a node replaces older ones); `leaving`: its own farewell,
@@ -38,6 +49,10 @@ pub struct Announcement {
     /// The node is leaving (it stays admitted; it is passed over until it announces
     /// again).
     pub leaving: bool,
+    /// [`grant_digest`] of the root's address-range grant the node holds, if any:
+    /// under the node's signature, so that whoever forwards the announcement can
+    /// neither drop the range nor swap in another grant.
+    pub address_range: Option<[u8; 32]>,
 }
 
 /// Root → node: the node's workloads may listen anywhere in `network/prefix_len` (on
@@ -60,10 +75,15 @@ pub struct AddressRange {
 
 impl AddressRange {
     /// The range as a network, if it is one: a prefix length the address family
-    /// allows and no host bits set (one spelling per range).
+    /// allows, no host bits set (one spelling per range), and no broader than
+    /// [`BROADEST_RANGE`].
     pub fn net(&self) -> Result<IpNet, TrustError> {
         let net = IpNet::new(self.network, self.prefix_len).map_err(|_| TrustError::Malformed)?;
-        match net.trunc() == net {
+        let broadest = match net {
+            IpNet::V4(_) => BROADEST_RANGE.0,
+            IpNet::V6(_) => BROADEST_RANGE.1,
+        };
+        match net.trunc() == net && net.prefix_len() >= broadest {
             true => Ok(net),
             false => Err(TrustError::Malformed),
         }
@@ -182,9 +202,12 @@ impl Announced {
     }
 
     /// Whether `ip` is this node's: the IP it announced, or in the range the root
-    /// granted it (`range`, checked with [`Verifier::address_range`]).
+    /// granted it (`range`, checked with [`Verifier::address_range`]). IPv4-mapped
+    /// IPv6 addresses are compared as the IPv4 address they are.
     pub fn claims(&self, ip: IpAddr, range: Option<&IpNet>) -> bool {
-        ip == self.announcement.address.ip() || range.is_some_and(|r| r.contains(&ip))
+        let ip = ip.to_canonical();
+        ip == self.announcement.address.ip().to_canonical()
+            || range.is_some_and(|r| r.contains(&ip))
     }
 }
 

@@ -33,7 +33,8 @@ mod statement;
 mod verify;
 
 pub use announcement::{
-    AddressRange, Announced, Announcement, ADDRESS_RANGE_LABEL, ANNOUNCEMENT_LABEL,
+    grant_digest, AddressRange, Announced, Announcement, ADDRESS_RANGE_LABEL, ANNOUNCEMENT_LABEL,
+    BROADEST_RANGE,
 };
 pub use ipnet::IpNet;
 pub use pem::{chain_from_pem, chain_to_pem, from_pem, pem_blocks, to_pem, PemKind};
@@ -120,6 +121,10 @@ pub enum TrustError {
     /// An instance endpoint that is not at the address its endorsing node announced.
     #[error("the endpoint does not belong to the node that endorsed it")]
     EndpointNotOwned,
+    /// An address-range grant that is not the one the node's announcement names
+    /// (dropped, or swapped for another, by whoever forwarded it).
+    #[error("the address range is not the one the node announced")]
+    UnboundRange,
 }
 
 impl TrustError {
@@ -143,6 +148,7 @@ impl TrustError {
             TrustError::TooLarge => "too_large",
             TrustError::NotAdmitted => "not_admitted",
             TrustError::EndpointNotOwned => "endpoint_not_owned",
+            TrustError::UnboundRange => "unbound_range",
         }
     }
 }

@@ -29,6 +29,7 @@ fn announce_under(node: &Identity, label: &str, mesh: &str, address: &str, at: u
         address: addr(address),
         issued_at: at,
         leaving: false,
+        address_range: None,
     };
     Signed::sign(node, label, &body).encode()
 }
@@ -260,7 +261,14 @@ fn a_pod_in_the_range_the_root_granted_the_node_is_the_nodes() {
         .expect("granted");
     assert_eq!(range.to_string(), "10.244.1.0/24");
     let v = mesh.verifier();
-    for pod in ["10.244.1.7:15006", "10.244.1.255:15006", "10.77.0.2:15006"] {
+    let pods = [
+        "10.244.1.7:15006",
+        "10.244.1.255:15006",
+        "10.77.0.2:15006",
+        "[::ffff:10.244.1.7]:15006",
+        "[::ffff:10.77.0.2]:15006",
+    ];
+    for pod in pods {
         let instance = mesh.instance_at(&mesh.node, Some(pod));
         assert_eq!(
             v.endpoint_owned(&instance, &announced, Some(&range)),
@@ -314,8 +322,17 @@ fn only_the_roots_range_grant_for_this_node_and_mesh_counts() {
     assert_eq!(mesh.check_range(&other_mesh), Err(TrustError::WrongMesh));
     let theirs = mesh.range_under(ADDRESS_RANGE_LABEL, &identity("demo"), "demo", net);
     assert_eq!(mesh.check_range(&theirs), Err(TrustError::WrongKey));
-    // Not a range: host bits set, a prefix longer than the family has.
-    for bad in [("10.244.1.7", 24), ("10.244.1.0", 33), ("::", 129)] {
+    // Not a range: host bits set, a prefix longer than the family has; or broader
+    // than a node is granted (it would take every endpoint in it from every node).
+    let bad_ranges = [
+        ("10.244.1.7", 24),
+        ("10.244.1.0", 33),
+        ("::", 129),
+        ("10.0.0.0", 7),
+        ("0.0.0.0", 0),
+        ("2001:db8::", 31),
+    ];
+    for bad in bad_ranges {
         assert_eq!(
             mesh.check_range(&mesh.range(bad)),
             Err(TrustError::Malformed),

@@ -23,7 +23,7 @@ use themis_core::{Identity, PeerId};
 use themis_dht::gossip::{Action, Gossip, GossipConfig, Have};
 use themis_dht::{Key, Members};
 use themis_net::Client;
-use themis_trust::{Announcement, Signed, TrustError, ANNOUNCEMENT_LABEL};
+use themis_trust::{grant_digest, Announcement, Signed, TrustError, ANNOUNCEMENT_LABEL};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tracing::{debug, info};
@@ -41,6 +41,10 @@ const HEARD_QUEUE: usize = 256;
 /// many further pages a peer says there are.
 pub const MAX_PAGES: usize = MAX_MEMBERS.div_ceil(PAGE);
 const _: () = assert!(MAX_PAGES * PAGE >= MAX_MEMBERS);
+
+/// Members of one frame that may fail their checks for reasons an honest peer can
+/// give (revoked or expired here first, a clock ahead) before the rest is dropped.
+const MAX_FAILURES_PER_FRAME: usize = 16;
 
 /// How long a log fetch may take before the next claim is taken (the fetch reports
 /// its result before that, unless it hangs).
@@ -150,7 +154,16 @@ impl GossipState {
     /// with junk costs this agent one failed check per answer, not a page of them.
     fn take(&self, metrics: &Metrics, members: &[Credentials]) {
         let mut changed = false;
+        let (mut last, mut failures) = (None, 0);
         for credentials in members.iter().take(PAGE) {
+            // A page comes in node-key order, each member once: a peer cannot make
+            // this agent check one member's credentials over and over.
+            let key = Signed::decode(&credentials.announcement).map(|s| s.signer);
+            if key.as_ref().map_or(true, |k| last.is_some_and(|l| *k <= l)) {
+                metrics.frame_refused("roster_out_of_order");
+                break;
+            }
+            last = key.ok();
             let wanted = self.roster().wants(&credentials.announcement);
             let taken = wanted.and_then(|wanted| match wanted {
                 false => Ok(false),
@@ -163,7 +176,8 @@ impl GossipState {
                 Ok(grew) => changed |= grew,
                 Err(error) => {
                     metrics.frame_refused(&format!("roster_{}", error.reason()));
-                    if forged(&error) {
+                    failures += 1;
+                    if forged(&error) || failures > MAX_FAILURES_PER_FRAME {
                         break;
                     }
                 }
@@ -497,7 +511,7 @@ fn forged(error: &TrustError) -> bool {
     use TrustError::*;
     matches!(
         error,
-        Malformed | BadSignature | NotFromRoot | WrongKey | WrongMesh | NotAdmitted
+        Malformed | BadSignature | NotFromRoot | WrongKey | WrongMesh | NotAdmitted | UnboundRange
     )
 }
 
@@ -526,6 +540,7 @@ fn announce(node: &Identity, listen: SocketAddr, trust: &MeshTrust, leaving: boo
             address: listen,
             issued_at: unix_millis(),
             leaving,
+            address_range: trust.own_address_range().map(grant_digest),
         },
     )
     .encode();
@@ -587,6 +602,7 @@ mod tests {
                     address: SocketAddr::from(([10, 1, (i / 250) as u8, (i % 250) as u8], 7946)),
                     issued_at: now,
                     leaving: false,
+                    address_range: None,
                 };
                 Credentials {
                     admission: Signed::sign(&mesh.key, ADMISSION_LABEL, &admission).encode(),
@@ -611,7 +627,9 @@ mod tests {
             node(&mesh, &dir.path().join("new"), 7002),
         );
         let metrics = Metrics::new();
-        let many = members(&mesh, 2 * PAGE + 100);
+        // In node-key order, as pages come.
+        let mut many = members(&mesh, 2 * PAGE + 100);
+        many.sort_by_key(|c| Signed::decode(&c.announcement).unwrap().signer);
         big.state.take(&metrics, &many[..PAGE]);
         big.state.take(&metrics, &many[PAGE..2 * PAGE]);
         big.state.take(&metrics, &many[2 * PAGE..]);
@@ -646,7 +664,8 @@ mod tests {
         let mesh = MeshDir::open(&dir.path().join("mesh")).unwrap();
         let taker = node(&mesh, &dir.path().join("taker"), 7001);
         let metrics = Metrics::new();
-        let genuine = members(&mesh, 6);
+        let mut genuine = members(&mesh, 6);
+        genuine.sort_by_key(|c| Signed::decode(&c.announcement).unwrap().signer);
         let mut answer = genuine.clone();
         // The second: an announcement whose signature is another member's.
         answer[1].announcement = {
@@ -660,6 +679,24 @@ mod tests {
         // The same members from an honest peer are all taken.
         taker.state.take(&metrics, &genuine);
         assert_eq!(taker.state.members().len(), 7);
+    }
+
+    #[test]
+    fn an_answer_out_of_key_order_is_dropped_where_it_turns_back() {
+        let dir = tempfile::tempdir().unwrap();
+        operator::create_mesh("test", &dir.path().join("mesh")).unwrap();
+        let mesh = MeshDir::open(&dir.path().join("mesh")).unwrap();
+        let taker = node(&mesh, &dir.path().join("taker"), 7001);
+        let metrics = Metrics::new();
+        let mut three = members(&mesh, 3);
+        three.sort_by_key(|c| Signed::decode(&c.announcement).unwrap().signer);
+        // One member again (a peer making this agent check it over and over), then
+        // one it would take: nothing from the repeat on is looked at.
+        let answer = [&three[0], &three[1], &three[0], &three[2]].map(Clone::clone);
+        taker.state.take(&metrics, &answer);
+        assert_eq!(taker.state.members().len(), 3, "itself and the first two");
+        taker.state.take(&metrics, &three);
+        assert_eq!(taker.state.members().len(), 4);
     }
 
     #[test]

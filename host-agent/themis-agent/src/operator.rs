@@ -27,8 +27,8 @@ use themis_core::{Identity, MeshName, PeerId};
 use themis_log::{Entry, Kind, Log};
 use themis_trust::{
     chain_from_pem, chain_to_pem, to_pem, AddressRange, Admission, Grant, IpNet, MeshRoot, PemKind,
-    Revocation, Signed, ADDRESS_RANGE_LABEL, ADMISSION_LABEL, GRANT_LABEL, MAX_REASON_LEN,
-    REVOCATION_LABEL,
+    Revocation, Signed, ADDRESS_RANGE_LABEL, ADMISSION_LABEL, BROADEST_RANGE, GRANT_LABEL,
+    MAX_REASON_LEN, REVOCATION_LABEL,
 };
 
 use crate::keystore;
@@ -336,15 +336,11 @@ pub fn grant_to_node(
     Ok(written)
 }
 
-/// The broadest range the operator grants one node: a /8 of IPv4, a /32 of IPv6. An
-/// IP two members claim belongs to neither, so one over-broad grant would take
-/// everybody's endpoints away.
-const BROADEST_RANGE: (u8, u8) = (8, 32);
-
 /// The root grants a node the addresses its workloads may listen at besides its own
 /// (on Kubernetes, its pod range: `kubectl get node N -o jsonpath='{.spec.podCIDR}'`).
-/// Writes DIR/address-range.pem (one range per node: a new grant replaces the file;
-/// the agent reads it at start) and records the grant in the log.
+/// Writes DIR/address-range.pem (the agent reads it at start and binds it into its
+/// address announcements; a new grant replaces the file, but an earlier grant stays
+/// valid until the node is revoked) and records the grant in the log.
 pub fn grant_address_range(
     mesh: &MeshDir,
     node_dir: &Path,

@@ -20,7 +20,7 @@ use ring::digest::{Context, SHA256};
 use serde::{Deserialize, Serialize};
 use themis_core::PeerId;
 use themis_dht::{Contact, Key, Members};
-use themis_trust::{Announced, Announcement, IpNet, Signed, TrustError, Verifier};
+use themis_trust::{grant_digest, Announced, Announcement, IpNet, Signed, TrustError, Verifier};
 
 /// The most members a roster holds (the scale is 10,000 nodes).
 pub const MAX_MEMBERS: usize = 16_384;
@@ -111,12 +111,15 @@ impl Roster {
         let key = Signed::decode(&credentials.announcement)?.signer;
         let admitted = verifier.admission(&credentials.admission, &key)?;
         let announced = verifier.announcement(&credentials.announcement, |k| *k == key)?;
-        let range = match &credentials.address_range {
-            Some(bytes) => {
-                let (range, net) = verifier.address_range(bytes, &key)?;
-                Some((net, range.not_after))
-            }
-            None => None,
+        let given = credentials.address_range.as_deref();
+        if announced.announcement.address_range != given.map(grant_digest) {
+            return Err(TrustError::UnboundRange);
+        }
+        // An expired range no longer counts; the node stays a member.
+        let range = match given.map(|bytes| verifier.address_range(bytes, &key)) {
+            Some(Ok((range, net))) => Some((net, range.not_after)),
+            Some(Err(TrustError::Expired)) | None => None,
+            Some(Err(error)) => return Err(error),
         };
         Ok(Entry {
             key,
@@ -259,7 +262,8 @@ impl Roster {
         entry
             .announced
             .owns(endorser, endpoint, entry.range(verifier))?;
-        let Some(ip) = endpoint.map(|e| e.ip()).filter(|ip| !ip.is_loopback()) else {
+        let canonical = endpoint.map(|e| e.ip().to_canonical());
+        let Some(ip) = canonical.filter(|ip| !ip.is_loopback()) else {
             return Ok(());
         };
         let claimed_by_another = self.entries.values().any(|e| {
@@ -365,6 +369,7 @@ mod tests {
             address: address.parse().unwrap(),
             issued_at,
             leaving,
+            address_range: None,
         };
         Signed::sign(node, ANNOUNCEMENT_LABEL, &body).encode()
     }
@@ -508,24 +513,46 @@ mod tests {
         let (kube, other, squatter) = (identity(), identity(), identity());
         let mut roster = Roster::default();
         let v = mesh.verifier();
-        let range = |node: &Identity, net: &str, prefix_len| {
+        let signed_range = |signer: &Identity, node: &Identity, net: &str, not_after| {
             let body = themis_trust::AddressRange {
                 mesh: "demo".into(),
                 node_key: *node.public_key(),
                 network: net.parse().unwrap(),
-                prefix_len,
+                prefix_len: 24,
                 issued_at: NOW - 1,
-                not_after: None,
+                not_after,
             };
-            Signed::sign(&mesh.root_key, themis_trust::ADDRESS_RANGE_LABEL, &body).encode()
+            Signed::sign(signer, themis_trust::ADDRESS_RANGE_LABEL, &body).encode()
         };
-        let granted = Credentials {
-            address_range: Some(range(&kube, "10.244.1.0", 24)),
-            ..creds(
-                &mesh.admit(&kube, None),
-                &announce(&kube, "10.0.0.1:7946", NOW, false),
-            )
+        let range = |node: &Identity, net: &str| signed_range(&mesh.root_key, node, net, None);
+        // `node` at `address`, announcing (and so binding) the range grant `grant`.
+        let bound = |node: &Identity, address: &str, grant: Vec<u8>| {
+            let body = Announcement {
+                mesh: "demo".into(),
+                address: address.parse().unwrap(),
+                issued_at: NOW,
+                leaving: false,
+                address_range: Some(grant_digest(&grant)),
+            };
+            Credentials {
+                admission: mesh.admit(node, None),
+                announcement: Signed::sign(node, ANNOUNCEMENT_LABEL, &body).encode(),
+                address_range: Some(grant),
+            }
         };
+        let granted = bound(&kube, "10.0.0.1:7946", range(&kube, "10.244.1.0"));
+        // Whoever forwards it can neither drop the range nor swap in another grant
+        // of the root's for the same node.
+        let stripped = Credentials {
+            address_range: None,
+            ..granted.clone()
+        };
+        assert_eq!(roster.offer(&v, &stripped), Err(TrustError::UnboundRange));
+        let swapped = Credentials {
+            address_range: Some(range(&kube, "10.244.7.0")),
+            ..granted.clone()
+        };
+        assert_eq!(roster.offer(&v, &swapped), Err(TrustError::UnboundRange));
         assert_eq!(roster.offer(&v, &granted), Ok(true));
         let plain = creds(
             &mesh.admit(&other, None),
@@ -551,34 +578,36 @@ mod tests {
             roster.check_endpoint(other.public_key(), at("10.244.1.9"), &v),
             Err(TrustError::EndpointNotOwned)
         );
+        // An IPv4-mapped IPv6 address is the IPv4 address it maps.
+        assert_eq!(
+            roster.check_endpoint(kube.public_key(), at("::ffff:10.244.1.9"), &v),
+            Ok(())
+        );
+        assert_eq!(
+            roster.check_endpoint(kube.public_key(), at("::ffff:10.244.2.9"), &v),
+            Err(TrustError::EndpointNotOwned)
+        );
         // A node cannot bring another node's range, nor one it signed itself.
-        let stolen = Credentials {
-            address_range: Some(range(&kube, "10.244.1.0", 24)),
-            ..creds(
-                &mesh.admit(&squatter, None),
-                &announce(&squatter, "10.0.0.3:7946", NOW, false),
-            )
-        };
+        let stolen = bound(&squatter, "10.0.0.3:7946", range(&kube, "10.244.1.0"));
         assert_eq!(roster.offer(&v, &stolen), Err(TrustError::WrongKey));
-        let self_made = Credentials {
-            address_range: Some(
-                Signed::sign(
-                    &squatter,
-                    themis_trust::ADDRESS_RANGE_LABEL,
-                    &themis_trust::AddressRange {
-                        mesh: "demo".into(),
-                        node_key: *squatter.public_key(),
-                        network: "10.244.1.0".parse().unwrap(),
-                        prefix_len: 24,
-                        issued_at: NOW - 1,
-                        not_after: None,
-                    },
-                )
-                .encode(),
-            ),
-            ..stolen.clone()
-        };
+        let own_grant = signed_range(&squatter, &squatter, "10.244.1.0", None);
+        let self_made = bound(&squatter, "10.0.0.3:7946", own_grant);
         assert_eq!(roster.offer(&v, &self_made), Err(TrustError::NotFromRoot));
+        // An expired range no longer counts, and its node stays a member.
+        let lapsed = identity();
+        let expired = signed_range(&mesh.root_key, &lapsed, "10.244.5.0", Some(NOW));
+        assert_eq!(
+            roster.offer(&v, &bound(&lapsed, "10.0.0.5:7946", expired)),
+            Ok(true)
+        );
+        assert_eq!(
+            roster.check_endpoint(lapsed.public_key(), at("10.244.5.9"), &v),
+            Err(TrustError::EndpointNotOwned)
+        );
+        assert_eq!(
+            roster.check_endpoint(lapsed.public_key(), at("10.0.0.5"), &v),
+            Ok(())
+        );
         // A member announcing an address in the range (it may announce any) takes
         // that one address from the range's node, and gets nothing for itself.
         let inside = creds(

@@ -1333,6 +1333,7 @@ async fn announce(stream: &mut themis_net::SecureStream, peer: &Admitted) {
             address: nowhere(),
             issued_at: now_ms(),
             leaving: false,
+            address_range: None,
         },
     )
     .encode();

@@ -439,6 +439,7 @@ fn a_stranger_gets_nothing_of_the_roster_and_is_no_member() {
             address: "127.0.0.1:9".parse().unwrap(),
             issued_at: themis_agent::trust::unix_millis(),
             leaving: false,
+            address_range: None,
         },
     )
     .encode();

@@ -72,6 +72,7 @@ fn what_the_membership_of_ten_thousand_members_holds() {
                 address,
                 issued_at: now - 1,
                 leaving: false,
+                address_range: None,
             };
             Credentials {
                 admission: Signed::sign(&root_key, ADMISSION_LABEL, &admission).encode(),

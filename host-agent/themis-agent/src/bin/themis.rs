@@ -328,7 +328,8 @@ enum NodeCommand {
     /// on Kubernetes its pod range (`kubectl get node NAME -o
     /// jsonpath='{.spec.podCIDR}'`). With one-hop routing, an instance endpoint must
     /// be at its node's announced address or in its range. Writes
-    /// DIR/address-range.pem (replacing an earlier one; the agent reads it at start).
+    /// DIR/address-range.pem (the agent reads it at start; an earlier grant stays valid
+    /// until the node is revoked).
     Range {
         /// The range, e.g. 10.244.1.0/24 (at most a /8 of IPv4, a /32 of IPv6).
         range: themis_trust::IpNet,
