@@ -158,13 +158,19 @@ impl GossipState {
         for credentials in members.iter().take(PAGE) {
             // A page comes in node-key order, each member once: a peer cannot make
             // this agent check one member's credentials over and over.
-            let key = Signed::decode(&credentials.announcement).map(|s| s.signer);
-            if key.as_ref().map_or(true, |k| last.is_some_and(|l| *k <= l)) {
+            let signed = match Signed::decode(&credentials.announcement) {
+                Ok(signed) => signed,
+                Err(error) => {
+                    metrics.frame_refused(&format!("roster_{}", error.reason()));
+                    break;
+                }
+            };
+            if last.is_some_and(|l| signed.signer <= l) {
                 metrics.frame_refused("roster_out_of_order");
                 break;
             }
-            last = key.ok();
-            let wanted = self.roster().wants(&credentials.announcement);
+            last = Some(signed.signer);
+            let wanted = self.roster().wants(&signed);
             let taken = wanted.and_then(|wanted| match wanted {
                 false => Ok(false),
                 true => self

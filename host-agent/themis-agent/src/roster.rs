@@ -90,11 +90,10 @@ pub struct Roster {
 }
 
 impl Roster {
-    /// Whether the roster would take an announcement like this one: from its unchecked
+    /// Whether the roster would take this (decoded) announcement: from its unchecked
     /// date alone, with no signature checked (a gossip answer carries every member,
     /// nearly all unchanged). `Ok(false)`: nothing to do.
-    pub fn wants(&self, announcement: &[u8]) -> Result<bool, TrustError> {
-        let signed = Signed::decode(announcement)?;
+    pub fn wants(&self, signed: &Signed) -> Result<bool, TrustError> {
         let claimed = Announcement::decode(&signed.body)?;
         match self.entries.get(&signed.signer) {
             None if self.entries.len() >= MAX_MEMBERS => Err(TrustError::TooLarge),
@@ -150,7 +149,7 @@ impl Roster {
         verifier: &Verifier<'_>,
         credentials: &Credentials,
     ) -> Result<bool, TrustError> {
-        if !self.wants(&credentials.announcement)? {
+        if !self.wants(&Signed::decode(&credentials.announcement)?)? {
             return Ok(false);
         }
         self.insert(Roster::check(verifier, credentials)?)
@@ -188,7 +187,8 @@ impl Roster {
         ctx.finish().as_ref().try_into().expect("32 bytes")
     }
 
-    /// Every current member's credentials.
+    /// Every current member's credentials (what the pages add up to).
+    #[cfg(test)]
     pub fn credentials(&self, verifier: &Verifier<'_>) -> Vec<Credentials> {
         self.entries
             .values()
@@ -207,12 +207,12 @@ impl Roster {
     ) -> (Vec<Credentials>, Option<[u8; 32]>) {
         use std::ops::Bound::{Excluded, Unbounded};
         let from = after.map_or(Unbounded, Excluded);
-        let mut current = self
+        let mut members = self
             .entries
             .range::<[u8; 32], _>((from, Unbounded))
             .filter(|(_, e)| current(e, verifier));
-        let page: Vec<_> = current.by_ref().take(PAGE).collect();
-        let next = match current.next() {
+        let page: Vec<_> = members.by_ref().take(PAGE).collect();
+        let next = match members.next() {
             Some(_) => page.last().map(|(key, _)| **key),
             None => None,
         };
