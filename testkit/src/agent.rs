@@ -435,6 +435,33 @@ pub fn operator(args: &[&std::ffi::OsStr]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A stranger (a key the mesh never admitted) sends each of `requests` to the agent at
+/// `contact` (`<id>@<ip:port>`) over the agents' secure channel, a fresh connection
+/// each: every one must be answered `rejected`, or closed unanswered.
+pub fn assert_strangers_refused(
+    contact: &str,
+    stranger: &std::sync::Arc<themis_core::Identity>,
+    requests: &[Vec<u8>],
+) {
+    use themis_agent::overlay::Frame;
+    let (id, addr) = contact.split_once('@').unwrap();
+    let peer = themis_core::PeerId::parse_in(id, stranger.mesh()).unwrap();
+    let addr: std::net::SocketAddr = addr.parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for request in requests {
+        let client = themis_net::Client::new(stranger.clone(), themis_net::ClientConfig::default());
+        let answer = runtime.block_on(client.request(peer, addr, request));
+        match answer.map(|bytes| postcard::from_bytes::<Frame>(&bytes)) {
+            Ok(Ok(Frame::Refused { reason })) => assert_eq!(reason, "rejected"),
+            Err(_) => {} // closed before answering: nothing either
+            other => panic!("a stranger was answered: {other:?}"),
+        }
+    }
+}
+
 /// A copy of the test mesh's directory under `root` (its key, root and trust log as
 /// they are now) at `root/mesh-twin`: what the root signs from then on in each copy
 /// is one of two histories (a fork of the log).

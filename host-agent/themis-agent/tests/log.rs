@@ -489,30 +489,15 @@ fn a_stranger_gets_nothing_of_the_log() {
 
     let (_dir, agent, mesh_dir) = one_node_granted_check();
     agent.publish_log(&mesh_dir);
-    let (id, addr) = agent.contact.split_once('@').unwrap();
-    let (peer, addr) = (
-        PeerId::parse_in(id, &mesh()).unwrap(),
-        addr.parse().unwrap(),
-    );
     let stolen = common::node_credentials(&agent.dir).1;
     let stranger = Arc::new(themis_testkit::intruder::self_made_key(MESH));
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    for admission in [vec![0x5a; 64], stolen] {
-        let client = themis_net::Client::new(stranger.clone(), themis_net::ClientConfig::default());
-        let request = Frame::LogRequest {
+    let requests = [vec![0x5a; 64], stolen].map(|admission| {
+        Frame::LogRequest {
             admission,
             from: 0,
             max: MAX_LOG_LEAVES,
         }
-        .encode();
-        let answer = runtime.block_on(client.request(peer, addr, &request));
-        match answer.map(|bytes| postcard::from_bytes::<Frame>(&bytes)) {
-            Ok(Ok(Frame::Refused { reason })) => assert_eq!(reason, "rejected"),
-            Err(_) => {} // closed before answering: nothing either
-            other => panic!("a stranger was answered: {other:?}"),
-        }
-    }
+        .encode()
+    });
+    common::assert_strangers_refused(&agent.contact, &stranger, &requests);
 }

@@ -164,6 +164,21 @@ fn endorse_at(node_dir: &std::path::Path, workload: u8, endpoint: &str) -> Vec<u
     .encode()
 }
 
+/// Waits until every agent resolves `check` to exactly `endpoints` (sorted).
+fn wait_for_endpoints(agents: &[Agent], endpoints: &[&str]) {
+    for agent in agents {
+        agent.wait_for(
+            &format!("check at {endpoints:?}"),
+            Duration::from_secs(30),
+            |a| {
+                let mut got = a.endpoints("check")?;
+                got.sort();
+                (got == endpoints).then_some(())
+            },
+        );
+    }
+}
+
 /// Offers `value` as an instance of `check` to the ring through `agent`
 /// (`POST /v1/debug/store`, 3 replicas): its status and answer.
 fn debug_store(agent: &Agent, value: &[u8]) -> (u16, serde_json::Value) {
@@ -211,13 +226,7 @@ fn a_granted_node_cannot_point_its_service_at_another_address() {
     let own = endorse_at(&endorser.dir, 0xe2, "127.0.0.1:15099");
     let (status, answer) = debug_store(&agents[3], &own);
     assert_eq!(status, 200, "{answer}");
-    for agent in &agents {
-        agent.wait_for("the two owned endpoints", Duration::from_secs(30), |a| {
-            let mut got = a.endpoints("check")?;
-            got.sort();
-            (got == ["127.0.0.1:15006", "127.0.0.1:15099"]).then_some(())
-        });
-    }
+    wait_for_endpoints(&agents, &["127.0.0.1:15006", "127.0.0.1:15099"]);
 }
 
 /// Pods have their own IPs (Kubernetes): the root grants a node its pod range
@@ -294,17 +303,7 @@ fn a_nodes_pods_in_the_range_the_root_granted_it_are_its_endpoints() {
         let (status, answer) = debug_store(agent, &squatted);
         assert_ne!(status, 200, "{}: stored {answer}", agent.name);
     }
-    for agent in &agents {
-        agent.wait_for(
-            "the pod's and the other node's endpoints",
-            Duration::from_secs(30),
-            |a| {
-                let mut got = a.endpoints("check")?;
-                got.sort();
-                (got == ["10.244.1.7:15006", "127.0.0.1:15007"]).then_some(())
-            },
-        );
-    }
+    wait_for_endpoints(&agents, &["10.244.1.7:15006", "127.0.0.1:15007"]);
 }
 
 /// Two histories of one length are a fork (§6.13) that sizes alone never show: with
@@ -425,10 +424,6 @@ fn a_stranger_gets_nothing_of_the_roster_and_is_no_member() {
         });
     }
     let target = &agents[0];
-    let (id, addr) = target.contact.split_once('@').unwrap();
-    let mesh = MeshName::new(MESH).unwrap();
-    let peer = PeerId::parse_in(id, &mesh).unwrap();
-    let addr: std::net::SocketAddr = addr.parse().unwrap();
     let stolen = common::node_credentials(&agents[1].dir).1;
     let stranger = Arc::new(themis_testkit::intruder::self_made_key(MESH));
     let announcement = Signed::sign(
@@ -443,13 +438,8 @@ fn a_stranger_gets_nothing_of_the_roster_and_is_no_member() {
         },
     )
     .encode();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    for admission in [vec![0x5a; 64], stolen] {
-        let client = themis_net::Client::new(stranger.clone(), themis_net::ClientConfig::default());
-        let request = Frame::Roster(RosterFrame {
+    let requests = [vec![0x5a; 64], stolen].map(|admission| {
+        Frame::Roster(RosterFrame {
             admission: admission.clone(),
             listen: "127.0.0.1:9".parse().unwrap(),
             log_size: u64::MAX,
@@ -463,14 +453,9 @@ fn a_stranger_gets_nothing_of_the_roster_and_is_no_member() {
             after: None,
             next: None,
         })
-        .encode();
-        let answer = runtime.block_on(client.request(peer, addr, &request));
-        match answer.map(|bytes| postcard::from_bytes::<Frame>(&bytes)) {
-            Ok(Ok(Frame::Refused { reason })) => assert_eq!(reason, "rejected"),
-            Err(_) => {} // closed before answering: nothing either
-            other => panic!("a stranger was answered: {other:?}"),
-        }
-    }
+        .encode()
+    });
+    common::assert_strangers_refused(&target.contact, &stranger, &requests);
     std::thread::sleep(Duration::from_millis(1_500));
     assert_eq!(members(target), Some(2), "{}", target.log_tail());
 }
