@@ -2,7 +2,7 @@
 //! 10,000 members): a roster of 10,000 admitted members, each with its admission and
 //! signed address announcement, and the routing membership made from it, measured
 //! with a counting allocator. The figure is printed (`--nocapture`) for
-//! benchmarks/RESULTS.md. The agent as built holds about 0.8 KB per member, four times
+//! benchmarks/RESULTS.md. The agent as built holds about 0.86 KB per member, four times
 //! the target (the floor is the 116-byte announcement every member must be able to
 //! forward, plus its 64-byte routing contact; see docs/PROTOCOL.md §6.14); the bound
 //! asserted, 1 KB per member, only guards against growth.
