@@ -1,18 +1,24 @@
 //! Gossip among the agents (issue 23, docs/PROTOCOL.md §6.14): the membership that
 //! one-hop routing needs, and the trust log's growth, spread push-pull.
 //!
-//! Every exchange is one [`Frame::Roster`] request and its answer. Both say how large
-//! a log the sender holds and summarise its roster; a request also carries the
-//! sender's own credentials (admission, address announcement, address range), an
-//! answer the members' when the rosters differ, a page of [`PAGE`] at a time (the asker
-//! asks for the next page after the last key it got, up to [`MAX_PAGES`]). Who to tell and when, and whose larger log to
-//! fetch, is the sans-IO [`Gossip`] of `themis-dht`: news is pushed to 3 random members
-//! at once, one random member is pulled every period, the smallest claim above ours is
-//! fetched first (through the trust log's own verified exchange, `log_sync`). Peers
-//! come from the verified roster, never from what a peer names. Roster changes are
-//! pushed the same way, and feed the DHT node's membership ([`Overlay::set_members`]).
+//! Every exchange starts with one [`Frame::Roster`] request and its answer. Both say
+//! how large a log the sender holds and summarise its roster in one digest. The
+//! request carries the roster news the sender has not passed on yet (members'
+//! credentials it took lately, its own announcement among them: each is passed on
+//! in [`NEWS_SENDS`] requests, then dropped, the infect-and-die spreading of
+//! Serf and memberlist). When the digests differ, the answer carries the peer's
+//! [`BUCKETS`] bucket digests; the asker then asks for the buckets that differ,
+//! listing what it holds of them, and gets only the members it lacks or holds older
+//! ([`Roster::missing`]), a page of [`PAGE`] at a time, up to [`MAX_PAGES`]. Two
+//! agents that differ by one member of 10,000 exchange a few kilobytes, not the
+//! roster. Who to tell and when, and whose larger log to fetch, is the sans-IO
+//! [`Gossip`] of `themis-dht`: news is pushed to 3 random members at once, one random
+//! member is pulled every period, the smallest claim above ours is fetched first
+//! (through the trust log's own verified exchange, `log_sync`). Peers come from the
+//! verified roster, never from what a peer names. Roster changes are pushed the same
+//! way, and feed the DHT node's membership ([`Overlay::set_members`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,7 +37,9 @@ use tracing::{debug, info};
 use crate::log_sync::{exchange, Synced};
 use crate::metrics::Metrics;
 use crate::overlay::{Frame, Overlay, Peer};
-use crate::roster::{Credentials, Roster, MAX_MEMBERS, PAGE};
+use crate::roster::{
+    top_digest, BucketDigest, BucketHave, Credentials, Roster, BUCKETS, MAX_MEMBERS, PAGE,
+};
 use crate::trust::{unix_millis, MeshTrust};
 
 /// Haves from members queued for the driver at most.
@@ -45,6 +53,22 @@ const _: () = assert!(MAX_PAGES * PAGE >= MAX_MEMBERS);
 /// Members of one frame that may fail their checks for reasons an honest peer can
 /// give (revoked or expired here first, a clock ahead) before the rest is dropped.
 const MAX_FAILURES_PER_FRAME: usize = 16;
+
+/// How many requests carry one piece of roster news (then pulls repair what missed
+/// it): with a fanout of 3, about 94 % of a large mesh hears it by pushes alone.
+pub const NEWS_SENDS: u8 = 3;
+
+/// How recent an announcement must be to be passed on as news: pushes reach a mesh
+/// in a few seconds, and what is older than this has had its chance.
+pub const NEWS_FRESH_MS: u64 = 60_000;
+
+/// The most pieces of news held to pass on; more are left to pulls.
+const MAX_NEWS: usize = 64;
+
+/// The most members' summaries one request of buckets lists (about 80 KiB: a
+/// first request of a connection may be 140 KiB); the buckets past it are asked
+/// for in the next exchange.
+pub const MAX_HAVE: usize = 2048;
 
 /// How long a log fetch may take before the next claim is taken (the fetch reports
 /// its result before that, unless it hangs).
@@ -67,14 +91,28 @@ pub struct RosterFrame {
     pub log_root: [u8; 32],
     /// The sender's [`Roster::digest`].
     pub digest: [u8; 32],
-    /// Members' credentials: the sender's own in a request; in an answer to a peer
-    /// whose digest differs, a page of the members (at most [`PAGE`]).
+    /// Members' credentials: roster news in a request (in node-key order, at most
+    /// [`PAGE`]); in an answer to [`RosterFrame::want`], a page of what the asker
+    /// lacks.
     pub members: Vec<Credentials>,
-    /// In a request, the page wanted: the members after this node key (`None`: from
-    /// the first). Ignored in an answer.
-    pub after: Option<[u8; 32]>,
+    /// In a request: the buckets wanted (`None`: compare digests only). Ignored in an
+    /// answer.
+    pub want: Option<Want>,
+    /// In an answer to a request without `want` whose digest differs: the sender's
+    /// [`Roster::bucket_digests`].
+    pub buckets: Vec<BucketDigest>,
     /// In an answer, where the next page starts, if there is one.
     pub next: Option<[u8; 32]>,
+}
+
+/// The buckets an asker wants: what it holds of each (see [`Roster::missing`]), and
+/// the page (the members after this node key; `None`: from the first).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Want {
+    /// What the asker holds of each bucket it wants (at most [`MAX_HAVE`] members).
+    pub have: Vec<BucketHave>,
+    /// The page: members after this node key.
+    pub after: Option<[u8; 32]>,
 }
 
 /// The state gossip shares between the agent's server (answers) and its driver. The
@@ -84,6 +122,8 @@ pub struct GossipState {
     trust: Arc<MeshTrust>,
     /// This node's admission and newest announcement (a farewell replaces it).
     own: Mutex<Credentials>,
+    /// Roster news to pass on, by node key, with the requests left to carry it.
+    news: Mutex<BTreeMap<[u8; 32], (Credentials, u8)>>,
     listen: SocketAddr,
     /// What members said in their requests, for the driver (bounded: a Have is a
     /// hint, and pulls repair what is dropped).
@@ -105,12 +145,44 @@ impl GossipState {
         let (heard, heard_rx) = mpsc::channel(HEARD_QUEUE);
         let state = GossipState {
             trust,
-            own: Mutex::new(own),
+            news: Mutex::new(BTreeMap::new()),
+            own: Mutex::new(own.clone()),
             listen,
             heard,
             changed: Notify::new(),
         };
+        state.tell(&own);
         (Arc::new(state), heard_rx)
+    }
+
+    /// Passes `credentials` on in the next [`NEWS_SENDS`] requests, if their
+    /// announcement is news: signed less than [`NEWS_FRESH_MS`] ago (a newcomer
+    /// taking the whole roster has nothing to tell).
+    fn tell(&self, credentials: &Credentials) {
+        let Ok(signed) = Signed::decode(&credentials.announcement) else {
+            return;
+        };
+        let fresh = Announcement::decode(&signed.body)
+            .is_ok_and(|a| a.issued_at.saturating_add(NEWS_FRESH_MS) >= unix_millis());
+        if !fresh {
+            return;
+        }
+        let mut news = self.news.lock().expect("never poisoned");
+        if news.len() < MAX_NEWS || news.contains_key(&signed.signer) {
+            news.insert(signed.signer, (credentials.clone(), NEWS_SENDS));
+        }
+    }
+
+    /// The news for one more request, in node-key order; what has been sent
+    /// [`NEWS_SENDS`] times is dropped.
+    fn news(&self) -> Vec<Credentials> {
+        let mut news = self.news.lock().expect("never poisoned");
+        let out = news.values().map(|(c, _)| c.clone()).collect();
+        news.retain(|_, (_, left)| {
+            *left -= 1;
+            *left > 0
+        });
+        out
     }
 
     /// Says goodbye before the agent stops: a leaving announcement (the one liveness
@@ -119,7 +191,9 @@ impl GossipState {
     /// by their pulls. They stop choosing this node as a holder, rather than each
     /// finding out by a timeout.
     pub async fn farewell(&self, node: &Identity, client: &Client) {
-        *self.own.lock().expect("never poisoned") = announce(node, self.listen, &self.trust, true);
+        let own = announce(node, self.listen, &self.trust, true);
+        self.tell(&own);
+        *self.own.lock().expect("never poisoned") = own;
         let request = Frame::Roster(self.request(None)).encode();
         let me = Key(node.id().0);
         let members = self.members();
@@ -179,7 +253,12 @@ impl GossipState {
                     .and_then(|entry| self.roster().insert(entry)),
             });
             match taken {
-                Ok(grew) => changed |= grew,
+                Ok(grew) => {
+                    if grew {
+                        self.tell(credentials);
+                    }
+                    changed |= grew;
+                }
                 Err(error) => {
                     metrics.frame_refused(&format!("roster_{}", error.reason()));
                     failures += 1;
@@ -197,38 +276,104 @@ impl GossipState {
     /// Signs a fresh announcement (announcements count for
     /// [`crate::roster::ANNOUNCEMENT_LIFETIME_MS`]; the driver renews at half).
     fn reannounce(&self, node: &Identity) {
-        *self.own.lock().expect("never poisoned") = announce(node, self.listen, &self.trust, false);
+        let own = announce(node, self.listen, &self.trust, false);
+        self.tell(&own);
+        *self.own.lock().expect("never poisoned") = own;
         self.changed.notify_one();
     }
 
-    /// A request: this agent's own credentials, and the page of the peer's roster
-    /// wanted (after this node key; `None`: the first).
-    fn request(&self, after: Option<[u8; 32]>) -> RosterFrame {
-        let own = self.own.lock().expect("never poisoned").clone();
+    /// A request: the news to pass on and, with `want`, the buckets of the peer's
+    /// roster wanted (`None`: compare digests). While this agent knows no other
+    /// member, its own credentials go along every time: nobody would pass them on.
+    fn request(&self, want: Option<Want>) -> RosterFrame {
+        let mut members = match want {
+            Some(_) => Vec::new(),
+            None => self.news(),
+        };
+        if members.is_empty() && self.roster().len() < 2 {
+            members.push(self.own.lock().expect("never poisoned").clone());
+        }
         let digest = self.trust.verify(|v| self.roster().digest(v));
-        self.frame(digest, vec![own], after, None)
+        self.frame(digest, members, want, Vec::new(), None)
     }
 
-    /// An answer to a peer whose roster summarises to `their_digest`: nothing more
-    /// if the rosters agree, else the page of members after `after`.
-    fn answer_to(&self, their_digest: [u8; 32], after: Option<[u8; 32]>) -> RosterFrame {
+    /// An answer to a request: to one of buckets, the page of members the asker
+    /// lacks of them; else nothing more if the rosters agree, or the bucket digests.
+    fn answer_to(&self, their_digest: [u8; 32], want: Option<Want>) -> RosterFrame {
         let roster = self.roster();
-        let (digest, (members, next)) = self.trust.verify(|v| {
-            let digest = roster.digest(v);
-            match their_digest == digest {
-                true => (digest, (Vec::new(), None)),
-                false => (digest, roster.page(after.as_ref(), v)),
+        let (digest, buckets, (members, next)) = self.trust.verify(|v| {
+            let buckets = roster.bucket_digests(v);
+            let digest = top_digest(&buckets);
+            match want {
+                Some(want) => (
+                    digest,
+                    Vec::new(),
+                    roster.missing(&want.have, want.after.as_ref(), v),
+                ),
+                None if their_digest == digest => (digest, Vec::new(), (Vec::new(), None)),
+                None => (digest, buckets, (Vec::new(), None)),
             }
         });
         drop(roster);
-        self.frame(digest, members, None, next)
+        self.frame(digest, members, None, buckets, next)
+    }
+
+    /// The request for the buckets in which `theirs` (a peer's bucket digests)
+    /// differ from ours, listing what we hold of each: from a bucket picked by
+    /// `start` on, so that when more differ than fit [`MAX_HAVE`], later exchanges
+    /// get the others. `None`: they do not differ (or the peer sent no buckets).
+    fn want(&self, theirs: &[BucketDigest], start: usize) -> Option<Want> {
+        if theirs.len() != BUCKETS {
+            return None;
+        }
+        let roster = self.roster();
+        self.trust.verify(|v| {
+            let ours = roster.bucket_digests(v);
+            let mut have = Vec::new();
+            let mut listed = 0;
+            for bucket in (0..BUCKETS).map(|i| (start + i) % BUCKETS) {
+                if ours[bucket] == theirs[bucket] {
+                    continue;
+                }
+                let bucket = u8::try_from(bucket).expect("BUCKETS is 256");
+                let members = roster.summary(bucket, v);
+                if listed + members.len() > MAX_HAVE && !have.is_empty() {
+                    break;
+                }
+                listed += members.len();
+                have.push(BucketHave { bucket, members });
+            }
+            (!have.is_empty()).then_some(Want { have, after: None })
+        })
+    }
+
+    /// What to ask a peer next after its `answer` to what was `asked`: after a
+    /// comparison, the buckets that differ ([`GossipState::want`], from `start`);
+    /// after a page of buckets, the next page ([`next_page`]); or nothing.
+    fn follow_up(
+        &self,
+        answer: &RosterFrame,
+        asked: Option<(Want, usize)>,
+        start: usize,
+    ) -> Option<(Want, usize)> {
+        match asked {
+            None => self.want(&answer.buckets, start).map(|want| (want, 1)),
+            Some((want, pages)) => next_page(answer, pages).map(|after| {
+                let want = Want {
+                    after: Some(after),
+                    ..want
+                };
+                (want, pages + 1)
+            }),
+        }
     }
 
     fn frame(
         &self,
         digest: [u8; 32],
         members: Vec<Credentials>,
-        after: Option<[u8; 32]>,
+        want: Option<Want>,
+        buckets: Vec<BucketDigest>,
         next: Option<[u8; 32]>,
     ) -> RosterFrame {
         let (log_size, log_root) = self.trust.log().head();
@@ -239,27 +384,27 @@ impl GossipState {
             log_root,
             digest,
             members,
-            after,
+            want,
+            buckets,
             next,
         }
     }
 
-    /// The server side: a request from the admitted `peer`. A request carries the
-    /// sender's own credentials only (anything else in it is ignored), and what it
-    /// says of its log is heard only from a member, at the address the member signed
-    /// (never at one the frame names).
+    /// The server side: a request from the admitted `peer`. Its news is checked as
+    /// any member's credentials are ([`GossipState::take`]: bounded, dropped at the
+    /// first forgery); a request listing more than [`MAX_HAVE`] members' summaries
+    /// is answered as one without `want`. What it says of its log is heard only from
+    /// a member, at the address the member signed (never at one the frame names).
     pub fn answer(&self, metrics: &Metrics, peer: PeerId, request: RosterFrame) -> RosterFrame {
-        let mesh = self.trust.root().mesh.as_str();
-        let own: Vec<Credentials> = request
-            .members
-            .into_iter()
-            .filter(|c| {
-                Signed::decode(&c.announcement)
-                    .is_ok_and(|s| PeerId::derive(&s.signer, mesh) == peer)
-            })
-            .take(1)
-            .collect();
-        self.take(metrics, &own);
+        self.take(metrics, &request.members);
+        let want = request.want.filter(|w| {
+            let listed: usize = w.have.iter().map(|b| b.members.len()).sum();
+            let fits = listed <= MAX_HAVE && w.have.len() <= BUCKETS;
+            if !fits {
+                metrics.frame_refused("roster_want_too_large");
+            }
+            fits
+        });
         let member = self.trust.verify(|v| self.roster().contact(&peer, v));
         if let Some(from) = member {
             // Full: the driver is behind, and a Have is only a hint (pulls repair).
@@ -267,7 +412,7 @@ impl GossipState {
                 .heard
                 .try_send((from, request.log_size, request.log_root));
         }
-        self.answer_to(request.digest, request.after)
+        self.answer_to(request.digest, want)
     }
 
     /// The membership one-hop routing uses now (what no longer counts is forgotten
@@ -302,9 +447,10 @@ pub struct Driver {
 }
 
 enum Done {
-    /// A gossip exchange: the peer, its answer if it gave one, and how many pages
-    /// of its roster this exchange has had.
-    Exchanged(Peer, Option<Box<RosterFrame>>, usize),
+    /// A gossip exchange: the peer, its answer if it gave one, and what was asked
+    /// (`None`: to compare; else the buckets wanted, and how many pages of them this
+    /// exchange has had).
+    Exchanged(Peer, Option<Box<RosterFrame>>, Option<(Want, usize)>),
     /// A log fetch from a peer: the size it claimed, and what the fetch came to.
     Fetched(u64, Synced),
 }
@@ -366,13 +512,14 @@ impl Driver {
                     }
                 }
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => match done {
-                    Ok(Done::Exchanged(peer, Some(answer), pages)) => {
+                    Ok(Done::Exchanged(peer, Some(answer), asked)) => {
                         self.state.take(&self.metrics, &answer.members);
                         let (size, root) = (answer.log_size, answer.log_root);
                         self.compare_histories(&mut tasks, &mut compared, &peer, size, root);
                         gossip.on_have(now(), peer.clone(), Have { version: size });
-                        if let Some(after) = next_page(&answer, pages) {
-                            self.spawn_page(&mut tasks, peer, Some(after), pages + 1);
+                        let start = usize::from(draw().to_le_bytes()[0]);
+                        if let Some(asked) = self.state.follow_up(&answer, asked, start) {
+                            self.spawn_request(&mut tasks, peer, Some(asked));
                         }
                     }
                     Ok(Done::Exchanged(peer, None, _)) => {
@@ -484,18 +631,14 @@ impl Driver {
     }
 
     fn spawn_exchange(&self, tasks: &mut JoinSet<Done>, peer: Peer) {
-        self.spawn_page(tasks, peer, None, 1);
+        self.spawn_request(tasks, peer, None);
     }
 
-    /// Asks `peer` for the page of its roster after `after`; `pages` counts this one.
-    fn spawn_page(
-        &self,
-        tasks: &mut JoinSet<Done>,
-        peer: Peer,
-        after: Option<[u8; 32]>,
-        pages: usize,
-    ) {
-        let request = Frame::Roster(self.state.request(after)).encode();
+    /// Sends `peer` a request: to compare (`None`), or for buckets of its roster
+    /// (the page counted).
+    fn spawn_request(&self, tasks: &mut JoinSet<Done>, peer: Peer, asked: Option<(Want, usize)>) {
+        let want = asked.as_ref().map(|(want, _)| want.clone());
+        let request = Frame::Roster(self.state.request(want)).encode();
         let client = self.client.clone();
         tasks.spawn(async move {
             let answer = client.request(PeerId(peer.id.0), peer.addr, &request).await;
@@ -503,8 +646,8 @@ impl Driver {
                 .ok()
                 .and_then(|bytes| postcard::from_bytes::<Frame>(&bytes).ok());
             match frame {
-                Some(Frame::Roster(answer)) => Done::Exchanged(peer, Some(Box::new(answer)), pages),
-                _ => Done::Exchanged(peer, None, pages),
+                Some(Frame::Roster(answer)) => Done::Exchanged(peer, Some(Box::new(answer)), asked),
+                _ => Done::Exchanged(peer, None, asked),
             }
         });
     }
@@ -593,8 +736,16 @@ mod tests {
 
     /// Members the root admitted, each announcing itself (what a large mesh holds).
     fn members(mesh: &MeshDir, n: usize) -> Vec<Credentials> {
+        members_with_keys(mesh, n)
+            .into_iter()
+            .map(|(_, c)| c)
+            .collect()
+    }
+
+    /// [`members`], each with its node key, in node-key order.
+    fn members_with_keys(mesh: &MeshDir, n: usize) -> Vec<(Identity, Credentials)> {
         let now = unix_millis();
-        (0..n)
+        let mut out: Vec<_> = (0..n)
             .map(|i| {
                 let key = Identity::generate(mesh.root.mesh.clone(), &SystemRandom::new()).unwrap();
                 let admission = Admission {
@@ -610,13 +761,28 @@ mod tests {
                     leaving: false,
                     address_range: None,
                 };
-                Credentials {
+                let credentials = Credentials {
                     admission: Signed::sign(&mesh.key, ADMISSION_LABEL, &admission).encode(),
                     announcement: Signed::sign(&key, ANNOUNCEMENT_LABEL, &announcement).encode(),
                     address_range: None,
-                }
+                };
+                (key, credentials)
             })
-            .collect()
+            .collect();
+        out.sort_by_key(|(key, _)| *key.public_key());
+        out
+    }
+
+    /// `member`'s credentials with its announcement signed again by `key`, as soon
+    /// as a roster takes a newer one.
+    fn reannounced(key: &Identity, member: &Credentials) -> Credentials {
+        let signed = Signed::decode(&member.announcement).unwrap();
+        let mut body = Announcement::decode(&signed.body).unwrap();
+        body.issued_at += crate::roster::MIN_REANNOUNCE_MS;
+        Credentials {
+            announcement: Signed::sign(key, ANNOUNCEMENT_LABEL, &body).encode(),
+            ..member.clone()
+        }
     }
 
     fn digest(node: &Node) -> [u8; 32] {
@@ -641,25 +807,85 @@ mod tests {
         big.state.take(&metrics, &many[2 * PAGE..]);
         assert_eq!(big.state.members().len(), 2 * PAGE + 101);
 
-        // The newcomer asks; each answer is a page, and it asks for the next.
-        let (mut after, mut pages) = (None, 1);
-        loop {
-            let answer = big.state.answer(&metrics, new.id, new.state.request(after));
-            assert!(answer.members.len() <= PAGE);
-            new.state.take(&metrics, &answer.members);
-            match next_page(&answer, pages) {
-                Some(next) => (after, pages) = (Some(next), pages + 1),
-                None => break,
-            }
-        }
-        assert_eq!(pages, 3, "2 full pages and the rest");
+        // The newcomer asks: the digests differ, so it asks for every bucket, and
+        // each answer is a page.
+        let requests = exchange(&new, &big, &metrics).0;
+        assert_eq!(requests, 1 + 3, "a comparison, 2 full pages and the rest");
         // Both hold the same members now (the big one took the newcomer's own).
         assert_eq!(new.state.members().len(), 2 * PAGE + 102);
         assert_eq!(digest(&new), digest(&big));
-        let again = big.state.answer(&metrics, new.id, new.state.request(None));
+        let (requests, bytes) = exchange(&new, &big, &metrics);
+        assert_eq!(requests, 1, "agreeing rosters: a comparison, {bytes} bytes");
+    }
+
+    /// One exchange as the driver runs it, `asker` asking `peer`, both taking what
+    /// they are sent: how many requests it took and the bytes both ways.
+    fn exchange(asker: &Node, peer: &Node, metrics: &Metrics) -> (usize, usize) {
+        let (mut asked, mut requests, mut bytes) = (None, 0, 0);
+        loop {
+            let request = asker
+                .state
+                .request(asked.as_ref().map(|(w, _): &(Want, usize)| w.clone()));
+            bytes += Frame::Roster(request.clone()).encode().len();
+            let answer = peer.state.answer(metrics, asker.id, request);
+            bytes += Frame::Roster(answer.clone()).encode().len();
+            requests += 1;
+            assert!(answer.members.len() <= PAGE);
+            asker.state.take(metrics, &answer.members);
+            match asker.state.follow_up(&answer, asked, 0) {
+                Some(next) => asked = Some(next),
+                None => return (requests, bytes),
+            }
+        }
+    }
+
+    /// The traffic figure of issue 23: two agents of 10,000 members whose rosters
+    /// differ by one member's newer announcement exchange a few kilobytes (a
+    /// comparison, the bucket digests, one bucket's summary and the one member),
+    /// where sending the roster took about 4 MB.
+    #[test]
+    fn rosters_of_10000_that_differ_by_one_member_exchange_kilobytes() {
+        let dir = tempfile::tempdir().unwrap();
+        operator::create_mesh("test", &dir.path().join("mesh")).unwrap();
+        let mesh = MeshDir::open(&dir.path().join("mesh")).unwrap();
+        let (a, b) = (
+            node(&mesh, &dir.path().join("a"), 7001),
+            node(&mesh, &dir.path().join("b"), 7002),
+        );
+        let metrics = Metrics::new();
+        let keyed = members_with_keys(&mesh, 10_000);
+        let many: Vec<Credentials> = keyed.iter().map(|(_, c)| c.clone()).collect();
+        for page in many.chunks(PAGE) {
+            a.state.take(&metrics, page);
+            b.state.take(&metrics, page);
+        }
+        // Each learns the other's own (news): then they agree. The members are all
+        // fresh news to them too: let that be passed on already.
+        exchange(&a, &b, &metrics);
+        exchange(&b, &a, &metrics);
+        assert_eq!(digest(&a), digest(&b));
+        a.state.news.lock().unwrap().clear();
+        let (requests, agreeing) = exchange(&a, &b, &metrics);
+        assert_eq!(requests, 1);
+
+        // One member re-announces, and only `b` hears it.
+        let renewed = reannounced(&keyed[5_000].0, &keyed[5_000].1);
+        b.state.take(&metrics, std::slice::from_ref(&renewed));
+        b.state.news.lock().unwrap().clear();
+        let (requests, bytes) = exchange(&a, &b, &metrics);
+        assert_eq!(digest(&a), digest(&b), "the newer announcement arrived");
+        assert_eq!(requests, 2, "a comparison and one bucket");
+        let roster_bytes: usize = many
+            .iter()
+            .map(|c| postcard::to_allocvec(c).unwrap().len())
+            .sum();
+        println!(
+            "gossip at 10,000 members: agreeing {agreeing} B, one member apart {bytes} B \
+             (the roster itself {roster_bytes} B)"
+        );
         assert!(
-            again.members.is_empty() && again.next.is_none(),
-            "agreeing rosters: nothing"
+            bytes * 100 < roster_bytes,
+            "{bytes} B for one member of {roster_bytes} B"
         );
     }
 
@@ -719,7 +945,8 @@ mod tests {
             log_root: [0; 32],
             digest: [0; 32],
             members,
-            after: None,
+            want: None,
+            buckets: Vec::new(),
             next,
         };
         assert_eq!(next_page(&answer(page.clone(), Some(last)), 1), Some(last));
@@ -732,5 +959,66 @@ mod tests {
             next_page(&answer(page.clone(), Some(last)), MAX_PAGES),
             None
         );
+    }
+
+    /// Roster news goes along in the next [`NEWS_SENDS`] requests (the pushes at a
+    /// change), reaches a peer that way, and is dropped after.
+    #[test]
+    fn news_goes_along_in_three_requests_then_is_left_to_pulls() {
+        let dir = tempfile::tempdir().unwrap();
+        operator::create_mesh("test", &dir.path().join("mesh")).unwrap();
+        let mesh = MeshDir::open(&dir.path().join("mesh")).unwrap();
+        let (teller, hearer) = (
+            node(&mesh, &dir.path().join("teller"), 7001),
+            node(&mesh, &dir.path().join("hearer"), 7002),
+        );
+        let metrics = Metrics::new();
+        let two = members(&mesh, 2);
+        teller.state.take(&metrics, &two);
+        let first = teller.state.request(None);
+        // Its own announcement and the two members it took, in key order.
+        assert_eq!(first.members.len(), 3);
+        hearer.state.answer(&metrics, teller.id, first);
+        assert_eq!(
+            hearer.state.members().len(),
+            4,
+            "itself, the teller and two"
+        );
+        assert_eq!(teller.state.request(None).members.len(), 3);
+        assert_eq!(teller.state.request(None).members.len(), 3);
+        assert!(
+            teller.state.request(None).members.is_empty(),
+            "sent 3 times"
+        );
+        // A request for buckets carries no news.
+        teller.state.take(&metrics, &members(&mesh, 1));
+        let want = Want {
+            have: Vec::new(),
+            after: None,
+        };
+        assert!(teller.state.request(Some(want)).members.is_empty());
+    }
+
+    /// A request listing more members than [`MAX_HAVE`] is answered as a comparison
+    /// (the bucket digests), not searched.
+    #[test]
+    fn a_request_listing_too_much_is_answered_with_digests_only() {
+        let dir = tempfile::tempdir().unwrap();
+        operator::create_mesh("test", &dir.path().join("mesh")).unwrap();
+        let mesh = MeshDir::open(&dir.path().join("mesh")).unwrap();
+        let (asker, peer) = (
+            node(&mesh, &dir.path().join("asker"), 7001),
+            node(&mesh, &dir.path().join("peer"), 7002),
+        );
+        let metrics = Metrics::new();
+        let have = vec![BucketHave {
+            bucket: 0,
+            members: vec![([0; 32], 0); MAX_HAVE + 1],
+        }];
+        let request = asker.state.request(Some(Want { have, after: None }));
+        let answer = peer.state.answer(&metrics, asker.id, request);
+        assert!(answer.members.is_empty());
+        assert_eq!(answer.buckets.len(), BUCKETS);
+        assert_eq!(metrics.frames_refused("roster_want_too_large"), 1);
     }
 }

@@ -351,6 +351,14 @@ impl Metrics {
             .inc();
     }
 
+    /// How many frames were refused for `reason`.
+    #[cfg(test)]
+    pub fn frames_refused(&self, reason: &str) -> u64 {
+        self.frames_refused
+            .get_or_create(&labels(&[("reason", reason)]))
+            .get()
+    }
+
     /// Counts a stored record that failed verification.
     pub fn record_refused(&self, reason: &'static str) {
         self.records_refused

@@ -29,6 +29,32 @@ pub const MAX_MEMBERS: usize = 16_384;
 /// a larger roster is fetched in pages, in node-key order ([`Roster::page`]).
 pub const PAGE: usize = 1024;
 
+/// The buckets a roster is cut into for comparing ([`Roster::bucket_digests`]): at
+/// 10,000 members about 40 in each.
+pub const BUCKETS: usize = 256;
+
+/// One bucket's summary: the first 8 bytes of its SHA-256.
+pub type BucketDigest = [u8; 8];
+
+/// What an agent holds of one bucket, sent so that a peer sends only the rest
+/// ([`Roster::missing`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketHave {
+    /// The bucket: the first byte of its members' node keys.
+    pub bucket: u8,
+    /// Each member held: node key and announcement date.
+    pub members: Vec<([u8; 32], u64)>,
+}
+
+/// SHA-256 over the bucket digests: the whole roster's summary.
+pub fn top_digest(buckets: &[BucketDigest]) -> [u8; 32] {
+    let mut ctx = Context::new(&SHA256);
+    for b in buckets {
+        ctx.update(b);
+    }
+    ctx.finish().as_ref().try_into().expect("32 bytes")
+}
+
 /// How long an announcement counts; nodes announce again at half of it.
 pub const ANNOUNCEMENT_LIFETIME_MS: u64 = 3_600_000;
 
@@ -175,16 +201,86 @@ impl Roster {
     }
 
     /// A summary two agents compare to see whether their rosters differ: SHA-256 over
-    /// every current (node key, announcement date), in key order. Entries one agent
-    /// still holds and another refused (revoked, expired) do not count, so two
-    /// agents that agree on the members agree on the digest.
+    /// the [`Roster::bucket_digests`]. Entries one agent still holds and another
+    /// refused (revoked, expired) do not count, so two agents that agree on the
+    /// members agree on the digest.
     pub fn digest(&self, verifier: &Verifier<'_>) -> [u8; 32] {
-        let mut ctx = Context::new(&SHA256);
-        for (key, e) in self.entries.iter().filter(|(_, e)| current(e, verifier)) {
-            ctx.update(key);
-            ctx.update(&e.announced.announcement.issued_at.to_be_bytes());
+        top_digest(&self.bucket_digests(verifier))
+    }
+
+    /// The roster cut into [`BUCKETS`] by the first byte of the node key, each
+    /// summarised by the first 8 bytes of SHA-256 over its current (node key,
+    /// announcement date) in key order. Two agents whose rosters differ in a few
+    /// members compare these and exchange only the buckets that differ.
+    pub fn bucket_digests(&self, verifier: &Verifier<'_>) -> Vec<BucketDigest> {
+        let mut digests = Vec::with_capacity(BUCKETS);
+        let mut entries = self
+            .entries
+            .iter()
+            .filter(|(_, e)| current(e, verifier))
+            .peekable();
+        for bucket in 0..=u8::MAX {
+            let mut ctx = Context::new(&SHA256);
+            while let Some((key, e)) = entries.next_if(|(key, _)| key[0] == bucket) {
+                ctx.update(key);
+                ctx.update(&e.announced.announcement.issued_at.to_be_bytes());
+            }
+            let hash = ctx.finish();
+            digests.push(hash.as_ref()[..8].try_into().expect("8 bytes"));
         }
-        ctx.finish().as_ref().try_into().expect("32 bytes")
+        digests
+    }
+
+    /// What this roster holds of `bucket`: each current member's node key and
+    /// announcement date, in key order (what a peer needs to send only the rest).
+    pub fn summary(&self, bucket: u8, verifier: &Verifier<'_>) -> Vec<([u8; 32], u64)> {
+        self.in_bucket(bucket)
+            .filter(|(_, e)| current(e, verifier))
+            .map(|(key, e)| (*key, e.announced.announcement.issued_at))
+            .collect()
+    }
+
+    fn in_bucket(&self, bucket: u8) -> impl Iterator<Item = (&[u8; 32], &Entry)> {
+        let mut from = [0; 32];
+        from[0] = bucket;
+        self.entries
+            .range(from..)
+            .take_while(move |(key, _)| key[0] == bucket)
+    }
+
+    /// One page of what a peer lacks: the credentials of the current members in the
+    /// buckets it asked about that its summary (`have`) does not list or lists with
+    /// an older announcement, in node-key order after `after`, up to [`PAGE`]; and
+    /// the key to ask the next page after, if there is more.
+    pub fn missing(
+        &self,
+        have: &[BucketHave],
+        after: Option<&[u8; 32]>,
+        verifier: &Verifier<'_>,
+    ) -> (Vec<Credentials>, Option<[u8; 32]>) {
+        let mut buckets: Vec<&BucketHave> = have.iter().collect();
+        buckets.sort_by_key(|b| b.bucket);
+        buckets.dedup_by_key(|b| b.bucket);
+        let mut lacking = buckets.into_iter().flat_map(|b| {
+            let held: std::collections::HashMap<_, _> = b.members.iter().copied().collect();
+            self.in_bucket(b.bucket).filter(move |(key, e)| {
+                after.is_none_or(|a| *key > a)
+                    && current(e, verifier)
+                    && held
+                        .get(*key)
+                        .is_none_or(|at| *at < e.announced.announcement.issued_at)
+            })
+        });
+        let page: Vec<_> = lacking.by_ref().take(PAGE).collect();
+        let next = match lacking.next() {
+            Some(_) => page.last().map(|(key, _)| **key),
+            None => None,
+        };
+        let credentials = page
+            .into_iter()
+            .map(|(_, e)| e.credentials.clone())
+            .collect();
+        (credentials, next)
     }
 
     /// Every current member's credentials (what the pages add up to).
@@ -195,32 +291,6 @@ impl Roster {
             .filter(|e| current(e, verifier))
             .map(|e| e.credentials.clone())
             .collect()
-    }
-
-    /// One page of a gossip answer: the credentials of up to [`PAGE`] current members
-    /// whose node key follows `after` (from the first with `None`), and the key to ask
-    /// the next page after, if there are more.
-    pub fn page(
-        &self,
-        after: Option<&[u8; 32]>,
-        verifier: &Verifier<'_>,
-    ) -> (Vec<Credentials>, Option<[u8; 32]>) {
-        use std::ops::Bound::{Excluded, Unbounded};
-        let from = after.map_or(Unbounded, Excluded);
-        let mut members = self
-            .entries
-            .range::<[u8; 32], _>((from, Unbounded))
-            .filter(|(_, e)| current(e, verifier));
-        let page: Vec<_> = members.by_ref().take(PAGE).collect();
-        let next = match members.next() {
-            Some(_) => page.last().map(|(key, _)| **key),
-            None => None,
-        };
-        let credentials = page
-            .into_iter()
-            .map(|(_, e)| e.credentials.clone())
-            .collect();
-        (credentials, next)
     }
 
     /// The member with ring id `id`, at the address it signed, if it is a current

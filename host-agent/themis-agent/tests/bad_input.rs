@@ -990,7 +990,11 @@ fn a_peer_that_answers_lookups_without_progress_is_dropped() {
         assert_eq!(answer["node"]["id"], b.agent.id.as_str(), "{answer}");
         a.wait_at_least(DHT_REJECTIONS, &no_progress, before + 1);
     }
-    assert_eq!(a.value(DHT_REJECTIONS, &[("reason", "BadResponsible")]), 0);
+    // No assertion on `BadResponsible`: the fake never answers `Responsible`, so it can
+    // earn none; only a real neighbour can, when under load it has timed out every
+    // successor and, alone in its own table, names itself for every key (seen once in
+    // a loaded unprivileged run). That lie-shaped answer is rightly refused; it is not
+    // this test's subject.
 
     // a still serves: its status, its ring, and finds it can answer itself.
     assert_eq!(a.agent.get("/v1/status").unwrap().0, 200);
@@ -1348,7 +1352,8 @@ async fn announce(stream: &mut themis_net::SecureStream, peer: &Admitted) {
             announcement,
             address_range: None,
         }],
-        after: None,
+        want: None,
+        buckets: Vec::new(),
         next: None,
     });
     let answer = stream.request(&encode(&request)).await.unwrap();

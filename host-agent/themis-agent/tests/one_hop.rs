@@ -450,7 +450,8 @@ fn a_stranger_gets_nothing_of_the_roster_and_is_no_member() {
                 announcement: announcement.clone(),
                 address_range: None,
             }],
-            after: None,
+            want: None,
+            buckets: Vec::new(),
             next: None,
         })
         .encode()
