@@ -424,12 +424,16 @@ impl Envoy {
     /// Waits until every worker's sealing and inbound filters hold the workload's key.
     pub fn wait_identity(&self) {
         if self.native {
+            // Its `identity` gauges: 1 once the module holds a delegated key.
             let what = format!("{}'s native module to hold a delegated key", self.name());
             return wait_until(&what, READY_LIMIT, || {
-                self.process
-                    .log()
-                    .contains("holds a delegated key")
-                    .then_some(())
+                let stats = self.stats();
+                let held = |role: &str| {
+                    stats
+                        .get(&format!("dynamicmodulescustom.themis.{role}.identity"))
+                        .copied()
+                };
+                (held("seal") >= Some(1) && held("inbound") >= Some(1)).then_some(())
             });
         }
         let what = format!("{}'s filters to load the workload key", self.name());

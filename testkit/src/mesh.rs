@@ -326,6 +326,7 @@ pub const NATIVE_CALLS: &[&str] = &[
     "check.default.svc",
     "check-limited",
     "check-budget",
+    "check-small",
     "nosuch",
 ];
 

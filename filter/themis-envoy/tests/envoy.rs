@@ -1262,6 +1262,47 @@ fn a_flood_of_fresh_hellos_from_many_sources_is_refused_busy_and_pooled_callers_
     );
 }
 
+/// A full replay cache forgets the live Hello that expires first and says so
+/// (`replay_cache_evicted`; a replay of the forgotten one would cost a full answer and
+/// still fail at message 3), and the mesh's calls go on. Both roles of a sidecar show
+/// that they hold the workload's key (`identity`: per worker on Wasm, once per
+/// process on the native runtime).
+fn a_full_replay_cache_forgets_a_hello_and_counts_it(runtime: Runtime) {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
+    let mesh = Mesh::start_on(runtime, runtime, Some(ALLOW_HANDLER));
+    let small = mesh.start_envoy_b(
+        "envoy-b-small-cache",
+        // (The policy slot of the test config: the policy, then the cache's size.)
+        Some(&format!(r#"{ALLOW_HANDLER},"replay_cache_entries":1"#)),
+    );
+    small.wait_identity();
+    for role in ["seal", "inbound"] {
+        let held = small.themis_counter(&format!("{role}.identity"));
+        assert!(held >= 1, "{role}.identity is {held}");
+    }
+    // Three fresh Hellos on two workers: one worker takes two, with room for one.
+    support::intruder::flood_fresh_hellos(&mesh.check_id, small.inbound, 3, 3);
+    wait_evicted(&small);
+    mesh.register("check-small", "check", small.inbound);
+    let r = mesh.call("GET", "check-small", "/after", &[], b"");
+    assert_eq!(r.status, 200, "{r}\n{}", small.log_tail(30));
+}
+
+/// Waits until `envoy` counts a Hello forgotten from a full replay cache.
+fn wait_evicted(envoy: &Envoy) {
+    let deadline = Instant::now() + COUNT_LIMIT;
+    while stat_inbound(envoy, "replay_cache_evicted") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no replay_cache_evicted; its inbound counters: {:?}",
+            envoy.themis_counters("inbound.")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// What a rotation replaces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Rotated {
@@ -1443,6 +1484,7 @@ themis_testkit::on_both_runtimes!(
     a_dotted_service_name_resolves_and_is_called,
     hello_floods_are_refused_cheaply_and_counted_by_reason,
     a_flood_of_fresh_hellos_from_many_sources_is_refused_busy_and_pooled_callers_keep_going,
+    a_full_replay_cache_forgets_a_hello_and_counts_it,
     a_workload_key_is_rotated_under_continuous_calls,
     a_node_key_is_rotated_under_continuous_calls,
 );

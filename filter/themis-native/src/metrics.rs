@@ -3,6 +3,10 @@
 //! metrics, so the counters are defined by the module's HTTP filter configuration
 //! (every native sidecar has one, on its outbound listener) and the sockets add to
 //! them through it: Envoy's counters are atomic, so any worker may.
+//!
+//! The gauge `identity` is 1 once the module holds a delegated key (one per Envoy
+//! process: the key is shared by its workers, where the Wasm filter's counts one per
+//! worker), on whichever configuration's metrics are installed.
 
 use std::sync::{Arc, RwLock};
 
@@ -32,20 +36,23 @@ pub const REFUSALS: [&str; 20] = [
 ];
 
 /// What the socket roles count besides refusals (`handshakes`: messages 1 sent,
-/// seal only; `allowed` and `known_good_handshakes`, inbound only).
-const EVENTS: [&str; 5] = [
+/// seal only; `allowed`, `known_good_handshakes` and `replay_cache_evicted` — a live
+/// Hello forgotten because the replay cache was full —, inbound only).
+const EVENTS: [&str; 6] = [
     "connections",
     "handshakes",
     "established",
     "allowed",
     "known_good_handshakes",
+    "replay_cache_evicted",
 ];
 
 /// The roles whose sockets count.
 const ROLES: [&str; 2] = ["seal", "inbound"];
 
-/// The gauges the socket roles keep: open connections.
-const GAUGES: [&str; 1] = ["active"];
+/// The gauges the socket roles keep: open connections, and whether the module holds
+/// its delegated key.
+const GAUGES: [&str; 2] = ["active", "identity"];
 
 /// Every gauge name the sockets use.
 pub fn gauge_names() -> Vec<String> {
@@ -81,13 +88,36 @@ pub enum Change<'a> {
 /// Applies changes to Envoy's metrics.
 pub type Sink = Arc<dyn Fn(Change<'_>) + Send + Sync>;
 
-/// The installed sink and who installed it.
-static SINK: RwLock<Option<(usize, Sink)>> = RwLock::new(None);
+/// The installed sink and who installed it, and whether the module holds its key.
+struct Installed {
+    sink: Option<(usize, Sink)>,
+    identity: bool,
+}
+
+static SINK: RwLock<Installed> = RwLock::new(Installed {
+    sink: None,
+    identity: false,
+});
+
+impl Installed {
+    /// Adds `delta` to the `identity` gauges through the sink, if the key is held.
+    fn identity_gauges(&self, delta: i64) {
+        if let Some((_, sink)) = self.sink.as_ref().filter(|_| self.identity) {
+            for role in ROLES {
+                sink(Change::Gauge(&format!("themis.{role}.identity"), delta));
+            }
+        }
+    }
+}
 
 /// Makes `sink` (owned by `owner`, a configuration's address) the one counters go to.
+/// The `identity` gauges move with it: taken back from the sink it replaces (Envoy
+/// creates a new configuration before destroying the old), given to the new one.
 pub fn install(owner: usize, sink: Sink) {
     if let Ok(mut slot) = SINK.write() {
-        *slot = Some((owner, sink));
+        slot.identity_gauges(-1);
+        slot.sink = Some((owner, sink));
+        slot.identity_gauges(1);
     }
 }
 
@@ -95,8 +125,18 @@ pub fn install(owner: usize, sink: Sink) {
 /// sink. Waits for counts in flight (they hold the read lock).
 pub fn uninstall(owner: usize) {
     if let Ok(mut slot) = SINK.write() {
-        if slot.as_ref().is_some_and(|(o, _)| *o == owner) {
-            *slot = None;
+        if slot.sink.as_ref().is_some_and(|(o, _)| *o == owner) {
+            slot.identity_gauges(-1);
+            slot.sink = None;
+        }
+    }
+}
+
+/// The module holds a delegated key from now on (renewals change nothing).
+pub fn identity_held() {
+    if let Ok(mut slot) = SINK.write() {
+        if !std::mem::replace(&mut slot.identity, true) {
+            slot.identity_gauges(1);
         }
     }
 }
@@ -115,7 +155,7 @@ pub fn gauge(role: &str, name: &str, delta: i64) -> bool {
 /// Runs `f` on the installed sink, under the read lock; false if there is none.
 fn apply(f: impl FnOnce(&Sink)) -> bool {
     match SINK.read() {
-        Ok(slot) => slot.as_ref().map(|(_, sink)| f(sink)).is_some(),
+        Ok(slot) => slot.sink.as_ref().map(|(_, sink)| f(sink)).is_some(),
         Err(_) => false,
     }
 }
@@ -136,7 +176,7 @@ mod tests {
             };
             into.lock().unwrap().push(seen)
         });
-        install(1, sink);
+        install(1, sink.clone());
         count("seal", "established");
         assert!(gauge("inbound", "active", 1));
         uninstall(2); // not the owner: still installed
@@ -154,7 +194,35 @@ mod tests {
         );
         assert_eq!(
             gauge_names(),
-            ["themis.seal.active", "themis.inbound.active"]
+            [
+                "themis.seal.active",
+                "themis.seal.identity",
+                "themis.inbound.active",
+                "themis.inbound.identity"
+            ]
+        );
+
+        // The key, held before any sink is installed: the first sink gets the gauges;
+        // a second configuration takes them over; the last one going takes them back.
+        seen.lock().unwrap().clear();
+        identity_held();
+        install(3, sink.clone());
+        identity_held(); // a renewal
+        install(4, sink);
+        uninstall(3); // replaced already: nothing
+        uninstall(4);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                "themis.seal.identity +1",
+                "themis.inbound.identity +1",
+                "themis.seal.identity -1",
+                "themis.inbound.identity -1",
+                "themis.seal.identity +1",
+                "themis.inbound.identity +1",
+                "themis.seal.identity -1",
+                "themis.inbound.identity -1",
+            ]
         );
         let names = counter_names();
         assert!(names.contains(&"themis.inbound.refused.policy".to_string()));

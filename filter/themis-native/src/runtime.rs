@@ -238,6 +238,7 @@ impl Runtime {
         let credential = Credential::new(identity, key, delegation, endorsement, now)
             .map_err(|e| format!("the agent's delegation does not verify: {e}"))?;
         self.publish(|s| s.credential = Some(Arc::new(credential)));
+        crate::metrics::identity_held();
         crate::ffi::log(
             2,
             &format!(

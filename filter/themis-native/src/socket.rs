@@ -456,7 +456,8 @@ impl Connection {
                             }
                         }
                     }
-                    stream
+                    let evicted = guard.evicted();
+                    let out = stream
                         .from_peer(
                             data,
                             &*credential,
@@ -465,7 +466,14 @@ impl Connection {
                             now,
                             &self.rng,
                         )
-                        .map_err(|r| (r.reason(), r.to_string()))
+                        .map_err(|r| (r.reason(), r.to_string()));
+                    if guard.evicted() > evicted {
+                        // Full of live Hellos: the first to expire was forgotten (a
+                        // replay of it costs a full answer again, and still fails at
+                        // message 3).
+                        metrics::count("inbound", "replay_cache_evicted");
+                    }
+                    out
                 })?;
                 self.first = first.filter(|_| !decided);
                 if !self.replied {
