@@ -77,6 +77,9 @@ struct Raw {
     /// Inbound: message 1s remembered per worker for replay refusal.
     #[serde(default = "defaults::replay_cache_entries")]
     replay_cache_entries: usize,
+    /// Inbound (Wasm): how long a caller has to prove itself and be allowed.
+    #[serde(default = "defaults::handshake_timeout_secs")]
+    handshake_timeout_secs: u64,
     /// Inbound: fresh Hellos answered per worker, every source together (token
     /// bucket); over it, `refused.busy`.
     #[serde(default = "defaults::handshake_budget")]
@@ -155,6 +158,10 @@ mod defaults {
     pub fn replay_cache_entries() -> usize {
         themis_core::guard::DEFAULT_REPLAY_CACHE_ENTRIES
     }
+    /// As the native template's listener deadline (`transport_socket_connect_timeout`).
+    pub fn handshake_timeout_secs() -> u64 {
+        10
+    }
     /// Per worker: far above the handshakes pooled connections need (a handful per
     /// peer per minute), and a bound on what a flood from many addresses costs.
     pub fn handshake_budget() -> super::RawRate {
@@ -214,6 +221,11 @@ pub struct Config {
     pub hello_window: Duration,
     /// Inbound: message 1s remembered per worker within the window (`refused.replay`).
     pub replay_cache_entries: usize,
+    /// Inbound, Wasm runtime: a connection whose caller is not allowed this long
+    /// after it opened is closed (`refused.handshake_timeout`), so a caller that
+    /// stalls in the handshake holds no connection. The native runtime takes its
+    /// deadline from the listener (`transport_socket_connect_timeout`).
+    pub handshake_timeout: Duration,
     /// Inbound: the budget of fresh Hellos answered per worker, with its share
     /// reserved for known-good sources (`refused.busy` over it).
     pub handshake_budget: themis_core::BudgetConfig,
@@ -367,6 +379,12 @@ impl Config {
         if !(1..=3_600).contains(&raw.hello_window_secs) {
             return Err(invalid("hello_window_secs", "must be between 1 and 3600"));
         }
+        if !(1..=300).contains(&raw.handshake_timeout_secs) {
+            return Err(invalid(
+                "handshake_timeout_secs",
+                "must be between 1 and 300",
+            ));
+        }
         let budget = raw.handshake_budget;
         if budget.per_second == 0 || budget.burst == 0 {
             return Err(invalid(
@@ -455,6 +473,7 @@ impl Config {
             },
             hello_window: Duration::from_secs(raw.hello_window_secs),
             replay_cache_entries: raw.replay_cache_entries,
+            handshake_timeout: Duration::from_secs(raw.handshake_timeout_secs),
             handshake_budget: themis_core::BudgetConfig {
                 rate: themis_core::Rate {
                     per_second: budget.per_second,
@@ -617,6 +636,14 @@ mod tests {
             (
                 r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","hello_window_secs":0}"#,
                 "hello_window_secs",
+            ),
+            (
+                r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","handshake_timeout_secs":0}"#,
+                "handshake_timeout_secs",
+            ),
+            (
+                r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","handshake_timeout_secs":301}"#,
+                "handshake_timeout_secs",
             ),
             (
                 r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","handshake_budget":{"per_second":0,"burst":4}}"#,

@@ -130,18 +130,16 @@ fn a_wasm_caller_reaches_a_native_callee() {
     call_is_sealed_and_attributed(&mesh(Runtime::Wasm, Runtime::Native));
 }
 
-/// Plaintext HTTP/1.1 or HTTP/2 sent straight to a native inbound listener: closed,
-/// unanswered, and nothing reaches the app.
 /// A caller that connects and never completes the handshake (silent, or stalled after
-/// part of message 1) does not hold its connection: the listener's handshake deadline
-/// (10 s in the template) closes it, unanswered. The bound asserted is generous.
-#[test]
-fn a_caller_that_stalls_in_the_handshake_is_closed_by_a_native_callee() {
+/// part of message 1) does not hold its connection: the native listener's handshake
+/// deadline (10 s in the template), or the Wasm filter's `handshake_timeout_secs`
+/// (10 s by default), closes it, unanswered. The bound asserted is generous.
+fn a_caller_that_stalls_in_the_handshake_is_closed(runtime: Runtime) {
     use std::io::{Read, Write};
-    if !require::filter_in_envoy("runs the native module in Envoy") {
+    if !require::filter_in_envoy("runs the filter in Envoy") {
         return;
     }
-    let mesh = mesh(Runtime::Native, Runtime::Native);
+    let mesh = mesh(runtime, runtime);
     // Nothing at all; the start of a message 1 (version, kind Hello), never finished.
     let hello_start = [
         themis_core::wire::PROTOCOL_VERSION,
@@ -168,19 +166,27 @@ fn a_caller_that_stalls_in_the_handshake_is_closed_by_a_native_callee() {
         );
         assert!(answer.is_empty(), "it was answered {answer:?}");
     }
+    if runtime == Runtime::Wasm {
+        let timed_out = mesh
+            .envoy_b
+            .themis_counter("inbound.refused.handshake_timeout");
+        assert_eq!(timed_out, 2, "{}", mesh.logs());
+    }
     // The callee still serves the mesh.
     let r = mesh.call("GET", "check", "/after", &[], b"");
     assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
 }
 
-/// A caller the native callee's policy does not allow: its connection is closed
-/// before any byte reaches the app; the calling app sees a 503.
-/// Fresh, validly signed Hellos (each from a new key pair) spread over several
-/// sources, each far under its own `hellos_per_source` bucket, find the native
-/// callee's handshake budget spent and are closed before any key work
-/// (`refused.busy`), while the caller's pooled connection goes on with no new
-/// handshake. The budget is tiny: 1 handshake a second, 10 at once, 90 % reserved
-/// for known-good sources.
+#[test]
+fn a_caller_that_stalls_in_the_handshake_is_closed_by_a_native_callee() {
+    a_caller_that_stalls_in_the_handshake_is_closed(Runtime::Native);
+}
+
+#[test]
+fn a_caller_that_stalls_in_the_handshake_is_closed_by_a_wasm_callee() {
+    a_caller_that_stalls_in_the_handshake_is_closed(Runtime::Wasm);
+}
+
 /// Two ids registered for `check` at one address: which one the app was promised
 /// cannot be told, so the native caller refuses to connect there (`ambiguous`)
 /// rather than authenticate whichever answers.

@@ -52,6 +52,8 @@ enum Gate {
 
 pub struct Inbound {
     worker: Shared,
+    /// Envoy's id of this connection's context (the root closes it by this id).
+    context_id: u32,
     stream: StreamResponder,
     gate: Gate,
     /// Plaintext held while the policy is decided.
@@ -67,11 +69,17 @@ pub struct Inbound {
 }
 
 impl Inbound {
-    pub fn new(worker: Shared) -> Self {
-        worker.borrow().metrics.count("connections");
-        worker.borrow().metrics.gauge("active", 1);
+    pub fn new(worker: Shared, context_id: u32) -> Self {
+        {
+            let mut w = worker.borrow_mut();
+            w.metrics.count("connections");
+            w.metrics.gauge("active", 1);
+            let deadline = now_ms() + w.config.handshake_timeout.as_millis() as u64;
+            w.handshaking.insert(context_id, deadline);
+        }
         Inbound {
             worker,
+            context_id,
             stream: StreamResponder::new(HTTP2_PREFACE),
             gate: Gate::Unknown,
             held: Vec::new(),
@@ -83,10 +91,11 @@ impl Inbound {
     }
 
     fn close(&mut self, reason: &str, detail: &str) {
-        self.worker
-            .borrow()
-            .metrics
-            .count(&format!("refused.{reason}"));
+        {
+            let mut w = self.worker.borrow_mut();
+            w.metrics.count(&format!("refused.{reason}"));
+            w.handshaking.remove(&self.context_id);
+        }
         if matches!(reason, "rate_limited" | "stale" | "replay" | "busy") {
             // What floods are refused for: counted, not logged one line each.
             debug!("themis inbound: closing the connection ({reason}): {detail}");
@@ -144,6 +153,7 @@ impl Inbound {
                 {
                     let mut w = self.worker.borrow_mut();
                     w.metrics.count("allowed");
+                    w.handshaking.remove(&self.context_id);
                     if let Some(source) = self.source {
                         // Known good: its new connections draw on the reserved share.
                         w.budget.confirmed(source, now_ms());
@@ -506,7 +516,26 @@ impl StreamContext for Inbound {
 
 impl Drop for Inbound {
     fn drop(&mut self) {
-        self.worker.borrow().metrics.gauge("active", -1);
+        let mut w = self.worker.borrow_mut();
+        w.metrics.gauge("active", -1);
+        w.handshaking.remove(&self.context_id);
+    }
+}
+
+/// Closes the connection of context `context_id`, whose caller was not allowed by
+/// its deadline (`handshake_timeout`): silent, stalled inside a message, or waiting
+/// on an agent that does not answer. Called by the root, acting as that context.
+pub(super) fn close_late(worker: &Shared, context_id: u32) {
+    {
+        let w = worker.borrow();
+        w.metrics.count("refused.handshake_timeout");
+        warn!(
+            "themis inbound: closing the connection (handshake_timeout): the caller was not allowed within {:?}",
+            w.config.handshake_timeout
+        );
+    }
+    if hostcalls::set_effective_context(context_id).is_ok() {
+        let _ = hostcalls::close_downstream();
     }
 }
 

@@ -11,7 +11,7 @@ mod outbound;
 mod seal;
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -55,6 +55,9 @@ struct Worker {
     callers: Callers,
     /// Root-signed revocations, fetched from the agent every `revocation_poll`.
     revoked: Revocations,
+    /// Inbound: the connections whose caller is not allowed yet, by context id,
+    /// with their deadline (`handshake_timeout`; the root closes them on a tick).
+    handshaking: BTreeMap<u32, u64>,
     metrics: Metrics,
     rng: SystemRandom,
 }
@@ -105,6 +108,20 @@ impl Worker {
 
     fn expires(&self) -> u64 {
         now_ms() + self.config.resolve_ttl.as_millis() as u64
+    }
+
+    /// Takes the connections still handshaking at their deadline.
+    fn handshakes_past_deadline(&mut self, now: u64) -> Vec<u32> {
+        let late: Vec<u32> = self
+            .handshaking
+            .iter()
+            .filter(|(_, deadline)| **deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &late {
+            self.handshaking.remove(id);
+        }
+        late
     }
 }
 
@@ -317,6 +334,7 @@ impl RootContext for Root {
             identity: None,
             callers: Callers::default(),
             revoked: Revocations::new(),
+            handshaking: BTreeMap::new(),
             rng: SystemRandom::new(),
         })));
         // Quick ticks until the workload's identity is loaded, then one a second.
@@ -332,6 +350,12 @@ impl RootContext for Root {
             let now = now_ms();
             w.routes.expire(now);
             w.callers.expire(now);
+            let late = w.handshakes_past_deadline(now);
+            drop(w);
+            // Last in the tick: each close acts as that connection's context.
+            for context_id in late {
+                inbound::close_late(worker, context_id);
+            }
         }
     }
 
@@ -340,11 +364,11 @@ impl RootContext for Root {
         Some(Box::new(outbound::Outbound::new(worker)))
     }
 
-    fn create_stream_context(&self, _: u32) -> Option<Box<dyn StreamContext>> {
+    fn create_stream_context(&self, context_id: u32) -> Option<Box<dyn StreamContext>> {
         let worker = self.worker.clone()?;
         let role = worker.borrow().config.role;
         Some(match role {
-            Role::Inbound => Box::new(inbound::Inbound::new(worker)),
+            Role::Inbound => Box::new(inbound::Inbound::new(worker, context_id)),
             _ => Box::new(seal::Seal::new(worker)),
         })
     }
