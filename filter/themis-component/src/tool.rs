@@ -16,7 +16,9 @@ use ring::rand::SecureRandom;
 use ring::rand::SystemRandom;
 use serde::de::DeserializeOwned;
 use themis_contracts::{api, paths, ServiceName};
+use themis_core::delegation::{Credential, DelegatedKey, Delegation, HandshakeSigner};
 use themis_core::handshake::Initiator;
+use themis_core::identity::PublicIdentity;
 use themis_core::stream::{Meta, StreamInitiator};
 use themis_core::{wire, HandshakeConfig, Identity, MeshName, PeerId, Session};
 use themis_trust::{MeshRoot, Revocations, Verifier};
@@ -48,9 +50,14 @@ enum Command {
         /// The agent's read-only resolution address (`themis agent --resolve-listen`).
         #[arg(long, default_value = "127.0.0.1:7480")]
         agent: SocketAddr,
-        /// This client's key file.
-        #[arg(long)]
-        key: PathBuf,
+        /// This client's key file (the workload key itself).
+        #[arg(long, required_unless_present = "credential")]
+        key: Option<PathBuf>,
+        /// This client's delegated credential (`themis delegate WORKLOAD --out FILE`
+        /// on the workload's node): a short-lived key the agent delegated the
+        /// workload's handshakes to, so that the workload key stays in the agent.
+        #[arg(long, conflicts_with = "key", value_name = "FILE")]
+        credential: Option<PathBuf>,
         /// The mesh root (`<mesh>:<hex>`, as `themis mesh create` printed it): only
         /// instances it endorses for the service are called.
         #[arg(long)]
@@ -125,6 +132,51 @@ fn load(key: &PathBuf, mesh: MeshName) -> Result<Identity, String> {
     Identity::from_key_file(mesh, &pem).map_err(|e| format!("{}: {e}", key.display()))
 }
 
+/// The delegated credential in `path` (what `themis delegate` wrote), checked now:
+/// for this mesh, its id its key's, its delegation the workload key's for this
+/// delegated key and not expired. The endorsement goes along only with a claim.
+fn load_credential(path: &PathBuf, root: &MeshRoot, claim: bool) -> Result<Credential, String> {
+    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let text = std::fs::read_to_string(path).map_err(|e| at(&e))?;
+    let file: api::DelegatedCredential =
+        serde_json::from_str(&text).map_err(|e| at(&format!("not a delegated credential: {e}")))?;
+    let d = &file.delegated;
+    if d.identity.mesh != root.mesh.as_str() {
+        return Err(at(&format!(
+            "a credential of mesh {:?}, not of {}",
+            d.identity.mesh, root.mesh
+        )));
+    }
+    let mut public_key = [0u8; 32];
+    hex::decode_to_slice(&d.identity.public_key, &mut public_key)
+        .map_err(|_| at(&"the public key is not 32 bytes of hex"))?;
+    let workload = PublicIdentity::new(public_key, root.mesh.clone());
+    if workload.printable_id() != d.identity.id {
+        return Err(at(&format!(
+            "{} is not the id of its public key",
+            d.identity.id
+        )));
+    }
+    let mut seed = zeroize::Zeroizing::new([0u8; 32]);
+    hex::decode_to_slice(&file.delegated_key_seed, seed.as_mut())
+        .map_err(|_| at(&"the delegated key's seed is not 32 bytes of hex"))?;
+    let key = DelegatedKey::from_seed(&seed).map_err(|e| at(&e))?;
+    let delegation = hex::decode(&d.delegation)
+        .ok()
+        .and_then(|bytes| Delegation::decode(&bytes))
+        .ok_or_else(|| at(&"the delegation does not decode"))?;
+    let endorsement = match (&d.endorsement, claim) {
+        (Some(text), true) => hex::decode(text).map_err(|_| at(&"the endorsement is not hex"))?,
+        _ => Vec::new(),
+    };
+    Credential::new(workload, key, delegation, endorsement, unix_millis()).map_err(|e| {
+        at(&format!(
+            "{e} (until {} Unix ms); ask the workload's agent for a new one: themis delegate {} --out FILE",
+            d.not_after_ms, d.identity.workload
+        ))
+    })
+}
+
 fn run(command: Command) -> Result<(), String> {
     let command = match command {
         Command::Id(command) => command,
@@ -132,6 +184,7 @@ fn run(command: Command) -> Result<(), String> {
             service,
             agent,
             key,
+            credential,
             mesh_root,
             http,
             body,
@@ -143,9 +196,14 @@ fn run(command: Command) -> Result<(), String> {
                 return Err("--body, --header and --service go with --http".into());
             }
             let root: MeshRoot = mesh_root.parse().map_err(|e| format!("--mesh-root: {e}"))?;
-            let me = load(&key, root.mesh.clone())?;
+            let me: Box<dyn HandshakeSigner> = match (key, credential) {
+                (Some(key), _) => Box::new(load(&key, root.mesh.clone())?),
+                (None, Some(file)) => Box::new(load_credential(&file, &root, claim.is_some())?),
+                (None, None) => return Err("--key or --credential is required".into()),
+            };
+            let me = &*me;
             let Some(http) = http else {
-                return call(&service, agent, &me, &root, &messages);
+                return call(&service, agent, me, &root, &messages);
             };
             let [method, path] =
                 <[String; 2]>::try_from(http).map_err(|_| "--http takes a method and a path")?;
@@ -163,7 +221,7 @@ fn run(command: Command) -> Result<(), String> {
                 headers: parsed,
                 body: body.map(String::into_bytes),
             };
-            return call_http(&service, agent, &me, &root, &request, claim);
+            return call_http(&service, agent, me, &root, &request, claim);
         }
     };
     match command {
@@ -321,7 +379,10 @@ fn read_message(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<Vec<u8>, St
 }
 
 /// The key agreement with `instance`, as the initiator.
-fn connect(me: &Identity, instance: &Instance) -> Result<(TcpStream, Vec<u8>, Session), String> {
+fn connect(
+    me: &dyn HandshakeSigner,
+    instance: &Instance,
+) -> Result<(TcpStream, Vec<u8>, Session), String> {
     let mut stream = TcpStream::connect(instance.endpoint).map_err(|e| e.to_string())?;
     let rng = ring::rand::SystemRandom::new();
     let (waiting, hello) = Initiator::start(
@@ -348,7 +409,7 @@ fn connect(me: &Identity, instance: &Instance) -> Result<(TcpStream, Vec<u8>, Se
 fn call(
     service: &str,
     agent: SocketAddr,
-    me: &Identity,
+    me: &dyn HandshakeSigner,
     root: &MeshRoot,
     messages: &[String],
 ) -> Result<(), String> {
@@ -360,7 +421,7 @@ fn call(
             Err(e) => {
                 eprintln!(
                     "{} at {}: {e}; trying the next instance",
-                    instance.id.printable(me.mesh()),
+                    instance.id.printable(me.identity().mesh()),
                     instance.endpoint
                 );
                 failures.push(e);
@@ -369,7 +430,7 @@ fn call(
         };
         eprintln!(
             "authenticated {} at {}",
-            instance.id.printable(me.mesh()),
+            instance.id.printable(me.identity().mesh()),
             instance.endpoint
         );
         for message in messages {
@@ -411,7 +472,7 @@ enum Failure {
 fn call_http(
     service: &str,
     agent: SocketAddr,
-    me: &Identity,
+    me: &dyn HandshakeSigner,
     root: &MeshRoot,
     request: &http2::Request,
     claim: Option<String>,
@@ -431,7 +492,7 @@ fn call_http(
             Err(Failure::Unreached(e)) => {
                 eprintln!(
                     "{} at {}: {e}; trying the next instance",
-                    instance.id.printable(me.mesh()),
+                    instance.id.printable(me.identity().mesh()),
                     instance.endpoint
                 );
                 failures.push(e);
@@ -448,7 +509,7 @@ fn call_http(
 /// request's first bytes held until it finishes), then HTTP/2 until the response
 /// ends. Returns the status.
 fn exchange(
-    me: &Identity,
+    me: &dyn HandshakeSigner,
     instance: &Instance,
     request: &http2::Request,
     claim: Option<String>,
@@ -526,7 +587,7 @@ fn exchange(
         if !opened && stream.is_open() {
             eprintln!(
                 "authenticated {} at {}",
-                instance.id.printable(me.mesh()),
+                instance.id.printable(me.identity().mesh()),
                 instance.endpoint
             );
         }

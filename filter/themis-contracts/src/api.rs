@@ -523,6 +523,20 @@ pub struct Delegated {
     pub endorsement: Option<String>,
 }
 
+/// A delegated credential in a file, for a client outside a sidecar (the
+/// standalone component, `wasmtime run themis_component.wasm call --credential`):
+/// what `themis delegate` got from the agent, with the delegated key's
+/// seed. Whoever holds the file speaks as the workload until `not_after_ms`, and no
+/// longer; the workload's own key never leaves the agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DelegatedCredential {
+    /// The agent's answer.
+    #[serde(flatten)]
+    pub delegated: Delegated,
+    /// The delegated key's 32-byte Ed25519 seed, hex.
+    pub delegated_key_seed: String,
+}
+
 /// The answer to a [`SignRequest`]: an Ed25519 signature.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SignResponse {

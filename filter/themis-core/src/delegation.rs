@@ -169,8 +169,14 @@ impl DelegatedKey {
         let mut seed = Zeroizing::new([0u8; 32]);
         rng.fill(seed.as_mut())
             .map_err(|_| DelegationError::Random)?;
-        let pair = Ed25519KeyPair::from_seed_unchecked(seed.as_ref())
-            .map_err(|_| DelegationError::Random)?;
+        DelegatedKey::from_seed(&seed)
+    }
+
+    /// The key of a 32-byte Ed25519 seed: a client outside a sidecar keeps its
+    /// delegated key in a file (`themis delegate`) as its seed.
+    pub fn from_seed(seed: &[u8; 32]) -> Result<Self, DelegationError> {
+        let pair =
+            Ed25519KeyPair::from_seed_unchecked(seed).map_err(|_| DelegationError::Random)?;
         let mut public = [0u8; 32];
         public.copy_from_slice(pair.public_key().as_ref());
         Ok(DelegatedKey { pair, public })

@@ -108,8 +108,8 @@ fn run_tool(component: &Path, dir: &Path, args: &[&str]) -> Run {
 }
 
 /// What every call of the tool names: `call check --http METHOD PATH`, then `http`
-/// (the rest of the request), then the key, the mesh root and the agent to resolve
-/// through.
+/// (the rest of the request), then the delegated credential, the mesh root and the
+/// agent to resolve through.
 struct Caller<'a> {
     component: &'a Path,
     work: &'a Path,
@@ -119,9 +119,14 @@ struct Caller<'a> {
 
 impl Caller<'_> {
     fn call(&self, http: &[&str]) -> Run {
+        self.call_with("tool.credential", http)
+    }
+
+    /// [`Caller::call`] with the credential file `credential` (in the work directory).
+    fn call_with(&self, credential: &str, http: &[&str]) -> Run {
         let mut args = vec!["call", "check", "--http"];
         args.extend_from_slice(http);
-        args.extend_from_slice(&["--key", "tool.key", "--mesh-root", self.mesh_root]);
+        args.extend_from_slice(&["--credential", credential, "--mesh-root", self.mesh_root]);
         args.extend_from_slice(&["--agent", self.agent]);
         run_tool(self.component, self.work, &args)
     }
@@ -147,15 +152,29 @@ fn the_wasmtime_tool_calls_a_service_through_its_envoy_sidecar_over_http2() {
         return;
     }
     let component = release_wasm("themis-component", "wasm32-wasip2");
-    // The tool's identity: a workload of node A (its key from agent A's key store), a
-    // member of the mesh like any other, which Envoy B admits by its explicit
-    // `allow_any_caller` policy.
+    // The tool's identity: a workload of node A, a member of the mesh like any other,
+    // which Envoy B admits by its explicit `allow_any_caller` policy. Its key stays in
+    // agent A: the tool gets a delegated credential (`themis delegate`), a short-lived
+    // key of its own the workload key signed for.
     let mesh = Mesh::start(Some(r#"{"allow_any_caller":true}"#));
     mesh.register("check", "check", mesh.envoy_b.inbound);
     let tool_id = create_workload(&mesh.a, "tool");
     let work = mesh.dir.path().join("tool");
     std::fs::create_dir_all(&work).unwrap();
-    std::fs::copy(mesh.a.dir.join("workloads/tool.key"), work.join("tool.key")).unwrap();
+    let credential = work.join("tool.credential");
+    let (code, out, err) = mesh
+        .a
+        .cli(&["delegate", "tool", "--out", credential.to_str().unwrap()]);
+    assert_eq!(code, 0, "themis delegate: {out}{err}");
+    assert!(out.contains(&tool_id), "{out}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&credential).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the credential file is private");
+    let (code, _, err) = mesh
+        .a
+        .cli(&["delegate", "tool", "--out", credential.to_str().unwrap()]);
+    assert_ne!(code, 0, "an existing credential file was overwritten");
+    assert!(err.contains("exists"), "{err}");
     let mesh_root = support::envoy::mesh_root(mesh.dir.path());
     let agent = forward_to_unix(mesh.a.dir.join("agent.sock"));
     assert!(agent_answers(agent), "the forwarder to agent A's API");
@@ -233,4 +252,47 @@ fn the_wasmtime_tool_calls_a_service_through_its_envoy_sidecar_over_http2() {
     assert_eq!(echo["path"], "/second", "{echo}");
     assert_eq!(echo["body_len"], 0, "{echo}");
     assert_eq!(mesh.app.count(), 2);
+
+    // Credentials tampered with are refused by the tool itself, before it connects:
+    // another delegated key (the delegation names the first), a flipped bit of the
+    // delegation's signature, another id for the public key, another mesh.
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&credential).unwrap()).unwrap();
+    let tampered = |name: &str, change: &dyn Fn(&mut serde_json::Value)| {
+        let mut copy = file.clone();
+        change(&mut copy);
+        std::fs::write(work.join(name), copy.to_string()).unwrap();
+        let run = tool.call_with(name, &["GET", "/tampered"]);
+        assert_eq!(run.status.code(), Some(1), "{name}: {}", run.stderr);
+        run.stderr
+    };
+    let swapped = tampered("swapped.credential", &|c| {
+        c["delegated_key_seed"] = random_hex(32).into();
+    });
+    assert!(
+        swapped.contains("does not match the delegation"),
+        "{swapped}"
+    );
+    let flipped = tampered("flipped.credential", &|c| {
+        let mut bytes = hex::decode(c["delegation"].as_str().unwrap()).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        c["delegation"] = hex::encode(bytes).into();
+    });
+    assert!(
+        flipped.contains("not signed by the workload key"),
+        "{flipped}"
+    );
+    let other_id = tampered("other-id.credential", &|c| {
+        c["identity"]["id"] = mesh.check_id.clone().into();
+    });
+    assert!(
+        other_id.contains("is not the id of its public key"),
+        "{other_id}"
+    );
+    let other_mesh = tampered("other-mesh.credential", &|c| {
+        c["identity"]["mesh"] = "othermesh".into();
+    });
+    assert!(other_mesh.contains("a credential of mesh"), "{other_mesh}");
+    assert_eq!(mesh.app.count(), 2, "a tampered credential reached the app");
 }

@@ -121,6 +121,22 @@ enum Command {
         #[arg(long, requires = "owner_cgroup", conflicts_with = "owner_uid")]
         any_uid: bool,
     },
+    /// Delegate a local workload's handshake signing to a fresh key, written with the
+    /// delegation to a new file (mode 0600), for a client outside a sidecar: the
+    /// standalone component (`wasmtime run themis_component.wasm call --credential
+    /// FILE`). The workload's own key stays in the agent; whoever holds the file
+    /// speaks as the workload until the delegation expires, and no longer.
+    Delegate {
+        /// The local workload.
+        workload: String,
+        /// Where to write the credential (never overwritten).
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// How long the delegation lasts, in seconds (the agent's default: an hour;
+        /// at most a day).
+        #[arg(long, value_name = "SECS")]
+        lifetime_secs: Option<u64>,
+    },
     /// Register a local workload as an instance of a service.
     Register {
         /// Service name, e.g. `check`.
@@ -436,6 +452,11 @@ fn main() -> ExitCode {
             Err(code) => return code,
         },
         Command::Log(command) => return log::command(command, &cli.socket, cli.json),
+        Command::Delegate {
+            workload,
+            out,
+            lifetime_secs,
+        } => return delegate(&cli.socket, &workload, &out, lifetime_secs, cli.json),
         command => command,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -600,6 +621,7 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
             render_json,
         ),
         Command::Agent(_)
+        | Command::Delegate { .. }
         | Command::Id(_)
         | Command::Mesh(_)
         | Command::Node(_)
@@ -612,6 +634,96 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
         .await
         .map_err(|e| e.to_string())?;
     Ok((status, answer, render))
+}
+
+/// `themis delegate`: a fresh key, its delegation from the agent, both
+/// written to `out` (a new file, mode 0600, no link followed).
+fn delegate(
+    socket: &str,
+    workload: &str,
+    out: &std::path::Path,
+    lifetime_secs: Option<u64>,
+    json: bool,
+) -> ExitCode {
+    use ring::rand::SecureRandom;
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let result = (|| -> Result<contract::DelegatedCredential, String> {
+        if workload.is_empty() || workload.contains(['/', '?', '#', '%']) {
+            return Err(format!("{workload:?} is not a valid name"));
+        }
+        let mut seed = zeroize::Zeroizing::new([0u8; 32]);
+        SystemRandom::new()
+            .fill(seed.as_mut())
+            .map_err(|_| "the system's randomness failed")?;
+        let key =
+            themis_core::delegation::DelegatedKey::from_seed(&seed).map_err(|e| e.to_string())?;
+        let request = contract::DelegateRequest {
+            delegated_key: hex::encode(key.public_key()),
+            lifetime_secs,
+        };
+        let body = serde_json::to_value(request).expect("JSON");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("starting the tokio runtime");
+        let api = ApiClient::new(socket);
+        let path = paths::workload_delegate(workload);
+        let (status, answer) = runtime
+            .block_on(api.call(Method::POST, &path, Some(&body)))
+            .map_err(|e| e.to_string())?;
+        if !status.is_success() {
+            let error = contract::ErrorBody::deserialize(&answer).map(|e| e.error);
+            return Err(format!(
+                "the agent refused: {} ({status})",
+                error.as_deref().unwrap_or("no details")
+            ));
+        }
+        let delegated = contract::Delegated::deserialize(&answer)
+            .map_err(|e| format!("the agent's answer does not parse: {e}"))?;
+        let credential = contract::DelegatedCredential {
+            delegated,
+            delegated_key_seed: hex::encode(seed.as_ref()),
+        };
+        let text =
+            zeroize::Zeroizing::new(serde_json::to_string_pretty(&credential).expect("JSON"));
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o600)
+            .open(out)
+            .map_err(|e| format!("{}: {e}", out.display()))?;
+        file.write_all(text.as_bytes())
+            .and_then(|()| file.sync_all())
+            .map_err(|e| format!("{}: {e}", out.display()))?;
+        Ok(credential)
+    })();
+    match result {
+        Ok(credential) => {
+            let d = &credential.delegated;
+            if json {
+                let shown = json!({
+                    "identity": d.identity, "not_after_ms": d.not_after_ms,
+                    "service": d.service, "out": out.display().to_string(),
+                });
+                println!("{}", serde_json::to_string_pretty(&shown).expect("JSON"));
+            } else {
+                println!(
+                    "delegated {workload} ({}) to a fresh key until {} (Unix ms); wrote {}: \
+                     keep it private, it speaks as {workload} until then",
+                    d.identity.id,
+                    d.not_after_ms,
+                    out.display()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// The body of `POST /v1/revocations`.
