@@ -10,8 +10,9 @@
 
 #[cfg(target_family = "wasm")]
 mod component;
-/// The tool's HTTP/2 client (sans-IO, so its tests run natively too).
+/// The tool's HTTP/2 client (sans-IO, so its tests and the `component_http2` fuzz
+/// target run natively too).
 #[cfg_attr(not(target_family = "wasm"), allow(dead_code, unused_imports))]
-mod http2;
+pub mod http2;
 #[cfg(target_family = "wasm")]
 mod tool;
