@@ -364,6 +364,12 @@ pub fn grant_address_range(
         )));
     }
     let node = node_key(node_dir, &mesh.root.mesh)?;
+    if let Some((other, net)) = overlapping_range(&mesh.log()?, &mesh.root, &node, &range) {
+        return Err(OperatorError::Refused(format!(
+            "{range} overlaps {net}, granted to node {other}: an address two nodes claim \
+             belongs to neither (revoke that node, or let its grant expire, first)"
+        )));
+    }
     let grant = Signed::sign(
         &mesh.key,
         ADDRESS_RANGE_LABEL,
@@ -387,6 +393,37 @@ pub fn grant_address_range(
         id: node.printable_id(),
         mesh_root: mesh.root.to_string(),
         files: vec![log_path, path],
+    })
+}
+
+/// The first range in `log` granted to a node other than `node` that overlaps
+/// `range` and still holds: not expired, its node not revoked. (Two networks overlap
+/// when one holds the other's first address: they nest or are apart.)
+fn overlapping_range(
+    log: &Log,
+    root: &MeshRoot,
+    node: &Identity,
+    range: &IpNet,
+) -> Option<(String, IpNet)> {
+    let revoked: std::collections::HashSet<[u8; 32]> = log
+        .statements()
+        .filter_map(|(_, s)| match s {
+            themis_log::Statement::Revocation(r) => Some(r.id),
+            _ => None,
+        })
+        .collect();
+    let now = unix_millis();
+    log.statements().find_map(|(_, s)| {
+        let themis_log::Statement::AddressRange(grant) = s else {
+            return None;
+        };
+        let other = PeerId::derive(&grant.node_key, root.mesh.as_str());
+        let holds = grant.node_key != *node.public_key()
+            && grant.not_after.is_none_or(|t| t > now)
+            && !revoked.contains(&other.0);
+        let net = grant.net().ok().filter(|_| holds)?;
+        let overlaps = net.contains(&range.network()) || range.contains(&net.network());
+        overlaps.then(|| (other.printable(&root.mesh), net))
     })
 }
 
@@ -544,4 +581,42 @@ pub fn revoke(
             files: vec![log_path],
         },
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An address two nodes claim belongs to neither, so the operator refuses a range
+    /// that overlaps another node's grant in force (nested either way), and grants it
+    /// again once that node is revoked; a node's own earlier range is no obstacle.
+    #[test]
+    fn a_range_overlapping_another_nodes_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        create_mesh("test", &dir.path().join("mesh")).unwrap();
+        let mesh = MeshDir::open(&dir.path().join("mesh")).unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        admit_node(&mesh, &a, None, false).unwrap();
+        admit_node(&mesh, &b, None, false).unwrap();
+        let net = |text: &str| text.parse::<IpNet>().unwrap();
+        grant_address_range(&mesh, &a, net("10.244.1.0/24"), None).unwrap();
+        for overlapping in ["10.244.1.0/24", "10.244.1.128/25", "10.244.0.0/16"] {
+            match grant_address_range(&mesh, &b, net(overlapping), None) {
+                Err(OperatorError::Refused(why)) => {
+                    assert!(why.contains("overlaps 10.244.1.0/24"), "{why}")
+                }
+                other => panic!("{overlapping}: {other:?}"),
+            }
+        }
+        grant_address_range(&mesh, &b, net("10.244.2.0/24"), None).unwrap();
+        grant_address_range(&mesh, &a, net("10.244.1.0/25"), None).unwrap();
+        // Expired grants and revoked nodes no longer count.
+        let c = dir.path().join("c");
+        admit_node(&mesh, &c, None, false).unwrap();
+        grant_address_range(&mesh, &c, net("10.244.9.0/24"), Some(unix_millis() - 1)).unwrap();
+        grant_address_range(&mesh, &b, net("10.244.9.0/24"), None).unwrap();
+        let a_id = node_key(&a, &mesh.root.mesh).unwrap().printable_id();
+        revoke(&mesh, &[a_id], "test").unwrap();
+        grant_address_range(&mesh, &b, net("10.244.1.0/24"), None).unwrap();
+    }
 }
