@@ -275,6 +275,18 @@ impl GossipState {
 
     /// Signs a fresh announcement (announcements count for
     /// [`crate::roster::ANNOUNCEMENT_LIFETIME_MS`]; the driver renews at half).
+    /// Whether the range grant this node would announce now (the trust log may have
+    /// brought a newer one) is not the one its announcement carries.
+    fn range_changed(&self) -> bool {
+        let told = self
+            .own
+            .lock()
+            .expect("never poisoned")
+            .address_range
+            .clone();
+        told != self.trust.own_address_range()
+    }
+
     fn reannounce(&self, node: &Identity) {
         let own = announce(node, self.listen, &self.trust, false);
         self.tell(&own);
@@ -556,6 +568,14 @@ impl Driver {
             let size = self.state.trust.log().size();
             if size > gossip.version() {
                 gossip.learned(now(), size, &members, draw());
+                // A new range grant for this node: announce it as soon as a roster
+                // takes a newer announcement.
+                if self.state.range_changed() {
+                    info!("the trust log holds a newer address range grant for this node");
+                    let soon = Instant::now()
+                        + Duration::from_millis(crate::roster::MIN_REANNOUNCE_MS + 100);
+                    next_renewal = next_renewal.min(soon);
+                }
             }
             // Revocations change who is a member.
             if self.state.trust.generation() != generation {
@@ -681,6 +701,7 @@ fn next_page(answer: &RosterFrame, pages: usize) -> Option<[u8; 32]> {
 /// This node's credentials with an announcement signed now (taken into its own
 /// roster): where it listens, and whether it is leaving.
 fn announce(node: &Identity, listen: SocketAddr, trust: &MeshTrust, leaving: bool) -> Credentials {
+    let address_range = trust.own_address_range();
     let announcement = Signed::sign(
         node,
         ANNOUNCEMENT_LABEL,
@@ -689,14 +710,14 @@ fn announce(node: &Identity, listen: SocketAddr, trust: &MeshTrust, leaving: boo
             address: listen,
             issued_at: unix_millis(),
             leaving,
-            address_range: trust.own_address_range().map(grant_digest),
+            address_range: address_range.as_deref().map(grant_digest),
         },
     )
     .encode();
     let own = Credentials {
         admission: trust.own_admission().to_vec(),
         announcement,
-        address_range: trust.own_address_range().map(<[u8]>::to_vec),
+        address_range,
     };
     let mut roster = trust.enable_roster().lock().expect("never poisoned");
     if let Err(error) = trust.verify(|v| roster.offer(v, &own)) {

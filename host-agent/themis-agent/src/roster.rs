@@ -13,8 +13,8 @@
 //! Checking is apart from holding ([`Roster::check`] then [`Roster::insert`]), so a
 //! caller verifies signatures without holding the roster's lock.
 
-use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 
 use ring::digest::{Context, SHA256};
 use serde::{Deserialize, Serialize};
@@ -81,23 +81,23 @@ pub struct Entry {
     announced: Announced,
     /// The admission's `not_after`, kept so that listing members needs no signature.
     not_after: Option<u64>,
-    /// The granted range and its `not_after`.
-    range: Option<(IpNet, Option<u64>)>,
+    /// The granted range, its `not_after` and when the root signed it.
+    range: Option<(IpNet, Option<u64>, u64)>,
     credentials: Credentials,
 }
 
 impl Entry {
-    /// The range the root granted this member, while it holds.
-    fn range(&self, verifier: &Verifier<'_>) -> Option<&IpNet> {
+    /// The range the root granted this member, while it holds: not expired, and no
+    /// newer grant for the node in the trust log (`newest`: the newest grant's date
+    /// per node key) — a newer grant, even a narrower one, withdraws it.
+    fn range(&self, verifier: &Verifier<'_>, newest: &HashMap<[u8; 32], u64>) -> Option<&IpNet> {
         self.range
             .as_ref()
-            .filter(|(_, not_after)| not_after.is_none_or(|t| t > verifier.now_ms))
-            .map(|(net, _)| net)
-    }
-
-    /// Whether `ip` is this member's (see [`Announced::claims`]).
-    fn claims(&self, ip: IpAddr, verifier: &Verifier<'_>) -> bool {
-        self.announced.claims(ip, self.range(verifier))
+            .filter(|(_, not_after, issued_at)| {
+                not_after.is_none_or(|t| t > verifier.now_ms)
+                    && newest.get(&self.key).is_none_or(|n| *n <= *issued_at)
+            })
+            .map(|(net, _, _)| net)
     }
 
     /// Where one-hop routing reaches this member.
@@ -113,6 +113,9 @@ impl Entry {
 #[derive(Debug, Default)]
 pub struct Roster {
     entries: BTreeMap<[u8; 32], Entry>,
+    /// The date of the newest address range grant per node key in the trust log
+    /// ([`Roster::set_newest_ranges`]): an older grant no longer counts.
+    newest_ranges: HashMap<[u8; 32], u64>,
 }
 
 impl Roster {
@@ -142,7 +145,7 @@ impl Roster {
         }
         // An expired range no longer counts; the node stays a member.
         let range = match given.map(|bytes| verifier.address_range(bytes, &key)) {
-            Some(Ok((range, net))) => Some((net, range.not_after)),
+            Some(Ok((range, net))) => Some((net, range.not_after, range.issued_at)),
             Some(Err(TrustError::Expired)) | None => None,
             Some(Err(error)) => return Err(error),
         };
@@ -153,6 +156,13 @@ impl Roster {
             range,
             credentials: credentials.clone(),
         })
+    }
+
+    /// The trust log's newest address range grant per node key (its `issued_at`):
+    /// from now on a node's range counts only if it is that one or newer, so the root
+    /// withdraws or narrows a range by granting the node a new one.
+    pub fn set_newest_ranges(&mut self, newest: HashMap<[u8; 32], u64>) {
+        self.newest_ranges = newest;
     }
 
     /// Holds a checked entry if it is newer than what is held for that node (see
@@ -329,9 +339,11 @@ impl Roster {
             .get(endorser)
             .filter(|e| current(e, verifier))
             .ok_or(TrustError::EndpointNotOwned)?;
-        entry
-            .announced
-            .owns(endorser, endpoint, entry.range(verifier))?;
+        entry.announced.owns(
+            endorser,
+            endpoint,
+            entry.range(verifier, &self.newest_ranges),
+        )?;
         let canonical = endpoint.map(|e| e.ip().to_canonical());
         let Some(ip) = canonical.filter(|ip| !ip.is_loopback()) else {
             return Ok(());
@@ -340,7 +352,8 @@ impl Roster {
             e.key != *endorser
                 && current(e, verifier)
                 && !e.announced.announcement.leaving
-                && e.claims(ip, verifier)
+                && e.announced
+                    .claims(ip, e.range(verifier, &self.newest_ranges))
         });
         match claimed_by_another {
             false => Ok(()),
@@ -697,6 +710,60 @@ mod tests {
             roster.check_endpoint(kube.public_key(), at("10.244.1.10"), &v),
             Ok(())
         );
+    }
+
+    /// The root narrows or withdraws a node's range by granting it a new one: once
+    /// the trust log holds a newer grant for the node, the older one its
+    /// announcement still binds no longer counts (its own address still does).
+    #[test]
+    fn a_newer_grant_in_the_log_withdraws_an_older_range() {
+        let mesh = Mesh::new();
+        let kube = identity();
+        let v = mesh.verifier();
+        let grant = Signed::sign(
+            &mesh.root_key,
+            themis_trust::ADDRESS_RANGE_LABEL,
+            &themis_trust::AddressRange {
+                mesh: "demo".into(),
+                node_key: *kube.public_key(),
+                network: "10.244.1.0".parse().unwrap(),
+                prefix_len: 24,
+                issued_at: NOW - 10,
+                not_after: None,
+            },
+        )
+        .encode();
+        let announcement = Announcement {
+            mesh: "demo".into(),
+            address: "10.0.0.1:7946".parse().unwrap(),
+            issued_at: NOW,
+            leaving: false,
+            address_range: Some(grant_digest(&grant)),
+        };
+        let credentials = Credentials {
+            admission: mesh.admit(&kube, None),
+            announcement: Signed::sign(&kube, ANNOUNCEMENT_LABEL, &announcement).encode(),
+            address_range: Some(grant),
+        };
+        let mut roster = Roster::default();
+        assert_eq!(roster.offer(&v, &credentials), Ok(true));
+        let at = |ip: &str| Some(SocketAddr::new(ip.parse().unwrap(), 15006));
+        let key = kube.public_key();
+        // The log holds this grant (or none for the node): it counts.
+        for newest in [HashMap::new(), HashMap::from([(*key, NOW - 10)])] {
+            roster.set_newest_ranges(newest);
+            assert_eq!(roster.check_endpoint(key, at("10.244.1.9"), &v), Ok(()));
+        }
+        // A newer grant for the node in the log: the old range is withdrawn.
+        roster.set_newest_ranges(HashMap::from([(*key, NOW - 5)]));
+        assert_eq!(
+            roster.check_endpoint(key, at("10.244.1.9"), &v),
+            Err(TrustError::EndpointNotOwned)
+        );
+        assert_eq!(roster.check_endpoint(key, at("10.0.0.1"), &v), Ok(()));
+        // Another node's newer grant changes nothing for this one.
+        roster.set_newest_ranges(HashMap::from([(*identity().public_key(), NOW)]));
+        assert_eq!(roster.check_endpoint(key, at("10.244.1.9"), &v), Ok(()));
     }
 
     #[test]

@@ -134,7 +134,10 @@ const ADMISSION_HINT: &str = " (an agent joins only with an admission: have the 
 pub struct MeshTrust {
     root: MeshRoot,
     admission: Vec<u8>,
-    /// The root's grant of this node's pod range, if any (told with its announcement).
+    /// This node's key.
+    node_key: [u8; 32],
+    /// The root's grant of this node's pod range from `address-range.pem`, if any
+    /// (the trust log may hold a newer one: [`MeshTrust::own_address_range`]).
     address_range: Option<Vec<u8>>,
     grants_dir: PathBuf,
     grants: RwLock<BTreeMap<String, Vec<Signed>>>,
@@ -285,6 +288,7 @@ impl MeshTrust {
         Ok(MeshTrust {
             root: root.clone(),
             admission,
+            node_key: *node.public_key(),
             address_range: None,
             grants_dir,
             grants: Default::default(),
@@ -302,7 +306,20 @@ impl MeshTrust {
     /// Keeps a roster of the members (one-hop routing) from now on; from then on a
     /// record is trusted only with its endpoint at its endorser's signed address.
     pub fn enable_roster(&self) -> &Mutex<Roster> {
-        self.roster.get_or_init(Mutex::default)
+        self.roster.get_or_init(|| {
+            let mut roster = Roster::default();
+            roster.set_newest_ranges(self.log.newest_ranges());
+            Mutex::new(roster)
+        })
+    }
+
+    /// The log grew: the roster learns which range grants are the newest.
+    fn log_grew(&self, offered: &Offered) {
+        if offered.added > 0 {
+            if let Some(mut roster) = self.roster() {
+                roster.set_newest_ranges(self.log.newest_ranges());
+            }
+        }
     }
 
     /// The roster, if one is kept.
@@ -345,9 +362,22 @@ impl MeshTrust {
         &self.admission
     }
 
-    /// The root's grant of this node's address range, if it has one.
-    pub fn own_address_range(&self) -> Option<&[u8]> {
-        self.address_range.as_deref()
+    /// The root's grant of this node's address range, if it has one: the newest of
+    /// the file's (`address-range.pem`) and the trust log's for this node's key, so
+    /// that a grant the root publishes later (a narrower range, a withdrawal) is the
+    /// one told with the announcement, with no restart.
+    pub fn own_address_range(&self) -> Option<Vec<u8>> {
+        let logged = self.log.newest_range_of(&self.node_key);
+        let Some(file) = &self.address_range else {
+            return logged.map(|(_, grant)| grant);
+        };
+        let file_at = self
+            .verify(|v| v.address_range(file, &self.node_key))
+            .map_or(0, |(grant, _)| grant.issued_at);
+        match logged {
+            Some((at, grant)) if at > file_at => Some(grant),
+            _ => Some(file.clone()),
+        }
     }
 
     /// Runs `f` with a verifier for now and the known revocations.
@@ -513,6 +543,7 @@ impl MeshTrust {
     pub fn offer_log(&self, checkpoint: &[u8], leaves: &[Vec<u8>]) -> Result<Offered, LogError> {
         let offered = self.log.offer(checkpoint, leaves)?;
         self.add_revocations(&offered.revocations);
+        self.log_grew(&offered);
         Ok(offered)
     }
 
@@ -520,6 +551,7 @@ impl MeshTrust {
     pub fn offer_log_copy(&self, bytes: &[u8]) -> Result<Offered, CopyRefused> {
         let offered = self.log.offer_copy(bytes)?;
         self.add_revocations(&offered.revocations);
+        self.log_grew(&offered);
         Ok(offered)
     }
 

@@ -232,7 +232,8 @@ fn a_granted_node_cannot_point_its_service_at_another_address() {
 /// Pods have their own IPs (Kubernetes): the root grants a node its pod range
 /// (`themis node range`), the node's agent tells it with its announcement, and an
 /// endpoint in that range is the node's — registered by its agent, taken by every
-/// other. Outside it, or in that range for another node, refused as before.
+/// other. Outside it, or in that range for another node, refused as before. A newer
+/// grant (a narrower range) withdraws the older one, with no restart.
 #[test]
 fn a_nodes_pods_in_the_range_the_root_granted_it_are_its_endpoints() {
     let dir = common::workdir();
@@ -304,6 +305,54 @@ fn a_nodes_pods_in_the_range_the_root_granted_it_are_its_endpoints() {
         assert_ne!(status, 200, "{}: stored {answer}", agent.name);
     }
     wait_for_endpoints(&agents, &["10.244.1.7:15006", "127.0.0.1:15007"]);
+
+    // The root narrows the node's range to its lower half: a newer grant, published
+    // through another agent. The node announces it by itself, from its trust log (no
+    // restart); the older grant, which its earlier announcement binds, no longer
+    // counts anywhere, so the upper half is nobody's.
+    common::operator(&[
+        "node".as_ref(),
+        "range".as_ref(),
+        "10.244.1.0/25".as_ref(),
+        "--mesh-dir".as_ref(),
+        mesh.as_os_str(),
+        "--node".as_ref(),
+        kube_dir.as_os_str(),
+    ]);
+    agents[0].publish_log(&mesh);
+    // Once the node holds the newer grant, the upper half is refused at once; the
+    // lower half is the node's again once it announced the new grant (which bound
+    // no address before: the old one no longer counts).
+    kube.wait_for("the upper half refused", Duration::from_secs(30), |a| {
+        let (status, _) = put(a, "check-upper", "10.244.1.200:15006");
+        (status == 400).then_some(())
+    });
+    kube.wait_for(
+        "the lower half under the new grant",
+        Duration::from_secs(30),
+        |a| {
+            let (status, _) = put(a, "check-lower", "10.244.1.9:15006");
+            (status == 200).then_some(())
+        },
+    );
+    assert!(
+        kube.log()
+            .contains("the trust log holds a newer address range grant"),
+        "{}",
+        kube.log_tail()
+    );
+    let (status, answer) = put(kube, "check-upper", "10.244.1.200:15006");
+    assert_eq!(status, 400, "registered in the withdrawn half: {answer}");
+    let upper = endorse_at(&kube.dir, 0xe4, "10.244.1.200:15006");
+    for agent in &agents {
+        agent.wait_for("the withdrawn half refused", Duration::from_secs(30), |a| {
+            (debug_store(a, &upper).0 != 200).then_some(())
+        });
+    }
+    wait_for_endpoints(
+        &agents,
+        &["10.244.1.7:15006", "10.244.1.9:15006", "127.0.0.1:15007"],
+    );
 }
 
 /// Two histories of one length are a fork (§6.13) that sizes alone never show: with
