@@ -137,8 +137,8 @@ fn load(key: &PathBuf, mesh: MeshName) -> Result<Identity, String> {
 /// delegated key and not expired. The endorsement goes along only with a claim.
 fn load_credential(path: &PathBuf, root: &MeshRoot, claim: bool) -> Result<Credential, String> {
     let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    let text = std::fs::read_to_string(path).map_err(|e| at(&e))?;
-    let file: api::DelegatedCredential =
+    let text = zeroize::Zeroizing::new(std::fs::read_to_string(path).map_err(|e| at(&e))?);
+    let mut file: api::DelegatedCredential =
         serde_json::from_str(&text).map_err(|e| at(&format!("not a delegated credential: {e}")))?;
     let d = &file.delegated;
     if d.identity.mesh != root.mesh.as_str() {
@@ -158,8 +158,9 @@ fn load_credential(path: &PathBuf, root: &MeshRoot, claim: bool) -> Result<Crede
         )));
     }
     let mut seed = zeroize::Zeroizing::new([0u8; 32]);
-    hex::decode_to_slice(&file.delegated_key_seed, seed.as_mut())
-        .map_err(|_| at(&"the delegated key's seed is not 32 bytes of hex"))?;
+    let decoded = hex::decode_to_slice(&file.delegated_key_seed, seed.as_mut());
+    zeroize::Zeroize::zeroize(&mut file.delegated_key_seed);
+    decoded.map_err(|_| at(&"the delegated key's seed is not 32 bytes of hex"))?;
     let key = DelegatedKey::from_seed(&seed).map_err(|e| at(&e))?;
     let delegation = hex::decode(&d.delegation)
         .ok()

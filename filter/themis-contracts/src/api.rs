@@ -528,13 +528,23 @@ pub struct Delegated {
 /// what `themis delegate` got from the agent, with the delegated key's
 /// seed. Whoever holds the file speaks as the workload until `not_after_ms`, and no
 /// longer; the workload's own key never leaves the agent.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DelegatedCredential {
     /// The agent's answer.
     #[serde(flatten)]
     pub delegated: Delegated,
     /// The delegated key's 32-byte Ed25519 seed, hex.
     pub delegated_key_seed: String,
+}
+
+/// Without the seed: a credential in a log or a panic message gives nothing away.
+impl core::fmt::Debug for DelegatedCredential {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("DelegatedCredential")
+            .field("delegated", &self.delegated)
+            .field("delegated_key_seed", &"<redacted>")
+            .finish()
+    }
 }
 
 /// The answer to a [`SignRequest`]: an Ed25519 signature.

@@ -214,6 +214,9 @@ impl GossipState {
         );
     }
 
+    /// The roster, locked. Lock order: the roster first, then the trust state's
+    /// revocations ([`MeshTrust::verify`]); never the other way round (with a
+    /// revocation waiting to write, that would deadlock).
     fn roster(&self) -> std::sync::MutexGuard<'_, Roster> {
         self.trust
             .roster()
@@ -273,8 +276,6 @@ impl GossipState {
         }
     }
 
-    /// Signs a fresh announcement (announcements count for
-    /// [`crate::roster::ANNOUNCEMENT_LIFETIME_MS`]; the driver renews at half).
     /// Whether the range grant this node would announce now (the trust log may have
     /// brought a newer one) is not the one its announcement carries.
     fn range_changed(&self) -> bool {
@@ -287,6 +288,8 @@ impl GossipState {
         told != self.trust.own_address_range()
     }
 
+    /// Signs a fresh announcement (announcements count for
+    /// [`crate::roster::ANNOUNCEMENT_LIFETIME_MS`]; the driver renews at half).
     fn reannounce(&self, node: &Identity) {
         let own = announce(node, self.listen, &self.trust, false);
         self.tell(&own);
@@ -305,7 +308,9 @@ impl GossipState {
         if members.is_empty() && self.roster().len() < 2 {
             members.push(self.own.lock().expect("never poisoned").clone());
         }
-        let digest = self.trust.verify(|v| self.roster().digest(v));
+        let roster = self.roster();
+        let digest = self.trust.verify(|v| roster.digest(v));
+        drop(roster);
         self.frame(digest, members, want, Vec::new(), None)
     }
 
@@ -417,7 +422,9 @@ impl GossipState {
             }
             fits
         });
-        let member = self.trust.verify(|v| self.roster().contact(&peer, v));
+        let roster = self.roster();
+        let member = self.trust.verify(|v| roster.contact(&peer, v));
+        drop(roster);
         if let Some(from) = member {
             // Full: the driver is behind, and a Have is only a hint (pulls repair).
             let _ = self
@@ -807,7 +814,8 @@ mod tests {
     }
 
     fn digest(node: &Node) -> [u8; 32] {
-        node.state.trust.verify(|v| node.state.roster().digest(v))
+        let roster = node.state.roster();
+        node.state.trust.verify(|v| roster.digest(v))
     }
 
     #[test]

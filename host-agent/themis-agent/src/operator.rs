@@ -339,8 +339,10 @@ pub fn grant_to_node(
 /// The root grants a node the addresses its workloads may listen at besides its own
 /// (on Kubernetes, its pod range: `kubectl get node N -o jsonpath='{.spec.podCIDR}'`).
 /// Writes DIR/address-range.pem (the agent reads it at start and binds it into its
-/// address announcements; a new grant replaces the file, but an earlier grant stays
-/// valid until the node is revoked) and records the grant in the log.
+/// address announcements) and records the grant in the log. A new grant replaces
+/// the earlier one everywhere: only a node's newest logged grant counts, and the
+/// node's agent announces it from its log without a restart. Refused if it overlaps
+/// another node's grant in force.
 pub fn grant_address_range(
     mesh: &MeshDir,
     node_dir: &Path,
@@ -397,8 +399,9 @@ pub fn grant_address_range(
 }
 
 /// The first range in `log` granted to a node other than `node` that overlaps
-/// `range` and still holds: not expired, its node not revoked. (Two networks overlap
-/// when one holds the other's first address: they nest or are apart.)
+/// `range` and still holds: that node's newest grant (an older one no longer counts),
+/// not expired, its node not revoked. (Two networks overlap when one holds the
+/// other's first address: they nest or are apart.)
 fn overlapping_range(
     log: &Log,
     root: &MeshRoot,
@@ -412,11 +415,17 @@ fn overlapping_range(
             _ => None,
         })
         .collect();
+    let mut newest: std::collections::BTreeMap<[u8; 32], &AddressRange> = Default::default();
+    for (_, statement) in log.statements() {
+        if let themis_log::Statement::AddressRange(grant) = statement {
+            let held = newest.entry(grant.node_key).or_insert(grant);
+            if grant.issued_at > held.issued_at {
+                *held = grant;
+            }
+        }
+    }
     let now = unix_millis();
-    log.statements().find_map(|(_, s)| {
-        let themis_log::Statement::AddressRange(grant) = s else {
-            return None;
-        };
+    newest.into_values().find_map(|grant| {
         let other = PeerId::derive(&grant.node_key, root.mesh.as_str());
         let holds = grant.node_key != *node.public_key()
             && grant.not_after.is_none_or(|t| t > now)
@@ -609,7 +618,10 @@ mod tests {
             }
         }
         grant_address_range(&mesh, &b, net("10.244.2.0/24"), None).unwrap();
+        // Narrowed: only a node's newest grant counts, so the half it gave up is free.
         grant_address_range(&mesh, &a, net("10.244.1.0/25"), None).unwrap();
+        grant_address_range(&mesh, &b, net("10.244.1.128/25"), None).unwrap();
+        assert!(grant_address_range(&mesh, &b, net("10.244.1.0/26"), None).is_err());
         // Expired grants and revoked nodes no longer count.
         let c = dir.path().join("c");
         admit_node(&mesh, &c, None, false).unwrap();

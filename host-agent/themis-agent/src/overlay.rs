@@ -91,8 +91,9 @@ pub enum Frame {
         leaves: Vec<Vec<u8>>,
     },
     /// Gossip (docs/PROTOCOL.md §6.14), as a request and as its answer: what the sender
-    /// holds of the trust log and of the membership. A request carries the sender's
-    /// own credentials; an answer carries every member's when the digests differ.
+    /// holds of the trust log and of the membership. A request carries roster news
+    /// or asks for buckets of the peer's roster; an answer carries the bucket digests
+    /// or the members asked for ([`crate::gossip`]).
     Roster(crate::gossip::RosterFrame),
 }
 

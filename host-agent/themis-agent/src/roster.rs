@@ -26,7 +26,7 @@ use themis_trust::{grant_digest, Announced, Announcement, IpNet, Signed, TrustEr
 pub const MAX_MEMBERS: usize = 16_384;
 
 /// The most members one gossip answer carries (about 430 KiB with address ranges);
-/// a larger roster is fetched in pages, in node-key order ([`Roster::page`]).
+/// a larger roster is fetched in pages, in node-key order ([`Roster::missing`]).
 pub const PAGE: usize = 1024;
 
 /// The buckets a roster is cut into for comparing ([`Roster::bucket_digests`]): at

@@ -188,6 +188,9 @@ impl Inbound {
 
 impl Context for Inbound {
     fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
+        if self.closed_late() {
+            return;
+        }
         if let Gate::Keyless { call, .. } = &self.gate {
             if *call != token {
                 return;
@@ -317,8 +320,22 @@ enum Flow {
 const MAX_HELD: usize = 4 << 20;
 
 impl Inbound {
+    /// Whether the root closed this connection at its deadline: then it is closed
+    /// here too, whatever the agent answers or the peer sends from now on.
+    fn closed_late(&mut self) -> bool {
+        let late = self.worker.borrow().closed_late.contains(&self.context_id);
+        if late {
+            self.gate = Gate::Closed;
+            self.held.clear();
+        }
+        late
+    }
+
     /// Runs bytes from the peer through the stream and the gate.
     fn feed(&mut self, data: &[u8]) -> Flow {
+        if self.closed_late() {
+            return Flow::Hold;
+        }
         if let Gate::Keyless { raw, .. } = &mut self.gate {
             // Before message 2 an initiator sends message 1 and nothing else.
             if raw.len() + data.len() > themis_core::wire::MAX_HANDSHAKE_LEN {
@@ -519,6 +536,7 @@ impl Drop for Inbound {
         let mut w = self.worker.borrow_mut();
         w.metrics.gauge("active", -1);
         w.handshaking.remove(&self.context_id);
+        w.closed_late.remove(&self.context_id);
     }
 }
 

@@ -11,7 +11,7 @@ mod outbound;
 mod seal;
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -58,6 +58,9 @@ struct Worker {
     /// Inbound: the connections whose caller is not allowed yet, by context id,
     /// with their deadline (`handshake_timeout`; the root closes them on a tick).
     handshaking: BTreeMap<u32, u64>,
+    /// Inbound: connections closed at their deadline whose close Envoy may not have
+    /// carried out yet: nothing more of theirs is decided or passed on.
+    closed_late: BTreeSet<u32>,
     metrics: Metrics,
     rng: SystemRandom,
 }
@@ -120,6 +123,7 @@ impl Worker {
             .collect();
         for id in &late {
             self.handshaking.remove(id);
+            self.closed_late.insert(*id);
         }
         late
     }
@@ -335,6 +339,7 @@ impl RootContext for Root {
             callers: Callers::default(),
             revoked: Revocations::new(),
             handshaking: BTreeMap::new(),
+            closed_late: BTreeSet::new(),
             rng: SystemRandom::new(),
         })));
         // Quick ticks until the workload's identity is loaded, then one a second.

@@ -648,7 +648,21 @@ fn delegate(
     use ring::rand::SecureRandom;
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let result = (|| -> Result<contract::DelegatedCredential, String> {
+    // The file first: an existing one is refused before the agent delegates anything.
+    let mut file = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .mode(0o600)
+        .open(out)
+    {
+        Ok(file) => file,
+        Err(e) => {
+            eprintln!("error: {}: {e}", out.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = (|| -> Result<contract::Delegated, String> {
         if workload.is_empty() || workload.contains(['/', '?', '#', '%']) {
             return Err(format!("{workload:?} is not a valid name"));
         }
@@ -681,27 +695,25 @@ fn delegate(
         }
         let delegated = contract::Delegated::deserialize(&answer)
             .map_err(|e| format!("the agent's answer does not parse: {e}"))?;
-        let credential = contract::DelegatedCredential {
+        let mut credential = contract::DelegatedCredential {
             delegated,
             delegated_key_seed: hex::encode(seed.as_ref()),
         };
         let text =
             zeroize::Zeroizing::new(serde_json::to_string_pretty(&credential).expect("JSON"));
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .mode(0o600)
-            .open(out)
-            .map_err(|e| format!("{}: {e}", out.display()))?;
+        zeroize::Zeroize::zeroize(&mut credential.delegated_key_seed);
         file.write_all(text.as_bytes())
             .and_then(|()| file.sync_all())
             .map_err(|e| format!("{}: {e}", out.display()))?;
-        Ok(credential)
+        Ok(credential.delegated)
     })();
+    if result.is_err() {
+        // Nothing half-written (part of a key) is left behind.
+        let _ = std::fs::remove_file(out);
+    }
     match result {
-        Ok(credential) => {
-            let d = &credential.delegated;
+        Ok(delegated) => {
+            let d = &delegated;
             if json {
                 let shown = json!({
                     "identity": d.identity, "not_after_ms": d.not_after_ms,
