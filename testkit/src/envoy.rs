@@ -421,30 +421,27 @@ impl Envoy {
         }
     }
 
-    /// Waits until every worker's sealing and inbound filters hold the workload's key.
+    /// Waits until every worker's sealing and inbound filters hold the workload's key:
+    /// their `identity` gauges, one per worker on Wasm (two workers), one per process
+    /// on the native runtime (its delegated key).
     pub fn wait_identity(&self) {
-        if self.native {
-            // Its `identity` gauges: 1 once the module holds a delegated key.
-            let what = format!("{}'s native module to hold a delegated key", self.name());
-            return wait_until(&what, READY_LIMIT, || {
-                let stats = self.stats();
-                let held = |role: &str| {
-                    stats
-                        .get(&format!("dynamicmodulescustom.themis.{role}.identity"))
-                        .copied()
-                };
-                (held("seal") >= Some(1) && held("inbound") >= Some(1)).then_some(())
-            });
-        }
-        let what = format!("{}'s filters to load the workload key", self.name());
+        let (prefix, needed, what) = match self.native {
+            true => (
+                "dynamicmodulescustom",
+                1,
+                "native module to hold a delegated key",
+            ),
+            false => ("wasmcustom", 2, "filters to load the workload key"),
+        };
+        let what = format!("{}'s {what}", self.name());
         wait_until(&what, READY_LIMIT, || {
             let stats = self.stats();
-            let loaded = |role: &str| {
+            let held = |role: &str| {
                 stats
-                    .get(&format!("wasmcustom.themis.{role}.identity"))
+                    .get(&format!("{prefix}.themis.{role}.identity"))
                     .copied()
             };
-            (loaded("seal") >= Some(2) && loaded("inbound") >= Some(2)).then_some(())
+            (held("seal") >= Some(needed) && held("inbound") >= Some(needed)).then_some(())
         });
     }
 

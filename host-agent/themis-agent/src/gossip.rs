@@ -748,7 +748,17 @@ mod tests {
         _heard: mpsc::Receiver<Heard>,
     }
 
-    fn node(mesh: &MeshDir, dir: &std::path::Path, port: u16) -> Node {
+    /// A new mesh in a temporary directory.
+    fn test_mesh() -> (tempfile::TempDir, MeshDir) {
+        let dir = tempfile::tempdir().unwrap();
+        operator::create_mesh("test", &dir.path().join("mesh")).unwrap();
+        let mesh = MeshDir::open(&dir.path().join("mesh")).unwrap();
+        (dir, mesh)
+    }
+
+    /// An admitted node `name` (its directory under `dir`) with its gossip state.
+    fn node(mesh: &MeshDir, dir: &tempfile::TempDir, name: &str, port: u16) -> Node {
+        let dir = &dir.path().join(name);
         operator::admit_node(mesh, dir, None, false).unwrap();
         let key = crate::keystore::load(&dir.join("node.key"), &mesh.root.mesh).unwrap();
         let metrics = Arc::new(Metrics::new());
@@ -820,12 +830,10 @@ mod tests {
 
     #[test]
     fn a_roster_larger_than_a_page_arrives_whole_page_by_page() {
-        let dir = tempfile::tempdir().unwrap();
-        operator::create_mesh("test", &dir.path().join("mesh")).unwrap();
-        let mesh = MeshDir::open(&dir.path().join("mesh")).unwrap();
+        let (dir, mesh) = test_mesh();
         let (big, new) = (
-            node(&mesh, &dir.path().join("big"), 7001),
-            node(&mesh, &dir.path().join("new"), 7002),
+            node(&mesh, &dir, "big", 7001),
+            node(&mesh, &dir, "new", 7002),
         );
         let metrics = Metrics::new();
         // In node-key order, as pages come.
@@ -874,13 +882,8 @@ mod tests {
     /// where sending the roster took about 4 MB.
     #[test]
     fn rosters_of_10000_that_differ_by_one_member_exchange_kilobytes() {
-        let dir = tempfile::tempdir().unwrap();
-        operator::create_mesh("test", &dir.path().join("mesh")).unwrap();
-        let mesh = MeshDir::open(&dir.path().join("mesh")).unwrap();
-        let (a, b) = (
-            node(&mesh, &dir.path().join("a"), 7001),
-            node(&mesh, &dir.path().join("b"), 7002),
-        );
+        let (dir, mesh) = test_mesh();
+        let (a, b) = (node(&mesh, &dir, "a", 7001), node(&mesh, &dir, "b", 7002));
         let metrics = Metrics::new();
         let keyed = members_with_keys(&mesh, 10_000);
         let many: Vec<Credentials> = keyed.iter().map(|(_, c)| c.clone()).collect();
@@ -920,10 +923,8 @@ mod tests {
 
     #[test]
     fn an_answer_is_dropped_at_its_first_forged_member() {
-        let dir = tempfile::tempdir().unwrap();
-        operator::create_mesh("test", &dir.path().join("mesh")).unwrap();
-        let mesh = MeshDir::open(&dir.path().join("mesh")).unwrap();
-        let taker = node(&mesh, &dir.path().join("taker"), 7001);
+        let (dir, mesh) = test_mesh();
+        let taker = node(&mesh, &dir, "taker", 7001);
         let metrics = Metrics::new();
         let mut genuine = members(&mesh, 6);
         genuine.sort_by_key(|c| Signed::decode(&c.announcement).unwrap().signer);
@@ -944,10 +945,8 @@ mod tests {
 
     #[test]
     fn an_answer_out_of_key_order_is_dropped_where_it_turns_back() {
-        let dir = tempfile::tempdir().unwrap();
-        operator::create_mesh("test", &dir.path().join("mesh")).unwrap();
-        let mesh = MeshDir::open(&dir.path().join("mesh")).unwrap();
-        let taker = node(&mesh, &dir.path().join("taker"), 7001);
+        let (dir, mesh) = test_mesh();
+        let taker = node(&mesh, &dir, "taker", 7001);
         let metrics = Metrics::new();
         let mut three = members(&mesh, 3);
         three.sort_by_key(|c| Signed::decode(&c.announcement).unwrap().signer);
@@ -962,9 +961,7 @@ mod tests {
 
     #[test]
     fn a_peer_that_always_says_there_is_more_is_asked_a_bounded_number_of_pages() {
-        let dir = tempfile::tempdir().unwrap();
-        operator::create_mesh("test", &dir.path().join("mesh")).unwrap();
-        let mesh = MeshDir::open(&dir.path().join("mesh")).unwrap();
+        let (_dir, mesh) = test_mesh();
         let page = members(&mesh, PAGE);
         let last = Signed::decode(&page[PAGE - 1].announcement).unwrap().signer;
         let answer = |members: Vec<Credentials>, next| RosterFrame {
@@ -994,12 +991,10 @@ mod tests {
     /// change), reaches a peer that way, and is dropped after.
     #[test]
     fn news_goes_along_in_three_requests_then_is_left_to_pulls() {
-        let dir = tempfile::tempdir().unwrap();
-        operator::create_mesh("test", &dir.path().join("mesh")).unwrap();
-        let mesh = MeshDir::open(&dir.path().join("mesh")).unwrap();
+        let (dir, mesh) = test_mesh();
         let (teller, hearer) = (
-            node(&mesh, &dir.path().join("teller"), 7001),
-            node(&mesh, &dir.path().join("hearer"), 7002),
+            node(&mesh, &dir, "teller", 7001),
+            node(&mesh, &dir, "hearer", 7002),
         );
         let metrics = Metrics::new();
         let two = members(&mesh, 2);
@@ -1032,12 +1027,10 @@ mod tests {
     /// (the bucket digests), not searched.
     #[test]
     fn a_request_listing_too_much_is_answered_with_digests_only() {
-        let dir = tempfile::tempdir().unwrap();
-        operator::create_mesh("test", &dir.path().join("mesh")).unwrap();
-        let mesh = MeshDir::open(&dir.path().join("mesh")).unwrap();
+        let (dir, mesh) = test_mesh();
         let (asker, peer) = (
-            node(&mesh, &dir.path().join("asker"), 7001),
-            node(&mesh, &dir.path().join("peer"), 7002),
+            node(&mesh, &dir, "asker", 7001),
+            node(&mesh, &dir, "peer", 7002),
         );
         let metrics = Metrics::new();
         let have = vec![BucketHave {
