@@ -5,14 +5,25 @@
 //! settings, the sealing listener, the clusters, set_filter_state, the routes, the
 //! inbound header handling), the WasmPlugins agree with the EnvoyFilter, and the real
 //! Envoy loads the manifests' configurations.
+//!
+//! `envoyfilter-native.yaml` does the same for the native runtime's bootstrap,
+//! `deploy/envoy/sidecar-native.yaml`: every configuration parses with the filter's
+//! parser and has the role its place calls for, the module's pieces, routes, clusters
+//! (as `scripts/render-sidecar --runtime native` renders them) and the inbound header
+//! handling are the bootstrap's, the route reads the module's own filter-state keys,
+//! the ProxyConfig and the mounts the header asks for find the module, and the real
+//! Envoy 1.40 loads every patch, with the module.
 
 use themis_testkit as support;
 
 use serde::Deserialize;
 use serde_yaml::Value;
+use std::time::Duration;
+
 use support::build::{filter_wasm, workspace};
-use support::envoy::{AppProtocol, Envoy, Sidecar};
-use support::require;
+use support::envoy::{render_native, AppProtocol, Envoy, Sidecar};
+use support::process::wait_until;
+use support::{http, require};
 use themis_envoy::config::{Config, Role};
 
 const WASM: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
@@ -48,7 +59,7 @@ fn str_of(v: &Value) -> &str {
     v.as_str().unwrap_or_else(|| panic!("not a string: {v:?}"))
 }
 
-/// One configPatch of an EnvoyFilter of deploy/istio/envoyfilter.yaml.
+/// One configPatch of an EnvoyFilter of deploy/istio/.
 #[derive(Clone, Debug)]
 struct Patch {
     /// The EnvoyFilter's name and priority.
@@ -66,11 +77,13 @@ fn envoyfilter_docs() -> Vec<Value> {
 }
 
 fn envoyfilter_patches() -> Vec<Patch> {
+    patches_in(&envoyfilter_docs())
+}
+
+/// The configPatches of the EnvoyFilters among `docs`, each EnvoyFilter's in its order.
+fn patches_in(docs: &[Value]) -> Vec<Patch> {
     let mut patches = Vec::new();
-    for doc in envoyfilter_docs()
-        .into_iter()
-        .filter(|d| d["kind"] == "EnvoyFilter")
-    {
+    for doc in docs.iter().filter(|d| d["kind"] == "EnvoyFilter") {
         assert_eq!(doc["apiVersion"], "networking.istio.io/v1alpha3");
         let spec = &doc["spec"];
         assert_eq!(
@@ -187,7 +200,7 @@ fn sidecar_listener(sidecar: &Value, name: &str) -> Value {
     seq(&sidecar["static_resources"]["listeners"])
         .iter()
         .find(|l| l["name"] == name)
-        .unwrap_or_else(|| panic!("deploy/envoy/sidecar.yaml has no listener {name}"))
+        .unwrap_or_else(|| panic!("the bootstrap has no listener {name}"))
         .clone()
 }
 
@@ -195,7 +208,7 @@ fn sidecar_cluster(sidecar: &Value, name: &str) -> Value {
     seq(&sidecar["static_resources"]["clusters"])
         .iter()
         .find(|c| c["name"] == name)
-        .unwrap_or_else(|| panic!("deploy/envoy/sidecar.yaml has no cluster {name}"))
+        .unwrap_or_else(|| panic!("the bootstrap has no cluster {name}"))
         .clone()
 }
 
@@ -333,17 +346,35 @@ fn envoyfilter_plugin_configurations_match_where_they_are_patched() {
     );
 }
 
+/// The port a listener, filter or route patch applies to.
+fn themis_port(p: &Patch) -> i64 {
+    let m = &p.matching;
+    m["listener"]["portNumber"]
+        .as_i64()
+        .or(m["routeConfiguration"]["portNumber"].as_i64())
+        .unwrap_or_else(|| panic!("{p:#?} names no port"))
+}
+
+/// The PeerAuthentication among `docs` turns Istio's mTLS off on `port` of app=check:
+/// the sealed stream arrives on the plaintext chain.
+fn assert_mtls_off(docs: &[Value], port: i64) {
+    let auth = docs
+        .iter()
+        .find(|d| d["kind"] == "PeerAuthentication")
+        .expect("a PeerAuthentication for the Themis port");
+    assert_eq!(auth["spec"]["selector"]["matchLabels"]["app"], "check");
+    let modes = auth["spec"]["portLevelMtls"].as_mapping().unwrap();
+    let mode = modes
+        .iter()
+        .find(|(k, _)| k.as_i64() == Some(port))
+        .map(|(_, v)| v["mode"].clone());
+    assert_eq!(mode, Some(Value::from("DISABLE")), "mTLS on port {port}");
+}
+
 #[test]
 fn envoyfilter_rebuilds_the_sidecar_data_path() {
     let patches = envoyfilter_patches();
     let sidecar = sidecar();
-    let themis_port = |p: &Patch| -> i64 {
-        let m = &p.matching;
-        m["listener"]["portNumber"]
-            .as_i64()
-            .or(m["routeConfiguration"]["portNumber"].as_i64())
-            .unwrap_or_else(|| panic!("{p:#?} names no port"))
-    };
 
     // The sealing internal listener: the bootstrap's, but for the module path and the
     // plugin JSON (checked above).
@@ -496,18 +527,7 @@ fn envoyfilter_rebuilds_the_sidecar_data_path() {
     {
         assert_eq!(themis_port(p), port, "{p:#?}");
     }
-    let docs = envoyfilter_docs();
-    let auth = docs
-        .iter()
-        .find(|d| d["kind"] == "PeerAuthentication")
-        .expect("a PeerAuthentication for the Themis port");
-    assert_eq!(auth["spec"]["selector"]["matchLabels"]["app"], "check");
-    let modes = auth["spec"]["portLevelMtls"].as_mapping().unwrap();
-    let mode = modes
-        .iter()
-        .find(|(k, _)| k.as_i64() == Some(port))
-        .map(|(_, v)| v["mode"].clone());
-    assert_eq!(mode, Some(Value::from("DISABLE")), "mTLS on port {port}");
+    assert_mtls_off(&envoyfilter_docs(), port);
 }
 
 #[test]
@@ -615,4 +635,979 @@ fn envoy_loads_the_istio_filter_configuration() {
         );
         assert!(log.contains(&line), "no {line:?} in:\n{log}");
     }
+}
+
+// ---- The native runtime: deploy/istio/envoyfilter-native.yaml -------------------------
+
+const NATIVE_MANIFEST: &str = "deploy/istio/envoyfilter-native.yaml";
+const NATIVE_HTTP_FILTER: &str =
+    "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter";
+const NATIVE_NETWORK_FILTER: &str = "type.googleapis.com/envoy.extensions.filters.network.dynamic_modules.v3.DynamicModuleNetworkFilter";
+const NATIVE_SOCKET: &str = "type.googleapis.com/envoy.extensions.transport_sockets.dynamic_modules.v3.DynamicModuleTransportSocket";
+const STRING_VALUE: &str = "type.googleapis.com/google.protobuf.StringValue";
+
+fn native_docs() -> Vec<Value> {
+    documents(NATIVE_MANIFEST)
+}
+
+/// The patches of envoyfilter-native.yaml in the order Istio applies them: one
+/// EnvoyFilter, whose patches Istio applies in the order they are listed.
+fn native_patches() -> Vec<Patch> {
+    let docs = native_docs();
+    let envoyfilters = docs.iter().filter(|d| d["kind"] == "EnvoyFilter").count();
+    assert_eq!(
+        envoyfilters, 1,
+        "one EnvoyFilter: the order of its list is the order of its patches"
+    );
+    patches_in(&docs)
+}
+
+/// The native runtime's bootstrap, deploy/envoy/sidecar-native.yaml.
+fn native_sidecar() -> Value {
+    documents("deploy/envoy/sidecar-native.yaml").remove(0)
+}
+
+/// A piece of the module a patch puts somewhere (`{name, typed_config}`): what the
+/// module is asked to make there, with which configuration.
+struct NativePiece {
+    place: String,
+    /// Its `filter_name` or `transport_socket_name`.
+    made: String,
+    /// The configuration JSON; `None` for the network filter `peer`, which takes none.
+    config: Option<String>,
+    piece: Value,
+    patch: Patch,
+}
+
+/// The field naming what the module makes and the one holding its configuration, by
+/// the piece's type; `None` for anything but the module's.
+fn native_fields(ty: &Value) -> Option<(&'static str, &'static str)> {
+    if *ty == NATIVE_HTTP_FILTER || *ty == NATIVE_NETWORK_FILTER {
+        Some(("filter_name", "filter_config"))
+    } else if *ty == NATIVE_SOCKET {
+        Some(("transport_socket_name", "transport_socket_config"))
+    } else {
+        None
+    }
+}
+
+/// Every piece of the module the patches put anywhere.
+fn native_pieces(patches: &[Patch]) -> Vec<NativePiece> {
+    let mut found = Vec::new();
+    for p in patches {
+        let mut pieces = Vec::new();
+        collect_native(&p.value, &mut pieces);
+        for piece in pieces {
+            let place = format!(
+                "{} {} {} ({})",
+                p.apply_to, p.context, p.operation, p.envoyfilter
+            );
+            let typed = &piece["typed_config"];
+            let (made, config) = native_fields(&typed["@type"]).unwrap();
+            let config = typed.get(config).map(|c| {
+                assert_eq!(c["@type"], STRING_VALUE, "{place}");
+                str_of(&c["value"]).to_string()
+            });
+            found.push(NativePiece {
+                place,
+                made: str_of(&typed[made]).to_string(),
+                config,
+                piece,
+                patch: p.clone(),
+            });
+        }
+    }
+    found
+}
+
+fn collect_native(v: &Value, out: &mut Vec<Value>) {
+    match v {
+        Value::Mapping(m) => {
+            if m.contains_key("name") && native_fields(&v["typed_config"]["@type"]).is_some() {
+                out.push(v.clone());
+            }
+            for (_, child) in m {
+                collect_native(child, out);
+            }
+        }
+        Value::Sequence(s) => s.iter().for_each(|c| collect_native(c, out)),
+        _ => {}
+    }
+}
+
+/// Everything of a piece of the module but what it makes and its configuration JSON.
+fn native_shape(piece: &Value) -> Value {
+    let mut v = piece.clone();
+    let typed = &mut v["typed_config"];
+    for made in ["filter_name", "transport_socket_name"] {
+        if typed.get(made).is_some() {
+            typed[made] = Value::Null;
+        }
+    }
+    for config in ["filter_config", "transport_socket_config"] {
+        if typed.get(config).is_some() {
+            typed[config]["value"] = Value::Null;
+        }
+    }
+    v
+}
+
+/// The configurations of the native pieces, by role (the seal's by the service its
+/// cluster reaches).
+struct NativeConfigs {
+    outbound: serde_json::Value,
+    inbound: serde_json::Value,
+    seals: Vec<(String, serde_json::Value)>,
+}
+
+fn native_configs(pieces: &[NativePiece]) -> NativeConfigs {
+    let of = |apply_to: &str| -> Vec<(&NativePiece, serde_json::Value)> {
+        pieces
+            .iter()
+            .filter(|p| p.patch.apply_to == apply_to && p.config.is_some())
+            .map(|p| (p, json(p.config.as_deref().unwrap())))
+            .collect()
+    };
+    let one = |apply_to: &str| -> serde_json::Value {
+        let found = of(apply_to);
+        assert_eq!(found.len(), 1, "one configured piece in a {apply_to} patch");
+        found[0].1.clone()
+    };
+    let seals = of("CLUSTER")
+        .into_iter()
+        .map(|(p, config)| {
+            let cluster = str_of(&p.patch.value["name"]);
+            let service = cluster
+                .strip_prefix("themis_to_")
+                .unwrap_or_else(|| panic!("{cluster}: a sealing cluster is themis_to_<service>"));
+            (service.to_string(), config)
+        })
+        .collect();
+    NativeConfigs {
+        outbound: one("HTTP_FILTER"),
+        inbound: one("FILTER_CHAIN"),
+        seals,
+    }
+}
+
+/// Where envoyfilter.yaml's themis_agent cluster reaches the agent's socket in the pod
+/// (the header of both manifests mounts the node's /var/run/themis there).
+fn pod_agent_socket() -> String {
+    let agent = the_patch(&envoyfilter_patches(), "themis_agent", |p| {
+        p.apply_to == "CLUSTER" && p.value["name"] == "themis_agent"
+    });
+    let endpoint = &agent.value["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"];
+    str_of(&endpoint["address"]["pipe"]["path"]).to_string()
+}
+
+/// `v` with every JSON configuration in it (a string holding a JSON object) replaced
+/// by what `f` makes of it.
+fn map_configs(v: &Value, f: &dyn Fn(serde_json::Value) -> Value) -> Value {
+    match v {
+        Value::String(s) => match serde_json::from_str::<serde_json::Value>(s) {
+            Ok(config) if config.is_object() => f(config),
+            _ => v.clone(),
+        },
+        Value::Mapping(m) => Value::Mapping(
+            m.iter()
+                .map(|(k, child)| (k.clone(), map_configs(child, f)))
+                .collect(),
+        ),
+        Value::Sequence(s) => Value::Sequence(s.iter().map(|c| map_configs(c, f)).collect()),
+        _ => v.clone(),
+    }
+}
+
+/// The `agent_socket` of a configuration, if it has one, set to `socket`.
+fn at_socket(mut config: serde_json::Value, socket: &str) -> serde_json::Value {
+    if let Some(map) = config.as_object_mut() {
+        if map.contains_key("agent_socket") {
+            map.insert("agent_socket".into(), socket.into());
+        }
+    }
+    config
+}
+
+/// `v` with its JSON configurations decoded (compared as data, not text) and their
+/// agent socket set to `socket`.
+fn decoded(v: &Value, socket: &str) -> Value {
+    map_configs(v, &|config| {
+        serde_yaml::to_value(at_socket(config, socket)).unwrap()
+    })
+}
+
+/// deploy/envoy/sidecar-native.yaml as `scripts/render-sidecar --runtime native` renders
+/// it for the manifest's workload, policy and agent socket, calling `calls`.
+fn rendered_native(configs: &NativeConfigs, calls: &[String]) -> Value {
+    let python = require::find_tool("python3").expect("python3, gated by the caller");
+    let out = &configs.outbound;
+    let field = |key: &str| out[key].as_str().expect(key).to_string();
+    let mut command = std::process::Command::new(python);
+    command
+        .arg(workspace().join("scripts/render-sidecar"))
+        .args(["--runtime", "native"])
+        .args(["--mesh-root", &field("mesh_root")])
+        .args(["--workload", &field("workload")])
+        .args(["--service", &field("service")])
+        .args(["--agent-socket", &field("agent_socket")])
+        .args(["--app", "127.0.0.1:8080", "--admin-port", "15000"])
+        .args([
+            "--outbound",
+            "127.0.0.1:15001",
+            "--inbound",
+            "127.0.0.1:15006",
+        ])
+        .args(["--policy", &configs.inbound["policy"].to_string()]);
+    for service in calls {
+        command.args(["--calls", service]);
+    }
+    let done = command.output().unwrap();
+    assert!(
+        done.status.success(),
+        "scripts/render-sidecar: {}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    serde_yaml::from_slice(&done.stdout).unwrap()
+}
+
+/// A `pub const NAME: &str = "...";` of the native module's source (the test cannot
+/// link the module: it links this crate).
+fn native_const(file: &str, name: &str) -> String {
+    let path = workspace().join("filter/themis-native/src").join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let decl = format!("pub const {name}: &str = \"");
+    let start = text
+        .find(&decl)
+        .unwrap_or_else(|| panic!("{} declares no {decl}…", path.display()))
+        + decl.len();
+    let len = text[start..].find('"').unwrap();
+    text[start..start + len].to_string()
+}
+
+/// The routes of a virtual host of Istio's as the patches leave them: `patches` (the
+/// HTTP_ROUTE ones, in order) applied to Istio's own `routes`.
+fn routes_after(patches: &[Patch], routes: Vec<Value>) -> Vec<Value> {
+    let mut routes = routes;
+    for p in patches.iter().filter(|p| p.apply_to == "HTTP_ROUTE") {
+        assert_eq!(
+            (p.context.as_str(), p.operation.as_str()),
+            ("SIDECAR_OUTBOUND", "INSERT_FIRST"),
+            "{p:#?}"
+        );
+        routes.insert(0, p.value.clone());
+    }
+    routes
+}
+
+/// The HTTP filters of Istio's outbound HCM as the patches leave them: each HTTP_FILTER
+/// SIDECAR_OUTBOUND patch, in order, inserted before the router of `filters`.
+fn outbound_filters_after(patches: &[Patch], filters: Vec<Value>) -> Vec<Value> {
+    let mut filters = filters;
+    for p in patches
+        .iter()
+        .filter(|p| p.apply_to == "HTTP_FILTER" && p.context == "SIDECAR_OUTBOUND")
+    {
+        assert_eq!(p.operation, "INSERT_BEFORE", "{p:#?}");
+        let chain = &p.matching["listener"]["filterChain"]["filter"];
+        assert_eq!(
+            chain["name"],
+            "envoy.filters.network.http_connection_manager"
+        );
+        assert_eq!(chain["subFilter"]["name"], "envoy.filters.http.router");
+        let router = filters
+            .iter()
+            .position(|f| f["name"] == "envoy.filters.http.router")
+            .expect("a router");
+        filters.insert(router, p.value.clone());
+    }
+    filters
+}
+
+fn names(filters: &[Value]) -> Vec<&str> {
+    filters.iter().map(|f| str_of(&f["name"])).collect()
+}
+
+#[test]
+fn native_envoyfilter_configurations_match_where_they_are_patched() {
+    let patches = native_patches();
+    let native = native_sidecar();
+    let agent_socket = pod_agent_socket();
+    let inbound_listener = sidecar_listener(&native, "themis_inbound");
+    let outbound_filter = http_filter(
+        &hcm(&sidecar_listener(&native, "themis_outbound")),
+        "themis.outbound",
+    );
+    let inbound_socket = inbound_listener["filter_chains"][0]["transport_socket"].clone();
+    let peer = network_filter(&inbound_listener, "themis.peer");
+
+    let pieces = native_pieces(&patches);
+    let mut places = Vec::new();
+    for NativePiece {
+        place,
+        made,
+        config,
+        piece,
+        patch,
+    } in &pieces
+    {
+        // What belongs where, and its twin in the bootstrap (a sealing cluster's socket
+        // is the inbound one's but for what it makes; the clusters are rendered, not in
+        // the template: the next test compares them whole).
+        let (twin, twin_made, role) = match (patch.apply_to.as_str(), patch.context.as_str()) {
+            ("HTTP_FILTER", "SIDECAR_OUTBOUND") => {
+                (&outbound_filter, "filter_name", Some(Role::Outbound))
+            }
+            ("CLUSTER", "SIDECAR_OUTBOUND") => (&inbound_socket, "", Some(Role::Seal)),
+            ("FILTER_CHAIN", "SIDECAR_INBOUND") => (
+                &inbound_socket,
+                "transport_socket_name",
+                Some(Role::Inbound),
+            ),
+            ("NETWORK_FILTER", "SIDECAR_INBOUND") => (&peer, "filter_name", None),
+            _ => panic!("a piece of the module where none belongs: {place}"),
+        };
+        places.push(patch.apply_to.as_str());
+        // Type, module (its name, kept open), secure transport, Envoy's filter names:
+        // the bootstrap's.
+        assert_eq!(
+            native_shape(piece),
+            native_shape(twin),
+            "{place}: differs from deploy/envoy/sidecar-native.yaml"
+        );
+        match role {
+            Some(Role::Seal) => assert_eq!(made, "outbound", "{place}"),
+            _ => assert_eq!(
+                made.as_str(),
+                str_of(&twin["typed_config"][twin_made]),
+                "{place}"
+            ),
+        }
+        match (role, config) {
+            (None, None) => {}
+            (Some(role), Some(config)) => {
+                let parsed = Config::parse(config.as_bytes())
+                    .unwrap_or_else(|e| panic!("{place}: {config}: {e}"));
+                assert_eq!(parsed.role, role, "{place}");
+                assert_eq!(parsed.workload, "check", "{place}");
+                // The module reaches the agent itself: at the socket the pod mounts.
+                assert_eq!(
+                    parsed.agent_socket.as_deref(),
+                    Some(agent_socket.as_str()),
+                    "{place}"
+                );
+                let want = (role == Role::Seal)
+                    .then(|| str_of(&patch.value["name"]).trim_start_matches("themis_to_"));
+                assert_eq!(parsed.peer_service.as_deref(), want, "{place}");
+            }
+            (role, config) => panic!("{place}: role {role:?} with configuration {config:?}"),
+        }
+    }
+    places.sort();
+    places.dedup();
+    assert_eq!(
+        places,
+        ["CLUSTER", "FILTER_CHAIN", "HTTP_FILTER", "NETWORK_FILTER"],
+        "every piece of the module's data path"
+    );
+
+    // One sidecar's configurations, as render-sidecar derives them: envoyfilter.yaml's
+    // outbound and inbound ones with the agent's socket, and each sealing cluster's the
+    // outbound one as the seal role, for its service.
+    let configs = native_configs(&pieces);
+    assert!(!configs.seals.is_empty(), "a sealing cluster");
+    let [(_, outbound), _, (_, inbound)] = role_configs(&envoyfilter_patches());
+    let with_socket = |wasm: &str| {
+        let mut config = json(wasm);
+        config["agent_socket"] = agent_socket.clone().into();
+        config
+    };
+    assert_eq!(
+        configs.outbound,
+        with_socket(&outbound),
+        "outbound: envoyfilter.yaml's, with the agent's socket"
+    );
+    assert_eq!(
+        configs.inbound,
+        with_socket(&inbound),
+        "inbound: envoyfilter.yaml's, with the agent's socket"
+    );
+    for (service, seal) in &configs.seals {
+        let mut want = seal_of(&configs.outbound);
+        want["peer_service"] = service.clone().into();
+        assert_eq!(*seal, want, "themis_to_{service}");
+    }
+}
+
+#[test]
+fn native_envoyfilter_rebuilds_the_native_sidecar_data_path() {
+    if !require::tool(
+        "python3",
+        "renders the native bootstrap with scripts/render-sidecar",
+    ) {
+        return;
+    }
+    let patches = native_patches();
+    let native = native_sidecar();
+    let configs = native_configs(&native_pieces(&patches));
+    let socket = configs.outbound["agent_socket"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let services: Vec<String> = configs.seals.iter().map(|(s, _)| s.clone()).collect();
+    let rendered = rendered_native(&configs, &services);
+
+    // Outbound: the pick, then set_filter_state, then the router, as the bootstrap's.
+    let outbound_hcm = hcm(&sidecar_listener(&native, "themis_outbound"));
+    let istio = vec![
+        serde_yaml::from_str("{name: istio.stats}").unwrap(),
+        http_filter(&outbound_hcm, "envoy.filters.http.router"),
+    ];
+    let filters = outbound_filters_after(&patches, istio);
+    assert_eq!(
+        names(&filters[1..]),
+        names(seq(&outbound_hcm["http_filters"])),
+        "the order of deploy/envoy/sidecar-native.yaml's outbound filters"
+    );
+    assert_eq!(
+        names(seq(&outbound_hcm["http_filters"])),
+        [
+            "themis.outbound",
+            "envoy.filters.http.set_filter_state",
+            "envoy.filters.http.router"
+        ]
+    );
+    assert_eq!(
+        filters[2],
+        http_filter(&outbound_hcm, "envoy.filters.http.set_filter_state")
+    );
+
+    // The sealing clusters: render-sidecar's, one per service (nothing else added).
+    for p in patches.iter().filter(|p| p.apply_to == "CLUSTER") {
+        let name = str_of(&p.value["name"]);
+        assert_eq!(
+            (p.context.as_str(), p.operation.as_str()),
+            ("SIDECAR_OUTBOUND", "ADD"),
+            "{name}"
+        );
+        // render-sidecar writes the socket's path resolved (/var/run is often /run).
+        assert_eq!(
+            decoded(&p.value, &socket),
+            decoded(&sidecar_cluster(&rendered, name), &socket),
+            "cluster {name} differs from what scripts/render-sidecar renders"
+        );
+    }
+
+    // Outbound routes, in every virtual host of the route configuration of the port:
+    // one per service, to its sealing cluster, as render-sidecar's virtual host of the
+    // service; behind them the fallback, ahead of Istio's own routes.
+    let istio_route: Value =
+        serde_yaml::from_str("{name: istio, match: {prefix: /}, route: {cluster: istio}}").unwrap();
+    let routes = routes_after(&patches, vec![istio_route.clone()]);
+    for p in patches.iter().filter(|p| p.apply_to == "HTTP_ROUTE") {
+        assert!(
+            p.matching["routeConfiguration"].get("vhost").is_none(),
+            "every virtual host: {p:#?}"
+        );
+    }
+    let (unrouted, istio_own) = (&routes[routes.len() - 2], &routes[routes.len() - 1]);
+    assert_eq!(*istio_own, istio_route);
+    assert_eq!(unrouted["name"], "themis_unrouted");
+    assert_eq!(
+        *unrouted,
+        serde_yaml::from_str::<Value>(
+            "{name: themis_unrouted, match: {prefix: /}, direct_response: {status: 404}}"
+        )
+        .unwrap(),
+        "anything left goes nowhere, as a host with no virtual host in the bootstrap"
+    );
+    let rendered_vhosts = hcm(&sidecar_listener(&rendered, "themis_outbound"))["route_config"]
+        ["virtual_hosts"]
+        .clone();
+    let mut routed: Vec<String> = Vec::new();
+    for route in &routes[..routes.len() - 2] {
+        let cluster = str_of(&route["route"]["cluster"]);
+        let service = cluster.strip_prefix("themis_to_").unwrap_or(cluster);
+        assert_eq!(route["name"], cluster);
+        let vhost = seq(&rendered_vhosts)
+            .iter()
+            .find(|v| v["name"] == service)
+            .unwrap_or_else(|| panic!("render-sidecar has no virtual host for {service}"))
+            .clone();
+        // The host the bootstrap's virtual host takes: the service, any port.
+        let domains: Vec<&str> = seq(&vhost["domains"]).iter().map(str_of).collect();
+        assert_eq!(domains, [service.to_string(), format!("{service}:*")]);
+        let authority = &seq(&route["match"]["headers"])[..];
+        assert_eq!(authority.len(), 1, "{route:?}");
+        assert_eq!(authority[0]["name"], ":authority");
+        assert_eq!(
+            authority[0]["string_match"]["safe_regex"]["regex"],
+            format!("{service}(:[0-9]+)?").as_str()
+        );
+        let twin = seq(&vhost["routes"])
+            .iter()
+            .find(|r| r["match"]["prefix"] == "/")
+            .unwrap()
+            .clone();
+        assert_eq!(route["match"]["prefix"], twin["match"]["prefix"]);
+        for key in ["route", "request_headers_to_remove"] {
+            assert_eq!(route[key], twin[key], "route to {service}: {key}");
+        }
+        routed.push(service.to_string());
+    }
+    routed.sort();
+    let mut called = services.clone();
+    called.sort();
+    assert_eq!(routed, called, "one route per sealing cluster");
+
+    // Inbound: the module's socket and the handshake deadline on the plaintext chain,
+    // the module's `peer` first on it, as the bootstrap's listener.
+    let inbound_listener = sidecar_listener(&native, "themis_inbound");
+    let twin_chain = &inbound_listener["filter_chains"][0];
+    let chain = the_patch(&patches, "FILTER_CHAIN", |p| p.apply_to == "FILTER_CHAIN");
+    assert_eq!(
+        (chain.context.as_str(), chain.operation.as_str()),
+        ("SIDECAR_INBOUND", "MERGE")
+    );
+    let filter_chain = &chain.matching["listener"]["filterChain"];
+    assert_eq!(filter_chain["transportProtocol"], "raw_buffer");
+    assert!(
+        filter_chain.get("filter").is_none(),
+        "istiod ignores (and warns of) a filter match on FILTER_CHAIN"
+    );
+    let mut keys: Vec<&str> = chain
+        .value
+        .as_mapping()
+        .unwrap()
+        .keys()
+        .map(str_of)
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        ["transport_socket", "transport_socket_connect_timeout"]
+    );
+    assert_eq!(
+        chain.value["transport_socket_connect_timeout"],
+        twin_chain["transport_socket_connect_timeout"]
+    );
+    let peer = the_patch(&patches, "themis.peer", |p| {
+        p.value["name"] == "themis.peer"
+    });
+    assert_eq!(
+        (
+            peer.apply_to.as_str(),
+            peer.context.as_str(),
+            peer.operation.as_str()
+        ),
+        ("NETWORK_FILTER", "SIDECAR_INBOUND", "INSERT_FIRST")
+    );
+    assert_eq!(
+        peer.matching["listener"]["filterChain"]["transportProtocol"],
+        "raw_buffer"
+    );
+    assert_eq!(peer.value, network_filter(&inbound_listener, "themis.peer"));
+    assert_eq!(
+        names(seq(&twin_chain["filters"])),
+        [
+            "themis.peer",
+            "envoy.filters.network.http_connection_manager"
+        ]
+    );
+
+    // Inbound: caller-supplied x-themis-* and underscored headers dropped, the peer
+    // headers from the filter state the module's `peer` sets, as the bootstrap's HCM.
+    let inbound_hcm = hcm(&inbound_listener);
+    let strip = the_patch(&patches, "themis.strip", |p| {
+        p.value["name"] == "themis.strip"
+    });
+    assert_eq!(
+        (
+            strip.apply_to.as_str(),
+            strip.context.as_str(),
+            strip.operation.as_str()
+        ),
+        ("HTTP_FILTER", "SIDECAR_INBOUND", "INSERT_FIRST")
+    );
+    assert_eq!(strip.value, http_filter(&inbound_hcm, "themis.strip"));
+    let underscores = the_patch(&patches, "headers_with_underscores_action", |p| {
+        p.apply_to == "NETWORK_FILTER" && p.operation == "MERGE"
+    });
+    assert_eq!(underscores.context, "SIDECAR_INBOUND");
+    let options = "common_http_protocol_options";
+    assert_eq!(
+        underscores.value["typed_config"][options],
+        inbound_hcm[options]
+    );
+    let headers = the_patch(&patches, "ROUTE_CONFIGURATION", |p| {
+        p.apply_to == "ROUTE_CONFIGURATION"
+    });
+    assert_eq!(
+        (headers.context.as_str(), headers.operation.as_str()),
+        ("SIDECAR_INBOUND", "MERGE")
+    );
+    let added = &headers.value["request_headers_to_add"];
+    assert_eq!(
+        *added,
+        inbound_hcm["route_config"]["request_headers_to_add"]
+    );
+    for (i, (header, key)) in [
+        ("x-themis-peer-id", "PEER_ID_KEY"),
+        ("x-themis-peer-service", "PEER_SERVICE_KEY"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = native_const("filter.rs", key);
+        assert_eq!(added[i]["header"]["key"], header);
+        assert_eq!(
+            added[i]["header"]["value"],
+            format!("%FILTER_STATE({key}:PLAIN)%").as_str(),
+            "{header}: the key the module's `peer` filter sets"
+        );
+    }
+
+    // One Themis port, envoyfilter.yaml's, for every listener and route patch, and
+    // Istio's mTLS off there.
+    let port = themis_port(&the_patch(&envoyfilter_patches(), "themis.outbound", |p| {
+        p.value["name"] == "themis.outbound"
+    }));
+    for p in patches.iter().filter(|p| p.apply_to != "CLUSTER") {
+        assert_eq!(themis_port(p), port, "{p:#?}");
+    }
+    assert_mtls_off(&native_docs(), port);
+}
+
+/// The JSON of a pod annotation the manifest's header tells the user to set
+/// (`#   <name>: '<json>'`).
+fn header_annotation(text: &str, name: &str) -> serde_json::Value {
+    let start = format!("{name}: '");
+    let found: Vec<&str> = text
+        .lines()
+        .take_while(|l| l.starts_with('#'))
+        .filter_map(|l| Some(l.split_once(&start)?.1))
+        .collect();
+    assert_eq!(found.len(), 1, "one {name} annotation in the header");
+    json(found[0].strip_suffix('\'').expect("quoted"))
+}
+
+#[test]
+fn native_envoyfilter_says_how_istio_proxy_finds_the_module_and_the_agent() {
+    let docs = native_docs();
+    let text = std::fs::read_to_string(workspace().join(NATIVE_MANIFEST)).unwrap();
+
+    // The ProxyConfig puts the search path in istio-proxy's environment.
+    let proxy_config = docs
+        .iter()
+        .find(|d| d["kind"] == "ProxyConfig")
+        .expect("a ProxyConfig");
+    assert_eq!(proxy_config["apiVersion"], "networking.istio.io/v1beta1");
+    assert_eq!(
+        proxy_config["spec"]["selector"]["matchLabels"]["app"],
+        "check"
+    );
+    let search =
+        str_of(&proxy_config["spec"]["environmentVariables"]["ENVOY_DYNAMIC_MODULES_SEARCH_PATH"]);
+    assert!(search.starts_with('/'), "{search}");
+    // The annotation the header offers instead says the same.
+    let annotation = header_annotation(&text, "proxy.istio.io/config");
+    assert_eq!(
+        annotation["proxyMetadata"]["ENVOY_DYNAMIC_MODULES_SEARCH_PATH"],
+        search
+    );
+
+    // Envoy loads <search>/lib<name>.so: the file the header mounts there, read-only,
+    // from a file on the node (never the directory that holds the agent's keys).
+    let modules: Vec<Value> = native_pieces(&native_patches())
+        .iter()
+        .map(|p| p.piece["typed_config"]["dynamic_module_config"].clone())
+        .collect();
+    assert!(modules.iter().all(|m| *m == modules[0]), "one module");
+    let module = format!("{search}/lib{}.so", str_of(&modules[0]["name"]));
+    let volumes = header_annotation(&text, "sidecar.istio.io/userVolume");
+    let mounts = header_annotation(&text, "sidecar.istio.io/userVolumeMount");
+    let volume = |name: &serde_json::Value| -> serde_json::Value {
+        let all = volumes.as_array().expect("a list of volumes");
+        let found: Vec<_> = all.iter().filter(|v| v["name"] == *name).collect();
+        assert_eq!(found.len(), 1, "volume {name}");
+        found[0]["hostPath"].clone()
+    };
+    let mount_at = |path: &str| -> serde_json::Value {
+        let all = mounts.as_array().expect("a list of mounts");
+        let found: Vec<_> = all.iter().filter(|m| m["mountPath"] == path).collect();
+        assert_eq!(found.len(), 1, "one mount at {path}: {mounts}");
+        found[0].clone()
+    };
+    let mounted = mount_at(&module);
+    assert_eq!(mounted["readOnly"], true);
+    let host = volume(&mounted["name"]);
+    assert_eq!(host["type"], "File", "{host}");
+    for v in volumes.as_array().unwrap() {
+        assert_ne!(
+            v["hostPath"]["path"], "/var/lib/themis",
+            "the agent's keys: {v}"
+        );
+    }
+
+    // The agent's socket: the directory the agent's DaemonSet serves it in, mounted
+    // where the configurations name it.
+    let socket = pod_agent_socket();
+    let (socket_dir, socket_file) = socket.rsplit_once('/').unwrap();
+    let run = mount_at(socket_dir);
+    let daemonset =
+        std::fs::read_to_string(workspace().join("deploy/kubernetes/agent-daemonset.yaml"))
+            .unwrap();
+    let served = daemonset
+        .split("--api-socket=")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| c.is_whitespace() || c == '"').next())
+        .expect("the agent's --api-socket");
+    let host_dir = volume(&run["name"])["path"].as_str().unwrap().to_string();
+    assert_eq!(
+        format!("{host_dir}/{socket_file}"),
+        served,
+        "the node's socket, mounted at {socket_dir}"
+    );
+}
+
+#[test]
+fn istio_manifests_name_distinct_resources() {
+    // `kubectl apply -f deploy/istio/` applies every file together.
+    let mut seen: std::collections::BTreeMap<(String, String, String), String> = Default::default();
+    for entry in std::fs::read_dir(workspace().join("deploy/istio")).unwrap() {
+        let file = entry.unwrap().file_name().into_string().unwrap();
+        if !file.ends_with(".yaml") {
+            continue;
+        }
+        for doc in documents(&format!("deploy/istio/{file}")) {
+            let meta = &doc["metadata"];
+            let key = (
+                str_of(&doc["kind"]).to_string(),
+                str_of(&meta["namespace"]).to_string(),
+                str_of(&meta["name"]).to_string(),
+            );
+            if let Some(other) = seen.insert(key.clone(), file.clone()) {
+                panic!("{key:?} is in both {other} and {file}");
+            }
+        }
+    }
+    assert!(seen.values().any(|f| f == "envoyfilter-native.yaml"));
+}
+
+/// `boot`'s listener `name`.
+fn listener_mut<'a>(boot: &'a mut Value, name: &str) -> &'a mut Value {
+    boot["static_resources"]["listeners"]
+        .as_sequence_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|l| l["name"] == name)
+        .unwrap_or_else(|| panic!("no listener {name}"))
+}
+
+/// The HCM of a listener's (first) filter chain.
+fn hcm_mut(listener: &mut Value) -> &mut Value {
+    let filters = listener["filter_chains"][0]["filters"]
+        .as_sequence_mut()
+        .unwrap();
+    let hcm = filters
+        .iter_mut()
+        .find(|f| f["name"] == "envoy.filters.network.http_connection_manager")
+        .unwrap();
+    &mut hcm["typed_config"]
+}
+
+/// Proto merge, as Istio's MERGE: messages merged field by field, lists appended,
+/// anything else replaced.
+fn merge_into(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Mapping(t), Value::Mapping(p)) => {
+            for (k, v) in p {
+                match t.get_mut(k) {
+                    Some(existing) => merge_into(existing, v),
+                    None => {
+                        t.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (Value::Sequence(t), Value::Sequence(p)) => t.extend(p.iter().cloned()),
+        (t, p) => *t = p.clone(),
+    }
+}
+
+fn remove_named(list: &mut Value, name: &str) {
+    let list = list.as_sequence_mut().unwrap();
+    let before = list.len();
+    list.retain(|f| f["name"] != name);
+    assert_eq!(list.len(), before - 1, "{name} once");
+}
+
+#[test]
+fn envoy_loads_the_istio_native_configuration() {
+    if !require::filter_in_envoy("loads the native manifest's patches, with the module") {
+        return;
+    }
+    let patches = native_patches();
+    let configs = native_configs(&native_pieces(&patches));
+    let dir = support::mesh::tempdir();
+    // Every configuration as the manifest has it, but for the agent's socket (none here:
+    // the module starts, and asks it in vain).
+    let socket = dir.path().join("no-agent.sock").display().to_string();
+    let local = |v: &Value| map_configs(v, &|c| Value::String(at_socket(c, &socket).to_string()));
+    let services: Vec<&str> = configs.seals.iter().map(|(s, _)| s.as_str()).collect();
+
+    // The native bootstrap, stripped of what the patches add: Istio's side of it, as far
+    // as the patches touch it (an outbound HCM whose chain ends in the router and whose
+    // virtual host routes to Istio's own cluster, a plaintext inbound chain).
+    let sidecar = Sidecar {
+        app_protocol: AppProtocol::Http1,
+        ip: "127.0.0.40",
+        agent_socket: std::path::Path::new(&socket),
+        app: "127.0.0.40:9".parse().unwrap(),
+        outbound_config: &at_socket(configs.outbound.clone(), &socket).to_string(),
+        inbound_config: &at_socket(configs.inbound.clone(), &socket).to_string(),
+    };
+    let mut boot: Value = serde_yaml::from_str(&render_native(&sidecar, &services)).unwrap();
+    {
+        let out = hcm_mut(listener_mut(&mut boot, "themis_outbound"));
+        remove_named(&mut out["http_filters"], "themis.outbound");
+        remove_named(
+            &mut out["http_filters"],
+            "envoy.filters.http.set_filter_state",
+        );
+        out["route_config"]["virtual_hosts"] = serde_yaml::from_str(
+            "[{name: istio, domains: ['*'], routes: [{name: istio, match: {prefix: /}, route: {cluster: app}}]}]",
+        )
+        .unwrap();
+    }
+    for service in &services {
+        remove_named(
+            &mut boot["static_resources"]["clusters"],
+            &format!("themis_to_{service}"),
+        );
+    }
+    {
+        let chain = &mut listener_mut(&mut boot, "themis_inbound")["filter_chains"][0];
+        let map = chain.as_mapping_mut().unwrap();
+        map.remove("transport_socket").unwrap();
+        map.remove("transport_socket_connect_timeout").unwrap();
+        remove_named(&mut chain["filters"], "themis.peer");
+        let inb = &mut chain["filters"][0]["typed_config"];
+        remove_named(&mut inb["http_filters"], "themis.strip");
+        let map = inb.as_mapping_mut().unwrap();
+        map.remove("common_http_protocol_options").unwrap();
+        let route = inb["route_config"].as_mapping_mut().unwrap();
+        route.remove("request_headers_to_add").unwrap();
+    }
+
+    // Every patch, applied as Istio would, in order.
+    for p in &patches {
+        let value = local(&p.value);
+        match (
+            p.apply_to.as_str(),
+            p.context.as_str(),
+            p.operation.as_str(),
+        ) {
+            ("HTTP_FILTER", "SIDECAR_OUTBOUND", "INSERT_BEFORE") => {
+                let out = hcm_mut(listener_mut(&mut boot, "themis_outbound"));
+                let filters = out["http_filters"].as_sequence_mut().unwrap();
+                let router = filters
+                    .iter()
+                    .position(|f| f["name"] == "envoy.filters.http.router")
+                    .unwrap();
+                filters.insert(router, value);
+            }
+            ("CLUSTER", "SIDECAR_OUTBOUND", "ADD") => {
+                boot["static_resources"]["clusters"]
+                    .as_sequence_mut()
+                    .unwrap()
+                    .push(value);
+            }
+            ("HTTP_ROUTE", "SIDECAR_OUTBOUND", "INSERT_FIRST") => {
+                let out = hcm_mut(listener_mut(&mut boot, "themis_outbound"));
+                for vhost in out["route_config"]["virtual_hosts"]
+                    .as_sequence_mut()
+                    .unwrap()
+                {
+                    vhost["routes"]
+                        .as_sequence_mut()
+                        .unwrap()
+                        .insert(0, value.clone());
+                }
+            }
+            ("FILTER_CHAIN", "SIDECAR_INBOUND", "MERGE") => merge_into(
+                &mut listener_mut(&mut boot, "themis_inbound")["filter_chains"][0],
+                &value,
+            ),
+            ("NETWORK_FILTER", "SIDECAR_INBOUND", "INSERT_FIRST") => {
+                listener_mut(&mut boot, "themis_inbound")["filter_chains"][0]["filters"]
+                    .as_sequence_mut()
+                    .unwrap()
+                    .insert(0, value);
+            }
+            ("NETWORK_FILTER", "SIDECAR_INBOUND", "MERGE") => {
+                assert_eq!(
+                    value["name"],
+                    "envoy.filters.network.http_connection_manager"
+                );
+                let mut typed = value["typed_config"].clone();
+                typed.as_mapping_mut().unwrap().remove("@type");
+                merge_into(hcm_mut(listener_mut(&mut boot, "themis_inbound")), &typed);
+            }
+            ("HTTP_FILTER", "SIDECAR_INBOUND", "INSERT_FIRST") => {
+                hcm_mut(listener_mut(&mut boot, "themis_inbound"))["http_filters"]
+                    .as_sequence_mut()
+                    .unwrap()
+                    .insert(0, value);
+            }
+            ("ROUTE_CONFIGURATION", "SIDECAR_INBOUND", "MERGE") => merge_into(
+                &mut hcm_mut(listener_mut(&mut boot, "themis_inbound"))["route_config"],
+                &value,
+            ),
+            other => {
+                panic!("this test applies no {other:?} patch: teach it, so Envoy loads every patch")
+            }
+        }
+    }
+
+    // Envoy takes every piece (the module refuses a configuration it cannot use, and
+    // Envoy the bootstrap with it), and the module runs for the manifest's workload.
+    let envoy = Envoy::start_yaml(
+        dir.path(),
+        "istio-native",
+        &serde_yaml::to_string(&boot).unwrap(),
+    );
+    wait_until(
+        "the module to ask the agent for check's key",
+        Duration::from_secs(20),
+        || {
+            envoy
+                .log_tail(400)
+                .contains("themis native: delegation for check:")
+                .then_some(())
+        },
+    );
+    // The pick answers on the outbound HCM: no sealing cluster for billing; handler's
+    // is there, but no agent resolves it.
+    let call = |host: &str| http::request(envoy.outbound, "GET", "/", &[("host", host)], b"");
+    let r = call("billing");
+    assert_eq!(
+        (r.status, r.header("x-themis-reject")),
+        (503, Some("not_routed")),
+        "{r}"
+    );
+    for service in &services {
+        let r = call(&format!("{service}:8080"));
+        assert_eq!(
+            (r.status, r.header("x-themis-reject")),
+            (503, Some("resolve_failed")),
+            "{r}"
+        );
+    }
+    // The inbound chain's transport socket is the module's: it takes the connection.
+    let _peer = std::net::TcpStream::connect(envoy.inbound).unwrap();
+    wait_until(
+        "the inbound socket to take a connection",
+        Duration::from_secs(10),
+        || (envoy.themis_counter("inbound.connections") >= 1).then_some(()),
+    );
 }
