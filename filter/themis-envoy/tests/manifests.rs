@@ -128,7 +128,8 @@ fn wasm_filters(patches: &[Patch]) -> Vec<WasmFilter> {
     let mut found = Vec::new();
     for p in patches {
         let mut filters: Vec<Value> = Vec::new();
-        collect_wasm(&p.value, &mut filters);
+        let wasm = |ty: &Value| *ty == WASM || *ty == NETWORK_WASM;
+        collect_typed(&p.value, &wasm, &mut filters);
         for filter in filters {
             let place = format!(
                 "{} {} {} ({})",
@@ -150,18 +151,19 @@ fn wasm_filters(patches: &[Patch]) -> Vec<WasmFilter> {
     found
 }
 
-fn collect_wasm(v: &Value, out: &mut Vec<Value>) {
+/// Every named extension under `v` whose `typed_config` type `wanted` takes, depth
+/// first.
+fn collect_typed(v: &Value, wanted: &dyn Fn(&Value) -> bool, out: &mut Vec<Value>) {
     match v {
         Value::Mapping(m) => {
-            let ty = &v["typed_config"]["@type"];
-            if m.contains_key("name") && (*ty == WASM || *ty == NETWORK_WASM) {
+            if m.contains_key("name") && wanted(&v["typed_config"]["@type"]) {
                 out.push(v.clone());
             }
             for (_, child) in m {
-                collect_wasm(child, out);
+                collect_typed(child, wanted, out);
             }
         }
-        Value::Sequence(s) => s.iter().for_each(|c| collect_wasm(c, out)),
+        Value::Sequence(s) => s.iter().for_each(|c| collect_typed(c, wanted, out)),
         _ => {}
     }
 }
@@ -696,7 +698,8 @@ fn native_pieces(patches: &[Patch]) -> Vec<NativePiece> {
     let mut found = Vec::new();
     for p in patches {
         let mut pieces = Vec::new();
-        collect_native(&p.value, &mut pieces);
+        let native = |ty: &Value| native_fields(ty).is_some();
+        collect_typed(&p.value, &native, &mut pieces);
         for piece in pieces {
             let place = format!(
                 "{} {} {} ({})",
@@ -718,21 +721,6 @@ fn native_pieces(patches: &[Patch]) -> Vec<NativePiece> {
         }
     }
     found
-}
-
-fn collect_native(v: &Value, out: &mut Vec<Value>) {
-    match v {
-        Value::Mapping(m) => {
-            if m.contains_key("name") && native_fields(&v["typed_config"]["@type"]).is_some() {
-                out.push(v.clone());
-            }
-            for (_, child) in m {
-                collect_native(child, out);
-            }
-        }
-        Value::Sequence(s) => s.iter().for_each(|c| collect_native(c, out)),
-        _ => {}
-    }
 }
 
 /// Everything of a piece of the module but what it makes and its configuration JSON.
