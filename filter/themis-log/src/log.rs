@@ -113,6 +113,23 @@ impl Log {
             .map(|(i, s)| (i as u64, s))
     }
 
+    /// Each node's newest address range grant (by `issued_at`), by node key, with its
+    /// leaf index: a node's older grants no longer count.
+    pub fn newest_address_ranges(
+        &self,
+    ) -> std::collections::BTreeMap<[u8; 32], (u64, &themis_trust::AddressRange)> {
+        let mut newest = std::collections::BTreeMap::new();
+        for (index, statement) in self.statements() {
+            if let Statement::AddressRange(grant) = statement {
+                let held = newest.entry(grant.node_key).or_insert((index, grant));
+                if grant.issued_at > held.1.issued_at {
+                    *held = (index, grant);
+                }
+            }
+        }
+        newest
+    }
+
     /// The operator's tool: verifies `leaf` (an encoded [`Entry`]) and appends it.
     /// Returns its index. The log is not checkpointed until [`Log::sign_checkpoint`].
     pub fn append(&mut self, leaf: Vec<u8>) -> Result<u64, LogError> {

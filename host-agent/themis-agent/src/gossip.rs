@@ -159,9 +159,13 @@ impl GossipState {
     /// announcement is news: signed less than [`NEWS_FRESH_MS`] ago (a newcomer
     /// taking the whole roster has nothing to tell).
     fn tell(&self, credentials: &Credentials) {
-        let Ok(signed) = Signed::decode(&credentials.announcement) else {
-            return;
-        };
+        if let Ok(signed) = Signed::decode(&credentials.announcement) {
+            self.tell_decoded(&signed, credentials);
+        }
+    }
+
+    /// [`GossipState::tell`], with the announcement decoded already.
+    fn tell_decoded(&self, signed: &Signed, credentials: &Credentials) {
         let fresh = Announcement::decode(&signed.body)
             .is_ok_and(|a| a.issued_at.saturating_add(NEWS_FRESH_MS) >= unix_millis());
         if !fresh {
@@ -258,7 +262,7 @@ impl GossipState {
             match taken {
                 Ok(grew) => {
                     if grew {
-                        self.tell(credentials);
+                        self.tell_decoded(&signed, credentials);
                     }
                     changed |= grew;
                 }

@@ -415,17 +415,9 @@ fn overlapping_range(
             _ => None,
         })
         .collect();
-    let mut newest: std::collections::BTreeMap<[u8; 32], &AddressRange> = Default::default();
-    for (_, statement) in log.statements() {
-        if let themis_log::Statement::AddressRange(grant) = statement {
-            let held = newest.entry(grant.node_key).or_insert(grant);
-            if grant.issued_at > held.issued_at {
-                *held = grant;
-            }
-        }
-    }
     let now = unix_millis();
-    newest.into_values().find_map(|grant| {
+    let newest = log.newest_address_ranges();
+    newest.into_values().find_map(|(_, grant)| {
         let other = PeerId::derive(&grant.node_key, root.mesh.as_str());
         let holds = grant.node_key != *node.public_key()
             && grant.not_after.is_none_or(|t| t > now)

@@ -137,14 +137,12 @@ impl TrustLog {
     /// The date (`issued_at`) of the newest address range grant per node key: a
     /// node's older grants no longer count ([`crate::roster::Roster::set_newest_ranges`]).
     pub fn newest_ranges(&self) -> std::collections::HashMap<[u8; 32], u64> {
-        let mut newest = std::collections::HashMap::new();
-        for (_, statement) in self.read().statements() {
-            if let themis_log::Statement::AddressRange(grant) = statement {
-                let at = newest.entry(grant.node_key).or_insert(grant.issued_at);
-                *at = (*at).max(grant.issued_at);
-            }
-        }
+        let log = self.read();
+        let newest = log.newest_address_ranges();
         newest
+            .into_iter()
+            .map(|(key, (_, grant))| (key, grant.issued_at))
+            .collect()
     }
 
     /// The newest address range grant for `node_key` in the log: its `issued_at` and
@@ -152,14 +150,9 @@ impl TrustLog {
     pub fn newest_range_of(&self, node_key: &[u8; 32]) -> Option<(u64, Vec<u8>)> {
         let log = self.read();
         let (index, issued_at) = log
-            .statements()
-            .filter_map(|(i, s)| match s {
-                themis_log::Statement::AddressRange(g) if g.node_key == *node_key => {
-                    Some((i, g.issued_at))
-                }
-                _ => None,
-            })
-            .max_by_key(|(_, at)| *at)?;
+            .newest_address_ranges()
+            .get(node_key)
+            .map(|(index, grant)| (*index, grant.issued_at))?;
         let leaf = log.leaves(index, 1).first()?;
         let entry = themis_log::Entry::decode(leaf).ok()?;
         Some((issued_at, entry.statement.encode()))
