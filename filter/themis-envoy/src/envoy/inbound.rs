@@ -23,7 +23,7 @@ use themis_core::{HandshakeConfig, PeerId};
 
 use super::{
     call_agent, call_agent_for_identity, call_agent_to_sign, call_response, now_ms, signature,
-    Root, Shared,
+    Deadline, Root, Shared,
 };
 use crate::policy::{decide, Verdict};
 
@@ -75,7 +75,7 @@ impl Inbound {
             w.metrics.count("connections");
             w.metrics.gauge("active", 1);
             let deadline = now_ms() + w.config.handshake_timeout.as_millis() as u64;
-            w.handshaking.insert(context_id, deadline);
+            w.handshaking.insert(context_id, Deadline::At(deadline));
         }
         Inbound {
             worker,
@@ -323,7 +323,8 @@ impl Inbound {
     /// Whether the root closed this connection at its deadline: then it is closed
     /// here too, whatever the agent answers or the peer sends from now on.
     fn closed_late(&mut self) -> bool {
-        let late = self.worker.borrow().closed_late.contains(&self.context_id);
+        let late =
+            self.worker.borrow().handshaking.get(&self.context_id) == Some(&Deadline::Passed);
         if late {
             self.gate = Gate::Closed;
             self.held.clear();
@@ -536,7 +537,6 @@ impl Drop for Inbound {
         let mut w = self.worker.borrow_mut();
         w.metrics.gauge("active", -1);
         w.handshaking.remove(&self.context_id);
-        w.closed_late.remove(&self.context_id);
     }
 }
 

@@ -11,7 +11,7 @@ mod outbound;
 mod seal;
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -55,17 +55,24 @@ struct Worker {
     callers: Callers,
     /// Root-signed revocations, fetched from the agent every `revocation_poll`.
     revoked: Revocations,
-    /// Inbound: the connections whose caller is not allowed yet, by context id,
-    /// with their deadline (`handshake_timeout`; the root closes them on a tick).
-    handshaking: BTreeMap<u32, u64>,
-    /// Inbound: connections closed at their deadline whose close Envoy may not have
-    /// carried out yet: nothing more of theirs is decided or passed on.
-    closed_late: BTreeSet<u32>,
+    /// Inbound: the connections whose caller is not allowed yet, by context id, with
+    /// their deadline (`handshake_timeout`; the root closes them on a tick).
+    handshaking: BTreeMap<u32, Deadline>,
     metrics: Metrics,
     rng: SystemRandom,
 }
 
 type Shared = Rc<RefCell<Worker>>;
+
+/// An inbound connection's handshake deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Deadline {
+    /// Unix ms.
+    At(u64),
+    /// Passed: the root closed the connection (Envoy may not have carried the close
+    /// out yet), and nothing more of it is decided or passed on.
+    Passed,
+}
 
 impl Worker {
     /// A verifier for now, this mesh's root and the revocations in force.
@@ -113,17 +120,14 @@ impl Worker {
         now_ms() + self.config.resolve_ttl.as_millis() as u64
     }
 
-    /// Takes the connections still handshaking at their deadline.
+    /// The connections still handshaking at their deadline, marked as passed it.
     fn handshakes_past_deadline(&mut self, now: u64) -> Vec<u32> {
-        let late: Vec<u32> = self
-            .handshaking
-            .iter()
-            .filter(|(_, deadline)| **deadline <= now)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in &late {
-            self.handshaking.remove(id);
-            self.closed_late.insert(*id);
+        let mut late = Vec::new();
+        for (id, deadline) in &mut self.handshaking {
+            if matches!(deadline, Deadline::At(at) if *at <= now) {
+                *deadline = Deadline::Passed;
+                late.push(*id);
+            }
         }
         late
     }
@@ -339,7 +343,6 @@ impl RootContext for Root {
             callers: Callers::default(),
             revoked: Revocations::new(),
             handshaking: BTreeMap::new(),
-            closed_late: BTreeSet::new(),
             rng: SystemRandom::new(),
         })));
         // Quick ticks until the workload's identity is loaded, then one a second.
