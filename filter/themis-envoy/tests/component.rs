@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use support::app::seen_header;
 use support::build::release_wasm;
-use support::mesh::{create_workload, random_hex, Mesh, IP_A};
+use support::mesh::{create_workload, random_hex, Mesh, Runtime, IP_A};
 use support::require;
 
 /// How long one run of the tool may take.
@@ -143,8 +143,20 @@ fn agent_answers(addr: SocketAddr) -> bool {
     answer.starts_with("HTTP/1.1 200")
 }
 
+/// The tool against a Wasm sidecar.
 #[test]
 fn the_wasmtime_tool_calls_a_service_through_its_envoy_sidecar_over_http2() {
+    tool_calls_through_a_sidecar(Runtime::Wasm);
+}
+
+/// The same against a native sidecar: the component's delegated handshake (wire v3)
+/// is taken by the native runtime too.
+#[test]
+fn the_wasmtime_tool_calls_a_service_through_a_native_sidecar_over_http2() {
+    tool_calls_through_a_sidecar(Runtime::Native);
+}
+
+fn tool_calls_through_a_sidecar(runtime: Runtime) {
     if !(require::filter_in_envoy("runs the sidecar")
         && require::cargo_build("builds the component")
         && require::tool("wasmtime", "runs the component"))
@@ -156,7 +168,7 @@ fn the_wasmtime_tool_calls_a_service_through_its_envoy_sidecar_over_http2() {
     // which Envoy B admits by its explicit `allow_any_caller` policy. Its key stays in
     // agent A: the tool gets a delegated credential (`themis delegate`), a short-lived
     // key of its own the workload key signed for.
-    let mesh = Mesh::start(Some(r#"{"allow_any_caller":true}"#));
+    let mesh = Mesh::start_on(runtime, runtime, Some(r#"{"allow_any_caller":true}"#));
     mesh.register("check", "check", mesh.envoy_b.inbound);
     let tool_id = create_workload(&mesh.a, "tool");
     let work = mesh.dir.path().join("tool");
