@@ -72,6 +72,37 @@ struct Patch {
     value: Value,
 }
 
+impl Patch {
+    /// Where it applies and how: (`applyTo`, context, operation).
+    fn placement(&self) -> (&str, &str, &str) {
+        (&self.apply_to, &self.context, &self.operation)
+    }
+}
+
+/// The inbound header handling of an EnvoyFilter, as the bootstrap's inbound HCM
+/// (`inbound_hcm`) has it: caller-supplied x-themis-* headers dropped first (the
+/// `themis.strip` filter), and headers with underscores dropped (x_themis_peer_id is
+/// not x-themis-*).
+fn assert_inbound_strips_headers(patches: &[Patch], inbound_hcm: &Value) {
+    let strip = the_patch(patches, "themis.strip", |p| {
+        p.value["name"] == "themis.strip"
+    });
+    assert_eq!(
+        strip.placement(),
+        ("HTTP_FILTER", "SIDECAR_INBOUND", "INSERT_FIRST")
+    );
+    assert_eq!(strip.value, http_filter(inbound_hcm, "themis.strip"));
+    let underscores = the_patch(patches, "headers_with_underscores_action", |p| {
+        p.apply_to == "NETWORK_FILTER" && p.operation == "MERGE"
+    });
+    assert_eq!(underscores.context, "SIDECAR_INBOUND");
+    let options = "common_http_protocol_options";
+    assert_eq!(
+        underscores.value["typed_config"][options],
+        inbound_hcm[options]
+    );
+}
+
 fn envoyfilter_docs() -> Vec<Value> {
     documents("deploy/istio/envoyfilter.yaml")
 }
@@ -484,26 +515,8 @@ fn envoyfilter_rebuilds_the_sidecar_data_path() {
     // Inbound: caller-supplied x-themis-* headers dropped first, then the peer headers
     // from filter state, as the bootstrap's.
     let inbound_hcm = hcm(&sidecar_listener(&sidecar, "themis_inbound"));
-    let strip = the_patch(&patches, "themis.strip", |p| {
-        p.value["name"] == "themis.strip"
-    });
-    assert_eq!(
-        (strip.apply_to.as_str(), strip.context.as_str()),
-        ("HTTP_FILTER", "SIDECAR_INBOUND")
-    );
-    assert_eq!(strip.operation, "INSERT_FIRST");
-    assert_eq!(strip.value, http_filter(&inbound_hcm, "themis.strip"));
-    // Inbound: headers with underscores dropped (x_themis_peer_id is not x-themis-*),
-    // as the bootstrap's HCM.
-    let underscores = the_patch(&patches, "headers_with_underscores_action", |p| {
-        p.apply_to == "NETWORK_FILTER" && p.operation == "MERGE"
-    });
-    assert_eq!(underscores.context, "SIDECAR_INBOUND");
+    assert_inbound_strips_headers(&patches, &inbound_hcm);
     let options = "common_http_protocol_options";
-    assert_eq!(
-        underscores.value["typed_config"][options],
-        inbound_hcm[options]
-    );
     assert_eq!(
         inbound_hcm[options]["headers_with_underscores_action"],
         "DROP_HEADER"
@@ -1182,11 +1195,7 @@ fn native_envoyfilter_rebuilds_the_native_sidecar_data_path() {
         p.value["name"] == "themis.peer"
     });
     assert_eq!(
-        (
-            peer.apply_to.as_str(),
-            peer.context.as_str(),
-            peer.operation.as_str()
-        ),
+        peer.placement(),
         ("NETWORK_FILTER", "SIDECAR_INBOUND", "INSERT_FIRST")
     );
     assert_eq!(
@@ -1205,27 +1214,7 @@ fn native_envoyfilter_rebuilds_the_native_sidecar_data_path() {
     // Inbound: caller-supplied x-themis-* and underscored headers dropped, the peer
     // headers from the filter state the module's `peer` sets, as the bootstrap's HCM.
     let inbound_hcm = hcm(&inbound_listener);
-    let strip = the_patch(&patches, "themis.strip", |p| {
-        p.value["name"] == "themis.strip"
-    });
-    assert_eq!(
-        (
-            strip.apply_to.as_str(),
-            strip.context.as_str(),
-            strip.operation.as_str()
-        ),
-        ("HTTP_FILTER", "SIDECAR_INBOUND", "INSERT_FIRST")
-    );
-    assert_eq!(strip.value, http_filter(&inbound_hcm, "themis.strip"));
-    let underscores = the_patch(&patches, "headers_with_underscores_action", |p| {
-        p.apply_to == "NETWORK_FILTER" && p.operation == "MERGE"
-    });
-    assert_eq!(underscores.context, "SIDECAR_INBOUND");
-    let options = "common_http_protocol_options";
-    assert_eq!(
-        underscores.value["typed_config"][options],
-        inbound_hcm[options]
-    );
+    assert_inbound_strips_headers(&patches, &inbound_hcm);
     let headers = the_patch(&patches, "ROUTE_CONFIGURATION", |p| {
         p.apply_to == "ROUTE_CONFIGURATION"
     });
@@ -1490,11 +1479,7 @@ fn envoy_loads_the_istio_native_configuration() {
     // Every patch, applied as Istio would, in order.
     for p in &patches {
         let value = local(&p.value);
-        match (
-            p.apply_to.as_str(),
-            p.context.as_str(),
-            p.operation.as_str(),
-        ) {
+        match p.placement() {
             ("HTTP_FILTER", "SIDECAR_OUTBOUND", "INSERT_BEFORE") => {
                 let out = hcm_mut(listener_mut(&mut boot, "themis_outbound"));
                 let filters = out["http_filters"].as_sequence_mut().unwrap();
