@@ -77,20 +77,28 @@ const FETCH_TIMEOUT_MS: u64 = 10_000;
 /// What a member said in its request: its log's size and root hash.
 type Heard = (Peer, u64, [u8; 32]);
 
-/// What a gossip request or answer carries.
+/// The reason a peer gives for refusing a gossip request without an admission from
+/// a node it does not know as a member: the asker sends it again with one.
+pub const ADMISSION_WANTED: &str = "admission_wanted";
+
+/// What a gossip request or answer carries. Most frames are a comparison of two
+/// agents that agree: the request says what the asker holds (about 75 bytes), the
+/// answer only that the peer holds the same (about 11).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RosterFrame {
-    /// The sender's admission credential (its frames are checked like any other).
-    pub admission: Vec<u8>,
-    /// Where the sender accepts agent connections.
-    pub listen: SocketAddr,
+    /// The sender's admission credential, when the receiver may not know the sender
+    /// as a member: while the sender knows no other member, and when a peer refused
+    /// a request without it ([`ADMISSION_WANTED`]). A member's frames need none.
+    pub admission: Option<Vec<u8>>,
     /// The size of the sender's verified trust log.
     pub log_size: u64,
     /// Its tree's root hash at that size: two agents that hold as many leaves but
-    /// different roots hold two histories of the root's (a fork, §6.13).
-    pub log_root: [u8; 32],
-    /// The sender's [`Roster::digest`].
-    pub digest: [u8; 32],
+    /// different roots hold two histories of the root's (a fork, §6.13). Left out of
+    /// an answer when the request's is the same, or the sizes differ.
+    pub log_root: Option<[u8; 32]>,
+    /// The sender's [`Roster::digest`]; left out of an answer when it is the
+    /// request's.
+    pub digest: Option<[u8; 32]>,
     /// Members' credentials: roster news in a request (in node-key order, at most
     /// [`PAGE`]); in an answer to [`RosterFrame::want`], a page of what the asker
     /// lacks.
@@ -130,6 +138,9 @@ pub struct GossipState {
     heard: mpsc::Sender<Heard>,
     /// The roster changed: news to push and a membership to hand the node.
     changed: Notify,
+    /// The membership as last made ([`GossipState::members`]): who may send gossip
+    /// without an admission, and whose requests are heard.
+    members: Mutex<Members<SocketAddr>>,
 }
 
 impl GossipState {
@@ -150,6 +161,7 @@ impl GossipState {
             listen,
             heard,
             changed: Notify::new(),
+            members: Mutex::new(Members::new([])),
         };
         state.tell(&own);
         (Arc::new(state), heard_rx)
@@ -198,7 +210,7 @@ impl GossipState {
         let own = announce(node, self.listen, &self.trust, true);
         self.tell(&own);
         *self.own.lock().expect("never poisoned") = own;
-        let request = Frame::Roster(self.request(None)).encode();
+        let request = Frame::Roster(self.request(None, false)).encode();
         let me = Key(node.id().0);
         let members = self.members();
         let told = members.random_others(&me, 3, unix_millis());
@@ -251,20 +263,33 @@ impl GossipState {
                 break;
             }
             last = Some(signed.signer);
-            let wanted = self.roster().wants(&signed);
-            let taken = wanted.and_then(|wanted| match wanted {
-                false => Ok(false),
-                true => self
+            let key = signed.signer;
+            let known = {
+                let roster = self.roster();
+                roster.wants(&signed).map(|wanted| {
+                    wanted.then(|| (roster.admitted(&key), roster.logged_range(&key)))
+                })
+            };
+            let taken = known.and_then(|known| match known {
+                None => Ok(false),
+                Some((admitted, logged)) => self
                     .trust
-                    .verify(|v| Roster::check(v, credentials))
+                    .verify(|v| Roster::check(v, admitted, logged, credentials))
                     .and_then(|entry| self.roster().insert(entry)),
             });
             match taken {
                 Ok(grew) => {
                     if grew {
-                        self.tell_decoded(&signed, credentials);
+                        if let Some(passed_on) = self.passed_on(&key) {
+                            self.tell_decoded(&signed, &passed_on);
+                        }
                     }
                     changed |= grew;
+                }
+                // A key this agent's trust log does not admit (yet: an honest peer's
+                // log may be ahead), found before any signature was checked.
+                Err(TrustError::NotAdmitted) => {
+                    metrics.frame_refused("roster_not_admitted");
                 }
                 Err(error) => {
                     metrics.frame_refused(&format!("roster_{}", error.reason()));
@@ -278,6 +303,13 @@ impl GossipState {
         if changed {
             self.changed.notify_one();
         }
+    }
+
+    /// A member's credentials as this agent passes them on (what its trust log
+    /// lacks of them included).
+    fn passed_on(&self, key: &[u8; 32]) -> Option<Credentials> {
+        let roster = self.roster();
+        self.trust.verify(|v| roster.passed_on(key, v))
     }
 
     /// Whether the range grant this node would announce now (the trust log may have
@@ -303,24 +335,38 @@ impl GossipState {
 
     /// A request: the news to pass on and, with `want`, the buckets of the peer's
     /// roster wanted (`None`: compare digests). While this agent knows no other
-    /// member, its own credentials go along every time: nobody would pass them on.
-    fn request(&self, want: Option<Want>) -> RosterFrame {
+    /// member, its own credentials go along every time (nobody would pass them on),
+    /// and so does its admission, as with `admission` (a peer asked for it).
+    fn request(&self, want: Option<Want>, admission: bool) -> RosterFrame {
         let mut members = match want {
             Some(_) => Vec::new(),
             None => self.news(),
         };
-        if members.is_empty() && self.roster().len() < 2 {
+        let alone = self.roster().len() < 2;
+        if members.is_empty() && alone {
             members.push(self.own.lock().expect("never poisoned").clone());
         }
         let roster = self.roster();
         let digest = self.trust.verify(|v| roster.digest(v));
         drop(roster);
-        self.frame(digest, members, want, Vec::new(), None)
+        let (log_size, log_root) = self.trust.log().head();
+        RosterFrame {
+            admission: (alone || admission).then(|| self.trust.own_admission().to_vec()),
+            log_size,
+            log_root: Some(log_root),
+            digest: Some(digest),
+            members,
+            want,
+            buckets: Vec::new(),
+            next: None,
+        }
     }
 
-    /// An answer to a request: to one of buckets, the page of members the asker
+    /// An answer to `request`: to one of buckets, the page of members the asker
     /// lacks of them; else nothing more if the rosters agree, or the bucket digests.
-    fn answer_to(&self, their_digest: [u8; 32], want: Option<Want>) -> RosterFrame {
+    /// What is the same as the request's is left out.
+    fn answer_to(&self, request: &RosterFrame, want: Option<Want>) -> RosterFrame {
+        let their_digest = request.digest.unwrap_or_default();
         let roster = self.roster();
         let (digest, buckets, (members, next)) = self.trust.verify(|v| {
             let buckets = roster.bucket_digests(v);
@@ -336,7 +382,18 @@ impl GossipState {
             }
         });
         drop(roster);
-        self.frame(digest, members, None, buckets, next)
+        let (log_size, log_root) = self.trust.log().head();
+        let differs = request.log_root.is_some_and(|r| r != log_root);
+        RosterFrame {
+            admission: None,
+            log_size,
+            log_root: (log_size == request.log_size && differs).then_some(log_root),
+            digest: (digest != their_digest).then_some(digest),
+            members,
+            want: None,
+            buckets,
+            next,
+        }
     }
 
     /// The request for the buckets in which `theirs` (a peer's bucket digests)
@@ -389,28 +446,6 @@ impl GossipState {
         }
     }
 
-    fn frame(
-        &self,
-        digest: [u8; 32],
-        members: Vec<Credentials>,
-        want: Option<Want>,
-        buckets: Vec<BucketDigest>,
-        next: Option<[u8; 32]>,
-    ) -> RosterFrame {
-        let (log_size, log_root) = self.trust.log().head();
-        RosterFrame {
-            admission: self.trust.own_admission().to_vec(),
-            listen: self.listen,
-            log_size,
-            log_root,
-            digest,
-            members,
-            want,
-            buckets,
-            next,
-        }
-    }
-
     /// The server side: a request from the admitted `peer`. Its news is checked as
     /// any member's credentials are ([`GossipState::take`]: bounded, dropped at the
     /// first forgery); a request listing more than [`MAX_HAVE`] members' summaries
@@ -418,7 +453,7 @@ impl GossipState {
     /// a member, at the address the member signed (never at one the frame names).
     pub fn answer(&self, metrics: &Metrics, peer: PeerId, request: RosterFrame) -> RosterFrame {
         self.take(metrics, &request.members);
-        let want = request.want.filter(|w| {
+        let want = request.want.clone().filter(|w| {
             let listed: usize = w.have.iter().map(|b| b.members.len()).sum();
             let fits = listed <= MAX_HAVE && w.have.len() <= BUCKETS;
             if !fits {
@@ -426,26 +461,35 @@ impl GossipState {
             }
             fits
         });
-        let roster = self.roster();
-        let member = self.trust.verify(|v| roster.contact(&peer, v));
-        drop(roster);
-        if let Some(from) = member {
+        let member = self.member(&peer);
+        if let (Some(from), Some(root)) = (member, request.log_root) {
             // Full: the driver is behind, and a Have is only a hint (pulls repair).
-            let _ = self
-                .heard
-                .try_send((from, request.log_size, request.log_root));
+            let _ = self.heard.try_send((from, request.log_size, root));
         }
-        self.answer_to(request.digest, want)
+        self.answer_to(&request, want)
+    }
+
+    /// `peer`, if it is a current member: at the address it signed.
+    pub fn member(&self, peer: &PeerId) -> Option<Peer> {
+        let members = self.members.lock().expect("never poisoned");
+        members.get(&Key(peer.0)).cloned()
     }
 
     /// The membership one-hop routing uses now (what no longer counts is forgotten
-    /// on the way).
+    /// on the way). The list held is kept when nothing changed, so that the node,
+    /// the driver and this state share one copy.
     pub fn members(&self) -> Members<SocketAddr> {
         let mut roster = self.roster();
-        self.trust.verify(|v| {
+        let made = self.trust.verify(|v| {
             roster.prune(v);
             roster.members(v)
-        })
+        });
+        drop(roster);
+        let mut held = self.members.lock().expect("never poisoned");
+        if *held != made {
+            *held = made;
+        }
+        held.clone()
     }
 }
 
@@ -537,8 +581,10 @@ impl Driver {
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => match done {
                     Ok(Done::Exchanged(peer, Some(answer), asked)) => {
                         self.state.take(&self.metrics, &answer.members);
-                        let (size, root) = (answer.log_size, answer.log_root);
-                        self.compare_histories(&mut tasks, &mut compared, &peer, size, root);
+                        let size = answer.log_size;
+                        if let Some(root) = answer.log_root {
+                            self.compare_histories(&mut tasks, &mut compared, &peer, size, root);
+                        }
                         gossip.on_have(now(), peer.clone(), Have { version: size });
                         let start = usize::from(draw().to_le_bytes()[0]);
                         if let Some(asked) = self.state.follow_up(&answer, asked, start) {
@@ -666,16 +712,27 @@ impl Driver {
     }
 
     /// Sends `peer` a request: to compare (`None`), or for buckets of its roster
-    /// (the page counted).
+    /// (the page counted). A peer that does not know this node as a member yet asks
+    /// for its admission: the request goes again, with it.
     fn spawn_request(&self, tasks: &mut JoinSet<Done>, peer: Peer, asked: Option<(Want, usize)>) {
         let want = asked.as_ref().map(|(want, _)| want.clone());
-        let request = Frame::Roster(self.state.request(want)).encode();
-        let client = self.client.clone();
+        let request = Frame::Roster(self.state.request(want.clone(), false)).encode();
+        let (client, state) = (self.client.clone(), self.state.clone());
         tasks.spawn(async move {
-            let answer = client.request(PeerId(peer.id.0), peer.addr, &request).await;
-            let frame = answer
-                .ok()
-                .and_then(|bytes| postcard::from_bytes::<Frame>(&bytes).ok());
+            let ask = |request: Vec<u8>| {
+                let (client, peer) = (client.clone(), peer.clone());
+                async move {
+                    let answer = client.request(PeerId(peer.id.0), peer.addr, &request).await;
+                    answer
+                        .ok()
+                        .and_then(|bytes| postcard::from_bytes::<Frame>(&bytes).ok())
+                }
+            };
+            let mut frame = ask(request).await;
+            if matches!(&frame, Some(Frame::Refused { reason }) if reason == ADMISSION_WANTED) {
+                let request = Frame::Roster(state.request(want, true)).encode();
+                frame = ask(request).await;
+            }
             match frame {
                 Some(Frame::Roster(answer)) => Done::Exchanged(peer, Some(Box::new(answer)), asked),
                 _ => Done::Exchanged(peer, None, asked),
@@ -691,7 +748,7 @@ fn forged(error: &TrustError) -> bool {
     use TrustError::*;
     matches!(
         error,
-        Malformed | BadSignature | NotFromRoot | WrongKey | WrongMesh | NotAdmitted | UnboundRange
+        Malformed | BadSignature | NotFromRoot | WrongKey | WrongMesh | UnboundRange
     )
 }
 
@@ -726,16 +783,21 @@ fn announce(node: &Identity, listen: SocketAddr, trust: &MeshTrust, leaving: boo
     )
     .encode();
     let own = Credentials {
-        admission: trust.own_admission().to_vec(),
+        admission: Some(trust.own_admission().to_vec()),
         announcement,
         address_range,
     };
     let mut roster = trust.enable_roster().lock().expect("never poisoned");
-    if let Err(error) = trust.verify(|v| roster.offer(v, &own)) {
-        // Our own admission is checked at start; only a revocation gets here.
-        info!(%error, "this node's own credentials do not verify: it is no member");
-    }
-    own
+    let passed_on = trust.verify(|v| match roster.offer(v, &own) {
+        // What the trust log holds of it does not travel.
+        Ok(_) => roster.passed_on(node.public_key(), v),
+        Err(error) => {
+            // Our own admission is checked at start; only a revocation gets here.
+            info!(%error, "this node's own credentials do not verify: it is no member");
+            None
+        }
+    });
+    passed_on.unwrap_or(own)
 }
 
 #[cfg(test)]
@@ -804,7 +866,7 @@ mod tests {
                     address_range: None,
                 };
                 let credentials = Credentials {
-                    admission: Signed::sign(&mesh.key, ADMISSION_LABEL, &admission).encode(),
+                    admission: Some(Signed::sign(&mesh.key, ADMISSION_LABEL, &admission).encode()),
                     announcement: Signed::sign(&key, ANNOUNCEMENT_LABEL, &announcement).encode(),
                     address_range: None,
                 };
@@ -864,9 +926,10 @@ mod tests {
     fn exchange(asker: &Node, peer: &Node, metrics: &Metrics) -> (usize, usize) {
         let (mut asked, mut requests, mut bytes) = (None, 0, 0);
         loop {
-            let request = asker
-                .state
-                .request(asked.as_ref().map(|(w, _): &(Want, usize)| w.clone()));
+            let request = asker.state.request(
+                asked.as_ref().map(|(w, _): &(Want, usize)| w.clone()),
+                false,
+            );
             bytes += Frame::Roster(request.clone()).encode().len();
             let answer = peer.state.answer(metrics, asker.id, request);
             bytes += Frame::Roster(answer.clone()).encode().len();
@@ -969,11 +1032,10 @@ mod tests {
         let page = members(&mesh, PAGE);
         let last = Signed::decode(&page[PAGE - 1].announcement).unwrap().signer;
         let answer = |members: Vec<Credentials>, next| RosterFrame {
-            admission: Vec::new(),
-            listen: SocketAddr::from(([127, 0, 0, 1], 1)),
+            admission: None,
             log_size: 0,
-            log_root: [0; 32],
-            digest: [0; 32],
+            log_root: None,
+            digest: None,
             members,
             want: None,
             buckets: Vec::new(),
@@ -1003,7 +1065,7 @@ mod tests {
         let metrics = Metrics::new();
         let two = members(&mesh, 2);
         teller.state.take(&metrics, &two);
-        let first = teller.state.request(None);
+        let first = teller.state.request(None, false);
         // Its own announcement and the two members it took, in key order.
         assert_eq!(first.members.len(), 3);
         hearer.state.answer(&metrics, teller.id, first);
@@ -1012,10 +1074,10 @@ mod tests {
             4,
             "itself, the teller and two"
         );
-        assert_eq!(teller.state.request(None).members.len(), 3);
-        assert_eq!(teller.state.request(None).members.len(), 3);
+        assert_eq!(teller.state.request(None, false).members.len(), 3);
+        assert_eq!(teller.state.request(None, false).members.len(), 3);
         assert!(
-            teller.state.request(None).members.is_empty(),
+            teller.state.request(None, false).members.is_empty(),
             "sent 3 times"
         );
         // A request for buckets carries no news.
@@ -1024,7 +1086,7 @@ mod tests {
             have: Vec::new(),
             after: None,
         };
-        assert!(teller.state.request(Some(want)).members.is_empty());
+        assert!(teller.state.request(Some(want), false).members.is_empty());
     }
 
     /// A request listing more members than [`MAX_HAVE`] is answered as a comparison
@@ -1041,7 +1103,7 @@ mod tests {
             bucket: 0,
             members: vec![([0; 32], 0); MAX_HAVE + 1],
         }];
-        let request = asker.state.request(Some(Want { have, after: None }));
+        let request = asker.state.request(Some(Want { have, after: None }), false);
         let answer = peer.state.answer(&metrics, asker.id, request);
         assert!(answer.members.is_empty());
         assert_eq!(answer.buckets.len(), BUCKETS);

@@ -542,14 +542,28 @@ impl Overlay {
     /// A peer's gossip: an admitted node gets what this one holds (see
     /// [`crate::gossip`]); an agent that runs no gossip refuses it.
     fn answer_roster(&self, peer: PeerId, request: crate::gossip::RosterFrame) -> Answer {
-        if let Err(error) = self.trust.check_peer(&peer, &request.admission) {
-            self.metrics.frame_refused(&not_admitted(&error));
-            return Answer {
-                payload: Frame::refused("rejected"),
-                standing: Standing::Refused,
-            };
+        // A current member needs no admission; anyone else shows one.
+        let gossip = self.gossip.get();
+        let known = gossip.is_some_and(|g| g.member(&peer).is_some());
+        match &request.admission {
+            Some(admission) => {
+                if let Err(error) = self.trust.check_peer(&peer, admission) {
+                    self.metrics.frame_refused(&not_admitted(&error));
+                    return Answer {
+                        payload: Frame::refused("rejected"),
+                        standing: Standing::Refused,
+                    };
+                }
+            }
+            None if known => {}
+            None => {
+                return Answer {
+                    payload: self.refuse(crate::gossip::ADMISSION_WANTED),
+                    standing: Standing::Unproven,
+                }
+            }
         }
-        let Some(gossip) = self.gossip.get() else {
+        let Some(gossip) = gossip else {
             return Answer {
                 payload: self.refuse("no_gossip"),
                 standing: Standing::Admitted,

@@ -2,31 +2,41 @@
 //! §6.14): every admitted node with the address it signed itself. One-hop routing
 //! computes replica holders from it (`themis_dht::Members`), and gossip carries it.
 //!
-//! An entry is credentials any agent checks offline: the node's root-signed admission,
-//! its own address announcement and, on Kubernetes, the root's grant of its pod range
-//! ([`themis_trust::AddressRange`]). Nobody can place another node, and the
-//! newest announcement of a node wins. Announcements are dated: one older than
+//! A member is admitted by the root — in the trust log, which every agent holds, or
+//! by an admission that came with its credentials when this agent's log does not hold
+//! it yet (a node's own, a newcomer's) — and placed by its own address announcement;
+//! on Kubernetes the root also grants it a pod range ([`themis_trust::AddressRange`]),
+//! again from the log or carried. Nobody can place another node, and the newest
+//! announcement of a node wins. Announcements are dated: one older than
 //! [`ANNOUNCEMENT_LIFETIME_MS`] no longer counts (a node re-announces at half that), so
 //! a node that died without its farewell leaves the membership by itself, believing
 //! no peer about it. Sans-IO: time and revocations come in through the [`Verifier`].
 //!
+//! Memory is the design constraint (10,000 members in 2 MB with the routing list):
+//! a member is held packed ([`Member`]: key, signature, date, address, flags; 128
+//! bytes), sorted by key in one vector, and its announcement is encoded again from
+//! those fields when it is passed on (an announcement whose encoding is not the one
+//! this produces is refused). What the trust log holds (admissions, range grants) is
+//! not copied; only credentials the log lacks are kept as they came.
+//!
 //! Checking is apart from holding ([`Roster::check`] then [`Roster::insert`]), so a
 //! caller verifies signatures without holding the roster's lock.
 
-use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use ring::digest::{Context, SHA256};
 use serde::{Deserialize, Serialize};
 use themis_core::PeerId;
 use themis_dht::{Contact, Key, Members};
-use themis_trust::{grant_digest, Announced, Announcement, IpNet, Signed, TrustError, Verifier};
+use themis_trust::{grant_digest, Announcement, IpNet, Signed, TrustError, Verifier};
 
 /// The most members a roster holds (the scale is 10,000 nodes).
 pub const MAX_MEMBERS: usize = 16_384;
 
-/// The most members one gossip answer carries (about 430 KiB with address ranges);
-/// a larger roster is fetched in pages, in node-key order ([`Roster::missing`]).
+/// The most members one gossip answer carries (about 430 KiB with carried
+/// credentials); a larger roster is fetched in pages, in node-key order
+/// ([`Roster::missing`]).
 pub const PAGE: usize = 1024;
 
 /// The buckets a roster is cut into for comparing ([`Roster::bucket_digests`]): at
@@ -55,127 +65,394 @@ pub fn top_digest(buckets: &[BucketDigest]) -> [u8; 32] {
     ctx.finish().as_ref().try_into().expect("32 bytes")
 }
 
-/// How long an announcement counts; nodes announce again at half of it.
-pub const ANNOUNCEMENT_LIFETIME_MS: u64 = 3_600_000;
+/// How long an announcement counts; nodes announce again at half of it. A week: every
+/// re-announcement is news every agent hears (at 10,000 members a half-hourly one
+/// would be 5.6 a second, 35 kbit/s per member), so the lifetime is long and a node
+/// that dies without its farewell stays listed — passed over after one timeout of
+/// each agent's own — until then, or until the operator revokes it (§6.14).
+pub const ANNOUNCEMENT_LIFETIME_MS: u64 = 7 * 24 * 3_600_000;
 
 /// A node's next announcement is taken no sooner than this after the one held (unless
 /// it says the node is leaving, or back): a member re-announcing in a loop cannot
 /// make every roster change, and every agent gossip, in a loop.
 pub const MIN_REANNOUNCE_MS: u64 = 5_000;
 
-/// One member's credentials, as they travel (encoded `Signed` statements).
+/// One member's credentials, as they travel: its announcement, and the root's
+/// statements about it only where the sender's trust log lacks them (in a mesh whose
+/// agents hold the log, an announcement alone).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Credentials {
-    /// The root's admission of the node key.
-    pub admission: Vec<u8>,
+    /// The root's admission of the node key, if it comes along.
+    pub admission: Option<Vec<u8>>,
     /// The node's own address announcement.
     pub announcement: Vec<u8>,
-    /// The root's grant of addresses to the node (its pod range), if it has one.
+    /// The root's grant of addresses to the node (its pod range), if it comes along.
     pub address_range: Option<Vec<u8>>,
+}
+
+/// A range grant the roster knows, checked: the network, until when, since when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeGrant {
+    /// The addresses granted.
+    pub net: IpNet,
+    /// Unix ms; `None`: until revoked.
+    pub not_after: Option<u64>,
+    /// When the root signed it (Unix ms): a newer grant for the node replaces it.
+    pub issued_at: u64,
+}
+
+/// A range grant from the trust log, with the digest an announcement binds it by.
+pub type LoggedRange = ([u8; 32], RangeGrant);
+
+/// What the trust log says of the membership ([`Roster::set_log`]): every admitted
+/// node key with its admission's `not_after`, and each node's newest range grant with
+/// the digest an announcement binds it by.
+#[derive(Debug, Clone, Default)]
+pub struct LogMembership {
+    /// Admitted keys, in log order (a later admission of a key replaces an earlier).
+    pub admissions: Vec<([u8; 32], Option<u64>)>,
+    /// The newest range grant per node key.
+    pub ranges: HashMap<[u8; 32], LoggedRange>,
+}
+
+const ANNOUNCED: u8 = 1;
+const LEAVING: u8 = 2;
+const V6: u8 = 4;
+const IN_LOG: u8 = 8;
+const RANGE: u8 = 16;
+
+/// One member, packed (128 bytes): an admitted key and, once heard, its announcement
+/// as signed — date, address, leaving — and its signature. The range digest it binds
+/// and credentials the log lacks are held beside, for the few members that have them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Member {
+    key: [u8; 32],
+    signature: [u8; 64],
+    issued_at: u64,
+    ip: [u8; 16],
+    port: u16,
+    flags: u8,
+}
+
+impl Member {
+    /// An admitted key not heard from yet.
+    fn admitted(key: [u8; 32]) -> Member {
+        Member {
+            key,
+            signature: [0; 64],
+            issued_at: 0,
+            ip: [0; 16],
+            port: 0,
+            flags: 0,
+        }
+    }
+
+    fn has(&self, flag: u8) -> bool {
+        self.flags & flag != 0
+    }
+
+    fn set(&mut self, flag: u8, on: bool) {
+        match on {
+            true => self.flags |= flag,
+            false => self.flags &= !flag,
+        }
+    }
+
+    fn address(&self) -> SocketAddr {
+        let ip = match self.has(V6) {
+            true => IpAddr::V6(Ipv6Addr::from(self.ip)),
+            false => IpAddr::V4(Ipv4Addr::new(
+                self.ip[0], self.ip[1], self.ip[2], self.ip[3],
+            )),
+        };
+        SocketAddr::new(ip, self.port)
+    }
+
+    /// The announcement's fields (the mesh and range digest come from outside).
+    fn announcement(&self, mesh: &str, range: Option<[u8; 32]>) -> Announcement {
+        Announcement {
+            mesh: mesh.into(),
+            address: self.address(),
+            issued_at: self.issued_at,
+            leaving: self.has(LEAVING),
+            address_range: range,
+        }
+    }
+
+    /// The announcement as signed, encoded again.
+    fn encode(&self, mesh: &str, range: Option<[u8; 32]>) -> Vec<u8> {
+        let body = postcard::to_allocvec(&self.announcement(mesh, range))
+            .expect("announcements always encode");
+        Signed {
+            signer: self.key,
+            body,
+            signature: self.signature,
+        }
+        .encode()
+    }
+}
+
+/// The range an announcement binds: its digest, and the grant if this agent holds
+/// it (from the log or carried) — a range whose grant is not known does not count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct BoundRange {
+    digest: [u8; 32],
+    grant: Option<RangeGrant>,
+}
+
+/// Credentials of a member that this agent's trust log does not hold, kept as they
+/// came so that they can be passed on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Carried {
+    admission: Option<Box<[u8]>>,
+    range: Option<Box<[u8]>>,
 }
 
 /// A member's checked credentials, ready to be held.
 #[derive(Debug, Clone)]
 pub struct Entry {
-    key: [u8; 32],
-    announced: Announced,
-    /// The admission's `not_after`, kept so that listing members needs no signature.
+    member: Member,
     not_after: Option<u64>,
-    /// The granted range, its `not_after` and when the root signed it.
-    range: Option<(IpNet, Option<u64>, u64)>,
-    credentials: Credentials,
-}
-
-impl Entry {
-    /// The range the root granted this member, while it holds: not expired, and no
-    /// newer grant for the node in the trust log (`newest`: the newest grant's date
-    /// per node key) — a newer grant, even a narrower one, withdraws it.
-    fn range(&self, verifier: &Verifier<'_>, newest: &HashMap<[u8; 32], u64>) -> Option<&IpNet> {
-        self.range
-            .as_ref()
-            .filter(|(_, not_after, issued_at)| {
-                not_after.is_none_or(|t| t > verifier.now_ms)
-                    && newest.get(&self.key).is_none_or(|n| *n <= *issued_at)
-            })
-            .map(|(net, _, _)| net)
-    }
-
-    /// Where one-hop routing reaches this member.
-    fn contact(&self) -> Contact<SocketAddr> {
-        Contact {
-            id: Key(self.announced.id.0),
-            addr: self.announced.announcement.address,
-        }
-    }
+    range: Option<BoundRange>,
+    /// What came along that the log lacks: the admission (when the roster did not know
+    /// the key) and the range grant.
+    carried: Carried,
 }
 
 /// The members, by node key.
 #[derive(Debug, Default)]
 pub struct Roster {
-    entries: BTreeMap<[u8; 32], Entry>,
-    /// The date of the newest address range grant per node key in the trust log
-    /// ([`Roster::set_newest_ranges`]): an older grant no longer counts.
-    newest_ranges: HashMap<[u8; 32], u64>,
+    /// Sorted by key: every admitted key known, heard from or not.
+    members: Vec<Member>,
+    /// Admissions that expire, by key (most do not).
+    expiring: HashMap<[u8; 32], u64>,
+    /// The range each member's announcement binds, for the members that bind one.
+    ranges: HashMap<[u8; 32], BoundRange>,
+    /// Credentials the trust log lacks, as they came.
+    carried: HashMap<[u8; 32], Carried>,
+    /// The trust log's newest range grant per node key, with its digest: an older
+    /// grant no longer counts ([`Roster::set_log`]).
+    logged_ranges: HashMap<[u8; 32], LoggedRange>,
 }
 
 impl Roster {
+    fn find(&self, key: &[u8; 32]) -> Result<usize, usize> {
+        self.members.binary_search_by(|m| m.key.cmp(key))
+    }
+
+    fn get(&self, key: &[u8; 32]) -> Option<&Member> {
+        self.find(key).ok().map(|i| &self.members[i])
+    }
+
+    /// What the trust log says: every admitted key becomes known (a member once it
+    /// announces itself; credentials it carried are dropped, the log holds them), and
+    /// each node's newest range grant is the one that counts — the root withdraws or
+    /// narrows a range by granting the node a new one. Keys past [`MAX_MEMBERS`] are
+    /// left out.
+    pub fn set_log(&mut self, log: LogMembership) {
+        let mut new = Vec::new();
+        for (key, not_after) in log.admissions {
+            match not_after {
+                Some(t) => self.expiring.insert(key, t),
+                None => self.expiring.remove(&key),
+            };
+            match self.find(&key) {
+                Ok(i) => self.members[i].set(IN_LOG, true),
+                Err(_) => new.push(key),
+            }
+            if let Some(carried) = self.carried.get_mut(&key) {
+                carried.admission = None;
+            }
+        }
+        new.sort_unstable();
+        new.dedup();
+        let room = MAX_MEMBERS.saturating_sub(self.members.len());
+        if !new.is_empty() {
+            self.members.extend(new.into_iter().take(room).map(|key| {
+                let mut member = Member::admitted(key);
+                member.set(IN_LOG, true);
+                member
+            }));
+            self.members.sort_unstable_by_key(|m| m.key);
+            self.members.shrink_to_fit();
+        }
+        self.logged_ranges = log.ranges;
+        for (key, bound) in &mut self.ranges {
+            if let Some((digest, grant)) = self.logged_ranges.get(key) {
+                if *digest == bound.digest {
+                    bound.grant = Some(*grant);
+                    if let Some(carried) = self.carried.get_mut(key) {
+                        carried.range = None;
+                    }
+                }
+            }
+        }
+        self.carried
+            .retain(|_, c| c.admission.is_some() || c.range.is_some());
+    }
+
     /// Whether the roster would take this (decoded) announcement: from its unchecked
     /// date alone, with no signature checked (a gossip answer carries every member,
     /// nearly all unchanged). `Ok(false)`: nothing to do.
     pub fn wants(&self, signed: &Signed) -> Result<bool, TrustError> {
         let claimed = Announcement::decode(&signed.body)?;
-        match self.entries.get(&signed.signer) {
-            None if self.entries.len() >= MAX_MEMBERS => Err(TrustError::TooLarge),
-            None => Ok(true),
-            Some(held) => Ok(newer(&held.announced.announcement, &claimed)),
+        match self.get(&signed.signer) {
+            None if self.members.len() >= MAX_MEMBERS => Err(TrustError::TooLarge),
+            Some(held) if held.has(ANNOUNCED) => {
+                Ok(newer(held, claimed.issued_at, claimed.leaving))
+            }
+            _ => Ok(true),
         }
     }
 
-    /// Checks one member's credentials: the root's admission of the key that signed
-    /// the announcement, the announcement itself, and the root's range grant for that
-    /// key if one comes along. Holds no state: call it without the roster's lock, then
-    /// [`Roster::insert`].
-    pub fn check(verifier: &Verifier<'_>, credentials: &Credentials) -> Result<Entry, TrustError> {
-        let key = Signed::decode(&credentials.announcement)?.signer;
-        let admitted = verifier.admission(&credentials.admission, &key)?;
-        let announced = verifier.announcement(&credentials.announcement, |k| *k == key)?;
-        let given = credentials.address_range.as_deref();
-        if announced.announcement.address_range != given.map(grant_digest) {
-            return Err(TrustError::UnboundRange);
-        }
-        // An expired range no longer counts; the node stays a member.
-        let range = match given.map(|bytes| verifier.address_range(bytes, &key)) {
-            Some(Ok((range, net))) => Some((net, range.not_after, range.issued_at)),
-            Some(Err(TrustError::Expired)) | None => None,
-            Some(Err(error)) => return Err(error),
+    /// Whether the root admitted `key` as far as this roster knows (the trust log,
+    /// or an admission that came with the node's credentials), and until when.
+    pub fn admitted(&self, key: &[u8; 32]) -> Option<Option<u64>> {
+        self.get(key).map(|_| self.expiring.get(key).copied())
+    }
+
+    /// Checks one member's credentials: the node key admitted (`admitted`, what
+    /// [`Roster::admitted`] says, or else the admission that came along), the
+    /// announcement itself, and the range grant it binds — from the trust log
+    /// (`logged_range`: the log's newest grant for the key, with its digest) or come
+    /// along. Holds no state: call it without the roster's lock, then
+    /// [`Roster::insert`]. An announcement of a key nobody showed admitted is
+    /// [`TrustError::NotAdmitted`], found before any signature is checked.
+    pub fn check(
+        verifier: &Verifier<'_>,
+        admitted: Option<Option<u64>>,
+        logged_range: Option<LoggedRange>,
+        credentials: &Credentials,
+    ) -> Result<Entry, TrustError> {
+        let signed = Signed::decode(&credentials.announcement)?;
+        let key = signed.signer;
+        let mut carried = Carried::default();
+        let not_after = match (admitted, &credentials.admission) {
+            (Some(not_after), _) => not_after,
+            (None, Some(bytes)) => {
+                let admission = verifier.admission(bytes, &key)?;
+                carried.admission = Some(bytes.as_slice().into());
+                admission.not_after
+            }
+            (None, None) => return Err(TrustError::NotAdmitted),
         };
-        Ok(Entry {
+        let announced = verifier.announcement(&credentials.announcement, |k| *k == key)?;
+        let said = &announced.announcement;
+        let range = match said.address_range {
+            None if credentials.address_range.is_some() => return Err(TrustError::UnboundRange),
+            None => None,
+            Some(digest) => {
+                let grant = match (&credentials.address_range, logged_range) {
+                    (Some(bytes), _) => {
+                        if grant_digest(bytes) != digest {
+                            return Err(TrustError::UnboundRange);
+                        }
+                        // An expired range no longer counts; the node stays a member.
+                        match verifier.address_range(bytes, &key) {
+                            Ok((range, net)) => {
+                                carried.range = Some(bytes.as_slice().into());
+                                Some(RangeGrant {
+                                    net,
+                                    not_after: range.not_after,
+                                    issued_at: range.issued_at,
+                                })
+                            }
+                            Err(TrustError::Expired) => None,
+                            Err(error) => return Err(error),
+                        }
+                    }
+                    (None, Some((logged, grant))) if logged == digest => Some(grant),
+                    // Bound, but no grant known here yet: held, not counted.
+                    (None, _) => None,
+                };
+                Some(BoundRange { digest, grant })
+            }
+        };
+        let address = said.address;
+        let (ip, v6) = match address.ip() {
+            IpAddr::V4(v4) => {
+                let mut ip = [0; 16];
+                ip[..4].copy_from_slice(&v4.octets());
+                (ip, false)
+            }
+            IpAddr::V6(v6) => (v6.octets(), true),
+        };
+        let mut member = Member {
             key,
-            announced,
-            not_after: admitted.not_after,
+            signature: signed.signature,
+            issued_at: said.issued_at,
+            ip,
+            port: address.port(),
+            flags: ANNOUNCED,
+        };
+        member.set(LEAVING, said.leaving);
+        member.set(V6, v6);
+        // Held packed and encoded again when passed on: only the one encoding.
+        let mesh = verifier.root.mesh.as_str();
+        if member.encode(mesh, said.address_range) != credentials.announcement {
+            return Err(TrustError::Malformed);
+        }
+        Ok(Entry {
+            member,
+            not_after,
             range,
-            credentials: credentials.clone(),
+            carried,
         })
     }
 
-    /// The trust log's newest address range grant per node key (its `issued_at`):
-    /// from now on a node's range counts only if it is that one or newer, so the root
-    /// withdraws or narrows a range by granting the node a new one.
-    pub fn set_newest_ranges(&mut self, newest: HashMap<[u8; 32], u64>) {
-        self.newest_ranges = newest;
+    /// The trust log's newest range grant for `key`, for [`Roster::check`].
+    pub fn logged_range(&self, key: &[u8; 32]) -> Option<LoggedRange> {
+        self.logged_ranges.get(key).copied()
     }
 
     /// Holds a checked entry if it is newer than what is held for that node (see
     /// [`MIN_REANNOUNCE_MS`]). Returns whether the roster changed.
     pub fn insert(&mut self, entry: Entry) -> Result<bool, TrustError> {
-        match self.entries.get(&entry.key) {
-            Some(held) if !newer(&held.announced.announcement, &entry.announced.announcement) => {
-                return Ok(false)
+        let Entry {
+            mut member,
+            not_after,
+            range,
+            carried,
+        } = entry;
+        let key = member.key;
+        let at = match self.find(&key) {
+            Ok(i) if self.members[i].has(ANNOUNCED) => {
+                let held = &self.members[i];
+                if !newer(held, member.issued_at, member.has(LEAVING)) {
+                    return Ok(false);
+                }
+                Ok(i)
             }
-            None if self.entries.len() >= MAX_MEMBERS => return Err(TrustError::TooLarge),
-            _ => {}
+            Ok(i) => Ok(i),
+            Err(_) if self.members.len() >= MAX_MEMBERS => return Err(TrustError::TooLarge),
+            Err(i) => Err(i),
+        };
+        member.set(RANGE, range.is_some());
+        match at {
+            Ok(i) => {
+                member.set(IN_LOG, self.members[i].has(IN_LOG));
+                self.members[i] = member;
+            }
+            Err(i) => {
+                // A key the log does not hold, admitted by what came along.
+                if let Some(t) = not_after {
+                    self.expiring.insert(key, t);
+                }
+                self.members.insert(i, member);
+            }
         }
-        self.entries.insert(entry.key, entry);
+        match range {
+            Some(bound) => self.ranges.insert(key, bound),
+            None => self.ranges.remove(&key),
+        };
+        let held = self.carried.entry(key).or_default();
+        if carried.admission.is_some() {
+            held.admission = carried.admission;
+        }
+        held.range = carried.range;
+        if held.admission.is_none() && held.range.is_none() {
+            self.carried.remove(&key);
+        }
         Ok(true)
     }
 
@@ -185,28 +462,72 @@ impl Roster {
         verifier: &Verifier<'_>,
         credentials: &Credentials,
     ) -> Result<bool, TrustError> {
-        if !self.wants(&Signed::decode(&credentials.announcement)?)? {
+        let signed = Signed::decode(&credentials.announcement)?;
+        if !self.wants(&signed)? {
             return Ok(false);
         }
-        self.insert(Roster::check(verifier, credentials)?)
+        let (admitted, logged) = (
+            self.admitted(&signed.signer),
+            self.logged_range(&signed.signer),
+        );
+        self.insert(Roster::check(verifier, admitted, logged, credentials)?)
     }
 
-    /// Forgets the entries that no longer count: revoked keys, expired admissions,
-    /// announcements past their lifetime. Returns how many went.
+    /// Forgets the announcements that no longer count — revoked keys, expired
+    /// admissions, announcements past their lifetime — and the keys admitted only by
+    /// what came along with them; keys the trust log admits stay known. Returns how
+    /// many announcements went.
     pub fn prune(&mut self, verifier: &Verifier<'_>) -> usize {
-        let before = self.entries.len();
-        self.entries.retain(|_, e| current(e, verifier));
-        before - self.entries.len()
+        let mut gone = 0;
+        for member in &mut self.members {
+            if member.has(ANNOUNCED) && !current(member, &self.expiring, verifier) {
+                gone += 1;
+                *member = Member {
+                    flags: member.flags & IN_LOG,
+                    ..Member::admitted(member.key)
+                };
+            }
+        }
+        self.members.retain(|m| m.has(IN_LOG) || m.has(ANNOUNCED));
+        let members = &self.members;
+        let announced = |key: &[u8; 32]| {
+            members
+                .binary_search_by(|m| m.key.cmp(key))
+                .is_ok_and(|i| members[i].has(ANNOUNCED))
+        };
+        let known = |key: &[u8; 32]| members.binary_search_by(|m| m.key.cmp(key)).is_ok();
+        self.ranges.retain(|key, _| announced(key));
+        self.expiring.retain(|key, _| known(key));
+        self.carried.retain(|key, c| {
+            if !announced(key) {
+                c.range = None;
+            }
+            known(key) && (c.admission.is_some() || c.range.is_some())
+        });
+        gone
+    }
+
+    /// The current members (see [`Roster::prune`]), announced.
+    fn current_members<'a>(
+        &'a self,
+        verifier: &'a Verifier<'_>,
+    ) -> impl Iterator<Item = &'a Member> + 'a {
+        self.members
+            .iter()
+            .filter(move |m| m.has(ANNOUNCED) && current(m, &self.expiring, verifier))
     }
 
     /// The members one-hop routing uses now: current (see [`Roster::prune`]) and not
     /// leaving.
     pub fn members(&self, verifier: &Verifier<'_>) -> Members<SocketAddr> {
+        let mesh = verifier.root.mesh.as_str();
         Members::new(
-            self.entries
-                .values()
-                .filter(|e| current(e, verifier) && !e.announced.announcement.leaving)
-                .map(Entry::contact),
+            self.current_members(verifier)
+                .filter(|m| !m.has(LEAVING))
+                .map(|m| Contact {
+                    id: Key(PeerId::derive(&m.key, mesh).0),
+                    addr: m.address(),
+                }),
         )
     }
 
@@ -224,16 +545,12 @@ impl Roster {
     /// members compare these and exchange only the buckets that differ.
     pub fn bucket_digests(&self, verifier: &Verifier<'_>) -> Vec<BucketDigest> {
         let mut digests = Vec::with_capacity(BUCKETS);
-        let mut entries = self
-            .entries
-            .iter()
-            .filter(|(_, e)| current(e, verifier))
-            .peekable();
+        let mut members = self.current_members(verifier).peekable();
         for bucket in 0..=u8::MAX {
             let mut ctx = Context::new(&SHA256);
-            while let Some((key, e)) = entries.next_if(|(key, _)| key[0] == bucket) {
-                ctx.update(key);
-                ctx.update(&e.announced.announcement.issued_at.to_be_bytes());
+            while let Some(m) = members.next_if(|m| m.key[0] == bucket) {
+                ctx.update(&m.key);
+                ctx.update(&m.issued_at.to_be_bytes());
             }
             let hash = ctx.finish();
             digests.push(hash.as_ref()[..8].try_into().expect("8 bytes"));
@@ -245,17 +562,35 @@ impl Roster {
     /// announcement date, in key order (what a peer needs to send only the rest).
     pub fn summary(&self, bucket: u8, verifier: &Verifier<'_>) -> Vec<([u8; 32], u64)> {
         self.in_bucket(bucket)
-            .filter(|(_, e)| current(e, verifier))
-            .map(|(key, e)| (*key, e.announced.announcement.issued_at))
+            .filter(|m| m.has(ANNOUNCED) && current(m, &self.expiring, verifier))
+            .map(|m| (m.key, m.issued_at))
             .collect()
     }
 
-    fn in_bucket(&self, bucket: u8) -> impl Iterator<Item = (&[u8; 32], &Entry)> {
-        let mut from = [0; 32];
-        from[0] = bucket;
-        self.entries
-            .range(from..)
-            .take_while(move |(key, _)| key[0] == bucket)
+    fn in_bucket(&self, bucket: u8) -> impl Iterator<Item = &Member> {
+        let from = self.members.partition_point(|m| m.key[0] < bucket);
+        self.members[from..]
+            .iter()
+            .take_while(move |m| m.key[0] == bucket)
+    }
+
+    /// A member's credentials as they are passed on: its announcement encoded again,
+    /// and what the trust log lacks of it.
+    fn credentials_of(&self, member: &Member, mesh: &str) -> Credentials {
+        let range = self.ranges.get(&member.key).map(|r| r.digest);
+        let carried = self.carried.get(&member.key);
+        Credentials {
+            admission: carried.and_then(|c| c.admission.as_deref().map(<[u8]>::to_vec)),
+            announcement: member.encode(mesh, range),
+            address_range: carried.and_then(|c| c.range.as_deref().map(<[u8]>::to_vec)),
+        }
+    }
+
+    /// Member `key`'s credentials as this agent passes them on, if it has heard
+    /// from it.
+    pub fn passed_on(&self, key: &[u8; 32], verifier: &Verifier<'_>) -> Option<Credentials> {
+        let member = self.get(key).filter(|m| m.has(ANNOUNCED))?;
+        Some(self.credentials_of(member, verifier.root.mesh.as_str()))
     }
 
     /// One page of what a peer lacks: the credentials of the current members in the
@@ -272,23 +607,23 @@ impl Roster {
         buckets.sort_by_key(|b| b.bucket);
         buckets.dedup_by_key(|b| b.bucket);
         let mut lacking = buckets.into_iter().flat_map(|b| {
-            let held: std::collections::HashMap<_, _> = b.members.iter().copied().collect();
-            self.in_bucket(b.bucket).filter(move |(key, e)| {
-                after.is_none_or(|a| *key > a)
-                    && current(e, verifier)
-                    && held
-                        .get(*key)
-                        .is_none_or(|at| *at < e.announced.announcement.issued_at)
+            let held: HashMap<_, _> = b.members.iter().copied().collect();
+            self.in_bucket(b.bucket).filter(move |m| {
+                after.is_none_or(|a| m.key > *a)
+                    && m.has(ANNOUNCED)
+                    && current(m, &self.expiring, verifier)
+                    && held.get(&m.key).is_none_or(|at| *at < m.issued_at)
             })
         });
-        let page: Vec<_> = lacking.by_ref().take(PAGE).collect();
+        let page: Vec<&Member> = lacking.by_ref().take(PAGE).collect();
         let next = match lacking.next() {
-            Some(_) => page.last().map(|(key, _)| **key),
+            Some(_) => page.last().map(|m| m.key),
             None => None,
         };
+        let mesh = verifier.root.mesh.as_str();
         let credentials = page
             .into_iter()
-            .map(|(_, e)| e.credentials.clone())
+            .map(|m| self.credentials_of(m, mesh))
             .collect();
         (credentials, next)
     }
@@ -296,31 +631,40 @@ impl Roster {
     /// Every current member's credentials (what the pages add up to).
     #[cfg(test)]
     pub fn credentials(&self, verifier: &Verifier<'_>) -> Vec<Credentials> {
-        self.entries
-            .values()
-            .filter(|e| current(e, verifier))
-            .map(|e| e.credentials.clone())
+        let mesh = verifier.root.mesh.as_str();
+        self.current_members(verifier)
+            .map(|m| self.credentials_of(m, mesh))
             .collect()
     }
 
-    /// The member with ring id `id`, at the address it signed, if it is a current
-    /// member (not leaving).
-    pub fn contact(&self, id: &PeerId, verifier: &Verifier<'_>) -> Option<Contact<SocketAddr>> {
-        self.entries
-            .values()
-            .find(|e| e.announced.id == *id)
-            .filter(|e| current(e, verifier) && !e.announced.announcement.leaving)
-            .map(Entry::contact)
-    }
-
-    /// How many entries are held (leaving ones included).
+    /// How many members are held, announced (leaving ones included).
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.members.iter().filter(|m| m.has(ANNOUNCED)).count()
     }
 
     /// Whether none is.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0
+    }
+
+    /// The range the root granted member `m`, while it holds: not expired, and no
+    /// newer grant for the node in the trust log — a newer grant, even a narrower one,
+    /// withdraws it.
+    fn range(&self, m: &Member, verifier: &Verifier<'_>) -> Option<IpNet> {
+        if !m.has(RANGE) {
+            return None;
+        }
+        let grant = self.ranges.get(&m.key)?.grant?;
+        let newest = self.logged_ranges.get(&m.key).map(|(_, g)| g.issued_at);
+        let holds = grant.not_after.is_none_or(|t| t > verifier.now_ms)
+            && newest.is_none_or(|n| n <= grant.issued_at);
+        holds.then_some(grant.net)
+    }
+
+    /// Whether member `m` claims `ip` (canonical): its announced IP, or in its range.
+    fn claims(&self, m: &Member, ip: IpAddr, verifier: &Verifier<'_>) -> bool {
+        m.address().ip().to_canonical() == ip
+            || self.range(m, verifier).is_some_and(|r| r.contains(&ip))
     }
 
     /// Whether `endpoint`, endorsed by the node with key `endorser`, belongs to that
@@ -334,27 +678,22 @@ impl Roster {
         endpoint: Option<SocketAddr>,
         verifier: &Verifier<'_>,
     ) -> Result<(), TrustError> {
-        let entry = self
-            .entries
+        let member = self
             .get(endorser)
-            .filter(|e| current(e, verifier))
+            .filter(|m| m.has(ANNOUNCED) && current(m, &self.expiring, verifier))
             .ok_or(TrustError::EndpointNotOwned)?;
-        entry.announced.owns(
-            endorser,
-            endpoint,
-            entry.range(verifier, &self.newest_ranges),
-        )?;
-        let canonical = endpoint.map(|e| e.ip().to_canonical());
-        let Some(ip) = canonical.filter(|ip| !ip.is_loopback()) else {
+        let Some(ip) = endpoint.map(|e| e.ip().to_canonical()) else {
             return Ok(());
         };
-        let claimed_by_another = self.entries.values().any(|e| {
-            e.key != *endorser
-                && current(e, verifier)
-                && !e.announced.announcement.leaving
-                && e.announced
-                    .claims(ip, e.range(verifier, &self.newest_ranges))
-        });
+        if !self.claims(member, ip, verifier) {
+            return Err(TrustError::EndpointNotOwned);
+        }
+        if ip.is_loopback() {
+            return Ok(());
+        }
+        let claimed_by_another = self
+            .current_members(verifier)
+            .any(|m| m.key != *endorser && !m.has(LEAVING) && self.claims(m, ip, verifier));
         match claimed_by_another {
             false => Ok(()),
             true => Err(TrustError::EndpointNotOwned),
@@ -362,25 +701,21 @@ impl Roster {
     }
 }
 
-/// Whether `claimed` replaces `held`: later, and either far enough later or a change
-/// of leaving.
-fn newer(held: &Announcement, claimed: &Announcement) -> bool {
-    claimed.issued_at > held.issued_at
-        && (claimed.leaving != held.leaving
-            || claimed.issued_at >= held.issued_at.saturating_add(MIN_REANNOUNCE_MS))
+/// Whether an announcement dated `issued_at` saying `leaving` replaces `held`: later,
+/// and either far enough later or a change of leaving.
+fn newer(held: &Member, issued_at: u64, leaving: bool) -> bool {
+    issued_at > held.issued_at
+        && (leaving != held.has(LEAVING)
+            || issued_at >= held.issued_at.saturating_add(MIN_REANNOUNCE_MS))
 }
 
-/// Whether an entry still counts: its key not revoked, its admission not expired,
-/// its announcement within its lifetime.
-fn current(e: &Entry, verifier: &Verifier<'_>) -> bool {
+/// Whether an announced member still counts: its key not revoked, its admission not
+/// expired, its announcement within its lifetime.
+fn current(m: &Member, expiring: &HashMap<[u8; 32], u64>, verifier: &Verifier<'_>) -> bool {
     let now = verifier.now_ms;
-    e.not_after.is_none_or(|t| t > now)
-        && e.announced
-            .announcement
-            .issued_at
-            .saturating_add(ANNOUNCEMENT_LIFETIME_MS)
-            > now
-        && !verifier.revoked.contains_key(verifier.root, &e.key)
+    expiring.get(&m.key).is_none_or(|t| *t > now)
+        && m.issued_at.saturating_add(ANNOUNCEMENT_LIFETIME_MS) > now
+        && !verifier.revoked.contains_key(verifier.root, &m.key)
 }
 
 #[cfg(test)]
@@ -440,7 +775,7 @@ mod tests {
 
     fn creds(admission: &[u8], announcement: &[u8]) -> Credentials {
         Credentials {
-            admission: admission.to_vec(),
+            admission: Some(admission.to_vec()),
             announcement: announcement.to_vec(),
             address_range: None,
         }
@@ -618,31 +953,46 @@ mod tests {
                 address_range: Some(grant_digest(&grant)),
             };
             Credentials {
-                admission: mesh.admit(node, None),
+                admission: Some(mesh.admit(node, None)),
                 announcement: Signed::sign(node, ANNOUNCEMENT_LABEL, &body).encode(),
                 address_range: Some(grant),
             }
         };
         let granted = bound(&kube, "10.0.0.1:7946", range(&kube, "10.244.1.0"));
-        // Whoever forwards it can neither drop the range nor swap in another grant
-        // of the root's for the same node.
-        let stripped = Credentials {
-            address_range: None,
-            ..granted.clone()
-        };
-        assert_eq!(roster.offer(&v, &stripped), Err(TrustError::UnboundRange));
+        // Whoever forwards it can neither swap in another grant of the root's for
+        // the same node, nor give a range to an announcement that binds none; one
+        // that drops the grant gets the node held without it (the range counts once
+        // the grant is known: see the next test).
         let swapped = Credentials {
             address_range: Some(range(&kube, "10.244.7.0")),
             ..granted.clone()
         };
         assert_eq!(roster.offer(&v, &swapped), Err(TrustError::UnboundRange));
+        let unbound = Credentials {
+            address_range: Some(range(&other, "10.244.7.0")),
+            ..creds(
+                &mesh.admit(&other, None),
+                &announce(&other, "10.0.0.2:7946", NOW - 10_000, false),
+            )
+        };
+        assert_eq!(roster.offer(&v, &unbound), Err(TrustError::UnboundRange));
+        let stripped = Credentials {
+            address_range: None,
+            ..granted.clone()
+        };
+        assert_eq!(roster.offer(&v, &stripped), Ok(true));
+        let at = |ip: &str| Some(SocketAddr::new(ip.parse().unwrap(), 15006));
+        assert_eq!(
+            roster.check_endpoint(kube.public_key(), at("10.244.1.9"), &v),
+            Err(TrustError::EndpointNotOwned)
+        );
+        let mut roster = Roster::default();
         assert_eq!(roster.offer(&v, &granted), Ok(true));
         let plain = creds(
             &mesh.admit(&other, None),
             &announce(&other, "10.0.0.2:7946", NOW, false),
         );
         assert_eq!(roster.offer(&v, &plain), Ok(true));
-        let at = |ip: &str| Some(SocketAddr::new(ip.parse().unwrap(), 15006));
         // Its pods and its own address are its own; not the next range, and its
         // pods are no other node's.
         assert_eq!(
@@ -741,29 +1091,148 @@ mod tests {
             address_range: Some(grant_digest(&grant)),
         };
         let credentials = Credentials {
-            admission: mesh.admit(&kube, None),
+            admission: Some(mesh.admit(&kube, None)),
             announcement: Signed::sign(&kube, ANNOUNCEMENT_LABEL, &announcement).encode(),
-            address_range: Some(grant),
+            address_range: Some(grant.clone()),
         };
         let mut roster = Roster::default();
         assert_eq!(roster.offer(&v, &credentials), Ok(true));
         let at = |ip: &str| Some(SocketAddr::new(ip.parse().unwrap(), 15006));
         let key = kube.public_key();
+        let logged = |issued_at: u64, digest: [u8; 32]| {
+            let grant = RangeGrant {
+                net: "10.244.1.0/24".parse().unwrap(),
+                not_after: None,
+                issued_at,
+            };
+            (digest, grant)
+        };
+        let log = |ranges: Vec<([u8; 32], LoggedRange)>| LogMembership {
+            admissions: Vec::new(),
+            ranges: ranges.into_iter().collect(),
+        };
         // The log holds this grant (or none for the node): it counts.
-        for newest in [HashMap::new(), HashMap::from([(*key, NOW - 10)])] {
-            roster.set_newest_ranges(newest);
+        for ranges in [vec![], vec![(*key, logged(NOW - 10, grant_digest(&grant)))]] {
+            roster.set_log(log(ranges));
             assert_eq!(roster.check_endpoint(key, at("10.244.1.9"), &v), Ok(()));
         }
         // A newer grant for the node in the log: the old range is withdrawn.
-        roster.set_newest_ranges(HashMap::from([(*key, NOW - 5)]));
+        roster.set_log(log(vec![(*key, logged(NOW - 5, [7; 32]))]));
         assert_eq!(
             roster.check_endpoint(key, at("10.244.1.9"), &v),
             Err(TrustError::EndpointNotOwned)
         );
         assert_eq!(roster.check_endpoint(key, at("10.0.0.1"), &v), Ok(()));
         // Another node's newer grant changes nothing for this one.
-        roster.set_newest_ranges(HashMap::from([(*identity().public_key(), NOW)]));
+        let someone = *identity().public_key();
+        roster.set_log(log(vec![(someone, logged(NOW, [7; 32]))]));
         assert_eq!(roster.check_endpoint(key, at("10.244.1.9"), &v), Ok(()));
+    }
+
+    /// In a mesh whose agents hold the trust log, a member's credentials are its
+    /// announcement alone: the admission and the range grant it binds are the log's.
+    /// Until the log holds them they must come along, and they are passed on then;
+    /// once it does, they are dropped and passed on no more.
+    #[test]
+    fn the_logs_statements_need_not_travel() {
+        let mesh = Mesh::new();
+        let node = identity();
+        let v = mesh.verifier();
+        let key = *node.public_key();
+        let grant = Signed::sign(
+            &mesh.root_key,
+            themis_trust::ADDRESS_RANGE_LABEL,
+            &themis_trust::AddressRange {
+                mesh: "demo".into(),
+                node_key: key,
+                network: "10.244.3.0".parse().unwrap(),
+                prefix_len: 24,
+                issued_at: NOW - 10,
+                not_after: None,
+            },
+        )
+        .encode();
+        let body = Announcement {
+            mesh: "demo".into(),
+            address: "10.0.0.3:7946".parse().unwrap(),
+            issued_at: NOW,
+            leaving: false,
+            address_range: Some(grant_digest(&grant)),
+        };
+        let announcement = Signed::sign(&node, ANNOUNCEMENT_LABEL, &body).encode();
+        let bare = Credentials {
+            admission: None,
+            announcement: announcement.clone(),
+            address_range: None,
+        };
+        let full = Credentials {
+            admission: Some(mesh.admit(&node, None)),
+            address_range: Some(grant.clone()),
+            ..bare.clone()
+        };
+        // Nobody showed the key admitted: refused before any signature is checked.
+        let mut roster = Roster::default();
+        assert_eq!(roster.offer(&v, &bare), Err(TrustError::NotAdmitted));
+        // With the statements along: held, and passed on with them, byte for byte.
+        assert_eq!(roster.offer(&v, &full), Ok(true));
+        assert_eq!(roster.credentials(&v), vec![full.clone()]);
+        // The log brings them: they are dropped, and the announcement travels alone.
+        let logged = RangeGrant {
+            net: "10.244.3.0/24".parse().unwrap(),
+            not_after: None,
+            issued_at: NOW - 10,
+        };
+        let log = LogMembership {
+            admissions: vec![(key, None)],
+            ranges: HashMap::from([(key, (grant_digest(&grant), logged))]),
+        };
+        roster.set_log(log.clone());
+        assert_eq!(roster.credentials(&v), vec![bare.clone()]);
+        let at = |ip: &str| Some(SocketAddr::new(ip.parse().unwrap(), 15006));
+        assert_eq!(roster.check_endpoint(&key, at("10.244.3.9"), &v), Ok(()));
+        // An agent that holds the log takes the bare announcement, range and all.
+        let mut other = Roster::default();
+        other.set_log(log);
+        assert_eq!(other.len(), 0, "admitted, not heard from yet");
+        assert_eq!(other.members(&v).len(), 0);
+        assert_eq!(other.offer(&v, &bare), Ok(true));
+        assert_eq!(other.check_endpoint(&key, at("10.244.3.9"), &v), Ok(()));
+        assert_eq!(other.members(&v).len(), 1);
+    }
+
+    /// A member is held packed and its announcement encoded again when passed on, so
+    /// an announcement must be in the one encoding that gives back: another spelling
+    /// of the same fields, even correctly signed, is refused.
+    #[test]
+    fn an_announcement_in_another_encoding_is_refused() {
+        let mesh = Mesh::new();
+        let node = identity();
+        let v = mesh.verifier();
+        let body = Announcement {
+            mesh: "demo".into(),
+            address: "10.0.0.3:1".parse().unwrap(),
+            issued_at: NOW,
+            leaving: false,
+            address_range: None,
+        };
+        let mut bytes = postcard::to_allocvec(&body).unwrap();
+        // mesh (1 + 4), the address family (1), the IPv4 address (4), then the port,
+        // 1, as a one-byte varint: spelled in two bytes instead.
+        assert_eq!(bytes[10], 1);
+        bytes.splice(10..11, [0x81, 0x00]);
+        let signature = node.sign_statement(ANNOUNCEMENT_LABEL, &bytes);
+        let announcement = Signed {
+            signer: *node.public_key(),
+            body: bytes,
+            signature,
+        }
+        .encode();
+        let mut roster = Roster::default();
+        assert_eq!(
+            roster.offer(&v, &creds(&mesh.admit(&node, None), &announcement)),
+            Err(TrustError::Malformed)
+        );
+        assert!(roster.is_empty());
     }
 
     #[test]

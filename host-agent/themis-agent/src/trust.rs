@@ -308,16 +308,17 @@ impl MeshTrust {
     pub fn enable_roster(&self) -> &Mutex<Roster> {
         self.roster.get_or_init(|| {
             let mut roster = Roster::default();
-            roster.set_newest_ranges(self.log.newest_ranges());
+            roster.set_log(self.log.membership());
             Mutex::new(roster)
         })
     }
 
-    /// The log grew: the roster learns which range grants are the newest.
+    /// The log grew: the roster learns the keys it admits and which range grants are
+    /// the newest.
     fn log_grew(&self, offered: &Offered) {
         if offered.added > 0 {
             if let Some(mut roster) = self.roster() {
-                roster.set_newest_ranges(self.log.newest_ranges());
+                roster.set_log(self.log.membership());
             }
         }
     }

@@ -14,6 +14,7 @@ use themis_trust::MeshRoot;
 use tracing::{error, info, warn};
 
 use crate::operator::LOG_FILE;
+use crate::roster::{LogMembership, RangeGrant};
 
 /// Each revocation in the log (by its encoded `Signed`): its leaf index and inclusion
 /// proof.
@@ -134,15 +135,34 @@ impl TrustLog {
         self.proofs.read().expect("never poisoned").clone()
     }
 
-    /// The date (`issued_at`) of the newest address range grant per node key: a
-    /// node's older grants no longer count ([`crate::roster::Roster::set_newest_ranges`]).
-    pub fn newest_ranges(&self) -> std::collections::HashMap<[u8; 32], u64> {
+    /// What the log says of the membership: every admitted key (with its
+    /// admission's `not_after`) and each node's newest range grant, with the digest an
+    /// announcement binds it by ([`crate::roster::Roster::set_log`]).
+    pub fn membership(&self) -> LogMembership {
         let log = self.read();
-        let newest = log.newest_address_ranges();
-        newest
+        let admissions = log
+            .statements()
+            .filter_map(|(_, statement)| match statement {
+                Statement::Admission(a) => Some((a.node_key, a.not_after)),
+                _ => None,
+            })
+            .collect();
+        let ranges = log
+            .newest_address_ranges()
             .into_iter()
-            .map(|(key, (_, grant))| (key, grant.issued_at))
-            .collect()
+            .filter_map(|(key, (index, grant))| {
+                let net = grant.net().ok()?;
+                let leaf = log.leaf(index)?;
+                let signed = themis_log::Entry::decode(leaf).ok()?.statement.encode();
+                let held = RangeGrant {
+                    net,
+                    not_after: grant.not_after,
+                    issued_at: grant.issued_at,
+                };
+                Some((key, (themis_trust::grant_digest(&signed), held)))
+            })
+            .collect();
+        LogMembership { admissions, ranges }
     }
 
     /// The newest address range grant for `node_key` in the log: its `issued_at` and

@@ -1342,13 +1342,12 @@ async fn announce(stream: &mut themis_net::SecureStream, peer: &Admitted) {
     )
     .encode();
     let request = Frame::Roster(RosterFrame {
-        admission: peer.admission.clone(),
-        listen: nowhere(),
+        admission: Some(peer.admission.clone()),
         log_size: 0,
-        log_root: [0; 32],
-        digest: [0; 32],
+        log_root: Some([0; 32]),
+        digest: Some([0; 32]),
         members: vec![Credentials {
-            admission: peer.admission.clone(),
+            admission: Some(peer.admission.clone()),
             announcement,
             address_range: None,
         }],

@@ -489,13 +489,12 @@ fn a_stranger_gets_nothing_of_the_roster_and_is_no_member() {
     .encode();
     let requests = [vec![0x5a; 64], stolen].map(|admission| {
         Frame::Roster(RosterFrame {
-            admission: admission.clone(),
-            listen: "127.0.0.1:9".parse().unwrap(),
+            admission: Some(admission.clone()),
             log_size: u64::MAX,
-            log_root: [0; 32],
-            digest: [0; 32],
+            log_root: Some([0; 32]),
+            digest: Some([0; 32]),
             members: vec![themis_agent::roster::Credentials {
-                admission,
+                admission: Some(admission),
                 announcement: announcement.clone(),
                 address_range: None,
             }],
