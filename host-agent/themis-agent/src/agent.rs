@@ -269,7 +269,7 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
     };
     let revocation_poll = {
         let registry = registry.clone();
-        let every = Duration::from_millis(settings.revocation_poll_ms);
+        let every = Duration::from_millis(settings.revocation_poll_ms());
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             loop {
@@ -292,7 +292,7 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
         );
         let (mut joined, every) = (
             overlay.joined(),
-            Duration::from_millis(settings.log_sync_ms),
+            Duration::from_millis(settings.log_sync_ms()),
         );
         tokio::spawn(async move {
             if joined.wait_for(|j| *j).await.is_err() {

@@ -36,11 +36,12 @@ pub struct Settings {
     /// The mesh root, `<mesh>:<hex key>` or a file holding it; default
     /// `<state_dir>/mesh.root` (written by `themis node admit`).
     pub mesh_root: Option<String>,
-    /// How often to look for new revocations in the DHT, in milliseconds.
-    pub revocation_poll_ms: u64,
+    /// How often to look for new revocations in the DHT, in milliseconds (`None`: by
+    /// the routing, [`Settings::revocation_poll_ms`]).
+    pub revocation_poll_ms: Option<u64>,
     /// How often to compare trust logs with a peer and take what it has more, in
-    /// milliseconds.
-    pub log_sync_ms: u64,
+    /// milliseconds (`None`: by the routing, [`Settings::log_sync_ms`]).
+    pub log_sync_ms: Option<u64>,
     /// How replica holders are found: one hop from the full membership (the default:
     /// no other node can steer a lookup), or Chord lookups through other nodes
     /// (docs/PROTOCOL.md §6.14).
@@ -144,8 +145,8 @@ impl Default for Settings {
         Settings {
             mesh: "themis".into(),
             mesh_root: None,
-            revocation_poll_ms: 10_000,
-            log_sync_ms: 5_000,
+            revocation_poll_ms: None,
+            log_sync_ms: None,
             routing: Routing::OneHop,
             gossip_ms: 2_000,
             state_dir: DEFAULT_STATE_DIR.into(),
@@ -224,14 +225,17 @@ pub struct AgentArgs {
     /// printed it [default: <state-dir>/mesh.root].
     #[arg(long, env = "THEMIS_MESH_ROOT", value_name = "ROOT")]
     pub mesh_root: Option<String>,
-    /// How often to look for new revocations, milliseconds [default: 10000]: with the
-    /// operation timeout (`op_timeout_ms`, 10 s), the bound on how long a revoked key
-    /// keeps working.
+    /// How often to look for new revocations in the DHT, milliseconds [default: 10000
+    /// with Chord routing; 60000 with one hop, where gossip pushes them and this is
+    /// the backstop]: with Chord, and the operation timeout (`op_timeout_ms`, 10 s),
+    /// the bound on how long a revoked key keeps working.
     #[arg(long)]
     pub revocation_poll_ms: Option<u64>,
     /// How often to compare trust logs with a peer (two peers a round, in turn),
-    /// milliseconds [default: 5000]: the bound on how long the log takes to reach
-    /// this node from a neighbour, and on how long a fork shown to it goes unseen.
+    /// milliseconds [default: 5000 with Chord routing; 60000 with one hop, where gossip
+    /// compares logs every pull and this is the backstop]: with Chord, the bound on
+    /// how long the log takes to reach this node from a neighbour, and on how long a
+    /// fork shown to it goes unseen.
     #[arg(long)]
     pub log_sync_ms: Option<u64>,
     /// How replica holders are found [default: one-hop]: `one-hop`, every agent holds
@@ -366,7 +370,31 @@ pub struct AgentArgs {
     pub admission_timeout_ms: Option<u64>,
 }
 
+/// The backstops' period with one-hop routing, ms: gossip pushes revocations and
+/// compares logs every pull (docs/PROTOCOL.md §6.14), so the DHT poll and the
+/// periodic log sync only catch what it missed, and at 5 and 10 s they alone would
+/// send more than the membership's upkeep.
+pub const ONE_HOP_BACKSTOP_MS: u64 = 60_000;
+
 impl Settings {
+    /// How often the DHT is polled for revocations, ms: as set, else 10 s with Chord
+    /// routing and [`ONE_HOP_BACKSTOP_MS`] with one hop.
+    pub fn revocation_poll_ms(&self) -> u64 {
+        self.revocation_poll_ms.unwrap_or(match self.routing {
+            Routing::Chord => 10_000,
+            Routing::OneHop => ONE_HOP_BACKSTOP_MS,
+        })
+    }
+
+    /// How often trust logs are compared with two peers, ms: as set, else 5 s with
+    /// Chord routing and [`ONE_HOP_BACKSTOP_MS`] with one hop.
+    pub fn log_sync_ms(&self) -> u64 {
+        self.log_sync_ms.unwrap_or(match self.routing {
+            Routing::Chord => 5_000,
+            Routing::OneHop => ONE_HOP_BACKSTOP_MS,
+        })
+    }
+
     /// Defaults, then the file named by `--config` (if any), then the flags.
     pub fn load(args: &AgentArgs) -> Result<Settings, ConfigError> {
         let mut s = match &args.config {
@@ -394,8 +422,6 @@ impl Settings {
             resolve_fresh_per_sec,
             resolve_fresh_burst,
             log_format,
-            revocation_poll_ms,
-            log_sync_ms,
             routing,
             gossip_ms,
             resolve_lookups_per_sec,
@@ -406,6 +432,12 @@ impl Settings {
         );
         if args.mesh_root.is_some() {
             s.mesh_root = args.mesh_root.clone();
+        }
+        if args.revocation_poll_ms.is_some() {
+            s.revocation_poll_ms = args.revocation_poll_ms;
+        }
+        if args.log_sync_ms.is_some() {
+            s.log_sync_ms = args.log_sync_ms;
         }
         s.capture |= args.capture;
         s.fast_path |= args.fast_path;
@@ -496,8 +528,8 @@ impl Settings {
         if self.request_timeout_ms == 0
             || self.stabilise_ms == 0
             || self.op_timeout_ms == 0
-            || self.revocation_poll_ms == 0
-            || self.log_sync_ms == 0
+            || self.revocation_poll_ms() == 0
+            || self.log_sync_ms() == 0
             || self.gossip_ms == 0
         {
             return invalid("timeouts and periods must be non-zero".into());

@@ -804,6 +804,7 @@ fn announce(node: &Identity, listen: SocketAddr, trust: &MeshTrust, leaving: boo
 mod tests {
     use super::*;
     use crate::operator::{self, MeshDir};
+    use crate::roster::LogMembership;
     use ring::rand::SystemRandom;
     use themis_trust::{Admission, ADMISSION_LABEL};
 
@@ -986,6 +987,109 @@ mod tests {
             bytes * 100 < roster_bytes,
             "{bytes} B for one member of {roster_bytes} B"
         );
+    }
+
+    /// The traffic figure of issue 23 (≤ 1 kbit/s sent per member to keep the
+    /// membership fresh, 10,000 members, 1 % churn an hour): what each member sends,
+    /// from the frames' measured sizes (postcard, before the channel's 16-byte tag
+    /// and TCP) and the protocol's rates — one comparison a pull period; each change
+    /// of a member (a join, a leave, a re-announcement every half lifetime) pushed
+    /// in [`NEWS_SENDS`] requests by every member that takes it; and, if every join
+    /// is a newly admitted node, the trust log's growth fetched once and pushed to 3.
+    /// Printed for benchmarks/RESULTS.md; the sum is held to the target.
+    #[test]
+    fn what_keeping_the_membership_fresh_sends_per_member() {
+        const N: usize = 10_000;
+        let (dir, mesh) = test_mesh();
+        let (a, b) = (node(&mesh, &dir, "a", 7001), node(&mesh, &dir, "b", 7002));
+        let metrics = Metrics::new();
+        // Admitted in the agents' trust logs: the credentials travel bare.
+        let keyed = members_with_keys(&mesh, N);
+        let log = LogMembership {
+            admissions: keyed.iter().map(|(k, _)| (*k.public_key(), None)).collect(),
+            ranges: HashMap::new(),
+        };
+        let bare: Vec<Credentials> = keyed
+            .iter()
+            .map(|(_, c)| Credentials {
+                admission: None,
+                ..c.clone()
+            })
+            .collect();
+        for node in [&a, &b] {
+            node.state.roster().set_log(log.clone());
+            for page in bare.chunks(PAGE) {
+                node.state.take(&metrics, page);
+            }
+        }
+        exchange(&a, &b, &metrics);
+        exchange(&b, &a, &metrics);
+        a.state.news.lock().unwrap().clear();
+        b.state.news.lock().unwrap().clear();
+        assert_eq!(digest(&a), digest(&b));
+        let size = |frame: &RosterFrame| Frame::Roster(frame.clone()).encode().len();
+
+        // A pull between agents that agree.
+        let request = a.state.request(None, false);
+        assert!(request.admission.is_none(), "a member's request needs none");
+        let answer = b.state.answer(&metrics, a.id, request.clone());
+        let (compare_ask, compare_answer) = (size(&request), size(&answer));
+        assert!(answer.digest.is_none() && answer.buckets.is_empty());
+
+        // A push: one member's newer announcement, as news.
+        let renewed = reannounced(&keyed[5_000].0, &bare[5_000]);
+        a.state.take(&metrics, std::slice::from_ref(&renewed));
+        let push = a.state.request(None, false);
+        assert_eq!(
+            push.members,
+            vec![renewed.clone()],
+            "the announcement alone"
+        );
+        let answer = b.state.answer(&metrics, a.id, push.clone());
+        let (push_ask, push_answer) = (size(&push), size(&answer));
+        assert!(answer.digest.is_none(), "the peer took it: they agree");
+
+        // The log's growth by one admission: fetched once (the request carries this
+        // node's admission; the answer the checkpoint and the leaf), pushed to 3.
+        let copy = std::fs::read(dir.path().join("mesh").join(crate::operator::LOG_FILE)).unwrap();
+        let mesh_log = themis_log::Log::from_copy(mesh.root.clone(), &copy).unwrap();
+        let fetch = Frame::LogRequest {
+            admission: a.state.trust.own_admission().to_vec(),
+            from: mesh_log.size() - 1,
+            max: crate::overlay::MAX_LOG_LEAVES,
+        };
+        let leaves = vec![mesh_log.leaf(mesh_log.size() - 1).unwrap().to_vec()];
+        let fetched = Frame::LogAnswer {
+            checkpoint: mesh_log.checkpoint().unwrap().encoded().to_vec(),
+            leaves,
+        };
+        let (fetch_ask, fetch_answer) = (fetch.encode().len(), fetched.encode().len());
+
+        let period_s = crate::config::Settings::default().gossip_ms as f64 / 1000.0;
+        let joins_per_s = N as f64 * 0.01 / 3600.0;
+        let renewals_per_s = N as f64 / (crate::roster::ANNOUNCEMENT_LIFETIME_MS as f64 / 2000.0);
+        let changes_per_s = 2.0 * joins_per_s + renewals_per_s;
+        let bits = |bytes: usize, per_s: f64| (bytes * 8) as f64 * per_s;
+        let pulls = bits(compare_ask + compare_answer, 1.0 / period_s);
+        let news = bits(
+            push_ask + push_answer,
+            changes_per_s * f64::from(NEWS_SENDS),
+        );
+        let log_growth = bits(
+            fetch_ask + fetch_answer + 3 * (compare_ask + compare_answer),
+            joins_per_s,
+        );
+        let total = pulls + news + log_growth;
+        println!(
+            "membership upkeep at {N} members, 1 %/h churn: {total:.0} bit/s per member = \
+             pulls {pulls:.0} (comparison {compare_ask} + {compare_answer} B every \
+             {period_s} s) + news {news:.0} ({changes_per_s:.3} changes/s: \
+             {renewals_per_s:.3} re-announcements, {:.3} joins and leaves; a push \
+             {push_ask} + {push_answer} B, {NEWS_SENDS} per change) + log growth \
+             {log_growth:.0} (a fetch {fetch_ask} + {fetch_answer} B per admission)",
+            2.0 * joins_per_s
+        );
+        assert!(total <= 1_000.0, "{total:.0} bit/s per member");
     }
 
     #[test]
