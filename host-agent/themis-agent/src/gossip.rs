@@ -469,8 +469,12 @@ impl GossipState {
         self.answer_to(&request, want)
     }
 
-    /// `peer`, if it is a current member: at the address it signed.
+    /// `peer`, if it is a current member: at the address it signed. (A revocation
+    /// counts at once, before the membership is made again.)
     pub fn member(&self, peer: &PeerId) -> Option<Peer> {
+        if self.trust.verify(|v| v.revoked.contains(peer)) {
+            return None;
+        }
         let members = self.members.lock().expect("never poisoned");
         members.get(&Key(peer.0)).cloned()
     }
@@ -1064,6 +1068,12 @@ mod tests {
             leaves,
         };
         let (fetch_ask, fetch_answer) = (fetch.encode().len(), fetched.encode().len());
+        // The backstop's exchange between logs that agree: the checkpoint only.
+        let agreeing = Frame::LogAnswer {
+            checkpoint: mesh_log.checkpoint().unwrap().encoded().to_vec(),
+            leaves: Vec::new(),
+        };
+        let backstop_answer = agreeing.encode().len();
 
         let period_s = crate::config::Settings::default().gossip_ms as f64 / 1000.0;
         let joins_per_s = N as f64 * 0.01 / 3600.0;
@@ -1086,8 +1096,11 @@ mod tests {
              {period_s} s) + news {news:.0} ({changes_per_s:.3} changes/s: \
              {renewals_per_s:.3} re-announcements, {:.3} joins and leaves; a push \
              {push_ask} + {push_answer} B, {NEWS_SENDS} per change) + log growth \
-             {log_growth:.0} (a fetch {fetch_ask} + {fetch_answer} B per admission)",
-            2.0 * joins_per_s
+             {log_growth:.0} (a fetch {fetch_ask} + {fetch_answer} B per admission); \
+             not counted: the backstop log sync, 2 x ({fetch_ask} + {backstop_answer}) B \
+             every {} s",
+            2.0 * joins_per_s,
+            crate::config::ONE_HOP_BACKSTOP_MS / 1000,
         );
         assert!(total <= 1_000.0, "{total:.0} bit/s per member");
     }
@@ -1112,6 +1125,40 @@ mod tests {
         // The same members from an honest peer are all taken.
         taker.state.take(&metrics, &genuine);
         assert_eq!(taker.state.members().len(), 7);
+    }
+
+    /// Members this agent's trust log does not admit, sent without an admission (a
+    /// peer whose log is ahead, or junk): each skipped before any signature is
+    /// checked, and the frame goes on — the members after them are taken.
+    #[test]
+    fn members_the_log_does_not_admit_are_skipped_without_a_check() {
+        let (dir, mesh) = test_mesh();
+        let taker = node(&mesh, &dir, "taker", 7001);
+        let metrics = Metrics::new();
+        let keyed = members_with_keys(&mesh, 6);
+        let admitted: Vec<_> = keyed
+            .iter()
+            .step_by(2)
+            .map(|(k, _)| (*k.public_key(), None))
+            .collect();
+        taker.state.roster().set_log(LogMembership {
+            admissions: admitted,
+            ranges: HashMap::new(),
+        });
+        let bare: Vec<Credentials> = keyed
+            .iter()
+            .map(|(_, c)| Credentials {
+                admission: None,
+                ..c.clone()
+            })
+            .collect();
+        taker.state.take(&metrics, &bare);
+        assert_eq!(
+            taker.state.members().len(),
+            1 + 3,
+            "itself and the admitted three"
+        );
+        assert_eq!(metrics.frames_refused("roster_not_admitted"), 3);
     }
 
     #[test]

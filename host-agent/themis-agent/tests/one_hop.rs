@@ -505,6 +505,34 @@ fn a_stranger_gets_nothing_of_the_roster_and_is_no_member() {
         .encode()
     });
     common::assert_strangers_refused(&target.contact, &stranger, &requests);
+    // Without an admission, as a member's requests go: the stranger is asked for one
+    // and told nothing else (not the log's size, not the roster's digest).
+    let bare = Frame::Roster(RosterFrame {
+        admission: None,
+        log_size: 0,
+        log_root: Some([0; 32]),
+        digest: Some([0; 32]),
+        members: Vec::new(),
+        want: None,
+        buckets: Vec::new(),
+        next: None,
+    })
+    .encode();
+    let (id, addr) = target.contact.split_once('@').unwrap();
+    let peer = themis_core::PeerId::parse_in(id, stranger.mesh()).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = themis_net::Client::new(stranger.clone(), themis_net::ClientConfig::default());
+    let answer = runtime.block_on(client.request(peer, addr.parse().unwrap(), &bare));
+    match answer.map(|bytes| postcard::from_bytes::<Frame>(&bytes)) {
+        Ok(Ok(Frame::Refused { reason })) => {
+            assert_eq!(reason, themis_agent::gossip::ADMISSION_WANTED)
+        }
+        Err(_) => {} // closed before answering: nothing either
+        other => panic!("a stranger without an admission was answered: {other:?}"),
+    }
     std::thread::sleep(Duration::from_millis(1_500));
     assert_eq!(members(target), Some(2), "{}", target.log_tail());
 }
