@@ -2,23 +2,25 @@
 //! 10,000 members): a roster of 10,000 admitted members — the admissions in the
 //! agent's trust log, as in a mesh whose agents hold it, each member's signed address
 //! announcement heard by gossip — and the routing membership made from it, measured
-//! with a counting allocator. The figures are printed (`--nocapture`) for
-//! benchmarks/RESULTS.md, with the trust log's own (which every agent holds anyway,
-//! §6.13). The bound asserted is the target's; the figure is about 192 bytes a member:
-//! a packed member (key, signature, date, address: 128 bytes) and its routing contact
-//! (id and address: 64).
+//! with a counting allocator; then the same with a pod range granted to every node (as
+//! on Kubernetes). The figures are printed (`--nocapture`) for benchmarks/RESULTS.md,
+//! with the trust log's own (which every agent holds anyway, §6.13). The bound asserted
+//! is the target's, for the mesh without ranges: about 192 bytes a member, a packed
+//! member (key, signature, date, address: 128 bytes) and its routing contact (id and
+//! address: 64). With ranges it is 562 (docs/PROTOCOL.md §6.14).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicIsize, Ordering};
 
 use ring::rand::SystemRandom;
-use themis_agent::roster::{Credentials, LogMembership, Roster};
+use themis_agent::roster::{Credentials, Roster};
+use themis_agent::trust_log::TrustLog;
 use themis_core::{Identity, MeshName};
 use themis_log::{Entry, Kind, Log};
 use themis_trust::{
-    Admission, Announcement, MeshRoot, Revocations, Signed, Verifier, ADMISSION_LABEL,
-    ANNOUNCEMENT_LABEL,
+    grant_digest, AddressRange, Admission, Announcement, MeshRoot, Revocations, Signed, Verifier,
+    ADDRESS_RANGE_LABEL, ADMISSION_LABEL, ANNOUNCEMENT_LABEL,
 };
 
 /// Bytes allocated and not yet freed, by everything in this test binary.
@@ -43,8 +45,9 @@ static ALLOCATOR: Counting = Counting;
 
 const MEMBERS: usize = 10_000;
 
-#[test]
-fn what_the_membership_of_ten_thousand_members_holds() {
+/// What one agent holds for a mesh of [`MEMBERS`] nodes, each granted a pod range or
+/// not: (the roster, with the routing membership, the trust log).
+fn measure(with_ranges: bool) -> (isize, isize, isize) {
     let mesh = MeshName::new("demo").unwrap();
     let random = SystemRandom::new();
     let root_key = Identity::generate(mesh.clone(), &random).unwrap();
@@ -69,17 +72,36 @@ fn what_the_membership_of_ten_thousand_members_holds() {
                 issued_at: now - 1,
                 not_after: None,
             };
-            let address = SocketAddr::from(([10, (i >> 16) as u8, (i >> 8) as u8, i as u8], 7946));
-            let announcement = Announcement {
-                mesh: "demo".into(),
-                address,
-                issued_at: now - 1,
-                leaving: false,
-                address_range: None,
-            };
             let admission = Signed::sign(&root_key, ADMISSION_LABEL, &admission);
             log.append(Entry::new(Kind::Admission, admission).encode())
                 .unwrap();
+            let [_, _, hi, lo] = (i as u32).to_be_bytes();
+            let range = with_ranges.then(|| {
+                let grant = AddressRange {
+                    mesh: "demo".into(),
+                    node_key: *node.public_key(),
+                    network: std::net::IpAddr::from([
+                        10,
+                        128 + (hi >> 2),
+                        ((hi & 3) << 6) | (lo >> 2),
+                        (lo & 3) << 6,
+                    ]),
+                    prefix_len: 26,
+                    issued_at: now - 1,
+                    not_after: None,
+                };
+                let grant = Signed::sign(&root_key, ADDRESS_RANGE_LABEL, &grant);
+                log.append(Entry::new(Kind::AddressRange, grant.clone()).encode())
+                    .unwrap();
+                grant_digest(&grant.encode())
+            });
+            let announcement = Announcement {
+                mesh: "demo".into(),
+                address: SocketAddr::from(([10, 0, hi, lo], 7946)),
+                issued_at: now - 1,
+                leaving: false,
+                address_range: range,
+            };
             Credentials {
                 admission: None,
                 announcement: Signed::sign(&node, ANNOUNCEMENT_LABEL, &announcement).encode(),
@@ -87,19 +109,19 @@ fn what_the_membership_of_ten_thousand_members_holds() {
             }
         })
         .collect();
+    log.sign_checkpoint(&root_key, now);
+    // The agent's own copy of the log, and what it says of the membership.
+    let state = tempfile::tempdir().unwrap();
+    std::fs::write(state.path().join("trust-log.bin"), log.to_copy().unwrap()).unwrap();
+    let trust_log = TrustLog::load(Some(state.path()), root.clone());
 
+    // What the roster keeps (what the log says is made and dropped within).
     let before = LIVE.load(Ordering::Relaxed);
+    let from_log = trust_log.membership();
+    assert_eq!(from_log.admissions.len(), MEMBERS);
+    assert_eq!(from_log.ranges.len(), if with_ranges { MEMBERS } else { 0 });
     let mut roster = Roster::default();
-    roster.set_log(LogMembership {
-        admissions: log
-            .statements()
-            .filter_map(|(_, s)| match s {
-                themis_log::Statement::Admission(a) => Some((a.node_key, a.not_after)),
-                _ => None,
-            })
-            .collect(),
-        ranges: Default::default(),
-    });
+    roster.set_log(from_log);
     for credentials in &offered {
         assert_eq!(roster.offer(&verifier, credentials), Ok(true));
     }
@@ -107,25 +129,45 @@ fn what_the_membership_of_ten_thousand_members_holds() {
     let members = roster.members(&verifier);
     let with_membership = LIVE.load(Ordering::Relaxed) - before;
     assert_eq!(members.len(), MEMBERS);
-    let per = |bytes: isize| bytes as f64 / MEMBERS as f64;
+    if with_ranges {
+        let first_pod = SocketAddr::from(([10, 128, 0, 1], 15006));
+        let owner = Signed::decode(&offered[0].announcement).unwrap().signer;
+        assert_eq!(
+            roster.check_endpoint(&owner, Some(first_pod), &verifier),
+            Ok(())
+        );
+    }
     // The trust log the agent holds anyway, measured the same way.
     let before_log = LIVE.load(Ordering::Relaxed);
     let copy = log.clone();
     let log_bytes = LIVE.load(Ordering::Relaxed) - before_log;
     drop(copy);
-    eprintln!(
-        "{MEMBERS} members: the roster holds {:.2} MB ({:.0} B/member), with the routing \
-         membership {:.2} MB ({:.0} B/member); an announcement as sent {} B; the trust \
-         log of their {MEMBERS} admissions {:.2} MB",
-        roster_bytes as f64 / 1e6,
-        per(roster_bytes),
-        with_membership as f64 / 1e6,
-        per(with_membership),
-        offered[0].announcement.len(),
-        log_bytes as f64 / 1e6,
-    );
+    (roster_bytes, with_membership, log_bytes)
+}
+
+#[test]
+fn what_the_membership_of_ten_thousand_members_holds() {
+    let per = |bytes: isize| bytes as f64 / MEMBERS as f64;
+    let mb = |bytes: isize| bytes as f64 / 1e6;
+    // One after the other: the allocator's count is the whole binary's.
+    let plain = measure(false);
+    let pods = measure(true);
+    for ((roster, with_membership, log), what) in
+        [(plain, "no pod ranges"), (pods, "a pod range each")]
+    {
+        eprintln!(
+            "{MEMBERS} members, {what}: the roster holds {:.2} MB ({:.0} B/member), with the \
+             routing membership {:.2} MB ({:.0} B/member); the trust log {:.2} MB",
+            mb(roster),
+            per(roster),
+            mb(with_membership),
+            per(with_membership),
+            mb(log),
+        );
+    }
     assert!(
-        with_membership <= 2_000_000,
-        "{with_membership} bytes held for {MEMBERS} members"
+        plain.1 <= 2_000_000,
+        "{} bytes held for {MEMBERS} members",
+        plain.1
     );
 }
