@@ -344,7 +344,7 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
     // refuses our hand-over.
     overlay.leave().await;
     if let Some((state, _)) = gossip {
-        state.farewell(&node, &client).await;
+        state.farewell(&node, &client, &metrics).await;
     }
     api_task.abort();
     server.abort();

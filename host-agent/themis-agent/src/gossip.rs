@@ -206,7 +206,7 @@ impl GossipState {
     /// and told to a few members at once, each within a second; the others learn it
     /// by their pulls. They stop choosing this node as a holder, rather than each
     /// finding out by a timeout.
-    pub async fn farewell(&self, node: &Identity, client: &Client) {
+    pub async fn farewell(&self, node: &Identity, client: &Client, metrics: &Metrics) {
         let own = announce(node, self.listen, &self.trust, true);
         self.tell(&own);
         *self.own.lock().expect("never poisoned") = own;
@@ -215,6 +215,7 @@ impl GossipState {
         let members = self.members();
         let told = members.random_others(&me, 3, unix_millis());
         let asks = told.iter().map(|peer| {
+            metrics.gossip_sent("request", request.len());
             let wait = tokio::time::timeout(
                 Duration::from_secs(1),
                 client.request(PeerId(peer.id.0), peer.addr, &request),
@@ -721,10 +722,15 @@ impl Driver {
     fn spawn_request(&self, tasks: &mut JoinSet<Done>, peer: Peer, asked: Option<(Want, usize)>) {
         let want = asked.as_ref().map(|(want, _)| want.clone());
         let request = Frame::Roster(self.state.request(want.clone(), false)).encode();
-        let (client, state) = (self.client.clone(), self.state.clone());
+        let (client, state, metrics) = (
+            self.client.clone(),
+            self.state.clone(),
+            self.metrics.clone(),
+        );
         tasks.spawn(async move {
             let ask = |request: Vec<u8>| {
                 let (client, peer) = (client.clone(), peer.clone());
+                metrics.gossip_sent("request", request.len());
                 async move {
                     let answer = client.request(PeerId(peer.id.0), peer.addr, &request).await;
                     answer

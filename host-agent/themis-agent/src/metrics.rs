@@ -67,6 +67,8 @@ pub struct Metrics {
     log_size: Gauge,
     log_forks: Gauge,
     log_syncs: Family<Labels, Counter>,
+    gossip_frames: Family<Labels, Counter>,
+    gossip_bytes: Family<Labels, Counter>,
     /// Serialises scrapes, so two never add the same delta.
     sync: Mutex<()>,
 }
@@ -132,6 +134,8 @@ impl Metrics {
             log_size: Gauge::default(),
             log_forks: Gauge::default(),
             log_syncs: Family::default(),
+            gossip_frames: Family::default(),
+            gossip_bytes: Family::default(),
             sync: Mutex::new(()),
             registry: Registry::default(),
         };
@@ -276,6 +280,16 @@ impl Metrics {
             "Trust log exchanges with peers and the operator, by result (grew, consistent, behind, unreachable, fork, refused_<reason>)",
             m.log_syncs.clone(),
         );
+        r.register(
+            "gossip_sent_frames",
+            "Gossip frames this agent sent (one-hop routing), by kind (request, answer)",
+            m.gossip_frames.clone(),
+        );
+        r.register(
+            "gossip_sent_bytes",
+            "Bytes of the gossip frames this agent sent, before the secure channel's framing, by kind (request, answer): the membership's upkeep",
+            m.gossip_bytes.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -290,6 +304,13 @@ impl Metrics {
         self.log_syncs
             .get_or_create(&labels(&[("result", result)]))
             .inc();
+    }
+
+    /// Counts a gossip frame sent, `kind` `request` or `answer`, of `bytes`.
+    pub fn gossip_sent(&self, kind: &str, bytes: usize) {
+        let kind = labels(&[("kind", kind)]);
+        self.gossip_frames.get_or_create(&kind).inc();
+        self.gossip_bytes.get_or_create(&kind).inc_by(bytes as u64);
     }
 
     /// How many trust log exchanges ended with `result`.

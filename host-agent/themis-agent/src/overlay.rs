@@ -569,9 +569,10 @@ impl Overlay {
                 standing: Standing::Admitted,
             };
         };
-        let answer = gossip.answer(&self.metrics, peer, request);
+        let answer = Frame::Roster(gossip.answer(&self.metrics, peer, request)).encode();
+        self.metrics.gossip_sent("answer", answer.len());
         Answer {
-            payload: Frame::Roster(answer).encode(),
+            payload: answer,
             standing: Standing::Admitted,
         }
     }

@@ -536,3 +536,77 @@ fn a_stranger_gets_nothing_of_the_roster_and_is_no_member() {
     std::thread::sleep(Duration::from_millis(1_500));
     assert_eq!(members(target), Some(2), "{}", target.log_tail());
 }
+
+/// The membership's upkeep as real agents send it: once their rosters agree, each
+/// pull is a comparison of about 80 bytes (a 73-byte request, a 9-byte answer: no
+/// admission, no news, no digests), read from the agents' own
+/// `themis_gossip_sent_bytes` over a quiet window. The rate is printed (the pull
+/// period here is 500 ms; the default is 2 s); what is asserted is the frames' size.
+#[test]
+fn agreeing_agents_send_comparisons_of_under_a_hundred_bytes() {
+    let dir = common::workdir();
+    let root = dir.path();
+    let quiet = [
+        ("--log-sync-ms", "3600000"),
+        ("--revocation-poll-ms", "3600000"),
+    ];
+    let more = ["--routing", "one-hop", "--gossip-ms", "500"];
+    let first = common::Metered::spawn_setting(root, "agent-0", None, &quiet, &more);
+    let contact = first.agent.contact.clone();
+    let mut agents = vec![first];
+    for i in 1..4 {
+        let name = format!("agent-{i}");
+        let agent = common::Metered::spawn_setting(root, &name, Some(&contact), &quiet, &more);
+        agents.push(agent);
+    }
+    for metered in &agents {
+        metered
+            .agent
+            .wait_for("4 members", Duration::from_secs(30), |a| {
+                (members(a)? == 4).then_some(())
+            });
+    }
+    // The news of the joins has been passed on (3 requests each) by now.
+    std::thread::sleep(Duration::from_secs(3));
+    let counts = |m: &common::Metered| {
+        let text = m.scrape();
+        ["request", "answer"].map(|kind| {
+            let labels = [("kind", kind)];
+            (
+                common::sample(&text, "themis_gossip_sent_frames_total", &labels),
+                common::sample(&text, "themis_gossip_sent_bytes_total", &labels),
+            )
+        })
+    };
+    let before: Vec<_> = agents.iter().map(counts).collect();
+    let window = Duration::from_secs(5);
+    std::thread::sleep(window);
+    let after: Vec<_> = agents.iter().map(counts).collect();
+    let mut sent = [(0, 0); 2];
+    for (b, a) in before.iter().zip(&after) {
+        for kind in 0..2 {
+            sent[kind].0 += a[kind].0 - b[kind].0;
+            sent[kind].1 += a[kind].1 - b[kind].1;
+        }
+    }
+    let [(requests, request_bytes), (answers, answer_bytes)] = sent;
+    assert!(requests > 0 && answers > 0, "no gossip in {window:?}");
+    let per_agent_bits =
+        (request_bytes + answer_bytes) as f64 * 8.0 / agents.len() as f64 / window.as_secs_f64();
+    eprintln!(
+        "4 agents that agree, {window:?}: {requests} requests ({} B each on average), \
+         {answers} answers ({} B); {per_agent_bits:.0} bit/s per agent at a 500 ms pull \
+         ({:.0} at the default 2 s)",
+        request_bytes / requests,
+        answer_bytes / answers,
+        per_agent_bits / 4.0
+    );
+    assert!(
+        request_bytes <= 100 * requests,
+        "{request_bytes} B in {requests} requests"
+    );
+    assert!(
+        answer_bytes <= 20 * answers,
+        "{answer_bytes} B in {answers} answers"
+    );
+}
