@@ -888,6 +888,26 @@ mod tests {
         out
     }
 
+    /// The members' credentials as they travel in a mesh whose agents' trust logs
+    /// admit them: the announcements alone.
+    fn bare(keyed: &[(Identity, Credentials)]) -> Vec<Credentials> {
+        keyed
+            .iter()
+            .map(|(_, c)| Credentials {
+                admission: None,
+                ..c.clone()
+            })
+            .collect()
+    }
+
+    /// What a trust log admitting `keys` says of the membership.
+    fn admitting<'a>(keys: impl Iterator<Item = &'a Identity>) -> LogMembership {
+        LogMembership {
+            admissions: keys.map(|k| (*k.public_key(), None)).collect(),
+            ranges: HashMap::new(),
+        }
+    }
+
     /// `member`'s credentials with its announcement signed again by `key`, as soon
     /// as a roster takes a newer one.
     fn reannounced(key: &Identity, member: &Credentials) -> Credentials {
@@ -1015,17 +1035,8 @@ mod tests {
         let metrics = Metrics::new();
         // Admitted in the agents' trust logs: the credentials travel bare.
         let keyed = members_with_keys(&mesh, N);
-        let log = LogMembership {
-            admissions: keyed.iter().map(|(k, _)| (*k.public_key(), None)).collect(),
-            ranges: HashMap::new(),
-        };
-        let bare: Vec<Credentials> = keyed
-            .iter()
-            .map(|(_, c)| Credentials {
-                admission: None,
-                ..c.clone()
-            })
-            .collect();
+        let log = admitting(keyed.iter().map(|(k, _)| k));
+        let bare = bare(&keyed);
         for node in [&a, &b] {
             node.state.roster().set_log(log.clone());
             for page in bare.chunks(PAGE) {
@@ -1142,22 +1153,9 @@ mod tests {
         let taker = node(&mesh, &dir, "taker", 7001);
         let metrics = Metrics::new();
         let keyed = members_with_keys(&mesh, 6);
-        let admitted: Vec<_> = keyed
-            .iter()
-            .step_by(2)
-            .map(|(k, _)| (*k.public_key(), None))
-            .collect();
-        taker.state.roster().set_log(LogMembership {
-            admissions: admitted,
-            ranges: HashMap::new(),
-        });
-        let bare: Vec<Credentials> = keyed
-            .iter()
-            .map(|(_, c)| Credentials {
-                admission: None,
-                ..c.clone()
-            })
-            .collect();
+        let log = admitting(keyed.iter().step_by(2).map(|(k, _)| k));
+        taker.state.roster().set_log(log);
+        let bare = bare(&keyed);
         taker.state.take(&metrics, &bare);
         assert_eq!(
             taker.state.members().len(),

@@ -762,6 +762,19 @@ mod tests {
             }
         }
 
+        /// The root's grant of `network`/24 to `node`, signed 10 ms before now.
+        fn grant_range(&self, node: &Identity, network: &str) -> Vec<u8> {
+            let body = themis_trust::AddressRange {
+                mesh: "demo".into(),
+                node_key: *node.public_key(),
+                network: network.parse().unwrap(),
+                prefix_len: 24,
+                issued_at: NOW - 10,
+                not_after: None,
+            };
+            Signed::sign(&self.root_key, themis_trust::ADDRESS_RANGE_LABEL, &body).encode()
+        }
+
         fn admit(&self, node: &Identity, not_after: Option<u64>) -> Vec<u8> {
             let body = Admission {
                 mesh: "demo".into(),
@@ -1070,19 +1083,7 @@ mod tests {
         let mesh = Mesh::new();
         let kube = identity();
         let v = mesh.verifier();
-        let grant = Signed::sign(
-            &mesh.root_key,
-            themis_trust::ADDRESS_RANGE_LABEL,
-            &themis_trust::AddressRange {
-                mesh: "demo".into(),
-                node_key: *kube.public_key(),
-                network: "10.244.1.0".parse().unwrap(),
-                prefix_len: 24,
-                issued_at: NOW - 10,
-                not_after: None,
-            },
-        )
-        .encode();
+        let grant = mesh.grant_range(&kube, "10.244.1.0");
         let announcement = Announcement {
             mesh: "demo".into(),
             address: "10.0.0.1:7946".parse().unwrap(),
@@ -1139,19 +1140,7 @@ mod tests {
         let node = identity();
         let v = mesh.verifier();
         let key = *node.public_key();
-        let grant = Signed::sign(
-            &mesh.root_key,
-            themis_trust::ADDRESS_RANGE_LABEL,
-            &themis_trust::AddressRange {
-                mesh: "demo".into(),
-                node_key: key,
-                network: "10.244.3.0".parse().unwrap(),
-                prefix_len: 24,
-                issued_at: NOW - 10,
-                not_after: None,
-            },
-        )
-        .encode();
+        let grant = mesh.grant_range(&node, "10.244.3.0");
         let body = Announcement {
             mesh: "demo".into(),
             address: "10.0.0.3:7946".parse().unwrap(),
