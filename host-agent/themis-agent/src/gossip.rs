@@ -210,7 +210,7 @@ impl GossipState {
         let own = announce(node, self.listen, &self.trust, true);
         self.tell(&own);
         *self.own.lock().expect("never poisoned") = own;
-        let request = Frame::Roster(self.request(None, false)).encode();
+        let request = Frame::Roster(self.request(None)).encode();
         let me = Key(node.id().0);
         let members = self.members();
         let told = members.random_others(&me, 3, unix_millis());
@@ -267,9 +267,11 @@ impl GossipState {
             let key = signed.signer;
             let known = {
                 let roster = self.roster();
-                roster.wants(&signed).map(|wanted| {
-                    wanted.then(|| (roster.admitted(&key), roster.logged_range(&key)))
-                })
+                roster
+                    .wants(&signed, credentials.address_range.is_some())
+                    .map(|wanted| {
+                        wanted.then(|| (roster.admitted(&key), roster.logged_range(&key)))
+                    })
             };
             let taken = known.and_then(|known| match known {
                 None => Ok(false),
@@ -337,8 +339,9 @@ impl GossipState {
     /// A request: the news to pass on and, with `want`, the buckets of the peer's
     /// roster wanted (`None`: compare digests). While this agent knows no other
     /// member, its own credentials go along every time (nobody would pass them on),
-    /// and so does its admission, as with `admission` (a peer asked for it).
-    fn request(&self, want: Option<Want>, admission: bool) -> RosterFrame {
+    /// and so does its admission (a peer asking for it gets the request again with
+    /// it: [`Driver::spawn_request`]).
+    fn request(&self, want: Option<Want>) -> RosterFrame {
         let mut members = match want {
             Some(_) => Vec::new(),
             None => self.news(),
@@ -352,7 +355,7 @@ impl GossipState {
         drop(roster);
         let (log_size, log_root) = self.trust.log().head();
         RosterFrame {
-            admission: (alone || admission).then(|| self.trust.own_admission().to_vec()),
+            admission: alone.then(|| self.trust.own_admission().to_vec()),
             log_size,
             log_root: Some(log_root),
             digest: Some(digest),
@@ -721,12 +724,10 @@ impl Driver {
     /// for its admission: the request goes again, with it.
     fn spawn_request(&self, tasks: &mut JoinSet<Done>, peer: Peer, asked: Option<(Want, usize)>) {
         let want = asked.as_ref().map(|(want, _)| want.clone());
-        let request = Frame::Roster(self.state.request(want.clone(), false)).encode();
-        let (client, state, metrics) = (
-            self.client.clone(),
-            self.state.clone(),
-            self.metrics.clone(),
-        );
+        let frame = self.state.request(want);
+        let request = Frame::Roster(frame.clone()).encode();
+        let (client, metrics) = (self.client.clone(), self.metrics.clone());
+        let admission = self.state.trust.own_admission().to_vec();
         tasks.spawn(async move {
             let ask = |request: Vec<u8>| {
                 let (client, peer) = (client.clone(), peer.clone());
@@ -738,12 +739,21 @@ impl Driver {
                         .and_then(|bytes| postcard::from_bytes::<Frame>(&bytes).ok())
                 }
             };
-            let mut frame = ask(request).await;
-            if matches!(&frame, Some(Frame::Refused { reason }) if reason == ADMISSION_WANTED) {
-                let request = Frame::Roster(state.request(want, true)).encode();
-                frame = ask(request).await;
+            let mut answer = ask(request).await;
+            if matches!(&answer, Some(Frame::Refused { reason }) if reason == ADMISSION_WANTED) {
+                // The same request (its news included), with the admission; the peer
+                // may have closed the connection it refused on: once more on a new one.
+                let again = RosterFrame {
+                    admission: Some(admission),
+                    ..frame
+                };
+                let request = Frame::Roster(again).encode();
+                answer = ask(request.clone()).await;
+                if answer.is_none() {
+                    answer = ask(request).await;
+                }
             }
-            match frame {
+            match answer {
                 Some(Frame::Roster(answer)) => Done::Exchanged(peer, Some(Box::new(answer)), asked),
                 _ => Done::Exchanged(peer, None, asked),
             }
@@ -798,16 +808,14 @@ fn announce(node: &Identity, listen: SocketAddr, trust: &MeshTrust, leaving: boo
         address_range,
     };
     let mut roster = trust.enable_roster().lock().expect("never poisoned");
-    let passed_on = trust.verify(|v| match roster.offer(v, &own) {
-        // What the trust log holds of it does not travel.
-        Ok(_) => roster.passed_on(node.public_key(), v),
-        Err(error) => {
-            // Our own admission is checked at start; only a revocation gets here.
-            info!(%error, "this node's own credentials do not verify: it is no member");
-            None
-        }
-    });
-    passed_on.unwrap_or(own)
+    if let Err(error) = trust.verify(|v| roster.offer(v, &own)) {
+        // Our own admission is checked at start; only a revocation gets here.
+        info!(%error, "this node's own credentials do not verify: it is no member");
+    }
+    // All of them, whatever this node's log holds: a peer whose log lags behind takes
+    // a newcomer only with its admission. (Those who pass them on drop what their
+    // log holds.)
+    own
 }
 
 #[cfg(test)]
@@ -957,10 +965,9 @@ mod tests {
     fn exchange(asker: &Node, peer: &Node, metrics: &Metrics) -> (usize, usize) {
         let (mut asked, mut requests, mut bytes) = (None, 0, 0);
         loop {
-            let request = asker.state.request(
-                asked.as_ref().map(|(w, _): &(Want, usize)| w.clone()),
-                false,
-            );
+            let request = asker
+                .state
+                .request(asked.as_ref().map(|(w, _): &(Want, usize)| w.clone()));
             bytes += Frame::Roster(request.clone()).encode().len();
             let answer = peer.state.answer(metrics, asker.id, request);
             bytes += Frame::Roster(answer.clone()).encode().len();
@@ -1038,7 +1045,9 @@ mod tests {
         let log = admitting(keyed.iter().map(|(k, _)| k));
         let bare = bare(&keyed);
         for node in [&a, &b] {
-            node.state.roster().set_log(log.clone());
+            let mut roster = node.state.roster();
+            node.state.trust.verify(|v| roster.set_log(log.clone(), v));
+            drop(roster);
             for page in bare.chunks(PAGE) {
                 node.state.take(&metrics, page);
             }
@@ -1051,7 +1060,7 @@ mod tests {
         let size = |frame: &RosterFrame| Frame::Roster(frame.clone()).encode().len();
 
         // A pull between agents that agree.
-        let request = a.state.request(None, false);
+        let request = a.state.request(None);
         assert!(request.admission.is_none(), "a member's request needs none");
         let answer = b.state.answer(&metrics, a.id, request.clone());
         let (compare_ask, compare_answer) = (size(&request), size(&answer));
@@ -1060,7 +1069,7 @@ mod tests {
         // A push: one member's newer announcement, as news.
         let renewed = reannounced(&keyed[5_000].0, &bare[5_000]);
         a.state.take(&metrics, std::slice::from_ref(&renewed));
-        let push = a.state.request(None, false);
+        let push = a.state.request(None);
         assert_eq!(
             push.members,
             vec![renewed.clone()],
@@ -1154,7 +1163,9 @@ mod tests {
         let metrics = Metrics::new();
         let keyed = members_with_keys(&mesh, 6);
         let log = admitting(keyed.iter().step_by(2).map(|(k, _)| k));
-        taker.state.roster().set_log(log);
+        let mut roster = taker.state.roster();
+        taker.state.trust.verify(|v| roster.set_log(log, v));
+        drop(roster);
         let bare = bare(&keyed);
         taker.state.take(&metrics, &bare);
         assert_eq!(
@@ -1220,7 +1231,7 @@ mod tests {
         let metrics = Metrics::new();
         let two = members(&mesh, 2);
         teller.state.take(&metrics, &two);
-        let first = teller.state.request(None, false);
+        let first = teller.state.request(None);
         // Its own announcement and the two members it took, in key order.
         assert_eq!(first.members.len(), 3);
         hearer.state.answer(&metrics, teller.id, first);
@@ -1229,10 +1240,10 @@ mod tests {
             4,
             "itself, the teller and two"
         );
-        assert_eq!(teller.state.request(None, false).members.len(), 3);
-        assert_eq!(teller.state.request(None, false).members.len(), 3);
+        assert_eq!(teller.state.request(None).members.len(), 3);
+        assert_eq!(teller.state.request(None).members.len(), 3);
         assert!(
-            teller.state.request(None, false).members.is_empty(),
+            teller.state.request(None).members.is_empty(),
             "sent 3 times"
         );
         // A request for buckets carries no news.
@@ -1241,7 +1252,7 @@ mod tests {
             have: Vec::new(),
             after: None,
         };
-        assert!(teller.state.request(Some(want), false).members.is_empty());
+        assert!(teller.state.request(Some(want)).members.is_empty());
     }
 
     /// A request listing more members than [`MAX_HAVE`] is answered as a comparison
@@ -1258,7 +1269,7 @@ mod tests {
             bucket: 0,
             members: vec![([0; 32], 0); MAX_HAVE + 1],
         }];
-        let request = asker.state.request(Some(Want { have, after: None }), false);
+        let request = asker.state.request(Some(Want { have, after: None }));
         let answer = peer.state.answer(&metrics, asker.id, request);
         assert!(answer.members.is_empty());
         assert_eq!(answer.buckets.len(), BUCKETS);

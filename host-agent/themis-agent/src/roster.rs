@@ -115,14 +115,13 @@ pub struct LogMembership {
     pub ranges: HashMap<[u8; 32], LoggedRange>,
 }
 
-const ANNOUNCED: u8 = 1;
 const LEAVING: u8 = 2;
 const V6: u8 = 4;
 const IN_LOG: u8 = 8;
 const RANGE: u8 = 16;
 
-/// One member, packed (128 bytes): an admitted key and, once heard, its announcement
-/// as signed — date, address, leaving — and its signature. The range digest it binds
+/// One member, packed (128 bytes): an admitted key and its announcement as signed —
+/// date, address, leaving — and its signature. The range digest it binds
 /// and credentials the log lacks are held beside, for the few members that have them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Member {
@@ -135,18 +134,6 @@ struct Member {
 }
 
 impl Member {
-    /// An admitted key not heard from yet.
-    fn admitted(key: [u8; 32]) -> Member {
-        Member {
-            key,
-            signature: [0; 64],
-            issued_at: 0,
-            ip: [0; 16],
-            port: 0,
-            flags: 0,
-        }
-    }
-
     fn has(&self, flag: u8) -> bool {
         self.flags & flag != 0
     }
@@ -222,8 +209,11 @@ pub struct Entry {
 /// The members, by node key.
 #[derive(Debug, Default)]
 pub struct Roster {
-    /// Sorted by key: every admitted key known, heard from or not.
+    /// The members heard from, sorted by key.
     members: Vec<Member>,
+    /// The keys the trust log admits that are not among the members (yet, or any
+    /// more), sorted: 32 bytes each, where a member takes 128.
+    admitted_only: Vec<[u8; 32]>,
     /// Admissions that expire, by key (most do not).
     expiring: HashMap<[u8; 32], u64>,
     /// The range each member's announcement binds, for the members that bind one.
@@ -244,38 +234,50 @@ impl Roster {
         self.find(key).ok().map(|i| &self.members[i])
     }
 
-    /// What the trust log says: every admitted key becomes known (a member once it
-    /// announces itself; credentials it carried are dropped, the log holds them), and
-    /// each node's newest range grant is the one that counts — the root withdraws or
-    /// narrows a range by granting the node a new one. Keys past [`MAX_MEMBERS`] are
-    /// left out.
-    pub fn set_log(&mut self, log: LogMembership) {
-        let mut new = Vec::new();
+    /// What the trust log says: the keys it admits (revoked and expired admissions
+    /// left out) may be members — credentials they carried are dropped, the log holds
+    /// them — and each node's newest range grant is the one that counts: the root
+    /// withdraws or narrows a range by granting the node a new one.
+    pub fn set_log(&mut self, log: LogMembership, verifier: &Verifier<'_>) {
+        let mut admitted = Vec::with_capacity(log.admissions.len());
+        let mut expiring = HashMap::new();
         for (key, not_after) in log.admissions {
+            // A later admission of a key replaces an earlier one.
             match not_after {
-                Some(t) => self.expiring.insert(key, t),
-                None => self.expiring.remove(&key),
+                Some(t) => expiring.insert(key, t),
+                None => expiring.remove(&key),
             };
-            match self.find(&key) {
-                Ok(i) => self.members[i].set(IN_LOG, true),
-                Err(_) => new.push(key),
-            }
-            if let Some(carried) = self.carried.get_mut(&key) {
-                carried.admission = None;
+            admitted.push(key);
+        }
+        let now = verifier.now_ms;
+        admitted.retain(|key| {
+            expiring.get(key).is_none_or(|t| *t > now)
+                && !verifier.revoked.contains_key(verifier.root, key)
+        });
+        admitted.sort_unstable();
+        admitted.dedup();
+        for member in &mut self.members {
+            let logged = admitted.binary_search(&member.key).is_ok();
+            member.set(IN_LOG, logged);
+            if logged {
+                if let Some(carried) = self.carried.get_mut(&member.key) {
+                    carried.admission = None;
+                }
             }
         }
-        new.sort_unstable();
-        new.dedup();
-        let room = MAX_MEMBERS.saturating_sub(self.members.len());
-        if !new.is_empty() {
-            self.members.extend(new.into_iter().take(room).map(|key| {
-                let mut member = Member::admitted(key);
-                member.set(IN_LOG, true);
-                member
-            }));
-            self.members.sort_unstable_by_key(|m| m.key);
-            self.members.shrink_to_fit();
+        // Members admitted only by what they carried keep their own dates.
+        for member in self.members.iter().filter(|m| !m.has(IN_LOG)) {
+            if let Some(t) = self.expiring.get(&member.key) {
+                expiring.insert(member.key, *t);
+            }
         }
+        let members = &self.members;
+        let is_member = |key: &[u8; 32]| members.binary_search_by(|m| m.key.cmp(key)).is_ok();
+        admitted.retain(|key| !is_member(key));
+        admitted.shrink_to_fit();
+        expiring.retain(|key, _| admitted.binary_search(key).is_ok() || is_member(key));
+        self.admitted_only = admitted;
+        self.expiring = expiring;
         self.logged_ranges = log.ranges;
         for (key, bound) in &mut self.ranges {
             if let Some((digest, grant)) = self.logged_ranges.get(key) {
@@ -294,21 +296,33 @@ impl Roster {
     /// Whether the roster would take this (decoded) announcement: from its unchecked
     /// date alone, with no signature checked (a gossip answer carries every member,
     /// nearly all unchanged). `Ok(false)`: nothing to do.
-    pub fn wants(&self, signed: &Signed) -> Result<bool, TrustError> {
+    pub fn wants(&self, signed: &Signed, brings_range: bool) -> Result<bool, TrustError> {
         let claimed = Announcement::decode(&signed.body)?;
         match self.get(&signed.signer) {
             None if self.members.len() >= MAX_MEMBERS => Err(TrustError::TooLarge),
-            Some(held) if held.has(ANNOUNCED) => {
-                Ok(newer(held, claimed.issued_at, claimed.leaving))
-            }
-            _ => Ok(true),
+            None => Ok(true),
+            Some(held) => Ok(newer(held, claimed.issued_at, claimed.leaving)
+                || (brings_range && self.lacks_grant(held, claimed.issued_at))),
         }
+    }
+
+    /// Whether `held`'s announcement, dated `issued_at`, binds a range whose grant
+    /// this roster does not know: the same announcement with the grant along is taken
+    /// (a forwarder that dropped the grant only delays it).
+    fn lacks_grant(&self, held: &Member, issued_at: u64) -> bool {
+        held.issued_at == issued_at
+            && held.has(RANGE)
+            && self
+                .ranges
+                .get(&held.key)
+                .is_some_and(|r| r.grant.is_none())
     }
 
     /// Whether the root admitted `key` as far as this roster knows (the trust log,
     /// or an admission that came with the node's credentials), and until when.
     pub fn admitted(&self, key: &[u8; 32]) -> Option<Option<u64>> {
-        self.get(key).map(|_| self.expiring.get(key).copied())
+        let known = self.get(key).is_some() || self.admitted_only.binary_search(key).is_ok();
+        known.then(|| self.expiring.get(key).copied())
     }
 
     /// Checks one member's credentials: the node key admitted (`admitted`, what
@@ -328,6 +342,7 @@ impl Roster {
         let key = signed.signer;
         let mut carried = Carried::default();
         let not_after = match (admitted, &credentials.admission) {
+            (Some(Some(t)), _) if t <= verifier.now_ms => return Err(TrustError::Expired),
             (Some(not_after), _) => not_after,
             (None, Some(bytes)) => {
                 let admission = verifier.admission(bytes, &key)?;
@@ -338,6 +353,9 @@ impl Roster {
         };
         let announced = verifier.announcement(&credentials.announcement, |k| *k == key)?;
         let said = &announced.announcement;
+        if said.issued_at.saturating_add(ANNOUNCEMENT_LIFETIME_MS) <= verifier.now_ms {
+            return Err(TrustError::Expired);
+        }
         let range = match said.address_range {
             None if credentials.address_range.is_some() => return Err(TrustError::UnboundRange),
             None => None,
@@ -383,7 +401,7 @@ impl Roster {
             issued_at: said.issued_at,
             ip,
             port: address.port(),
-            flags: ANNOUNCED,
+            flags: 0,
         };
         member.set(LEAVING, said.leaving);
         member.set(V6, v6);
@@ -406,37 +424,57 @@ impl Roster {
     }
 
     /// Holds a checked entry if it is newer than what is held for that node (see
-    /// [`MIN_REANNOUNCE_MS`]). Returns whether the roster changed.
+    /// [`MIN_REANNOUNCE_MS`]), or the same one with the range grant it lacked.
+    /// Returns whether the roster changed.
     pub fn insert(&mut self, entry: Entry) -> Result<bool, TrustError> {
         let Entry {
             mut member,
             not_after,
-            range,
-            carried,
+            mut range,
+            mut carried,
         } = entry;
         let key = member.key;
-        let at = match self.find(&key) {
-            Ok(i) if self.members[i].has(ANNOUNCED) => {
-                let held = &self.members[i];
-                if !newer(held, member.issued_at, member.has(LEAVING)) {
-                    return Ok(false);
-                }
-                Ok(i)
+        let at = self.find(&key);
+        if let Ok(i) = at {
+            let held = &self.members[i];
+            let fills = range.as_ref().is_some_and(|r| r.grant.is_some())
+                && self.lacks_grant(held, member.issued_at);
+            if !newer(held, member.issued_at, member.has(LEAVING)) && !fills {
+                return Ok(false);
             }
-            Ok(i) => Ok(i),
-            Err(_) if self.members.len() >= MAX_MEMBERS => return Err(TrustError::TooLarge),
-            Err(i) => Err(i),
-        };
+        }
+        // The log may have brought the grant since the entry was checked.
+        if let Some(bound) = range.as_mut().filter(|r| r.grant.is_none()) {
+            if let Some((digest, grant)) = self.logged_ranges.get(&key) {
+                if *digest == bound.digest {
+                    bound.grant = Some(*grant);
+                    carried.range = None;
+                }
+            }
+        }
         member.set(RANGE, range.is_some());
         match at {
             Ok(i) => {
                 member.set(IN_LOG, self.members[i].has(IN_LOG));
+                if member.has(IN_LOG) {
+                    carried.admission = None;
+                }
                 self.members[i] = member;
             }
+            Err(_) if self.members.len() >= MAX_MEMBERS => return Err(TrustError::TooLarge),
             Err(i) => {
-                // A key the log does not hold, admitted by what came along.
-                if let Some(t) = not_after {
-                    self.expiring.insert(key, t);
+                match self.admitted_only.binary_search(&key) {
+                    // The log admits it: what came along is not kept.
+                    Ok(j) => {
+                        self.admitted_only.remove(j);
+                        member.set(IN_LOG, true);
+                        carried.admission = None;
+                    }
+                    Err(_) => {
+                        if let Some(t) = not_after {
+                            self.expiring.insert(key, t);
+                        }
+                    }
                 }
                 self.members.insert(i, member);
             }
@@ -463,7 +501,7 @@ impl Roster {
         credentials: &Credentials,
     ) -> Result<bool, TrustError> {
         let signed = Signed::decode(&credentials.announcement)?;
-        if !self.wants(&signed)? {
+        if !self.wants(&signed, credentials.address_range.is_some())? {
             return Ok(false);
         }
         let (admitted, logged) = (
@@ -473,38 +511,37 @@ impl Roster {
         self.insert(Roster::check(verifier, admitted, logged, credentials)?)
     }
 
-    /// Forgets the announcements that no longer count — revoked keys, expired
-    /// admissions, announcements past their lifetime — and the keys admitted only by
-    /// what came along with them; keys the trust log admits stay known. Returns how
-    /// many announcements went.
+    /// Forgets the members that no longer count — revoked keys, expired admissions,
+    /// announcements past their lifetime — with what came along with them; a key the
+    /// trust log admits, not revoked and not expired, stays admitted. Returns how many
+    /// went.
     pub fn prune(&mut self, verifier: &Verifier<'_>) -> usize {
-        let mut gone = 0;
-        for member in &mut self.members {
-            if member.has(ANNOUNCED) && !current(member, &self.expiring, verifier) {
-                gone += 1;
-                *member = Member {
-                    flags: member.flags & IN_LOG,
-                    ..Member::admitted(member.key)
-                };
+        let (mut gone, mut still_admitted) = (Vec::new(), Vec::new());
+        let expiring = &self.expiring;
+        self.members.retain(|m| {
+            if current(m, expiring, verifier) {
+                return true;
+            }
+            gone.push(m.key);
+            let admission_holds = expiring.get(&m.key).is_none_or(|t| *t > verifier.now_ms)
+                && !verifier.revoked.contains_key(verifier.root, &m.key);
+            if m.has(IN_LOG) && admission_holds {
+                still_admitted.push(m.key);
+            }
+            false
+        });
+        for key in &gone {
+            self.ranges.remove(key);
+            self.carried.remove(key);
+            if !still_admitted.contains(key) {
+                self.expiring.remove(key);
             }
         }
-        self.members.retain(|m| m.has(IN_LOG) || m.has(ANNOUNCED));
-        let members = &self.members;
-        let announced = |key: &[u8; 32]| {
-            members
-                .binary_search_by(|m| m.key.cmp(key))
-                .is_ok_and(|i| members[i].has(ANNOUNCED))
-        };
-        let known = |key: &[u8; 32]| members.binary_search_by(|m| m.key.cmp(key)).is_ok();
-        self.ranges.retain(|key, _| announced(key));
-        self.expiring.retain(|key, _| known(key));
-        self.carried.retain(|key, c| {
-            if !announced(key) {
-                c.range = None;
-            }
-            known(key) && (c.admission.is_some() || c.range.is_some())
-        });
-        gone
+        if !still_admitted.is_empty() {
+            self.admitted_only.extend(still_admitted);
+            self.admitted_only.sort_unstable();
+        }
+        gone.len()
     }
 
     /// The current members (see [`Roster::prune`]), announced.
@@ -514,7 +551,7 @@ impl Roster {
     ) -> impl Iterator<Item = &'a Member> + 'a {
         self.members
             .iter()
-            .filter(move |m| m.has(ANNOUNCED) && current(m, &self.expiring, verifier))
+            .filter(move |m| current(m, &self.expiring, verifier))
     }
 
     /// The members one-hop routing uses now: current (see [`Roster::prune`]) and not
@@ -562,7 +599,7 @@ impl Roster {
     /// announcement date, in key order (what a peer needs to send only the rest).
     pub fn summary(&self, bucket: u8, verifier: &Verifier<'_>) -> Vec<([u8; 32], u64)> {
         self.in_bucket(bucket)
-            .filter(|m| m.has(ANNOUNCED) && current(m, &self.expiring, verifier))
+            .filter(|m| current(m, &self.expiring, verifier))
             .map(|m| (m.key, m.issued_at))
             .collect()
     }
@@ -589,7 +626,7 @@ impl Roster {
     /// Member `key`'s credentials as this agent passes them on, if it has heard
     /// from it.
     pub fn passed_on(&self, key: &[u8; 32], verifier: &Verifier<'_>) -> Option<Credentials> {
-        let member = self.get(key).filter(|m| m.has(ANNOUNCED))?;
+        let member = self.get(key)?;
         Some(self.credentials_of(member, verifier.root.mesh.as_str()))
     }
 
@@ -610,7 +647,6 @@ impl Roster {
             let held: HashMap<_, _> = b.members.iter().copied().collect();
             self.in_bucket(b.bucket).filter(move |m| {
                 after.is_none_or(|a| m.key > *a)
-                    && m.has(ANNOUNCED)
                     && current(m, &self.expiring, verifier)
                     && held.get(&m.key).is_none_or(|at| *at < m.issued_at)
             })
@@ -637,14 +673,14 @@ impl Roster {
             .collect()
     }
 
-    /// How many members are held, announced (leaving ones included).
+    /// How many members are held (leaving ones included).
     pub fn len(&self) -> usize {
-        self.members.iter().filter(|m| m.has(ANNOUNCED)).count()
+        self.members.len()
     }
 
     /// Whether none is.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.members.is_empty()
     }
 
     /// The range the root granted member `m`, while it holds: not expired, and no
@@ -680,7 +716,7 @@ impl Roster {
     ) -> Result<(), TrustError> {
         let member = self
             .get(endorser)
-            .filter(|m| m.has(ANNOUNCED) && current(m, &self.expiring, verifier))
+            .filter(|m| current(m, &self.expiring, verifier))
             .ok_or(TrustError::EndpointNotOwned)?;
         let Some(ip) = endpoint.map(|e| e.ip().to_canonical()) else {
             return Ok(());
@@ -999,8 +1035,14 @@ mod tests {
             roster.check_endpoint(kube.public_key(), at("10.244.1.9"), &v),
             Err(TrustError::EndpointNotOwned)
         );
-        let mut roster = Roster::default();
+        // The same announcement with its grant along (as the node's own, or from an
+        // honest forwarder) is taken, though no newer: the range counts.
         assert_eq!(roster.offer(&v, &granted), Ok(true));
+        assert_eq!(
+            roster.offer(&v, &granted),
+            Ok(false),
+            "nothing more to take"
+        );
         let plain = creds(
             &mesh.admit(&other, None),
             &announce(&other, "10.0.0.2:7946", NOW, false),
@@ -1114,11 +1156,11 @@ mod tests {
         };
         // The log holds this grant (or none for the node): it counts.
         for ranges in [vec![], vec![(*key, logged(NOW - 10, grant_digest(&grant)))]] {
-            roster.set_log(log(ranges));
+            roster.set_log(log(ranges), &v);
             assert_eq!(roster.check_endpoint(key, at("10.244.1.9"), &v), Ok(()));
         }
         // A newer grant for the node in the log: the old range is withdrawn.
-        roster.set_log(log(vec![(*key, logged(NOW - 5, [7; 32]))]));
+        roster.set_log(log(vec![(*key, logged(NOW - 5, [7; 32]))]), &v);
         assert_eq!(
             roster.check_endpoint(key, at("10.244.1.9"), &v),
             Err(TrustError::EndpointNotOwned)
@@ -1126,7 +1168,7 @@ mod tests {
         assert_eq!(roster.check_endpoint(key, at("10.0.0.1"), &v), Ok(()));
         // Another node's newer grant changes nothing for this one.
         let someone = *identity().public_key();
-        roster.set_log(log(vec![(someone, logged(NOW, [7; 32]))]));
+        roster.set_log(log(vec![(someone, logged(NOW, [7; 32]))]), &v);
         assert_eq!(roster.check_endpoint(key, at("10.244.1.9"), &v), Ok(()));
     }
 
@@ -1175,13 +1217,13 @@ mod tests {
             admissions: vec![(key, None)],
             ranges: HashMap::from([(key, (grant_digest(&grant), logged))]),
         };
-        roster.set_log(log.clone());
+        roster.set_log(log.clone(), &v);
         assert_eq!(roster.credentials(&v), vec![bare.clone()]);
         let at = |ip: &str| Some(SocketAddr::new(ip.parse().unwrap(), 15006));
         assert_eq!(roster.check_endpoint(&key, at("10.244.3.9"), &v), Ok(()));
         // An agent that holds the log takes the bare announcement, range and all.
         let mut other = Roster::default();
-        other.set_log(log);
+        other.set_log(log, &v);
         assert_eq!(other.len(), 0, "admitted, not heard from yet");
         assert_eq!(other.members(&v).len(), 0);
         assert_eq!(other.offer(&v, &bare), Ok(true));
@@ -1312,6 +1354,99 @@ mod tests {
         let digest = roster.digest(&later);
         roster.prune(&later);
         assert_eq!(roster.digest(&later), digest);
+    }
+
+    /// Review findings: an admission the log holds that has expired admits no new
+    /// announcement (the member would be dropped at once and its news passed on in
+    /// a loop); revoked and expired admissions are not kept as admitted keys; a
+    /// member whose announcement lapses stays admitted by the log, not a member; and
+    /// admitted keys that never announce do not count against [`MAX_MEMBERS`].
+    #[test]
+    fn only_current_admissions_in_the_log_admit() {
+        let mut mesh = Mesh::new();
+        let (lapsing, revoked, quiet) = (identity(), identity(), identity());
+        let key = |node: &Identity| *node.public_key();
+        let revocation = Signed::sign(
+            &mesh.root_key,
+            REVOCATION_LABEL,
+            &Revocation {
+                mesh: "demo".into(),
+                id: revoked.id().0,
+                issued_at: NOW,
+                reason: "test".into(),
+            },
+        )
+        .encode();
+        let root = mesh.root.clone();
+        mesh.revoked.add(&root, &revocation).unwrap();
+        // Many admitted keys that never announce, more than a roster holds members.
+        let mut admissions: Vec<([u8; 32], Option<u64>)> = (0..MAX_MEMBERS as u32 + 10)
+            .map(|i| {
+                let mut k = [0xee; 32];
+                k[..4].copy_from_slice(&i.to_be_bytes());
+                (k, None)
+            })
+            .collect();
+        admissions.extend([
+            (key(&lapsing), Some(NOW + 1_000)),
+            (key(&revoked), None),
+            (key(&quiet), None),
+        ]);
+        let log = LogMembership {
+            admissions,
+            ranges: HashMap::new(),
+        };
+        let mut roster = Roster::default();
+        roster.set_log(log, &mesh.verifier());
+        assert_eq!(roster.admitted(&key(&revoked)), None);
+        assert_eq!(roster.admitted(&key(&lapsing)), Some(Some(NOW + 1_000)));
+        let bare = |node: &Identity, when: u64| Credentials {
+            admission: None,
+            announcement: announce(node, "10.0.0.9:7946", when, false),
+            address_range: None,
+        };
+        let v = mesh.verifier();
+        assert_eq!(
+            roster.offer(&v, &bare(&quiet, NOW)),
+            Ok(true),
+            "room beside them"
+        );
+        assert_eq!(roster.offer(&v, &bare(&lapsing, NOW)), Ok(true));
+        // The admission expires: no newer announcement is taken, and the member goes.
+        let later = Verifier {
+            now_ms: NOW + 2_000,
+            ..mesh.verifier()
+        };
+        let again = bare(&lapsing, NOW + MIN_REANNOUNCE_MS);
+        assert_eq!(roster.offer(&later, &again), Err(TrustError::Expired));
+        assert_eq!(roster.prune(&later), 1);
+        assert_eq!(roster.len(), 1);
+        // A member whose announcement lapses is admitted still, by the log.
+        let much_later = Verifier {
+            now_ms: NOW + ANNOUNCEMENT_LIFETIME_MS,
+            ..mesh.verifier()
+        };
+        assert_eq!(roster.prune(&much_later), 1);
+        assert!(roster.is_empty());
+        assert_eq!(roster.admitted(&key(&quiet)), Some(None));
+        let back = bare(&quiet, NOW + ANNOUNCEMENT_LIFETIME_MS);
+        assert_eq!(roster.offer(&much_later, &back), Ok(true));
+        // An announcement past its lifetime is refused outright.
+        let stale = bare(&quiet, NOW);
+        assert_eq!(
+            roster.offer(&much_later, &stale),
+            Ok(false),
+            "older than held"
+        );
+        let mut fresh = Roster::default();
+        fresh.set_log(
+            LogMembership {
+                admissions: vec![(key(&quiet), None)],
+                ranges: HashMap::new(),
+            },
+            &much_later,
+        );
+        assert_eq!(fresh.offer(&much_later, &stale), Err(TrustError::Expired));
     }
 
     #[test]

@@ -308,7 +308,7 @@ impl MeshTrust {
     pub fn enable_roster(&self) -> &Mutex<Roster> {
         self.roster.get_or_init(|| {
             let mut roster = Roster::default();
-            roster.set_log(self.log.membership());
+            self.verify(|v| roster.set_log(self.log.membership(), v));
             Mutex::new(roster)
         })
     }
@@ -317,8 +317,9 @@ impl MeshTrust {
     /// the newest.
     fn log_grew(&self, offered: &Offered) {
         if offered.added > 0 {
+            // Lock order: the roster, then the revocations (`verify`).
             if let Some(mut roster) = self.roster() {
-                roster.set_log(self.log.membership());
+                self.verify(|v| roster.set_log(self.log.membership(), v));
             }
         }
     }

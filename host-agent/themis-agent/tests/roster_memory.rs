@@ -121,7 +121,7 @@ fn measure(with_ranges: bool) -> (isize, isize, isize) {
     assert_eq!(from_log.admissions.len(), MEMBERS);
     assert_eq!(from_log.ranges.len(), if with_ranges { MEMBERS } else { 0 });
     let mut roster = Roster::default();
-    roster.set_log(from_log);
+    roster.set_log(from_log, &verifier);
     for credentials in &offered {
         assert_eq!(roster.offer(&verifier, credentials), Ok(true));
     }
