@@ -7,7 +7,9 @@
 //! credentials it took lately, its own announcement among them: each is passed on
 //! in [`NEWS_SENDS`] requests, then dropped, the infect-and-die spreading of
 //! Serf and memberlist). When the digests differ, the answer carries the peer's
-//! [`BUCKETS`] bucket digests; the asker then asks for the buckets that differ,
+//! fresh members (a push that missed the asker is the usual difference); if the
+//! rosters still differ, the asker asks for the [`BUCKETS`] bucket digests
+//! ([`Ask::Digests`]), then for the buckets that differ,
 //! listing what it holds of them, and gets only the members it lacks or holds older
 //! ([`Roster::missing`]), a page of [`PAGE`] at a time, up to [`MAX_PAGES`]. Two
 //! agents that differ by one member of 10,000 exchange a few kilobytes, not the
@@ -106,8 +108,11 @@ pub struct RosterFrame {
     /// In a request: the buckets wanted (`None`: compare digests only). Ignored in an
     /// answer.
     pub want: Option<Want>,
-    /// In an answer to a request without `want` whose digest differs: the sender's
-    /// [`Roster::bucket_digests`].
+    /// In a request: the peer's bucket digests are wanted if the rosters still
+    /// differ (the asker's fresh members come along). Ignored in an answer.
+    pub buckets_wanted: bool,
+    /// In an answer to a request with `buckets_wanted` whose digest differs: the
+    /// sender's [`Roster::bucket_digests`].
     pub buckets: Vec<BucketDigest>,
     /// In an answer, where the next page starts, if there is one.
     pub next: Option<[u8; 32]>,
@@ -121,6 +126,19 @@ pub struct Want {
     pub have: Vec<BucketHave>,
     /// The page: members after this node key.
     pub after: Option<[u8; 32]>,
+}
+
+/// What one request of an exchange asks: a comparison (with the news); the bucket
+/// digests, when a comparison and the fresh members it brought left the rosters apart
+/// (with this agent's fresh members); or a page of the buckets that differ (counted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ask {
+    /// Compare digests; the answer to a difference carries the peer's fresh members.
+    Compare,
+    /// The bucket digests, if the rosters still differ.
+    Digests,
+    /// Members of the buckets wanted, and how many pages this exchange has had.
+    Page(Want, usize),
 }
 
 /// The state gossip shares between the agent's server (answers) and its driver. The
@@ -210,7 +228,7 @@ impl GossipState {
         let own = announce(node, self.listen, &self.trust, true);
         self.tell(&own);
         *self.own.lock().expect("never poisoned") = own;
-        let request = Frame::Roster(self.request(None)).encode();
+        let request = Frame::Roster(self.request(&Ask::Compare)).encode();
         let me = Key(node.id().0);
         let members = self.members();
         let told = members.random_others(&me, 3, unix_millis());
@@ -336,15 +354,16 @@ impl GossipState {
         self.changed.notify_one();
     }
 
-    /// A request: the news to pass on and, with `want`, the buckets of the peer's
-    /// roster wanted (`None`: compare digests). While this agent knows no other
-    /// member, its own credentials go along every time (nobody would pass them on),
-    /// and so does its admission (a peer asking for it gets the request again with
-    /// it: [`Driver::spawn_request`]).
-    fn request(&self, want: Option<Want>) -> RosterFrame {
-        let mut members = match want {
-            Some(_) => Vec::new(),
-            None => self.news(),
+    /// A request for what `ask` says: a comparison carries the news to pass on, a
+    /// request for the bucket digests this agent's fresh members. While this agent
+    /// knows no other member, its own credentials go along every time (nobody would
+    /// pass them on), and so does its admission (a peer asking for it gets the
+    /// request again with it: [`Driver::spawn_request`]).
+    fn request(&self, ask: &Ask) -> RosterFrame {
+        let (mut members, want) = match ask {
+            Ask::Compare => (self.news(), None),
+            Ask::Digests => (self.fresh(), None),
+            Ask::Page(want, _) => (Vec::new(), Some(want.clone())),
         };
         let alone = self.roster().len() < 2;
         if members.is_empty() && alone {
@@ -361,31 +380,48 @@ impl GossipState {
             digest: Some(digest),
             members,
             want,
+            buckets_wanted: *ask == Ask::Digests,
             buckets: Vec::new(),
             next: None,
         }
     }
 
+    /// The members whose announcement this agent holds is less than
+    /// [`NEWS_FRESH_MS`] old (at most [`MAX_NEWS`]): what a peer whose roster differs
+    /// most likely lacks, a push that missed it.
+    fn fresh(&self) -> Vec<Credentials> {
+        let since = unix_millis().saturating_sub(NEWS_FRESH_MS);
+        let roster = self.roster();
+        self.trust.verify(|v| roster.fresh(since, MAX_NEWS, v))
+    }
+
     /// An answer to `request`: to one of buckets, the page of members the asker
-    /// lacks of them; else nothing more if the rosters agree, or the bucket digests.
-    /// What is the same as the request's is left out.
-    fn answer_to(&self, request: &RosterFrame, want: Option<Want>) -> RosterFrame {
+    /// lacks of them; else nothing more if the rosters agree; else this agent's fresh
+    /// members (a push that missed the asker, the usual difference), or the bucket
+    /// digests when they were asked for. What is the same as the request's is left
+    /// out.
+    fn answer_to(&self, request: &RosterFrame, ask: Ask) -> RosterFrame {
         let their_digest = request.digest.unwrap_or_default();
         let roster = self.roster();
         let (digest, buckets, (members, next)) = self.trust.verify(|v| {
             let buckets = roster.bucket_digests(v);
             let digest = top_digest(&buckets);
-            match want {
-                Some(want) => (
+            match &ask {
+                Ask::Page(want, _) => (
                     digest,
                     Vec::new(),
                     roster.missing(&want.have, want.after.as_ref(), v),
                 ),
-                None if their_digest == digest => (digest, Vec::new(), (Vec::new(), None)),
-                None => (digest, buckets, (Vec::new(), None)),
+                _ if their_digest == digest => (digest, Vec::new(), (Vec::new(), None)),
+                Ask::Digests => (digest, buckets, (Vec::new(), None)),
+                Ask::Compare => (digest, Vec::new(), (Vec::new(), None)),
             }
         });
         drop(roster);
+        let members = match ask == Ask::Compare && digest != their_digest {
+            true => self.fresh(),
+            false => members,
+        };
         let (log_size, log_root) = self.trust.log().head();
         let differs = request.log_root.is_some_and(|r| r != log_root);
         RosterFrame {
@@ -395,6 +431,7 @@ impl GossipState {
             digest: (digest != their_digest).then_some(digest),
             members,
             want: None,
+            buckets_wanted: false,
             buckets,
             next,
         }
@@ -429,23 +466,28 @@ impl GossipState {
         })
     }
 
-    /// What to ask a peer next after its `answer` to what was `asked`: after a
-    /// comparison, the buckets that differ ([`GossipState::want`], from `start`);
-    /// after a page of buckets, the next page ([`next_page`]); or nothing.
-    fn follow_up(
-        &self,
-        answer: &RosterFrame,
-        asked: Option<(Want, usize)>,
-        start: usize,
-    ) -> Option<(Want, usize)> {
+    /// What to ask a peer next after its `answer` to what was `asked` (its members
+    /// taken already): after a comparison whose fresh members left the rosters
+    /// apart, the bucket digests; after the digests, the buckets that differ
+    /// ([`GossipState::want`], from `start`); after a page of buckets, the next page
+    /// ([`next_page`]); or nothing.
+    fn follow_up(&self, answer: &RosterFrame, asked: Ask, start: usize) -> Option<Ask> {
         match asked {
-            None => self.want(&answer.buckets, start).map(|want| (want, 1)),
-            Some((want, pages)) => next_page(answer, pages).map(|after| {
+            Ask::Compare => {
+                let theirs = answer.digest?;
+                let roster = self.roster();
+                let ours = self.trust.verify(|v| roster.digest(v));
+                (ours != theirs).then_some(Ask::Digests)
+            }
+            Ask::Digests => self
+                .want(&answer.buckets, start)
+                .map(|want| Ask::Page(want, 1)),
+            Ask::Page(want, pages) => next_page(answer, pages).map(|after| {
                 let want = Want {
                     after: Some(after),
                     ..want
                 };
-                (want, pages + 1)
+                Ask::Page(want, pages + 1)
             }),
         }
     }
@@ -470,7 +512,14 @@ impl GossipState {
             // Full: the driver is behind, and a Have is only a hint (pulls repair).
             let _ = self.heard.try_send((from, request.log_size, root));
         }
-        self.answer_to(&request, want)
+        // What the request asks; one listing too much is asked the digests again.
+        let ask = match (want, request.buckets_wanted) {
+            (Some(want), _) => Ask::Page(want, 0),
+            (None, _) if request.want.is_some() => Ask::Digests,
+            (None, true) => Ask::Digests,
+            (None, false) => Ask::Compare,
+        };
+        self.answer_to(&request, ask)
     }
 
     /// `peer`, if it is a current member: at the address it signed. (A revocation
@@ -525,7 +574,7 @@ enum Done {
     /// A gossip exchange: the peer, its answer if it gave one, and what was asked
     /// (`None`: to compare; else the buckets wanted, and how many pages of them this
     /// exchange has had).
-    Exchanged(Peer, Option<Box<RosterFrame>>, Option<(Want, usize)>),
+    Exchanged(Peer, Option<Box<RosterFrame>>, Ask),
     /// A log fetch from a peer: the size it claimed, and what the fetch came to.
     Fetched(u64, Synced),
 }
@@ -595,8 +644,8 @@ impl Driver {
                         }
                         gossip.on_have(now(), peer.clone(), Have { version: size });
                         let start = usize::from(draw().to_le_bytes()[0]);
-                        if let Some(asked) = self.state.follow_up(&answer, asked, start) {
-                            self.spawn_request(&mut tasks, peer, Some(asked));
+                        if let Some(next) = self.state.follow_up(&answer, asked, start) {
+                            self.spawn_request(&mut tasks, peer, next);
                         }
                     }
                     Ok(Done::Exchanged(peer, None, _)) => {
@@ -716,15 +765,13 @@ impl Driver {
     }
 
     fn spawn_exchange(&self, tasks: &mut JoinSet<Done>, peer: Peer) {
-        self.spawn_request(tasks, peer, None);
+        self.spawn_request(tasks, peer, Ask::Compare);
     }
 
-    /// Sends `peer` a request: to compare (`None`), or for buckets of its roster
-    /// (the page counted). A peer that does not know this node as a member yet asks
-    /// for its admission: the request goes again, with it.
-    fn spawn_request(&self, tasks: &mut JoinSet<Done>, peer: Peer, asked: Option<(Want, usize)>) {
-        let want = asked.as_ref().map(|(want, _)| want.clone());
-        let frame = self.state.request(want);
+    /// Sends `peer` the request `asked` says. A peer that does not know this node as
+    /// a member yet asks for its admission: the request goes again, with it.
+    fn spawn_request(&self, tasks: &mut JoinSet<Done>, peer: Peer, asked: Ask) {
+        let frame = self.state.request(&asked);
         let request = Frame::Roster(frame.clone()).encode();
         let (client, metrics) = (self.client.clone(), self.metrics.clone());
         let admission = self.state.trust.own_admission().to_vec();
@@ -865,9 +912,10 @@ mod tests {
             .collect()
     }
 
-    /// [`members`], each with its node key, in node-key order.
+    /// [`members`], each with its node key, in node-key order; announced ten minutes
+    /// ago (no longer fresh news).
     fn members_with_keys(mesh: &MeshDir, n: usize) -> Vec<(Identity, Credentials)> {
-        let now = unix_millis();
+        let now = unix_millis() - 600_000;
         let mut out: Vec<_> = (0..n)
             .map(|i| {
                 let key = Identity::generate(mesh.root.mesh.clone(), &SystemRandom::new()).unwrap();
@@ -916,6 +964,17 @@ mod tests {
         }
     }
 
+    /// `member`'s credentials with its announcement signed again by `key`, now.
+    fn announced_now(key: &Identity, member: &Credentials) -> Credentials {
+        let signed = Signed::decode(&member.announcement).unwrap();
+        let mut body = Announcement::decode(&signed.body).unwrap();
+        body.issued_at = unix_millis();
+        Credentials {
+            announcement: Signed::sign(key, ANNOUNCEMENT_LABEL, &body).encode(),
+            ..member.clone()
+        }
+    }
+
     /// `member`'s credentials with its announcement signed again by `key`, as soon
     /// as a roster takes a newer one.
     fn reannounced(key: &Identity, member: &Credentials) -> Credentials {
@@ -952,7 +1011,11 @@ mod tests {
         // The newcomer asks: the digests differ, so it asks for every bucket, and
         // each answer is a page.
         let requests = exchange(&new, &big, &metrics).0;
-        assert_eq!(requests, 1 + 3, "a comparison, 2 full pages and the rest");
+        assert_eq!(
+            requests,
+            1 + 1 + 3,
+            "a comparison, the digests, 2 full pages and the rest"
+        );
         // Both hold the same members now (the big one took the newcomer's own).
         assert_eq!(new.state.members().len(), 2 * PAGE + 102);
         assert_eq!(digest(&new), digest(&big));
@@ -963,11 +1026,9 @@ mod tests {
     /// One exchange as the driver runs it, `asker` asking `peer`, both taking what
     /// they are sent: how many requests it took and the bytes both ways.
     fn exchange(asker: &Node, peer: &Node, metrics: &Metrics) -> (usize, usize) {
-        let (mut asked, mut requests, mut bytes) = (None, 0, 0);
+        let (mut asked, mut requests, mut bytes) = (Ask::Compare, 0, 0);
         loop {
-            let request = asker
-                .state
-                .request(asked.as_ref().map(|(w, _): &(Want, usize)| w.clone()));
+            let request = asker.state.request(&asked);
             bytes += Frame::Roster(request.clone()).encode().len();
             let answer = peer.state.answer(metrics, asker.id, request);
             bytes += Frame::Roster(answer.clone()).encode().len();
@@ -975,7 +1036,7 @@ mod tests {
             assert!(answer.members.len() <= PAGE);
             asker.state.take(metrics, &answer.members);
             match asker.state.follow_up(&answer, asked, 0) {
-                Some(next) => asked = Some(next),
+                Some(next) => asked = next,
                 None => return (requests, bytes),
             }
         }
@@ -1005,20 +1066,30 @@ mod tests {
         let (requests, agreeing) = exchange(&a, &b, &metrics);
         assert_eq!(requests, 1);
 
-        // One member re-announces, and only `b` hears it.
+        // One member re-announces now, and the pushes miss `a`: the comparison's
+        // answer carries `b`'s fresh members, and that is all.
+        let fresh = announced_now(&keyed[4_000].0, &keyed[4_000].1);
+        b.state.take(&metrics, std::slice::from_ref(&fresh));
+        b.state.news.lock().unwrap().clear();
+        let (requests, missed_push) = exchange(&a, &b, &metrics);
+        assert_eq!(digest(&a), digest(&b), "the fresh announcement arrived");
+        assert_eq!(requests, 1, "a comparison, its answer with the news");
+
+        // An older difference (an announcement ten minutes old that `a` never took):
+        // the bucket digests are asked for, then the one bucket.
         let renewed = reannounced(&keyed[5_000].0, &keyed[5_000].1);
         b.state.take(&metrics, std::slice::from_ref(&renewed));
         b.state.news.lock().unwrap().clear();
         let (requests, bytes) = exchange(&a, &b, &metrics);
         assert_eq!(digest(&a), digest(&b), "the newer announcement arrived");
-        assert_eq!(requests, 2, "a comparison and one bucket");
+        assert_eq!(requests, 3, "a comparison, the digests and one bucket");
         let roster_bytes: usize = many
             .iter()
             .map(|c| postcard::to_allocvec(c).unwrap().len())
             .sum();
         println!(
-            "gossip at 10,000 members: agreeing {agreeing} B, one member apart {bytes} B \
-             (the roster itself {roster_bytes} B)"
+            "gossip at 10,000 members: agreeing {agreeing} B, a push missed {missed_push} B, \
+             one older member apart {bytes} B (the roster itself {roster_bytes} B)"
         );
         assert!(
             bytes * 100 < roster_bytes,
@@ -1060,16 +1131,16 @@ mod tests {
         let size = |frame: &RosterFrame| Frame::Roster(frame.clone()).encode().len();
 
         // A pull between agents that agree.
-        let request = a.state.request(None);
+        let request = a.state.request(&Ask::Compare);
         assert!(request.admission.is_none(), "a member's request needs none");
         let answer = b.state.answer(&metrics, a.id, request.clone());
         let (compare_ask, compare_answer) = (size(&request), size(&answer));
         assert!(answer.digest.is_none() && answer.buckets.is_empty());
 
         // A push: one member's newer announcement, as news.
-        let renewed = reannounced(&keyed[5_000].0, &bare[5_000]);
+        let renewed = announced_now(&keyed[5_000].0, &bare[5_000]);
         a.state.take(&metrics, std::slice::from_ref(&renewed));
-        let push = a.state.request(None);
+        let push = a.state.request(&Ask::Compare);
         assert_eq!(
             push.members,
             vec![renewed.clone()],
@@ -1111,21 +1182,31 @@ mod tests {
             push_ask + push_answer,
             changes_per_s * f64::from(NEWS_SENDS),
         );
+        // Infect-and-die with a fanout of NEWS_SENDS misses a fraction `missed` of
+        // the members (missed = e^(-f (1 - missed))): each of them hears the change
+        // at its next pull, whose answer carries the peer's fresh members — the
+        // comparison and the one announcement (a push's request less a comparison's).
+        let fanout = f64::from(NEWS_SENDS);
+        let missed = (0..100).fold(0.5, |m: f64, _| (-fanout * (1.0 - m)).exp());
+        let repair_bytes = compare_ask + compare_answer + (push_ask - compare_ask);
+        let repairs = bits(repair_bytes, changes_per_s * missed);
         let log_growth = bits(
             fetch_ask + fetch_answer + 3 * (compare_ask + compare_answer),
             joins_per_s,
         );
-        let total = pulls + news + log_growth;
+        let total = pulls + news + repairs + log_growth;
         println!(
             "membership upkeep at {N} members, 1 %/h churn: {total:.0} bit/s per member = \
              pulls {pulls:.0} (comparison {compare_ask} + {compare_answer} B every \
              {period_s} s) + news {news:.0} ({changes_per_s:.3} changes/s: \
              {renewals_per_s:.3} re-announcements, {:.3} joins and leaves; a push \
-             {push_ask} + {push_answer} B, {NEWS_SENDS} per change) + log growth \
+             {push_ask} + {push_answer} B, {NEWS_SENDS} per change) + repairs {repairs:.1} \
+             ({:.1} % of members missed by the pushes, {repair_bytes} B each) + log growth \
              {log_growth:.0} (a fetch {fetch_ask} + {fetch_answer} B per admission); \
              not counted: the backstop log sync, 2 x ({fetch_ask} + {backstop_answer}) B \
              every {} s",
             2.0 * joins_per_s,
+            missed * 100.0,
             crate::config::ONE_HOP_BACKSTOP_MS / 1000,
         );
         assert!(total <= 1_000.0, "{total:.0} bit/s per member");
@@ -1204,6 +1285,7 @@ mod tests {
             digest: None,
             members,
             want: None,
+            buckets_wanted: false,
             buckets: Vec::new(),
             next,
         };
@@ -1229,9 +1311,12 @@ mod tests {
             node(&mesh, &dir, "hearer", 7002),
         );
         let metrics = Metrics::new();
-        let two = members(&mesh, 2);
+        let two: Vec<Credentials> = members_with_keys(&mesh, 2)
+            .iter()
+            .map(|(key, member)| announced_now(key, member))
+            .collect();
         teller.state.take(&metrics, &two);
-        let first = teller.state.request(None);
+        let first = teller.state.request(&Ask::Compare);
         // Its own announcement and the two members it took, in key order.
         assert_eq!(first.members.len(), 3);
         hearer.state.answer(&metrics, teller.id, first);
@@ -1240,10 +1325,10 @@ mod tests {
             4,
             "itself, the teller and two"
         );
-        assert_eq!(teller.state.request(None).members.len(), 3);
-        assert_eq!(teller.state.request(None).members.len(), 3);
+        assert_eq!(teller.state.request(&Ask::Compare).members.len(), 3);
+        assert_eq!(teller.state.request(&Ask::Compare).members.len(), 3);
         assert!(
-            teller.state.request(None).members.is_empty(),
+            teller.state.request(&Ask::Compare).members.is_empty(),
             "sent 3 times"
         );
         // A request for buckets carries no news.
@@ -1252,11 +1337,11 @@ mod tests {
             have: Vec::new(),
             after: None,
         };
-        assert!(teller.state.request(Some(want)).members.is_empty());
+        assert!(teller.state.request(&Ask::Page(want, 1)).members.is_empty());
     }
 
-    /// A request listing more members than [`MAX_HAVE`] is answered as a comparison
-    /// (the bucket digests), not searched.
+    /// A request listing more members than [`MAX_HAVE`] is answered with the bucket
+    /// digests (as a request for them), not searched.
     #[test]
     fn a_request_listing_too_much_is_answered_with_digests_only() {
         let (dir, mesh) = test_mesh();
@@ -1269,7 +1354,9 @@ mod tests {
             bucket: 0,
             members: vec![([0; 32], 0); MAX_HAVE + 1],
         }];
-        let request = asker.state.request(Some(Want { have, after: None }));
+        let request = asker
+            .state
+            .request(&Ask::Page(Want { have, after: None }, 1));
         let answer = peer.state.answer(&metrics, asker.id, request);
         assert!(answer.members.is_empty());
         assert_eq!(answer.buckets.len(), BUCKETS);

@@ -541,6 +541,9 @@ impl Roster {
             self.admitted_only.extend(still_admitted);
             self.admitted_only.sort_unstable();
         }
+        // Growth by insertion doubles a vector's room; memory is the constraint here.
+        fit(&mut self.members);
+        fit(&mut self.admitted_only);
         gone.len()
     }
 
@@ -628,6 +631,17 @@ impl Roster {
     pub fn passed_on(&self, key: &[u8; 32], verifier: &Verifier<'_>) -> Option<Credentials> {
         let member = self.get(key)?;
         Some(self.credentials_of(member, verifier.root.mesh.as_str()))
+    }
+
+    /// The credentials of the current members whose announcement is dated after
+    /// `since`, in key order, at most `limit`.
+    pub fn fresh(&self, since: u64, limit: usize, verifier: &Verifier<'_>) -> Vec<Credentials> {
+        let mesh = verifier.root.mesh.as_str();
+        self.current_members(verifier)
+            .filter(|m| m.issued_at > since)
+            .take(limit)
+            .map(|m| self.credentials_of(m, mesh))
+            .collect()
     }
 
     /// One page of what a peer lacks: the credentials of the current members in the
@@ -734,6 +748,13 @@ impl Roster {
             false => Ok(()),
             true => Err(TrustError::EndpointNotOwned),
         }
+    }
+}
+
+/// Gives back a vector's room beyond a sixteenth more than it holds.
+fn fit<T>(v: &mut Vec<T>) {
+    if v.capacity() > v.len() + v.len() / 16 + 16 {
+        v.shrink_to_fit();
     }
 }
 

@@ -1352,6 +1352,7 @@ async fn announce(stream: &mut themis_net::SecureStream, peer: &Admitted) {
             address_range: None,
         }],
         want: None,
+        buckets_wanted: false,
         buckets: Vec::new(),
         next: None,
     });

@@ -499,6 +499,7 @@ fn a_stranger_gets_nothing_of_the_roster_and_is_no_member() {
                 address_range: None,
             }],
             want: None,
+            buckets_wanted: false,
             buckets: Vec::new(),
             next: None,
         })
@@ -514,6 +515,7 @@ fn a_stranger_gets_nothing_of_the_roster_and_is_no_member() {
         digest: Some([0; 32]),
         members: Vec::new(),
         want: None,
+        buckets_wanted: false,
         buckets: Vec::new(),
         next: None,
     })
@@ -538,7 +540,7 @@ fn a_stranger_gets_nothing_of_the_roster_and_is_no_member() {
 }
 
 /// The membership's upkeep as real agents send it: once their rosters agree, each
-/// pull is a comparison of about 80 bytes (a 73-byte request, a 9-byte answer: no
+/// pull is a comparison of about 80 bytes (a 74-byte request, a 10-byte answer: no
 /// admission, no news, no digests), read from the agents' own
 /// `themis_gossip_sent_bytes` over a quiet window. The rate is printed (the pull
 /// period here is 500 ms; the default is 2 s); what is asserted is the frames' size.
