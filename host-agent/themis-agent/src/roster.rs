@@ -832,6 +832,19 @@ mod tests {
             Signed::sign(&self.root_key, themis_trust::ADDRESS_RANGE_LABEL, &body).encode()
         }
 
+        /// Revokes `node` (the root signs it; this mesh's verifiers know it).
+        fn revoke(&mut self, node: &Identity) {
+            let body = Revocation {
+                mesh: "demo".into(),
+                id: node.id().0,
+                issued_at: NOW,
+                reason: "test".into(),
+            };
+            let revocation = Signed::sign(&self.root_key, REVOCATION_LABEL, &body).encode();
+            let root = self.root.clone();
+            self.revoked.add(&root, &revocation).unwrap();
+        }
+
         fn admit(&self, node: &Identity, not_after: Option<u64>) -> Vec<u8> {
             let body = Admission {
                 mesh: "demo".into(),
@@ -1346,19 +1359,7 @@ mod tests {
                 assert_eq!(offered, Ok(true));
             }
         }
-        let revocation = Signed::sign(
-            &mesh.root_key,
-            REVOCATION_LABEL,
-            &Revocation {
-                mesh: "demo".into(),
-                id: revoked.id().0,
-                issued_at: NOW,
-                reason: "test".into(),
-            },
-        )
-        .encode();
-        let root = mesh.root.clone();
-        mesh.revoked.add(&root, &revocation).unwrap();
+        mesh.revoke(&revoked);
         let later = Verifier {
             now_ms: NOW + 2_000,
             ..mesh.verifier()
@@ -1387,19 +1388,7 @@ mod tests {
         let mut mesh = Mesh::new();
         let (lapsing, revoked, quiet) = (identity(), identity(), identity());
         let key = |node: &Identity| *node.public_key();
-        let revocation = Signed::sign(
-            &mesh.root_key,
-            REVOCATION_LABEL,
-            &Revocation {
-                mesh: "demo".into(),
-                id: revoked.id().0,
-                issued_at: NOW,
-                reason: "test".into(),
-            },
-        )
-        .encode();
-        let root = mesh.root.clone();
-        mesh.revoked.add(&root, &revocation).unwrap();
+        mesh.revoke(&revoked);
         // Many admitted keys that never announce, more than a roster holds members.
         let mut admissions: Vec<([u8; 32], Option<u64>)> = (0..MAX_MEMBERS as u32 + 10)
             .map(|i| {
