@@ -365,13 +365,13 @@ impl GossipState {
             Ask::Digests => (self.fresh(), None),
             Ask::Page(want, _) => (Vec::new(), Some(want.clone())),
         };
-        let alone = self.roster().len() < 2;
+        let roster = self.roster();
+        let alone = roster.len() < 2;
+        let digest = self.trust.verify(|v| roster.digest(v));
+        drop(roster);
         if members.is_empty() && alone {
             members.push(self.own.lock().expect("never poisoned").clone());
         }
-        let roster = self.roster();
-        let digest = self.trust.verify(|v| roster.digest(v));
-        drop(roster);
         let (log_size, log_root) = self.trust.log().head();
         RosterFrame {
             admission: alone.then(|| self.trust.own_admission().to_vec()),
@@ -513,11 +513,10 @@ impl GossipState {
             let _ = self.heard.try_send((from, request.log_size, root));
         }
         // What the request asks; one listing too much is asked the digests again.
-        let ask = match (want, request.buckets_wanted) {
-            (Some(want), _) => Ask::Page(want, 0),
-            (None, _) if request.want.is_some() => Ask::Digests,
-            (None, true) => Ask::Digests,
-            (None, false) => Ask::Compare,
+        let ask = match want {
+            Some(want) => Ask::Page(want, 0),
+            None if request.buckets_wanted || request.want.is_some() => Ask::Digests,
+            None => Ask::Compare,
         };
         self.answer_to(&request, ask)
     }
@@ -773,8 +772,11 @@ impl Driver {
     fn spawn_request(&self, tasks: &mut JoinSet<Done>, peer: Peer, asked: Ask) {
         let frame = self.state.request(&asked);
         let request = Frame::Roster(frame.clone()).encode();
-        let (client, metrics) = (self.client.clone(), self.metrics.clone());
-        let admission = self.state.trust.own_admission().to_vec();
+        let (client, metrics, state) = (
+            self.client.clone(),
+            self.metrics.clone(),
+            self.state.clone(),
+        );
         tasks.spawn(async move {
             let ask = |request: Vec<u8>| {
                 let (client, peer) = (client.clone(), peer.clone());
@@ -791,7 +793,7 @@ impl Driver {
                 // The same request (its news included), with the admission; the peer
                 // may have closed the connection it refused on: once more on a new one.
                 let again = RosterFrame {
-                    admission: Some(admission),
+                    admission: Some(state.trust.own_admission().to_vec()),
                     ..frame
                 };
                 let request = Frame::Roster(again).encode();

@@ -544,7 +544,6 @@ impl Overlay {
     fn answer_roster(&self, peer: PeerId, request: crate::gossip::RosterFrame) -> Answer {
         // A current member needs no admission; anyone else shows one.
         let gossip = self.gossip.get();
-        let known = gossip.is_some_and(|g| g.member(&peer).is_some());
         match &request.admission {
             Some(admission) => {
                 if let Err(error) = self.trust.check_peer(&peer, admission) {
@@ -555,7 +554,7 @@ impl Overlay {
                     };
                 }
             }
-            None if known => {}
+            None if gossip.is_some_and(|g| g.member(&peer).is_some()) => {}
             None => {
                 return Answer {
                     payload: self.refuse(crate::gossip::ADMISSION_WANTED),

@@ -115,10 +115,13 @@ pub struct LogMembership {
     pub ranges: HashMap<[u8; 32], LoggedRange>,
 }
 
-const LEAVING: u8 = 2;
-const V6: u8 = 4;
-const IN_LOG: u8 = 8;
-const RANGE: u8 = 16;
+const LEAVING: u8 = 1;
+const V6: u8 = 2;
+const IN_LOG: u8 = 4;
+/// The member's announcement binds a range (its digest and grant are in
+/// `Roster::ranges`): kept as a flag so that the scan of every member for an
+/// endpoint's claimants looks up only those that have one.
+const RANGE: u8 = 8;
 
 /// One member, packed (128 bytes): an admitted key and its announcement as signed —
 /// date, address, leaving — and its signature. The range digest it binds

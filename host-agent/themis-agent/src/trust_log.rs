@@ -152,8 +152,7 @@ impl TrustLog {
             .into_iter()
             .filter_map(|(key, (index, grant))| {
                 let net = grant.net().ok()?;
-                let leaf = log.leaf(index)?;
-                let signed = themis_log::Entry::decode(leaf).ok()?.statement.encode();
+                let signed = signed_statement(&log, index)?;
                 let held = RangeGrant {
                     net,
                     not_after: grant.not_after,
@@ -173,9 +172,7 @@ impl TrustLog {
             .newest_address_ranges()
             .get(node_key)
             .map(|(index, grant)| (*index, grant.issued_at))?;
-        let leaf = log.leaves(index, 1).first()?;
-        let entry = themis_log::Entry::decode(leaf).ok()?;
-        Some((issued_at, entry.statement.encode()))
+        Some((issued_at, signed_statement(&log, index)?))
     }
 
     /// What `GET /v1/log` shows: the checkpoint, the forks seen, every leaf.
@@ -389,4 +386,11 @@ pub fn status_of(log: &Log, forks: Vec<String>) -> contract::LogStatus {
         forks,
         leaves,
     }
+}
+
+/// Leaf `index`'s statement as the root signed it (encoded `Signed`): what an
+/// announcement's range digest is taken over.
+fn signed_statement(log: &Log, index: u64) -> Option<Vec<u8>> {
+    let leaf = log.leaf(index)?;
+    Some(themis_log::Entry::decode(leaf).ok()?.statement.encode())
 }
