@@ -310,7 +310,13 @@ fn instances(body: &Body<Vec<Entry>>, service: &str, revoked: bool) {
     let metadata = BTreeMap::from([("version".to_string(), "v2".to_string())]);
     for result in &results {
         if let Ok(instance) = result {
-            let genuine = Instance { id: t.workload.id(), endpoint, metadata: metadata.clone() };
+            // Vouched for by the node, directly or through the authority's grant.
+            let direct = vec![*t.node.public_key()];
+            let delegated = vec![t.delegated_chain[1].signer, *t.node.public_key()];
+            let vouched_by = instance.vouched_by.clone();
+            assert!(vouched_by == direct || vouched_by == delegated, "vouched by {vouched_by:?}");
+            let genuine =
+                Instance { id: t.workload.id(), endpoint, metadata: metadata.clone(), vouched_by };
             assert_eq!(instance, &genuine, "an instance the fixed node never endorsed");
             assert_eq!(service, SERVICE, "an instance accepted for another service");
             assert!(!revoked, "a revoked workload accepted");
@@ -573,7 +579,7 @@ enum RouteOp {
     Expire,
     Advance(u16),
     Pick { service: u8, random: u32 },
-    ForgetAll,
+    Withdraw { endorser: u8 },
 }
 
 fn service_name(n: u8) -> String {
@@ -589,7 +595,13 @@ fn pool_instance(n: u8) -> Instance {
             "version".to_string(),
             if n % 2 == 0 { "v1" } else { "v2" }.to_string(),
         )]),
+        vouched_by: vec![pool_endorser(n)],
     }
+}
+
+/// One of three endorsing nodes (instance `n` is endorsed by `n % 3`).
+fn pool_endorser(n: u8) -> [u8; 32] {
+    [100 + n % 3; 32]
 }
 
 fn routes(canary: &[(u8, bool, u8)], ops: &[RouteOp]) {
@@ -630,9 +642,13 @@ fn routes(canary: &[(u8, bool, u8)], ops: &[RouteOp]) {
                 down.retain(|_, until| *until > now);
             }
             RouteOp::Advance(ms) => now += u64::from(*ms),
-            RouteOp::ForgetAll => {
-                routes.forget_all();
-                cached.clear();
+            RouteOp::Withdraw { endorser } => {
+                let revoked = pool_endorser(*endorser);
+                routes.withdraw(|i| i.vouched_by.contains(&revoked));
+                cached.retain(|_, (list, _)| {
+                    list.retain(|i| !i.vouched_by.contains(&revoked));
+                    !list.is_empty()
+                });
             }
             RouteOp::Pick { service, random } => {
                 let name = service_name(*service);

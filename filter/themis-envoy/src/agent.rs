@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use themis_contracts::api;
 use themis_core::identity::PublicIdentity;
 use themis_core::{MeshName, PeerId};
-use themis_trust::{MeshRoot, Revocations, Signed, Verifier};
+use themis_trust::{InstanceValue, MeshRoot, Revocations, Signed, Verifier};
 
 /// One instance of a service: who must answer, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +22,20 @@ pub struct Instance {
     pub endpoint: SocketAddr,
     /// Its labels (e.g. `version`), as its record states them.
     pub metadata: themis_trust::Metadata,
+    /// The grantees its endorsement rests on, the endorsing node last: a revocation of
+    /// any of them (or of `id`) withdraws it, with no new resolution.
+    pub vouched_by: Vec<[u8; 32]>,
+}
+
+impl Instance {
+    /// Whether `revoked` withdraws it: its own key or a key its endorsement rests on.
+    pub fn is_revoked(&self, root: &MeshRoot, revoked: &Revocations) -> bool {
+        revoked.contains(&self.id)
+            || self
+                .vouched_by
+                .iter()
+                .any(|k| revoked.contains_key(root, k))
+    }
 }
 
 /// Why an agent answer was not usable.
@@ -71,8 +85,9 @@ fn verify_instance(
     let id = PeerId::parse_in(&raw.id, &trust.root.mesh).map_err(|_| AgentError::KeyIdMismatch)?;
     let value = hex::decode(&raw.record)
         .map_err(|_| AgentError::NotEndorsed(themis_trust::TrustError::Malformed))?;
+    let value = InstanceValue::decode(&value).map_err(AgentError::NotEndorsed)?;
     let instance = trust
-        .instance(&value, service)
+        .instance_value(&value, service)
         .map_err(AgentError::NotEndorsed)?;
     if instance.id != id {
         return Err(AgentError::KeyIdMismatch);
@@ -84,6 +99,7 @@ fn verify_instance(
         id,
         endpoint,
         metadata: instance.metadata,
+        vouched_by: value.grantees().collect(),
     })
 }
 
@@ -384,6 +400,7 @@ mod tests {
                 id: peer.id(),
                 endpoint: "127.0.0.12:15006".parse().unwrap(),
                 metadata: Default::default(),
+                vouched_by: vec![*node.public_key()],
             })]
         );
         // Granted by someone other than the root: a confused or hostile agent's answer.
@@ -409,18 +426,36 @@ mod tests {
         // Asked for another service.
         assert!(parse_instances(good.as_bytes(), "other", &trust).unwrap()[0].is_err());
         // Revoked since.
-        let revoke = |by: &Identity| {
+        let revoke_id = |by: &Identity, id: PeerId| {
             Signed::sign(
                 by,
                 REVOCATION_LABEL,
                 &Revocation {
                     mesh: "demo".into(),
-                    id: peer.id().0,
+                    id: id.0,
                     issued_at: now,
                     reason: String::new(),
                 },
             )
         };
+        let revoke = |by: &Identity| revoke_id(by, peer.id());
+        let (usable, _) = endorsed(parse_instances(good.as_bytes(), "check", &trust).unwrap());
+        let cached = &usable[0];
+        // What a revocation withdraws from a resolution already made: the workload,
+        // or the node that endorsed it; another node's revocation leaves it.
+        for (revoked_id, withdrawn) in
+            [(peer.id(), true), (node.id(), true), (root_key.id(), false)]
+        {
+            let mut revoked = Revocations::new();
+            revoked
+                .add(&root, &revoke_id(&root_key, revoked_id).encode())
+                .unwrap();
+            assert_eq!(
+                cached.is_revoked(&root, &revoked),
+                withdrawn,
+                "{revoked_id:?}"
+            );
+        }
         let mut revoked = Revocations::new();
         let revocation = revoke(&root_key);
         revoked.add(&root, &revocation.encode()).unwrap();

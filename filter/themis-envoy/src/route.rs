@@ -136,9 +136,16 @@ impl Routes {
         self.down.retain(|_, &mut until| until > now_ms);
     }
 
-    /// Forgets every resolution (a revocation arrived: resolve again, verified anew).
-    pub fn forget_all(&mut self) {
-        self.services.clear();
+    /// A revocation arrived: withdraws the instances it `revokes` from every
+    /// resolution, and forgets a resolution left with none (resolved again on its next
+    /// call). The others stay until they expire: a revocation must not send every
+    /// worker of the mesh to its agent, and every agent to the DHT, at the same moment
+    /// (when the replicas a revoked node held are not yet stored again).
+    pub fn withdraw(&mut self, revokes: impl Fn(&Instance) -> bool) {
+        self.services.retain(|_, resolved| {
+            resolved.instances.retain(|i| !revokes(i));
+            !resolved.instances.is_empty()
+        });
     }
 }
 
@@ -152,6 +159,7 @@ mod tests {
             id: PeerId([n; 32]),
             endpoint: format!("127.0.0.{n}:15006").parse().unwrap(),
             metadata: BTreeMap::from([("version".to_string(), version.to_string())]),
+            vouched_by: vec![[n; 32]],
         }
     }
 
@@ -172,6 +180,23 @@ mod tests {
         assert_eq!(routes.pick("check", 100, 0), Pick::Resolve);
         routes.cache("check", vec![], 200);
         assert_eq!(routes.pick("check", 150, 0), Pick::NoInstance);
+    }
+
+    #[test]
+    fn a_revocation_withdraws_its_instances_and_keeps_the_rest() {
+        let mut routes = Routes::default();
+        routes.cache("check", vec![instance(1, "v1"), instance(2, "v1")], 1000);
+        routes.cache("audit", vec![instance(1, "v1")], 1000);
+        // Node 1 is revoked: check keeps instance 2 until it expires, with no new
+        // resolution; audit, left with none, is resolved again.
+        routes.withdraw(|i| i.vouched_by.contains(&[1; 32]));
+        for r in 0..16u32 {
+            assert!(
+                matches!(routes.pick("check", 0, r << 16), Pick::Instance(i) if i.id == PeerId([2; 32]))
+            );
+        }
+        assert_eq!(routes.pick("check", 1000, 0), Pick::Resolve);
+        assert_eq!(routes.pick("audit", 0, 0), Pick::Resolve);
     }
 
     #[test]

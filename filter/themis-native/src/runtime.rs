@@ -273,6 +273,12 @@ impl Runtime {
             self.publish(|s| {
                 s.revocations = list.revocations;
                 s.revocation_generation += 1;
+                // What the revocation withdraws is not picked again; the rest stays
+                // until the next resolution (no call to the agent at the same moment
+                // from every worker of the mesh).
+                for instances in s.resolutions.values_mut() {
+                    instances.retain(|i| !i.is_revoked(&self.root, &s.revocations));
+                }
             });
         }
         Ok((NextPoll::of(&body), changed))
@@ -306,7 +312,9 @@ impl Runtime {
             self.publish(|s| {
                 // Checked against the revocations of the snapshot read above; the
                 // revocations' thread may have published newer ones since.
-                let live = good.into_iter().filter(|i| !s.revocations.contains(&i.id));
+                let live = good
+                    .into_iter()
+                    .filter(|i| !i.is_revoked(&self.root, &s.revocations));
                 s.resolutions.insert(service.to_owned(), live.collect());
             });
         }

@@ -733,6 +733,7 @@ mod tests {
             id: PeerId([id; 32]),
             endpoint: endpoint.parse().unwrap(),
             metadata: Default::default(),
+            vouched_by: Vec::new(),
         }
     }
 

@@ -161,4 +161,15 @@ impl InstanceValue {
     pub fn decode(bytes: &[u8]) -> Result<InstanceValue, TrustError> {
         decode(bytes)
     }
+
+    /// The keys a verified value rests on besides its workload's: every grantee of
+    /// its chain, the endorsing node last (in a chain that verified, each link after
+    /// the root's is signed by the previous grantee, and the record by the last). A
+    /// revocation of any of them withdraws the instance.
+    pub fn grantees(&self) -> impl Iterator<Item = [u8; 32]> + '_ {
+        let later_links = self.grants.iter().skip(1);
+        later_links
+            .chain(std::iter::once(&self.record))
+            .map(|signed| signed.signer)
+    }
 }

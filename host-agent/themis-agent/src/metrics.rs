@@ -192,7 +192,7 @@ impl Metrics {
         );
         r.register(
             "dht_store_refreshes",
-            "Owned objects re-stored by the periodic republish",
+            "Owned objects re-stored: by the periodic republish, or at once when their holder left the membership",
             m.store_refreshes.clone(),
         );
         r.register(

@@ -139,7 +139,8 @@ pub struct Stats {
     pub lookups_failed: u64,
     /// `FindStep`s sent by successful lookups (mean hops = this / `lookups_done`).
     pub lookup_hops: u64,
-    /// Owned objects re-stored by the periodic republish (each to its `k + 1` replicas).
+    /// Owned objects re-stored by the periodic republish (each to its `k + 1` replicas),
+    /// and replicas re-stored at once because their holder left the membership.
     pub republished: u64,
     /// One-hop routing: `Store`s and `Get`s sent again to the next holder after a timeout.
     pub retries: u64,

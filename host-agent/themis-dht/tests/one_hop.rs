@@ -188,3 +188,57 @@ fn a_newcomer_is_handed_what_it_now_holds() {
     let got = sim.resolve_all(&[1], b"svc-0", 0);
     assert!(matches!(&got[0], Event::Resolved { answered: 1, values, .. } if values.len() == 1));
 }
+
+#[test]
+fn what_a_revoked_member_held_is_stored_again_by_its_owners_at_once() {
+    let mut sim = Sim::one_hop(25, 6, Config::default(), (1, 5), None);
+    let revoked = 5;
+    let names: Vec<String> = (0..40).map(|s| format!("svc-{s}")).collect();
+    for (s, name) in names.iter().enumerate() {
+        let owner = s % revoked;
+        let op = sim
+            .op(owner, |n, now| {
+                n.store(now, name.as_bytes(), b"v".to_vec(), 1, 600_000)
+            })
+            .expect("store");
+        sim.wait(owner, op, 5_000);
+    }
+    let before = members_of(&sim, 0..=revoked);
+    let held_by_revoked = names
+        .iter()
+        .filter(|name| {
+            (0..=1).any(|r| holder_of(&before, &Key::object(name.as_bytes(), r)) == revoked)
+        })
+        .count();
+    assert!(
+        held_by_revoked > 0,
+        "the revoked member held some of the 40 names"
+    );
+
+    // Its key is revoked: it says no farewell and hands nothing over, and every other
+    // member is given the list without it long before the next republish (60 s).
+    sim.kill(revoked);
+    let after = members_of(&sim, 0..revoked);
+    for i in 0..revoked {
+        sim.op(i, |n, now| n.set_members(now, after.clone()));
+    }
+    sim.run_for(1_000);
+    for name in &names {
+        for r in 0..=1 {
+            let key = Key::object(name.as_bytes(), r);
+            let holder = holder_of(&after, &key);
+            assert_eq!(
+                sim.nodes[holder].values(&key, sim.now),
+                vec![b"v".to_vec()],
+                "{name} replica {r} at its new holder"
+            );
+        }
+    }
+    let got = sim.resolve_all(&[0, 1, 2, 3, 4], b"svc-7", 1);
+    for event in got {
+        assert!(
+            matches!(&event, Event::Resolved { values, answered: 2, .. } if values == &[b"v".to_vec()]),
+            "{event:?}"
+        );
+    }
+}

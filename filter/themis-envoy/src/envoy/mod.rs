@@ -220,13 +220,15 @@ impl Root {
         self.revocations_call = call_agent_with(self, &w.config, &path, None, timeout);
     }
 
-    /// Installs a fresh revocation list; a new revocation drops cached resolutions
-    /// and caller checks, so the revoked key is not used from a cache either.
+    /// Installs a fresh revocation list; a new revocation withdraws the instances it
+    /// revokes from the cached resolutions and drops the caller checks, so the
+    /// revoked key is not used from a cache either.
     fn install_revocations(worker: &Shared, status: Option<u16>, body: &[u8]) {
         let mut w = worker.borrow_mut();
         if status != Some(200) {
             return;
         }
+        let w = &mut *w;
         let held = w.revoked.len();
         match agent::parse_new_revocations(body, &w.config.mesh_root, held) {
             Ok(None) => {}
@@ -236,7 +238,8 @@ impl Root {
                     list.revocations.len(),
                     list.proven
                 );
-                w.routes.forget_all();
+                let root = &w.config.mesh_root;
+                w.routes.withdraw(|i| i.is_revoked(root, &list.revocations));
                 w.callers.clear();
                 w.revoked = list.revocations;
             }

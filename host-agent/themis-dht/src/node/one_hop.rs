@@ -52,10 +52,15 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
             }
         }
         self.liveness.sweep(now, &members);
-        self.members = Some(members);
-        if let Some(new) = newcomer.filter(|_| self.state == State::Joined) {
-            let objects = self.store.objects_outside(Some((&new.id, &me)), now);
-            self.send_handover(now, &new, objects);
+        let before = self.members.replace(members);
+        if self.state == State::Joined {
+            if let Some(new) = newcomer {
+                let objects = self.store.objects_outside(Some((&new.id, &me)), now);
+                self.send_handover(now, &new, objects);
+            }
+            if let Some(before) = before {
+                self.restore_what_departed_members_held(now, &before);
+            }
         }
         if self.state != State::Joined {
             self.start_maintenance(now);
@@ -63,6 +68,38 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
             if successor.id != me {
                 self.events.push_back(Event::Joined { successor });
             }
+        }
+    }
+
+    /// A member that left the list (revoked, its admission expired) handed nothing
+    /// over: the replicas it held are gone until their owners store them again. Ours
+    /// are stored again now, at their new holders, rather than at the next republish:
+    /// until then every resolution asking there would find nothing.
+    fn restore_what_departed_members_held(&mut self, now: Millis, before: &Members<A>) {
+        let Some(members) = &self.members else { return };
+        let departed = |key: &Key| {
+            before
+                .clockwise_from(key)
+                .next()
+                .is_some_and(|held_by| members.get(&held_by.id).is_none())
+        };
+        let mut orphaned: Vec<(Key, Vec<u8>, Millis)> = Vec::new();
+        for ((name, value), owned) in &self.owned {
+            for r in 0..=owned.k {
+                let key = Key::object(name, r);
+                if departed(&key) {
+                    orphaned.push((key, value.clone(), owned.ttl));
+                }
+            }
+        }
+        for (key, value, ttl_ms) in orphaned {
+            self.stats.republished += 1;
+            let purpose = Purpose::Store {
+                op: None,
+                value,
+                ttl_ms,
+            };
+            self.direct(now, key, purpose, 0);
         }
     }
 
