@@ -22,6 +22,23 @@ use themis_envoy::agent::{
 use themis_envoy::config::Config;
 use themis_trust::{MeshRoot, Revocations, Verifier};
 
+/// Takes the instances `revoked` withdraws out of `resolutions`; the rest stays until
+/// the next resolution (no call to the agent at the same moment from every worker of
+/// the mesh). A service left with none is dropped, to be resolved again at once;
+/// `true` if one was.
+fn withdraw(
+    resolutions: &mut HashMap<String, Vec<Instance>>,
+    root: &MeshRoot,
+    revoked: &Revocations,
+) -> bool {
+    let before = resolutions.len();
+    resolutions.retain(|_, instances| {
+        instances.retain(|i| !i.is_revoked(root, revoked));
+        !instances.is_empty()
+    });
+    resolutions.len() < before
+}
+
 /// Unix milliseconds.
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -270,16 +287,15 @@ impl Runtime {
                     list.proven
                 ),
             );
+            let mut emptied = false;
             self.publish(|s| {
                 s.revocations = list.revocations;
                 s.revocation_generation += 1;
-                // What the revocation withdraws is not picked again; the rest stays
-                // until the next resolution (no call to the agent at the same moment
-                // from every worker of the mesh).
-                for instances in s.resolutions.values_mut() {
-                    instances.retain(|i| !i.is_revoked(&self.root, &s.revocations));
-                }
+                emptied = withdraw(&mut s.resolutions, &self.root, &s.revocations);
             });
+            if emptied {
+                self.refresh();
+            }
         }
         Ok((NextPoll::of(&body), changed))
     }
@@ -410,6 +426,52 @@ fn dechunk(mut body: &[u8]) -> Result<Vec<u8>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_revocation_withdraws_what_rests_on_the_key_and_drops_emptied_services() {
+        use themis_core::{Identity, MeshName};
+        use themis_trust::{Revocation, Signed, REVOCATION_LABEL};
+        let mesh = MeshName::new("demo").unwrap();
+        let rng = SystemRandom::new();
+        let root_key = Identity::generate(mesh.clone(), &rng).unwrap();
+        let node = Identity::generate(mesh.clone(), &rng).unwrap();
+        let root = MeshRoot {
+            mesh: mesh.clone(),
+            key: *root_key.public_key(),
+        };
+        let instance = |n: u8, endorser: [u8; 32]| Instance {
+            id: themis_core::PeerId([n; 32]),
+            endpoint: format!("127.0.0.{n}:15006").parse().unwrap(),
+            metadata: Default::default(),
+            vouched_by: vec![endorser],
+        };
+        let mut resolutions = HashMap::from([
+            (
+                "check".to_owned(),
+                vec![instance(1, *node.public_key()), instance(2, [7; 32])],
+            ),
+            ("audit".to_owned(), vec![instance(3, *node.public_key())]),
+        ]);
+        let mut revoked = Revocations::new();
+        let revocation = Signed::sign(
+            &root_key,
+            REVOCATION_LABEL,
+            &Revocation {
+                mesh: "demo".into(),
+                id: node.id().0,
+                issued_at: 1,
+                reason: String::new(),
+            },
+        );
+        revoked.add(&root, &revocation.encode()).unwrap();
+        // The node's revocation: check keeps its other instance, audit is dropped.
+        assert!(withdraw(&mut resolutions, &root, &revoked));
+        assert_eq!(resolutions["check"], vec![instance(2, [7; 32])]);
+        assert!(!resolutions.contains_key("audit"));
+        // Nothing more rests on it: nothing else goes.
+        assert!(!withdraw(&mut resolutions, &root, &revoked));
+        assert_eq!(resolutions.len(), 1);
+    }
 
     #[test]
     fn bodies_are_read_plain_and_chunked_and_errors_say_the_status() {

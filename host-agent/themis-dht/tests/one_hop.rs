@@ -190,55 +190,74 @@ fn a_newcomer_is_handed_what_it_now_holds() {
 }
 
 #[test]
-fn what_a_revoked_member_held_is_stored_again_by_its_owners_at_once() {
+fn what_only_a_revoked_member_held_is_stored_again_by_its_owners_at_once() {
     let mut sim = Sim::one_hop(25, 6, Config::default(), (1, 5), None);
     let revoked = 5;
-    let names: Vec<String> = (0..40).map(|s| format!("svc-{s}")).collect();
-    for (s, name) in names.iter().enumerate() {
+    // Names with one replica (k = 0) and with two (k = 1), owned by the other five.
+    let names: Vec<(String, u8)> = (0..60)
+        .map(|s| (format!("svc-{s}"), u8::from(s % 2 == 1)))
+        .collect();
+    for (s, (name, k)) in names.iter().enumerate() {
         let owner = s % revoked;
         let op = sim
             .op(owner, |n, now| {
-                n.store(now, name.as_bytes(), b"v".to_vec(), 1, 600_000)
+                n.store(now, name.as_bytes(), b"v".to_vec(), *k, 600_000)
             })
             .expect("store");
         sim.wait(owner, op, 5_000);
     }
+    let republished = |sim: &Sim| -> u64 { sim.nodes.iter().map(|n| n.stats().republished).sum() };
     let before = members_of(&sim, 0..=revoked);
-    let held_by_revoked = names
+    let held_only_by_revoked = |name: &str, k: u8| {
+        (0..=k).all(|r| holder_of(&before, &Key::object(name.as_bytes(), r)) == revoked)
+    };
+    let lost: Vec<&(String, u8)> = names
         .iter()
-        .filter(|name| {
-            (0..=1).any(|r| holder_of(&before, &Key::object(name.as_bytes(), r)) == revoked)
-        })
-        .count();
+        .filter(|(name, k)| held_only_by_revoked(name, *k))
+        .collect();
     assert!(
-        held_by_revoked > 0,
-        "the revoked member held some of the 40 names"
+        lost.iter().any(|(_, k)| *k == 0) && lost.iter().any(|(_, k)| *k == 1),
+        "the revoked member held every replica of some names of each kind: {lost:?}"
     );
 
-    // Its key is revoked: it says no farewell and hands nothing over, and every other
-    // member is given the list without it long before the next republish (60 s).
+    // A list given again unchanged stores nothing again.
+    let quiet = republished(&sim);
+    sim.op(0, |n, now| n.set_members(now, before.clone()));
+    assert_eq!(
+        republished(&sim),
+        quiet,
+        "an unchanged list stores nothing again"
+    );
+
+    // The member's key is revoked: it says no farewell and hands nothing over, and
+    // every other member is given the list without it long before the next
+    // republish (60 s).
     sim.kill(revoked);
     let after = members_of(&sim, 0..revoked);
     for i in 0..revoked {
         sim.op(i, |n, now| n.set_members(now, after.clone()));
     }
     sim.run_for(1_000);
-    for name in &names {
-        for r in 0..=1 {
+    // Only the names it held alone were stored again, each replica once.
+    let restored: u64 = lost.iter().map(|(_, k)| u64::from(*k) + 1).sum();
+    assert_eq!(republished(&sim) - quiet, restored);
+    for (name, k) in &lost {
+        for r in 0..=*k {
             let key = Key::object(name.as_bytes(), r);
-            let holder = holder_of(&after, &key);
             assert_eq!(
-                sim.nodes[holder].values(&key, sim.now),
+                sim.nodes[holder_of(&after, &key)].values(&key, sim.now),
                 vec![b"v".to_vec()],
                 "{name} replica {r} at its new holder"
             );
         }
     }
-    let got = sim.resolve_all(&[0, 1, 2, 3, 4], b"svc-7", 1);
-    for event in got {
-        assert!(
-            matches!(&event, Event::Resolved { values, answered: 2, .. } if values == &[b"v".to_vec()]),
-            "{event:?}"
-        );
+    // Every name resolves from every member, the others from the replica left.
+    for (name, k) in &names {
+        for event in sim.resolve_all(&[0, 1, 2, 3, 4], name.as_bytes(), *k) {
+            assert!(
+                matches!(&event, Event::Resolved { values, .. } if values == &[b"v".to_vec()]),
+                "{name}: {event:?}"
+            );
+        }
     }
 }

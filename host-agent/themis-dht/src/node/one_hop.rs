@@ -71,10 +71,17 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
         }
     }
 
-    /// A member that left the list (revoked, its admission expired) handed nothing
-    /// over: the replicas it held are gone until their owners store them again. Ours
-    /// are stored again now, at their new holders, rather than at the next republish:
-    /// until then every resolution asking there would find nothing.
+    /// A member that left the list (revoked, its announcement or admission expired)
+    /// may have handed nothing over. Where it held every replica of one of our names,
+    /// nothing of that name is left until we store it again: we do so now, at the new
+    /// holders, rather than at the next republish. A name with a replica left at a
+    /// listed member still resolves and waits for the republish: every agent owns the
+    /// revocations' name, so re-storing whatever a departed member held would send
+    /// every agent's copy to one new holder at once.
+    ///
+    /// The old holders are the first members clockwise under the old list, without
+    /// this node's liveness marks: a replica passed over to the next member is not
+    /// seen here, and is left to the republish too.
     fn restore_what_departed_members_held(&mut self, now: Millis, before: &Members<A>) {
         let Some(members) = &self.members else { return };
         let departed = |key: &Key| {
@@ -83,16 +90,14 @@ impl<A: Clone + Eq + Hash + Debug> Node<A> {
                 .next()
                 .is_some_and(|held_by| members.get(&held_by.id).is_none())
         };
-        let mut orphaned: Vec<(Key, Vec<u8>, Millis)> = Vec::new();
+        let mut lost: Vec<(Key, Vec<u8>, Millis)> = Vec::new();
         for ((name, value), owned) in &self.owned {
-            for r in 0..=owned.k {
-                let key = Key::object(name, r);
-                if departed(&key) {
-                    orphaned.push((key, value.clone(), owned.ttl));
-                }
+            let keys: Vec<Key> = (0..=owned.k).map(|r| Key::object(name, r)).collect();
+            if keys.iter().all(departed) {
+                lost.extend(keys.into_iter().map(|key| (key, value.clone(), owned.ttl)));
             }
         }
-        for (key, value, ttl_ms) in orphaned {
+        for (key, value, ttl_ms) in lost {
             self.stats.republished += 1;
             let purpose = Purpose::Store {
                 op: None,
