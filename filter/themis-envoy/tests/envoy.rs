@@ -170,6 +170,59 @@ fn handler_calls_check_by_name(runtime: Runtime) {
     assert_eq!(stat_inbound(&mesh.envoy_b, "allowed"), handshakes);
 }
 
+/// Many requests that find no resolution at once wait on one agent call per worker.
+/// (One call each, 96 at once, is more connections than the agent takes from one
+/// caller: the calls it closed reached the app as 503s; the benchmark's 64
+/// connections hit it whenever a resolution expired.)
+fn concurrent_first_calls_share_one_resolution(runtime: Runtime) {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
+    let mesh = Mesh::standard_on(runtime);
+    if runtime == Runtime::Native {
+        mesh.envoy_a
+            .wait_native_resolves("check", mesh.envoy_b.inbound);
+    }
+    // The Wasm runtime's agent calls go through this cluster (the native runtime
+    // resolves on a thread of its own, never per request).
+    let wasm = runtime == Runtime::Wasm;
+    let agent_calls = || match wasm {
+        true => mesh.envoy_a.stat("cluster.themis_agent.upstream_rq_total"),
+        false => 0,
+    };
+    let calls_before = agent_calls();
+    let start = std::sync::Barrier::new(96);
+    let statuses: Vec<(u16, String)> = std::thread::scope(|scope| {
+        let calls: Vec<_> = (0..96)
+            .map(|n| {
+                let (mesh, start) = (&mesh, &start);
+                scope.spawn(move || {
+                    start.wait();
+                    let r = mesh.call("GET", "check", &format!("/burst/{n}"), &[], b"");
+                    (
+                        r.status,
+                        r.header("x-themis-reject").unwrap_or("").to_owned(),
+                    )
+                })
+            })
+            .collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let calls = agent_calls() - calls_before;
+    eprintln!("{runtime:?}: 96 concurrent first calls made {calls} agent call(s)");
+    // One resolution per worker (two), and room for the revocations' long polls
+    // answered meanwhile; one call per request made 15 and 46 in two runs.
+    assert!(calls <= 8, "{calls} agent calls for 96 requests");
+    let failed: Vec<&(u16, String)> = statuses.iter().filter(|(s, _)| *s != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of 96 concurrent first calls failed: {:?}\n{}",
+        failed.len(),
+        &failed[..failed.len().min(5)],
+        mesh.logs()
+    );
+}
+
 /// HTTP/1.1 keep-alive: the calls of one client connection run on one worker and
 /// share its pooled sealed connection, so one key agreement serves them all.
 fn keep_alive_calls_share_one_handshake(runtime: Runtime) {
@@ -1429,20 +1482,24 @@ fn rotation_under_continuous_calls(runtime: Runtime, rotated: Rotated) {
         stop.store(true, Ordering::Relaxed);
     });
     let answers = answers.into_inner().unwrap();
-    let failed: Vec<&(u16, String)> = answers
+    let revoked_at = revoked_at.into_inner().unwrap();
+    let failed: Vec<(usize, &(u16, String))> = answers
         .iter()
-        .filter(|(status, _)| *status != 200)
+        .enumerate()
+        .filter(|(_, (status, _))| *status != 200)
         .collect();
     assert!(
         failed.is_empty(),
-        "{rotated:?}: {} of {} calls failed: {:?}\n{}\n--- envoy-next:\n{}",
+        "{rotated:?}: {} of {} calls failed (call, answer), the revocation at call \
+         {revoked_at}: {:?}\n{}\n--- envoy-next:\n{}\n--- agent A:\n{}",
         failed.len(),
         answers.len(),
         &failed[..failed.len().min(5)],
         mesh.logs(),
-        next.log_tail(30)
+        next.log_tail(30),
+        mesh.a.log_tail()
     );
-    let after = &answers[revoked_at.into_inner().unwrap()..];
+    let after = &answers[revoked_at..];
     eprintln!(
         "{rotated:?} rotation ({runtime:?}): {} calls, none failed, {} after the revocation",
         answers.len(),
@@ -1471,6 +1528,7 @@ fn a_node_key_is_rotated_under_continuous_calls(runtime: Runtime) {
 // `wasm::<test>` and `native::<test>`.
 themis_testkit::on_both_runtimes!(
     handler_calls_check_by_name,
+    concurrent_first_calls_share_one_resolution,
     keep_alive_calls_share_one_handshake,
     forged_themis_headers_never_reach_the_callee,
     capture_holds_no_plaintext,

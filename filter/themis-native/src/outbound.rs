@@ -13,7 +13,7 @@ use std::time::Duration;
 use ring::rand::{SecureRandom, SystemRandom};
 use themis_core::PeerId;
 use themis_envoy::config::{is_name, Config, Role};
-use themis_envoy::route::{Pick, Routes, DESTINATION_HEADER, PEER_HEADER};
+use themis_envoy::route::{Pick, PickRandom, Routes, DESTINATION_HEADER, PEER_HEADER};
 
 use crate::runtime::{now_ms, Runtime};
 use crate::socket::{proven_peer, ProvenPeer};
@@ -152,25 +152,21 @@ impl Outbound {
         }
     }
 
-    /// A number for the pick: routing, not secrecy, so a per-worker xorshift seeded
-    /// once from the system (a `getrandom` call per request showed in the benchmark).
+    /// A number for the pick, from this worker's [`PickRandom`].
     fn random(&self) -> u32 {
         thread_local! {
-            static STATE: Cell<u64> = const { Cell::new(0) };
+            static STATE: Cell<Option<PickRandom>> = const { Cell::new(None) };
         }
         STATE.with(|state| {
-            let mut x = state.get();
-            if x == 0 {
+            let mut random = state.get().unwrap_or_else(|| {
                 let mut seed = [0u8; 8];
                 // A failed draw still leaves a valid (fixed) sequence.
                 let _ = self.rng.fill(&mut seed);
-                x = u64::from_le_bytes(seed) | 1;
-            }
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            state.set(x);
-            (x >> 32) as u32
+                PickRandom::new(u64::from_le_bytes(seed))
+            });
+            let n = random.next_u32();
+            state.set(Some(random));
+            n
         })
     }
 

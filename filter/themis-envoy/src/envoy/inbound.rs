@@ -243,7 +243,7 @@ impl Context for Inbound {
                 .iter()
                 .map(|i| i.id)
                 .collect();
-            let expires = w.expires();
+            let expires = w.expires(ids.is_empty());
             w.callers.insert(claim, ids, expires);
         }
         let Some(established) = self.stream.established().cloned() else {

@@ -10,7 +10,7 @@ mod inbound;
 mod outbound;
 mod seal;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -29,7 +29,7 @@ use themis_trust::{Revocations, Verifier};
 use crate::agent::{self, Instance};
 use crate::config::{Config, Policy, Role};
 use crate::policy::Callers;
-use crate::route::Routes;
+use crate::route::{PickRandom, Routes};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -60,6 +60,15 @@ struct Worker {
     handshaking: BTreeMap<u32, Deadline>,
     metrics: Metrics,
     rng: SystemRandom,
+    /// Outbound: the picks' random numbers (no system draw per request).
+    pick_random: Cell<PickRandom>,
+    /// Unix ms at the root's last tick (0.1 s apart for the outbound role, which
+    /// never loads an identity): the clock of the picks, which need no finer one,
+    /// without a host call per request.
+    tick_ms: u64,
+    /// Outbound: the services being resolved, each by one agent call, with the
+    /// requests waiting on it.
+    resolving: HashMap<String, outbound::Resolving>,
 }
 
 type Shared = Rc<RefCell<Worker>>;
@@ -111,13 +120,21 @@ impl Worker {
     }
 
     fn random(&self) -> u32 {
-        let mut bytes = [0u8; 4];
-        let _ = self.rng.fill(&mut bytes);
-        u32::from_le_bytes(bytes)
+        let mut random = self.pick_random.get();
+        let n = random.next_u32();
+        self.pick_random.set(random);
+        n
     }
 
-    fn expires(&self) -> u64 {
-        now_ms() + self.config.resolve_ttl.as_millis() as u64
+    /// When a resolution made now expires: after `resolve_ttl`, or a second at most
+    /// for an `empty` one (no instance may be the moment a node's revocation took
+    /// the replicas it held: not pinned for the whole TTL).
+    fn expires(&self, empty: bool) -> u64 {
+        let ttl = match empty {
+            true => self.config.resolve_ttl.min(Duration::from_secs(1)),
+            false => self.config.resolve_ttl,
+        };
+        now_ms() + ttl.as_millis() as u64
     }
 
     /// The connections still handshaking at their deadline, marked as passed it.
@@ -145,6 +162,9 @@ fn now_ms() -> u64 {
 struct Metrics {
     role: &'static str,
     ids: RefCell<HashMap<String, u32>>,
+    /// Outbound `requests` not yet given to Envoy: handed over on the tick, one host
+    /// call a second instead of one a request.
+    requests: Cell<u64>,
 }
 
 impl Metrics {
@@ -152,6 +172,7 @@ impl Metrics {
         Metrics {
             role: role.as_str(),
             ids: RefCell::default(),
+            requests: Cell::new(0),
         }
     }
 
@@ -165,8 +186,25 @@ impl Metrics {
     }
 
     fn count(&self, name: &str) {
+        self.count_by(name, 1);
+    }
+
+    fn count_by(&self, name: &str, n: u64) {
         if let Some(id) = self.id(name, MetricType::Counter) {
-            let _ = hostcalls::increment_metric(id, 1);
+            let _ = hostcalls::increment_metric(id, n.try_into().unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Counts an outbound request (given to Envoy on the next tick).
+    fn count_request(&self) {
+        self.requests.set(self.requests.get() + 1);
+    }
+
+    /// Gives Envoy what was counted since the last tick.
+    fn flush(&self) {
+        let requests = self.requests.replace(0);
+        if requests > 0 {
+            self.count_by("requests", requests);
         }
     }
 
@@ -180,6 +218,9 @@ impl Metrics {
 #[derive(Default)]
 struct Root {
     worker: Option<Shared>,
+    /// The resolutions this root asks for (of requests whose own call ended with
+    /// them), by call token.
+    resolve_calls: HashMap<u32, String>,
     identity_call: Option<u32>,
     revocations_call: Option<u32>,
     /// What the last revocations answer said about the next poll (a long poll when
@@ -277,13 +318,45 @@ impl Root {
     }
 }
 
+impl Root {
+    /// Asks again, as the root, for the resolutions whose asking request ended before
+    /// the answer (its call ended with it), so that the requests waiting on them are
+    /// answered.
+    fn ask_for_orphaned_resolutions(&mut self, worker: &Shared) {
+        let mut not_asked = Vec::new();
+        for service in outbound::orphaned(worker) {
+            let path = themis_contracts::paths::service(&service);
+            let token = call_agent(self, &worker.borrow().config, &path);
+            match token {
+                Some(token) => {
+                    self.resolve_calls.insert(token, service);
+                }
+                None => not_asked.push(service),
+            }
+        }
+        // After every call: answering a waiter acts as its context.
+        for service in not_asked {
+            outbound::resolved(worker, &service, None, &[]);
+        }
+    }
+}
+
 impl Context for Root {
+    fn on_done(&mut self) -> bool {
+        if let Some(worker) = &self.worker {
+            worker.borrow().metrics.flush();
+        }
+        true
+    }
+
     fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
         let Some(worker) = self.worker.clone() else {
             return;
         };
         let (status, body) = call_response(self, body_size);
-        if self.identity_call == Some(token) {
+        if let Some(service) = self.resolve_calls.remove(&token) {
+            outbound::resolved(&worker, &service, status, &body);
+        } else if self.identity_call == Some(token) {
             self.identity_call = None;
             Root::install_identity(&worker, status, &body);
             if worker.borrow().identity.is_some() {
@@ -326,6 +399,11 @@ impl RootContext for Root {
             config.mesh.as_str()
         );
         let metrics = Metrics::new(config.role);
+        let rng = SystemRandom::new();
+        let mut seed = [0u8; 8];
+        // A failed draw still leaves a valid (fixed) sequence of picks.
+        let _ = rng.fill(&mut seed);
+        let seed = u64::from_le_bytes(seed);
         if config.role == Role::Inbound {
             announce_policy(&config, &metrics);
         }
@@ -346,7 +424,10 @@ impl RootContext for Root {
             callers: Callers::default(),
             revoked: Revocations::new(),
             handshaking: BTreeMap::new(),
-            rng: SystemRandom::new(),
+            pick_random: Cell::new(PickRandom::new(seed)),
+            tick_ms: now_ms(),
+            resolving: HashMap::new(),
+            rng,
         })));
         // Quick ticks until the workload's identity is loaded, then one a second.
         self.set_tick_period(Duration::from_millis(100));
@@ -356,13 +437,17 @@ impl RootContext for Root {
     fn on_tick(&mut self) {
         self.fetch_identity();
         self.poll_revocations();
-        if let Some(worker) = &self.worker {
+        if let Some(worker) = self.worker.clone() {
+            let worker = &worker;
             let mut w = worker.borrow_mut();
             let now = now_ms();
+            w.tick_ms = now;
+            w.metrics.flush();
             w.routes.expire(now);
             w.callers.expire(now);
             let late = w.handshakes_past_deadline(now);
             drop(w);
+            self.ask_for_orphaned_resolutions(worker);
             // Last in the tick: each close acts as that connection's context.
             for context_id in late {
                 inbound::close_late(worker, context_id);
@@ -370,9 +455,9 @@ impl RootContext for Root {
         }
     }
 
-    fn create_http_context(&self, _: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         let worker = self.worker.clone()?;
-        Some(Box::new(outbound::Outbound::new(worker)))
+        Some(Box::new(outbound::Outbound::new(worker, context_id)))
     }
 
     fn create_stream_context(&self, context_id: u32) -> Option<Box<dyn StreamContext>> {

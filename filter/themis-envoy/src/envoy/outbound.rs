@@ -3,80 +3,200 @@
 //! destination and the id it must prove (the router's pool is split by both, so a
 //! connection only ever carries calls to one instance). The bytes are sealed by the
 //! internal listener's [`super::seal`] filter.
+//!
+//! A service is resolved by one agent call per worker at a time: the requests that
+//! find its resolution missing or expired while the call is out wait for it, and are
+//! routed and resumed when it answers. (One call per waiting request sent 64 calls at
+//! once when a resolution expired under 64 connections, past the agent's cap on one
+//! caller's connections: the calls it closed became 503s.)
+
+use std::cell::RefCell;
+use std::rc::Rc;
 
 use log::warn;
+use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
+use proxy_wasm::types::{Action, MapType};
 
 use super::{call_agent, call_response, now_ms, Shared};
 use crate::agent::Instance;
 use crate::config::is_name;
 use crate::route::{Pick, DESTINATION_HEADER, PEER_HEADER};
 
+/// The instance a request was routed to, set by whoever routed it: the request's
+/// own context, or the resolution it waited on.
+type Picked = Rc<RefCell<Option<Instance>>>;
+
+/// The agent call resolving one service, and the requests waiting on it.
+pub(super) struct Resolving {
+    asker: Asker,
+    waiters: Vec<Waiter>,
+}
+
+/// Who made a resolution's agent call (its answer goes to that context).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Asker {
+    /// The request context that found the resolution missing.
+    Request,
+    /// That request ended first, and with it the call: the root asks again on its
+    /// next tick.
+    Nobody,
+    /// The root context, on a tick.
+    Root,
+}
+
+struct Waiter {
+    context_id: u32,
+    picked: Picked,
+}
+
+/// What routing a request came to.
+enum Routed {
+    /// An instance is picked and named in the request headers: let it go on.
+    Go,
+    /// Answered here (no instance).
+    Refused,
+    /// The resolution is missing or expired.
+    Resolve,
+}
+
 pub struct Outbound {
     worker: Shared,
+    context_id: u32,
     service: String,
-    picked: Option<Instance>,
+    picked: Picked,
+    /// The resolution call this request made, if it made one.
     call: Option<u32>,
 }
 
 impl Outbound {
-    pub fn new(worker: Shared) -> Self {
+    pub fn new(worker: Shared, context_id: u32) -> Self {
         Outbound {
             worker,
+            context_id,
             service: String::new(),
-            picked: None,
+            picked: Picked::default(),
             call: None,
         }
     }
 
-    fn refuse(&self, status: u32, reason: &str, message: &str) {
-        self.worker
-            .borrow()
-            .metrics
-            .count(&format!("rejected.{reason}"));
-        self.send_http_response(
-            status,
-            vec![("x-themis-reject", reason), ("content-type", "text/plain")],
-            Some(format!("themis: {message}\n").as_bytes()),
-        );
-    }
-
-    /// Picks an instance; `true` if the request may go on now.
-    fn route(&mut self) -> bool {
-        let pick = {
-            let w = self.worker.borrow();
-            w.routes.pick(&self.service, now_ms(), w.random())
+    /// Waits for the service's resolution: joins the call already out, or makes it.
+    fn wait_for_resolution(&mut self) {
+        let waiter = Waiter {
+            context_id: self.context_id,
+            picked: self.picked.clone(),
         };
-        match pick {
-            Pick::Instance(instance) => {
-                self.set_http_request_header(
-                    DESTINATION_HEADER,
-                    Some(&instance.endpoint.to_string()),
-                );
-                self.set_http_request_header(PEER_HEADER, Some(&hex::encode(instance.id.0)));
-                self.picked = Some(instance);
-                true
+        let mut w = self.worker.borrow_mut();
+        if let Some(resolving) = w.resolving.get_mut(&self.service) {
+            resolving.waiters.push(waiter);
+            return;
+        }
+        let path = themis_contracts::paths::service(&self.service);
+        match call_agent(self, &w.config, &path) {
+            Some(token) => {
+                self.call = Some(token);
+                let resolving = Resolving {
+                    asker: Asker::Request,
+                    waiters: vec![waiter],
+                };
+                w.resolving.insert(self.service.clone(), resolving);
             }
-            Pick::NoInstance => {
-                self.refuse(
+            None => {
+                drop(w);
+                refuse(
+                    &self.worker,
                     503,
-                    "no_instance",
-                    &format!("{} has no instance the mesh vouches for", self.service),
+                    "resolve_failed",
+                    "the agent cannot be called",
                 );
-                false
-            }
-            Pick::Resolve => {
-                let path = themis_contracts::paths::service(&self.service);
-                let token = call_agent(self, &self.worker.borrow().config, &path);
-                match token {
-                    Some(token) => self.call = Some(token),
-                    None => self.refuse(503, "resolve_failed", "the agent cannot be called"),
-                }
-                false
             }
         }
     }
+}
+
+/// Routes the request of the effective context to an instance of `service`.
+fn route(worker: &Shared, service: &str, picked: &Picked) -> Routed {
+    let pick = {
+        let w = worker.borrow();
+        w.routes.pick(service, w.tick_ms, w.random())
+    };
+    match pick {
+        Pick::Instance(instance) => {
+            let headers = MapType::HttpRequestHeaders;
+            let destination = instance.endpoint.to_string();
+            let _ = hostcalls::set_map_value(headers, DESTINATION_HEADER, Some(&destination));
+            let expected = hex::encode(instance.id.0);
+            let _ = hostcalls::set_map_value(headers, PEER_HEADER, Some(&expected));
+            *picked.borrow_mut() = Some(instance);
+            Routed::Go
+        }
+        Pick::NoInstance => {
+            let message = format!("{service} has no instance the mesh vouches for");
+            refuse(worker, 503, "no_instance", &message);
+            Routed::Refused
+        }
+        Pick::Resolve => Routed::Resolve,
+    }
+}
+
+/// Answers the request of the effective context here, with `x-themis-reject: reason`.
+fn refuse(worker: &Shared, status: u32, reason: &str, message: &str) {
+    worker.borrow().metrics.count(&format!("rejected.{reason}"));
+    let headers = vec![("x-themis-reject", reason), ("content-type", "text/plain")];
+    let body = format!("themis: {message}\n");
+    let _ = hostcalls::send_http_response(status, headers, Some(body.as_bytes()));
+}
+
+/// The agent answered a resolution of `service` (`status` `None`: it could not be
+/// asked): caches what verified, then routes and resumes every request waiting on it,
+/// each as its own context (a request that ended meanwhile is skipped).
+pub(super) fn resolved(worker: &Shared, service: &str, status: Option<u16>, body: &[u8]) {
+    let (resolved, waiters) = {
+        let mut w = worker.borrow_mut();
+        let instances = w.verified_instances(service, status, body);
+        if let Some(instances) = &instances {
+            let expires = w.expires(instances.is_empty());
+            w.routes.cache(service, instances.clone(), expires);
+        }
+        let waiters = w.resolving.remove(service).map(|r| r.waiters);
+        (instances.is_some(), waiters.unwrap_or_default())
+    };
+    if !resolved {
+        warn!("themis: cannot resolve {service} (agent status {status:?})");
+    }
+    for waiter in waiters {
+        if hostcalls::set_effective_context(waiter.context_id).is_err() {
+            continue;
+        }
+        let routed = match resolved {
+            true => route(worker, service, &waiter.picked),
+            false => Routed::Resolve,
+        };
+        match routed {
+            Routed::Go => {
+                let _ = hostcalls::resume_http_request();
+            }
+            Routed::Refused => {}
+            Routed::Resolve => {
+                let message = format!("cannot resolve {service}");
+                refuse(worker, 503, "resolve_failed", &message);
+            }
+        }
+    }
+}
+
+/// The services whose resolving request ended before the answer: the root asks for
+/// them again (its own calls outlive any request). Marked as asked by the root.
+pub(super) fn orphaned(worker: &Shared) -> Vec<String> {
+    let mut w = worker.borrow_mut();
+    let mut orphans = Vec::new();
+    for (service, resolving) in w.resolving.iter_mut() {
+        if resolving.asker == Asker::Nobody {
+            resolving.asker = Asker::Root;
+            orphans.push(service.clone());
+        }
+    }
+    orphans
 }
 
 impl Context for Outbound {
@@ -86,35 +206,24 @@ impl Context for Outbound {
         }
         self.call = None;
         let (status, body) = call_response(self, body_size);
-        let resolved = {
+        resolved(&self.worker, &self.service, status, &body);
+    }
+
+    fn on_done(&mut self) -> bool {
+        // Our call ends with us; whoever waits on it is not left waiting.
+        if self.call.take().is_some() {
             let mut w = self.worker.borrow_mut();
-            let instances = w.verified_instances(&self.service, status, &body);
-            if let Some(instances) = &instances {
-                let expires = w.expires();
-                w.routes.cache(&self.service, instances.clone(), expires);
+            if let Some(resolving) = w.resolving.get_mut(&self.service) {
+                resolving.asker = Asker::Nobody;
             }
-            instances.is_some()
-        };
-        if !resolved {
-            warn!(
-                "themis: cannot resolve {} (agent status {status:?})",
-                self.service
-            );
-            return self.refuse(
-                503,
-                "resolve_failed",
-                &format!("cannot resolve {}", self.service),
-            );
         }
-        if self.route() {
-            self.resume_http_request();
-        }
+        true
     }
 }
 
 impl HttpContext for Outbound {
     fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
-        self.worker.borrow().metrics.count("requests");
+        self.worker.borrow().metrics.count_request();
         let authority = self
             .get_http_request_header(":authority")
             .unwrap_or_default();
@@ -123,24 +232,26 @@ impl HttpContext for Outbound {
             .rsplit_once(':')
             .map_or(authority.as_str(), |(h, _)| h);
         if !is_name(name) {
-            self.refuse(
-                400,
-                "not_a_service",
-                &format!("{authority:?} does not name a mesh service"),
-            );
+            let message = format!("{authority:?} does not name a mesh service");
+            refuse(&self.worker, 400, "not_a_service", &message);
             return Action::Pause;
         }
         self.service = name.to_string();
-        match self.route() {
-            true => Action::Continue,
-            false => Action::Pause,
+        match route(&self.worker, &self.service, &self.picked) {
+            Routed::Go => Action::Continue,
+            Routed::Refused => Action::Pause,
+            Routed::Resolve => {
+                self.wait_for_resolution();
+                Action::Pause
+            }
         }
     }
 
     fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
+        let picked = self.picked.borrow().clone();
         // Who answered: the instance picked, whose id the sealed connection proved
         // (anything the peer's app claimed in these headers is overwritten).
-        if let Some(instance) = &self.picked {
+        if let Some(instance) = &picked {
             let mesh = self.worker.borrow().config.mesh.clone();
             self.set_http_response_header("x-themis-peer-id", Some(&instance.id.printable(&mesh)));
             self.set_http_response_header("x-themis-peer-service", Some(&self.service));
@@ -156,7 +267,7 @@ impl HttpContext for Outbound {
             })
             .unwrap_or(0);
         if flags & 0x70 != 0 {
-            if let Some(instance) = &self.picked {
+            if let Some(instance) = &picked {
                 let mut w = self.worker.borrow_mut();
                 let until = now_ms() + w.config.down.as_millis() as u64;
                 w.routes.mark_down(instance.id, until);
