@@ -30,6 +30,13 @@ impl PickRandom {
         PickRandom(seed | 1)
     }
 
+    /// Seeded from the system; a failed draw still leaves a valid (fixed) sequence.
+    pub fn seeded(rng: &dyn ring::rand::SecureRandom) -> Self {
+        let mut seed = [0u8; 8];
+        let _ = rng.fill(&mut seed);
+        PickRandom::new(u64::from_le_bytes(seed))
+    }
+
     /// The next number.
     pub fn next_u32(&mut self) -> u32 {
         let mut x = self.0;

@@ -10,7 +10,7 @@ use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ring::rand::{SecureRandom, SystemRandom};
+use ring::rand::SystemRandom;
 use themis_core::PeerId;
 use themis_envoy::config::{is_name, Config, Role};
 use themis_envoy::route::{Pick, PickRandom, Routes, DESTINATION_HEADER, PEER_HEADER};
@@ -158,12 +158,7 @@ impl Outbound {
             static STATE: Cell<Option<PickRandom>> = const { Cell::new(None) };
         }
         STATE.with(|state| {
-            let mut random = state.get().unwrap_or_else(|| {
-                let mut seed = [0u8; 8];
-                // A failed draw still leaves a valid (fixed) sequence.
-                let _ = self.rng.fill(&mut seed);
-                PickRandom::new(u64::from_le_bytes(seed))
-            });
+            let mut random = state.get().unwrap_or_else(|| PickRandom::seeded(&self.rng));
             let n = random.next_u32();
             state.set(Some(random));
             n

@@ -19,7 +19,7 @@ use log::{error, info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext, StreamContext};
 use proxy_wasm::types::{ContextType, LogLevel, MetricType};
-use ring::rand::{SecureRandom, SystemRandom};
+use ring::rand::SystemRandom;
 use themis_core::handshake::ToSign;
 use themis_core::identity::PublicIdentity;
 use themis_core::wire::Kind;
@@ -400,10 +400,6 @@ impl RootContext for Root {
         );
         let metrics = Metrics::new(config.role);
         let rng = SystemRandom::new();
-        let mut seed = [0u8; 8];
-        // A failed draw still leaves a valid (fixed) sequence of picks.
-        let _ = rng.fill(&mut seed);
-        let seed = u64::from_le_bytes(seed);
         if config.role == Role::Inbound {
             announce_policy(&config, &metrics);
         }
@@ -424,7 +420,7 @@ impl RootContext for Root {
             callers: Callers::default(),
             revoked: Revocations::new(),
             handshaking: BTreeMap::new(),
-            pick_random: Cell::new(PickRandom::new(seed)),
+            pick_random: Cell::new(PickRandom::seeded(&rng)),
             tick_ms: now_ms(),
             resolving: HashMap::new(),
             rng,

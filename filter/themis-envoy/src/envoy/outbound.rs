@@ -29,20 +29,11 @@ type Picked = Rc<RefCell<Option<Instance>>>;
 
 /// The agent call resolving one service, and the requests waiting on it.
 pub(super) struct Resolving {
-    asker: Asker,
+    /// Whether a call is out: the one the request that found the resolution missing
+    /// made, or the root's. `false` once that request ended first, and its call with
+    /// it: the root asks again on its next tick.
+    asked: bool,
     waiters: Vec<Waiter>,
-}
-
-/// Who made a resolution's agent call (its answer goes to that context).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Asker {
-    /// The request context that found the resolution missing.
-    Request,
-    /// That request ended first, and with it the call: the root asks again on its
-    /// next tick.
-    Nobody,
-    /// The root context, on a tick.
-    Root,
 }
 
 struct Waiter {
@@ -96,7 +87,7 @@ impl Outbound {
             Some(token) => {
                 self.call = Some(token);
                 let resolving = Resolving {
-                    asker: Asker::Request,
+                    asked: true,
                     waiters: vec![waiter],
                 };
                 w.resolving.insert(self.service.clone(), resolving);
@@ -191,8 +182,8 @@ pub(super) fn orphaned(worker: &Shared) -> Vec<String> {
     let mut w = worker.borrow_mut();
     let mut orphans = Vec::new();
     for (service, resolving) in w.resolving.iter_mut() {
-        if resolving.asker == Asker::Nobody {
-            resolving.asker = Asker::Root;
+        if !resolving.asked {
+            resolving.asked = true;
             orphans.push(service.clone());
         }
     }
@@ -214,7 +205,7 @@ impl Context for Outbound {
         if self.call.take().is_some() {
             let mut w = self.worker.borrow_mut();
             if let Some(resolving) = w.resolving.get_mut(&self.service) {
-                resolving.asker = Asker::Nobody;
+                resolving.asked = false;
             }
         }
         true
