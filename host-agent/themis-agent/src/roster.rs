@@ -17,7 +17,9 @@
 //! bytes), sorted by key in one vector, and its announcement is encoded again from
 //! those fields when it is passed on (an announcement whose encoding is not the one
 //! this produces is refused). What the trust log holds (admissions, range grants) is
-//! not copied; only credentials the log lacks are kept as they came.
+//! not copied, but for each node's newest range grant, held once, packed, in a sorted
+//! list (its network and the digest announcements bind it by); only credentials the
+//! log lacks are kept as they came.
 //!
 //! Checking is apart from holding ([`Roster::check`] then [`Roster::insert`]), so a
 //! caller verifies signatures without holding the roster's lock.
@@ -118,10 +120,13 @@ pub struct LogMembership {
 const LEAVING: u8 = 1;
 const V6: u8 = 2;
 const IN_LOG: u8 = 4;
-/// The member's announcement binds a range (its digest and grant are in
-/// `Roster::ranges`): kept as a flag so that the scan of every member for an
-/// endpoint's claimants looks up only those that have one.
+/// The member's announcement binds a range: kept as a flag so that the scan of every
+/// member for an endpoint's claimants looks up only those that have one.
 const RANGE: u8 = 8;
+/// The range it binds is the trust log's newest grant for the node, held once in
+/// `Roster::logged_ranges` (every ranged member, in a mesh whose agents hold the log);
+/// without this flag, a bound range is in `Roster::ranges`.
+const LOGGED_RANGE: u8 = 16;
 
 /// One member, packed (128 bytes): an admitted key and its announcement as signed —
 /// date, address, leaving — and its signature. The range digest it binds
@@ -184,7 +189,7 @@ impl Member {
 
 /// The range an announcement binds: its digest, and the grant if this agent holds
 /// it (from the log or carried) — a range whose grant is not known does not count.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct BoundRange {
     digest: [u8; 32],
     grant: Option<RangeGrant>,
@@ -219,13 +224,25 @@ pub struct Roster {
     admitted_only: Vec<[u8; 32]>,
     /// Admissions that expire, by key (most do not).
     expiring: HashMap<[u8; 32], u64>,
-    /// The range each member's announcement binds, for the members that bind one.
+    /// The range a member's announcement binds where it is not the log's newest
+    /// grant for the node (carried ahead of the log, not known yet, or an older grant
+    /// a newer one withdrew): few.
     ranges: HashMap<[u8; 32], BoundRange>,
     /// Credentials the trust log lacks, as they came.
     carried: HashMap<[u8; 32], Carried>,
-    /// The trust log's newest range grant per node key, with its digest: an older
-    /// grant no longer counts ([`Roster::set_log`]).
-    logged_ranges: HashMap<[u8; 32], LoggedRange>,
+    /// The trust log's newest range grant per node key, with its digest, sorted by
+    /// key (a vector: a hash map of 10,000 took twice the room): an older grant no
+    /// longer counts ([`Roster::set_log`]).
+    logged_ranges: Vec<([u8; 32], LoggedRange)>,
+}
+
+/// The trust log's newest range grant for `key` in `logged` (sorted by key).
+fn find_logged<'a>(
+    logged: &'a [([u8; 32], LoggedRange)],
+    key: &[u8; 32],
+) -> Option<&'a LoggedRange> {
+    let at = logged.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
+    Some(&logged[at].1)
 }
 
 impl Roster {
@@ -281,17 +298,35 @@ impl Roster {
         expiring.retain(|key, _| admitted.binary_search(key).is_ok() || is_member(key));
         self.admitted_only = admitted;
         self.expiring = expiring;
-        self.logged_ranges = log.ranges;
-        for (key, bound) in &mut self.ranges {
-            if let Some((digest, grant)) = self.logged_ranges.get(key) {
-                if *digest == bound.digest {
-                    bound.grant = Some(*grant);
-                    if let Some(carried) = self.carried.get_mut(key) {
+        let mut logged: Vec<([u8; 32], LoggedRange)> = log.ranges.into_iter().collect();
+        logged.sort_unstable_by_key(|(key, _)| *key);
+        // What each ranged member binds, against the new newest grants: held once in
+        // the log's list where it is the newest, beside it where it is not.
+        for member in self.members.iter_mut().filter(|m| m.has(RANGE)) {
+            let bound = match member.has(LOGGED_RANGE) {
+                true => find_logged(&self.logged_ranges, &member.key).map(|(digest, grant)| {
+                    BoundRange {
+                        digest: *digest,
+                        grant: Some(*grant),
+                    }
+                }),
+                false => self.ranges.remove(&member.key),
+            };
+            let Some(bound) = bound else { continue };
+            let newest = find_logged(&logged, &member.key).is_some_and(|(d, _)| *d == bound.digest);
+            member.set(LOGGED_RANGE, newest);
+            match newest {
+                true => {
+                    if let Some(carried) = self.carried.get_mut(&member.key) {
                         carried.range = None;
                     }
                 }
+                false => {
+                    self.ranges.insert(member.key, bound);
+                }
             }
         }
+        self.logged_ranges = logged;
         self.carried
             .retain(|_, c| c.admission.is_some() || c.range.is_some());
     }
@@ -315,6 +350,7 @@ impl Roster {
     fn lacks_grant(&self, held: &Member, issued_at: u64) -> bool {
         held.issued_at == issued_at
             && held.has(RANGE)
+            && !held.has(LOGGED_RANGE)
             && self
                 .ranges
                 .get(&held.key)
@@ -423,7 +459,7 @@ impl Roster {
 
     /// The trust log's newest range grant for `key`, for [`Roster::check`].
     pub fn logged_range(&self, key: &[u8; 32]) -> Option<LoggedRange> {
-        self.logged_ranges.get(key).copied()
+        find_logged(&self.logged_ranges, key).copied()
     }
 
     /// Holds a checked entry if it is newer than what is held for that node (see
@@ -433,7 +469,7 @@ impl Roster {
         let Entry {
             mut member,
             not_after,
-            mut range,
+            range,
             mut carried,
         } = entry;
         let key = member.key;
@@ -446,16 +482,16 @@ impl Roster {
                 return Ok(false);
             }
         }
-        // The log may have brought the grant since the entry was checked.
-        if let Some(bound) = range.as_mut().filter(|r| r.grant.is_none()) {
-            if let Some((digest, grant)) = self.logged_ranges.get(&key) {
-                if *digest == bound.digest {
-                    bound.grant = Some(*grant);
-                    carried.range = None;
-                }
-            }
+        // The log may have brought the grant since the entry was checked; where it is
+        // the log's newest, it is not held twice.
+        let logged = range.is_some_and(|bound| {
+            find_logged(&self.logged_ranges, &key).is_some_and(|(d, _)| *d == bound.digest)
+        });
+        if logged {
+            carried.range = None;
         }
         member.set(RANGE, range.is_some());
+        member.set(LOGGED_RANGE, logged);
         match at {
             Ok(i) => {
                 member.set(IN_LOG, self.members[i].has(IN_LOG));
@@ -483,8 +519,8 @@ impl Roster {
             }
         }
         match range {
-            Some(bound) => self.ranges.insert(key, bound),
-            None => self.ranges.remove(&key),
+            Some(bound) if !logged => self.ranges.insert(key, bound),
+            _ => self.ranges.remove(&key),
         };
         let held = self.carried.entry(key).or_default();
         if carried.admission.is_some() {
@@ -620,7 +656,7 @@ impl Roster {
     /// A member's credentials as they are passed on: its announcement encoded again,
     /// and what the trust log lacks of it.
     fn credentials_of(&self, member: &Member, mesh: &str) -> Credentials {
-        let range = self.ranges.get(&member.key).map(|r| r.digest);
+        let range = self.bound(member).map(|r| r.digest);
         let carried = self.carried.get(&member.key);
         Credentials {
             admission: carried.and_then(|c| c.admission.as_deref().map(<[u8]>::to_vec)),
@@ -707,11 +743,31 @@ impl Roster {
         if !m.has(RANGE) {
             return None;
         }
-        let grant = self.ranges.get(&m.key)?.grant?;
-        let newest = self.logged_ranges.get(&m.key).map(|(_, g)| g.issued_at);
-        let holds = grant.not_after.is_none_or(|t| t > verifier.now_ms)
-            && newest.is_none_or(|n| n <= grant.issued_at);
+        let (grant, newest) = match m.has(LOGGED_RANGE) {
+            true => (find_logged(&self.logged_ranges, &m.key)?.1, true),
+            false => {
+                let grant = self.ranges.get(&m.key)?.grant?;
+                let newest = find_logged(&self.logged_ranges, &m.key)
+                    .is_none_or(|(_, g)| g.issued_at <= grant.issued_at);
+                (grant, newest)
+            }
+        };
+        let holds = newest && grant.not_after.is_none_or(|t| t > verifier.now_ms);
         holds.then_some(grant.net)
+    }
+
+    /// The range member `m`'s announcement binds, wherever it is held.
+    fn bound(&self, m: &Member) -> Option<BoundRange> {
+        match (m.has(RANGE), m.has(LOGGED_RANGE)) {
+            (false, _) => None,
+            (true, true) => {
+                find_logged(&self.logged_ranges, &m.key).map(|(digest, grant)| BoundRange {
+                    digest: *digest,
+                    grant: Some(*grant),
+                })
+            }
+            (true, false) => self.ranges.get(&m.key).copied(),
+        }
     }
 
     /// Whether member `m` claims `ip` (canonical): its announced IP, or in its range.
@@ -1191,10 +1247,19 @@ mod tests {
             admissions: Vec::new(),
             ranges: ranges.into_iter().collect(),
         };
+        // Wherever the bound grant is held, the announcement passed on is the one signed.
+        let passes_on_as_signed = |roster: &Roster| {
+            let passed = roster.passed_on(key, &v).unwrap();
+            assert_eq!(passed.announcement, credentials.announcement);
+        };
         // The log holds this grant (or none for the node): it counts.
         for ranges in [vec![], vec![(*key, logged(NOW - 10, grant_digest(&grant)))]] {
+            let logs_it = !ranges.is_empty();
             roster.set_log(log(ranges), &v);
             assert_eq!(roster.check_endpoint(key, at("10.244.1.9"), &v), Ok(()));
+            passes_on_as_signed(&roster);
+            // The log's newest grant is held once, in the log's list.
+            assert_eq!(roster.ranges.is_empty(), logs_it);
         }
         // A newer grant for the node in the log: the old range is withdrawn.
         roster.set_log(log(vec![(*key, logged(NOW - 5, [7; 32]))]), &v);
@@ -1203,10 +1268,20 @@ mod tests {
             Err(TrustError::EndpointNotOwned)
         );
         assert_eq!(roster.check_endpoint(key, at("10.0.0.1"), &v), Ok(()));
+        passes_on_as_signed(&roster);
         // Another node's newer grant changes nothing for this one.
         let someone = *identity().public_key();
         roster.set_log(log(vec![(someone, logged(NOW, [7; 32]))]), &v);
         assert_eq!(roster.check_endpoint(key, at("10.244.1.9"), &v), Ok(()));
+        passes_on_as_signed(&roster);
+        // The log names this grant again: held once again, and it counts.
+        roster.set_log(
+            log(vec![(*key, logged(NOW - 10, grant_digest(&grant)))]),
+            &v,
+        );
+        assert!(roster.ranges.is_empty());
+        assert_eq!(roster.check_endpoint(key, at("10.244.1.9"), &v), Ok(()));
+        passes_on_as_signed(&roster);
     }
 
     /// In a mesh whose agents hold the trust log, a member's credentials are its

@@ -7,7 +7,8 @@
 //! with the trust log's own (which every agent holds anyway, §6.13). The bound asserted
 //! is the target's, for the mesh without ranges: about 192 bytes a member, a packed
 //! member (key, signature, date, address: 128 bytes) and its routing contact (id and
-//! address: 64). With ranges it is 562 (docs/PROTOCOL.md §6.14).
+//! address: 64). With ranges, 304: the log's newest grant per node (docs/PROTOCOL.md
+//! §6.14).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::SocketAddr;
@@ -172,5 +173,13 @@ fn what_the_membership_of_ten_thousand_members_holds() {
         plain.1 <= 2_000_000,
         "{} bytes held for {MEMBERS} members",
         plain.1
+    );
+    // With ranges, each node's newest grant is held once, packed (key, digest, range:
+    // 112 bytes), and not again beside the member that binds it: 304 bytes a member.
+    // Two hash maps held it at 562.
+    assert!(
+        pods.1 <= 3_100_000,
+        "{} bytes held for {MEMBERS} members with a pod range each",
+        pods.1
     );
 }
