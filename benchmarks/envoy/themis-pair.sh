@@ -11,7 +11,8 @@
 #
 # Environment (set by run.sh): THEMIS_BENCH_DIR, APP_ADDR, APP_GRPC_ADDR, ENVOY,
 # ENVOY_CONCURRENCY, REPO_ROOT, THEMIS_RUNTIME (wasm, the default, or native: the
-# sidecars seal with the Envoy dynamic module). gRPC calls go to service `ping`
+# sidecars seal with the Envoy dynamic module), THEMIS_SIDECAR_TEMPLATE (optional: a
+# template to render instead of the runtime's own; benchmarks/envoy/ab.sh). gRPC calls go to service `ping`
 # (fortio's gRPC port).
 set -euo pipefail
 ROOT=${REPO_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
@@ -69,7 +70,8 @@ start)
         scripts/render-sidecar --mesh-root "$DIR/mesh/mesh.root" --workload "$2" --service "$2" \
             --agent-socket "$DIR/$1/agent.sock" --app "$5" --app-protocol "$8" \
             --outbound "$3:$6" --inbound "$3:$7" --admin-port "$4" --wasm "$WASM" --unpinned \
-            --policy '{"allow":[{"service":"handler"}]}' "${native[@]}" > "$DIR/envoy-$2.yaml"
+            --policy '{"allow":[{"service":"handler"}]}' "${native[@]}" \
+            ${THEMIS_SIDECAR_TEMPLATE:+--template "$THEMIS_SIDECAR_TEMPLATE"} > "$DIR/envoy-$2.yaml"
         ENVOY_DYNAMIC_MODULES_SEARCH_PATH=$(dirname "$NATIVE") "${ENVOY:-.venv/bin/envoy}" -c "$DIR/envoy-$2.yaml" --concurrency "${ENVOY_CONCURRENCY:-2}" \
             --disable-hot-restart --base-id $((4000 + $4 % 1000)) -l warn \
             > "$DIR/envoy-$2.log" 2>&1 &
