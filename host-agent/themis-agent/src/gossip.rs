@@ -962,7 +962,7 @@ mod tests {
     fn admitting<'a>(keys: impl Iterator<Item = &'a Identity>) -> LogMembership {
         LogMembership {
             admissions: keys.map(|k| (*k.public_key(), None)).collect(),
-            ranges: HashMap::new(),
+            ranges: Vec::new(),
         }
     }
 

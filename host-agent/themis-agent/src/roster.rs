@@ -113,8 +113,9 @@ pub type LoggedRange = ([u8; 32], RangeGrant);
 pub struct LogMembership {
     /// Admitted keys, in log order (a later admission of a key replaces an earlier).
     pub admissions: Vec<([u8; 32], Option<u64>)>,
-    /// The newest range grant per node key.
-    pub ranges: HashMap<[u8; 32], LoggedRange>,
+    /// The newest range grant per node key, one per key, in any order (the roster
+    /// keeps this vector, sorted).
+    pub ranges: Vec<([u8; 32], LoggedRange)>,
 }
 
 const LEAVING: u8 = 1;
@@ -129,8 +130,9 @@ const RANGE: u8 = 8;
 const LOGGED_RANGE: u8 = 16;
 
 /// One member, packed (128 bytes): an admitted key and its announcement as signed —
-/// date, address, leaving — and its signature. The range digest it binds
-/// and credentials the log lacks are held beside, for the few members that have them.
+/// date, address, leaving — and its signature. The range it binds is the log's newest
+/// grant for the node (`LOGGED_RANGE`: held once, in `Roster::logged_ranges`) or held
+/// beside, as are credentials the log lacks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Member {
     key: [u8; 32],
@@ -226,7 +228,8 @@ pub struct Roster {
     expiring: HashMap<[u8; 32], u64>,
     /// The range a member's announcement binds where it is not the log's newest
     /// grant for the node (carried ahead of the log, not known yet, or an older grant
-    /// a newer one withdrew): few.
+    /// a newer one withdrew): few once the log has caught up, and then its room is
+    /// given back ([`fit_map`]).
     ranges: HashMap<[u8; 32], BoundRange>,
     /// Credentials the trust log lacks, as they came.
     carried: HashMap<[u8; 32], Carried>,
@@ -298,8 +301,10 @@ impl Roster {
         expiring.retain(|key, _| admitted.binary_search(key).is_ok() || is_member(key));
         self.admitted_only = admitted;
         self.expiring = expiring;
-        let mut logged: Vec<([u8; 32], LoggedRange)> = log.ranges.into_iter().collect();
+        let mut logged = log.ranges;
         logged.sort_unstable_by_key(|(key, _)| *key);
+        logged.dedup_by_key(|(key, _)| *key);
+        logged.shrink_to_fit();
         // What each ranged member binds, against the new newest grants: held once in
         // the log's list where it is the newest, beside it where it is not.
         for member in self.members.iter_mut().filter(|m| m.has(RANGE)) {
@@ -312,7 +317,14 @@ impl Roster {
                 }),
                 false => self.ranges.remove(&member.key),
             };
-            let Some(bound) = bound else { continue };
+            let Some(bound) = bound else {
+                // Not reachable (`insert` holds every bound range one way or the
+                // other); were it, no range must count on a flag left pointing at
+                // whatever the new list holds.
+                debug_assert!(false, "a ranged member with its range held nowhere");
+                member.set(LOGGED_RANGE, false);
+                continue;
+            };
             let newest = find_logged(&logged, &member.key).is_some_and(|(d, _)| *d == bound.digest);
             member.set(LOGGED_RANGE, newest);
             match newest {
@@ -329,6 +341,10 @@ impl Roster {
         self.logged_ranges = logged;
         self.carried
             .retain(|_, c| c.admission.is_some() || c.range.is_some());
+        // Members held ahead of the log's grants (a new agent's first pulls) leave
+        // these maps once the log has them: give back the room.
+        fit_map(&mut self.ranges);
+        fit_map(&mut self.carried);
     }
 
     /// Whether the roster would take this (decoded) announcement: from its unchecked
@@ -583,6 +599,9 @@ impl Roster {
         // Growth by insertion doubles a vector's room; memory is the constraint here.
         fit(&mut self.members);
         fit(&mut self.admitted_only);
+        fit_map(&mut self.ranges);
+        fit_map(&mut self.carried);
+        fit_map(&mut self.expiring);
         gone.len()
     }
 
@@ -814,6 +833,14 @@ impl Roster {
 fn fit<T>(v: &mut Vec<T>) {
     if v.capacity() > v.len() + v.len() / 16 + 16 {
         v.shrink_to_fit();
+    }
+}
+
+/// Gives back a map's room beyond twice what it holds (a hash map never shrinks by
+/// itself: 10,000 entries once held keep their 16,384 slots).
+fn fit_map<K: Eq + std::hash::Hash, V>(m: &mut HashMap<K, V>) {
+    if m.capacity() > 2 * m.len() + 16 {
+        m.shrink_to_fit();
     }
 }
 
@@ -1327,7 +1354,7 @@ mod tests {
         };
         let log = LogMembership {
             admissions: vec![(key, None)],
-            ranges: HashMap::from([(key, (grant_digest(&grant), logged))]),
+            ranges: vec![(key, (grant_digest(&grant), logged))],
         };
         roster.set_log(log.clone(), &v);
         assert_eq!(roster.credentials(&v), vec![bare.clone()]);
@@ -1482,7 +1509,7 @@ mod tests {
         ]);
         let log = LogMembership {
             admissions,
-            ranges: HashMap::new(),
+            ranges: Vec::new(),
         };
         let mut roster = Roster::default();
         roster.set_log(log, &mesh.verifier());
@@ -1530,7 +1557,7 @@ mod tests {
         fresh.set_log(
             LogMembership {
                 admissions: vec![(key(&quiet), None)],
-                ranges: HashMap::new(),
+                ranges: Vec::new(),
             },
             &much_later,
         );
