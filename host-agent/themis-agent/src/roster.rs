@@ -248,6 +248,19 @@ fn find_logged<'a>(
     Some(&logged[at].1)
 }
 
+/// The log's newest grant for `key` as the range an announcement binds.
+fn logged_bound(logged: &[([u8; 32], LoggedRange)], key: &[u8; 32]) -> Option<BoundRange> {
+    find_logged(logged, key).map(|(digest, grant)| BoundRange {
+        digest: *digest,
+        grant: Some(*grant),
+    })
+}
+
+/// Whether `digest` is that of the log's newest grant for `key`.
+fn is_logged_newest(logged: &[([u8; 32], LoggedRange)], key: &[u8; 32], digest: &[u8; 32]) -> bool {
+    find_logged(logged, key).is_some_and(|(d, _)| d == digest)
+}
+
 impl Roster {
     fn find(&self, key: &[u8; 32]) -> Result<usize, usize> {
         self.members.binary_search_by(|m| m.key.cmp(key))
@@ -309,12 +322,7 @@ impl Roster {
         // the log's list where it is the newest, beside it where it is not.
         for member in self.members.iter_mut().filter(|m| m.has(RANGE)) {
             let bound = match member.has(LOGGED_RANGE) {
-                true => find_logged(&self.logged_ranges, &member.key).map(|(digest, grant)| {
-                    BoundRange {
-                        digest: *digest,
-                        grant: Some(*grant),
-                    }
-                }),
+                true => logged_bound(&self.logged_ranges, &member.key),
                 false => self.ranges.remove(&member.key),
             };
             let Some(bound) = bound else {
@@ -325,7 +333,7 @@ impl Roster {
                 member.set(LOGGED_RANGE, false);
                 continue;
             };
-            let newest = find_logged(&logged, &member.key).is_some_and(|(d, _)| *d == bound.digest);
+            let newest = is_logged_newest(&logged, &member.key, &bound.digest);
             member.set(LOGGED_RANGE, newest);
             match newest {
                 true => {
@@ -500,9 +508,8 @@ impl Roster {
         }
         // The log may have brought the grant since the entry was checked; where it is
         // the log's newest, it is not held twice.
-        let logged = range.is_some_and(|bound| {
-            find_logged(&self.logged_ranges, &key).is_some_and(|(d, _)| *d == bound.digest)
-        });
+        let logged =
+            range.is_some_and(|bound| is_logged_newest(&self.logged_ranges, &key, &bound.digest));
         if logged {
             carried.range = None;
         }
@@ -779,12 +786,7 @@ impl Roster {
     fn bound(&self, m: &Member) -> Option<BoundRange> {
         match (m.has(RANGE), m.has(LOGGED_RANGE)) {
             (false, _) => None,
-            (true, true) => {
-                find_logged(&self.logged_ranges, &m.key).map(|(digest, grant)| BoundRange {
-                    digest: *digest,
-                    grant: Some(*grant),
-                })
-            }
+            (true, true) => logged_bound(&self.logged_ranges, &m.key),
             (true, false) => self.ranges.get(&m.key).copied(),
         }
     }
