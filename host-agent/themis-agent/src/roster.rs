@@ -763,8 +763,10 @@ impl Roster {
     }
 
     /// The range the root granted member `m`, while it holds: not expired, and no
-    /// newer grant for the node in the trust log — a newer grant, even a narrower one,
-    /// withdraws it.
+    /// other grant for the node in the trust log as new or newer — a newer grant, even
+    /// a narrower one, withdraws it, and of two signed at the same time only the log's
+    /// (the first in log order) counts, so that every agent holding the log counts the
+    /// same one.
     fn range(&self, m: &Member, verifier: &Verifier<'_>) -> Option<IpNet> {
         if !m.has(RANGE) {
             return None;
@@ -774,7 +776,7 @@ impl Roster {
             false => {
                 let grant = self.ranges.get(&m.key)?.grant?;
                 let newest = find_logged(&self.logged_ranges, &m.key)
-                    .is_none_or(|(_, g)| g.issued_at <= grant.issued_at);
+                    .is_none_or(|(_, g)| g.issued_at < grant.issued_at);
                 (grant, newest)
             }
         };
@@ -1290,6 +1292,14 @@ mod tests {
             // The log's newest grant is held once, in the log's list.
             assert_eq!(roster.ranges.is_empty(), logs_it);
         }
+        // Another grant for the node signed in the same millisecond: the log's (the
+        // first in log order) counts, the bound one does not.
+        roster.set_log(log(vec![(*key, logged(NOW - 10, [8; 32]))]), &v);
+        assert_eq!(
+            roster.check_endpoint(key, at("10.244.1.9"), &v),
+            Err(TrustError::EndpointNotOwned)
+        );
+        passes_on_as_signed(&roster);
         // A newer grant for the node in the log: the old range is withdrawn.
         roster.set_log(log(vec![(*key, logged(NOW - 5, [7; 32]))]), &v);
         assert_eq!(
