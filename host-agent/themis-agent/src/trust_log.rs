@@ -151,6 +151,8 @@ impl TrustLog {
             .newest_address_ranges()
             .into_iter()
             .filter_map(|(key, (index, grant))| {
+                // Never `None`: the log takes no grant of an invalid network
+                // (`Entry::verify`), so no older grant can count in its place.
                 let net = grant.net().ok()?;
                 let signed = signed_statement(&log, index)?;
                 let held = RangeGrant {
