@@ -6,8 +6,8 @@ use ring::rand::SystemRandom;
 use themis_core::{Identity, MeshName};
 use themis_log::{Audit, Checkpoint, Entry, Kind, Log, LogError, SignedCheckpoint, Statement};
 use themis_trust::{
-    Admission, Grant, MeshRoot, Revocation, Signed, TrustError, ADMISSION_LABEL, GRANT_LABEL,
-    REVOCATION_LABEL,
+    AddressRange, Admission, Grant, MeshRoot, Revocation, Signed, TrustError, ADDRESS_RANGE_LABEL,
+    ADMISSION_LABEL, GRANT_LABEL, REVOCATION_LABEL,
 };
 
 const MESH: &str = "logtest";
@@ -227,6 +227,32 @@ fn leaves_not_from_the_root_or_of_another_mesh_or_kind_are_refused() {
             ..
         })
     ));
+    // A range grant of no valid network (host bits set, a prefix longer than the
+    // family has), even root-signed: never a node's newest grant.
+    for (network, prefix_len) in [("10.244.1.7", 24), ("10.244.1.0", 33)] {
+        let grant = Entry::new(
+            Kind::AddressRange,
+            Signed::sign(
+                &root,
+                ADDRESS_RANGE_LABEL,
+                &AddressRange {
+                    mesh: MESH.into(),
+                    node_key: [4; 32],
+                    network: network.parse().unwrap(),
+                    prefix_len,
+                    issued_at: 4,
+                    not_after: None,
+                },
+            ),
+        );
+        assert!(matches!(
+            operator.append(grant.encode()),
+            Err(LogError::Leaf {
+                error: TrustError::Malformed,
+                ..
+            })
+        ));
+    }
     assert!(matches!(
         operator.append(vec![0xff; 40]),
         Err(LogError::Leaf {
