@@ -24,7 +24,7 @@ pub const ANNOUNCEMENT_LABEL: &str = "themis/1 node address";
 /// The label the root's address-range grants are signed under.
 pub const ADDRESS_RANGE_LABEL: &str = "themis/1 address range";
 /// The broadest range a node is granted, as the shortest prefix: a /8 of IPv4, a /32
-/// of IPv6. An IP two members claim belongs to neither, so one over-broad grant would
+/// of IPv6. An IP in a node's range is no other node's, so one over-broad grant would
 /// take every endpoint in it from every other node.
 pub const BROADEST_RANGE: (u8, u8) = (8, 32);
 

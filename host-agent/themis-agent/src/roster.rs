@@ -800,9 +800,11 @@ impl Roster {
     }
 
     /// Whether `endpoint`, endorsed by the node with key `endorser`, belongs to that
-    /// node: a current member, at an IP it claims (the address it announced, or in the
-    /// range the root granted it) and no other current member claims. An IP claimed
-    /// by two members belongs to neither (a node can announce any address), except
+    /// node, a current member. The root's grants outrank what nodes announce (a node
+    /// can announce any address): an IP in the range the root granted the endorser is
+    /// its own unless another current member's range holds it too; outside its range,
+    /// only its announced IP is, unless another current member announces it or holds
+    /// it in a range — an IP two members claim alike belongs to neither — except
     /// loopback, which is every node's own. No signature is checked.
     pub fn check_endpoint(
         &self,
@@ -817,18 +819,20 @@ impl Roster {
         let Some(ip) = endpoint.map(|e| e.ip().to_canonical()) else {
             return Ok(());
         };
-        if !self.claims(member, ip, verifier) {
-            return Err(TrustError::EndpointNotOwned);
-        }
-        if ip.is_loopback() {
-            return Ok(());
-        }
-        let claimed_by_another = self
+        let in_range = |m: &Member| self.range(m, verifier).is_some_and(|r| r.contains(&ip));
+        let mut others = self
             .current_members(verifier)
-            .any(|m| m.key != *endorser && !m.has(LEAVING) && self.claims(m, ip, verifier));
-        match claimed_by_another {
-            false => Ok(()),
-            true => Err(TrustError::EndpointNotOwned),
+            .filter(|m| m.key != *endorser && !m.has(LEAVING));
+        let owned = if in_range(member) {
+            !others.any(in_range)
+        } else if member.address().ip().to_canonical() == ip {
+            ip.is_loopback() || !others.any(|m| self.claims(m, ip, verifier))
+        } else {
+            false
+        };
+        match owned {
+            true => Ok(()),
+            false => Err(TrustError::EndpointNotOwned),
         }
     }
 }
@@ -1220,25 +1224,60 @@ mod tests {
             roster.check_endpoint(lapsed.public_key(), at("10.0.0.5"), &v),
             Ok(())
         );
-        // A member announcing an address in the range (it may announce any) takes
-        // that one address from the range's node, and gets nothing for itself.
+        // A member announcing an address in the range (it may announce any) gets
+        // nothing for itself, and takes nothing from the range's node: the root's
+        // grant outranks a node's word.
         let inside = creds(
             &mesh.admit(&squatter, None),
             &announce(&squatter, "10.244.1.9:7946", NOW, false),
         );
         assert_eq!(roster.offer(&v, &inside), Ok(true));
         assert_eq!(
-            roster.check_endpoint(kube.public_key(), at("10.244.1.9"), &v),
-            Err(TrustError::EndpointNotOwned)
-        );
-        assert_eq!(
             roster.check_endpoint(squatter.public_key(), at("10.244.1.9"), &v),
             Err(TrustError::EndpointNotOwned)
         );
+        for pod in ["10.244.1.9", "10.244.1.10"] {
+            assert_eq!(
+                roster.check_endpoint(kube.public_key(), at(pod), &v),
+                Ok(()),
+                "{pod}"
+            );
+        }
+        // A node's own announced address, outside every range, is what a squatter
+        // can still take (by announcing it too: then it is neither's).
+        let on_its_address = creds(
+            &mesh.admit(&squatter, None),
+            &announce(&squatter, "10.0.0.1:7946", NOW + MIN_REANNOUNCE_MS, false),
+        );
+        assert_eq!(roster.offer(&v, &on_its_address), Ok(true));
         assert_eq!(
-            roster.check_endpoint(kube.public_key(), at("10.244.1.10"), &v),
+            roster.check_endpoint(kube.public_key(), at("10.0.0.1"), &v),
+            Err(TrustError::EndpointNotOwned)
+        );
+        assert_eq!(
+            roster.check_endpoint(kube.public_key(), at("10.244.1.9"), &v),
             Ok(())
         );
+        // Two grants in force that overlap (the operator refuses to sign the second,
+        // the root's key could): their common addresses are neither node's.
+        let overlapping = identity();
+        assert_eq!(
+            roster.offer(
+                &v,
+                &bound(
+                    &overlapping,
+                    "10.0.0.6:7946",
+                    range(&overlapping, "10.244.1.0")
+                )
+            ),
+            Ok(true)
+        );
+        for node in [&kube, &overlapping] {
+            assert_eq!(
+                roster.check_endpoint(node.public_key(), at("10.244.1.9"), &v),
+                Err(TrustError::EndpointNotOwned)
+            );
+        }
     }
 
     /// The root narrows or withdraws a node's range by granting it a new one: once
