@@ -19,10 +19,11 @@ const NOW: u64 = 1_800_000_000_000;
 fn check_endpoint(c: &mut Criterion) {
     let mesh = MeshName::new("demo").unwrap();
     let random = SystemRandom::new();
-    let root_key = Identity::generate(mesh.clone(), &random).unwrap();
+    // The log's statements are given (no root signature is checked here): the root's
+    // key is never used.
     let root = MeshRoot {
         mesh: mesh.clone(),
-        key: *root_key.public_key(),
+        key: [0; 32],
     };
     let revoked = Revocations::new();
     let verifier = Verifier {
