@@ -257,13 +257,26 @@ struct ClaimIndex {
 impl ClaimIndex {
     fn of(members: &[Member], logged: &[([u8; 32], LoggedRange)]) -> ClaimIndex {
         let mut by_address: Vec<u32> = (0..members.len() as u32).collect();
-        by_address.sort_unstable_by_key(|&i| canonical_ip(&members[i as usize]));
+        by_address.sort_by_cached_key(|&i| canonical_ip(&members[i as usize]));
         let mut by_range: Vec<u32> = (0..logged.len() as u32).collect();
         by_range.sort_unstable_by_key(|&i| logged[i as usize].1 .1.net);
         ClaimIndex {
             by_address,
             by_range,
         }
+    }
+
+    /// Member `i` (same position) announced a new address: moved, not rebuilt
+    /// (a member can change its address as often as it flips leaving).
+    fn readdress(&mut self, i: u32, members: &[Member]) {
+        if let Some(at) = self.by_address.iter().position(|&j| j == i) {
+            self.by_address.remove(at);
+        }
+        let ip = canonical_ip(&members[i as usize]);
+        let to = self
+            .by_address
+            .partition_point(|&j| canonical_ip(&members[j as usize]) < ip);
+        self.by_address.insert(to, i);
     }
 }
 
@@ -349,6 +362,11 @@ impl Roster {
         self.admitted_only = admitted;
         self.expiring = expiring;
         let mut logged = log.ranges;
+        // The index finds a range by its network exactly (the log holds only
+        // truncated ones; this keeps it so whoever calls).
+        for (_, (_, grant)) in &mut logged {
+            grant.net = grant.net.trunc();
+        }
         logged.sort_unstable_by_key(|(key, _)| *key);
         logged.dedup_by_key(|(key, _)| *key);
         logged.shrink_to_fit();
@@ -524,7 +542,6 @@ impl Roster {
     /// [`MIN_REANNOUNCE_MS`]), or the same one with the range grant it lacked.
     /// Returns whether the roster changed.
     pub fn insert(&mut self, entry: Entry) -> Result<bool, TrustError> {
-        self.claims.take();
         let Entry {
             mut member,
             not_after,
@@ -556,7 +573,15 @@ impl Roster {
                 if member.has(IN_LOG) {
                     carried.admission = None;
                 }
+                let moved = canonical_ip(&self.members[i]) != canonical_ip(&member);
                 self.members[i] = member;
+                // The index reads flags and dates when it is asked: only a new
+                // address moves the member in it.
+                if moved {
+                    if let Some(index) = self.claims.get_mut() {
+                        index.readdress(i as u32, &self.members);
+                    }
+                }
             }
             Err(_) if self.members.len() >= MAX_MEMBERS => return Err(TrustError::TooLarge),
             Err(i) => {
@@ -574,6 +599,9 @@ impl Roster {
                     }
                 }
                 self.members.insert(i, member);
+                // A new member (an admitted key: not at a peer's whim) shifts the
+                // positions the index holds.
+                self.claims.take();
             }
         }
         match range {
@@ -613,7 +641,6 @@ impl Roster {
     /// trust log admits, not revoked and not expired, stays admitted. Returns how many
     /// went.
     pub fn prune(&mut self, verifier: &Verifier<'_>) -> usize {
-        self.claims.take();
         let (mut gone, mut still_admitted) = (Vec::new(), Vec::new());
         let expiring = &self.expiring;
         self.members.retain(|m| {
@@ -628,6 +655,9 @@ impl Roster {
             }
             false
         });
+        if !gone.is_empty() {
+            self.claims.take();
+        }
         for key in &gone {
             self.ranges.remove(key);
             self.carried.remove(key);
@@ -1036,6 +1066,37 @@ mod tests {
                 not_after,
             };
             Signed::sign(&self.root_key, ADMISSION_LABEL, &body).encode()
+        }
+    }
+
+    /// What [`Roster::check_endpoint`] says, by a scan of every member (the rule
+    /// itself, without the index).
+    fn owned_by_scan(
+        roster: &Roster,
+        endorser: &[u8; 32],
+        endpoint: Option<SocketAddr>,
+        v: &Verifier<'_>,
+    ) -> bool {
+        let Some(member) = roster
+            .get(endorser)
+            .filter(|m| current(m, &roster.expiring, v))
+        else {
+            return false;
+        };
+        let Some(ip) = endpoint.map(|e| e.ip().to_canonical()) else {
+            return true;
+        };
+        let in_range = |m: &Member| roster.range(m, v).is_some_and(|r| r.contains(&ip));
+        let claims = |m: &Member| canonical_ip(m) == ip || in_range(m);
+        let mut others = roster
+            .current_members(v)
+            .filter(|m| m.key != *endorser && !m.has(LEAVING));
+        if in_range(member) {
+            !others.any(in_range)
+        } else if canonical_ip(member) == ip {
+            ip.is_loopback() || !others.any(claims)
+        } else {
+            false
         }
     }
 
@@ -1510,8 +1571,10 @@ mod tests {
         ];
         let mut roster = Roster::default();
         let mut log = LogMembership::default();
+        let mut digests = Vec::new();
         for (node, address, range) in &nodes {
             let granted = range.map(|net| grant(node, net));
+            digests.push(granted.as_ref().map(|(bytes, _)| grant_digest(bytes)));
             let body = Announcement {
                 mesh: "demo".into(),
                 address: address.parse().unwrap(),
@@ -1585,6 +1648,62 @@ mod tests {
                 (5, "10.246.0.10"),
             ]
         );
+        // The index stays true through changes: each step's checks make it, the next
+        // step changes the roster, and the checks after agree with a scan.
+        let scan_agrees = |roster: &Roster, v: &Verifier<'_>| {
+            for (node, _, _) in &nodes {
+                for ip in ips {
+                    let at = Some(SocketAddr::new(ip.parse().unwrap(), 15006));
+                    let indexed = roster.check_endpoint(node.public_key(), at, v).is_ok();
+                    assert_eq!(
+                        indexed,
+                        owned_by_scan(roster, node.public_key(), at, v),
+                        "{ip}"
+                    );
+                }
+            }
+        };
+        let announce_again = |roster: &mut Roster, n: usize, address: &str, at: u64, leaving| {
+            let body = Announcement {
+                mesh: "demo".into(),
+                address: address.parse().unwrap(),
+                issued_at: at,
+                leaving,
+                address_range: digests[n],
+            };
+            let announcement = Signed::sign(&nodes[n].0, ANNOUNCEMENT_LABEL, &body).encode();
+            let credentials = Credentials {
+                admission: None,
+                announcement,
+                address_range: None,
+            };
+            assert_eq!(roster.offer(&v, &credentials), Ok(true));
+        };
+        scan_agrees(&roster, &v);
+        // 6 moves onto 0's address, then says it leaves (1 ms later: allowed), and 4
+        // moves into 2's /16.
+        let then = NOW + MIN_REANNOUNCE_MS;
+        announce_again(&mut roster, 6, "10.0.0.1:7946", then, false);
+        scan_agrees(&roster, &v);
+        assert!(roster
+            .check_endpoint(
+                nodes[0].0.public_key(),
+                Some("10.0.0.1:1".parse().unwrap()),
+                &v
+            )
+            .is_err());
+        announce_again(&mut roster, 6, "10.0.0.1:7946", then + 1, true);
+        scan_agrees(&roster, &v);
+        announce_again(&mut roster, 4, "10.245.4.4:7946", then, false);
+        scan_agrees(&roster, &v);
+        // A week on, all but 4 and 6 fell silent: pruned, and the index with them.
+        let week_on = Verifier {
+            now_ms: NOW + ANNOUNCEMENT_LIFETIME_MS,
+            ..v
+        };
+        scan_agrees(&roster, &week_on);
+        assert_eq!(roster.prune(&week_on), nodes.len() - 2);
+        scan_agrees(&roster, &week_on);
     }
 
     /// In a mesh whose agents hold the trust log, a member's credentials are its
