@@ -238,8 +238,9 @@ pub struct Roster {
     /// key (a vector: a hash map of 10,000 took twice the room): an older grant no
     /// longer counts ([`Roster::set_log`]).
     logged_ranges: Vec<([u8; 32], LoggedRange)>,
-    /// Who claims which IP, for [`Roster::check_endpoint`]: made on the first check
-    /// after a change, dropped by every change.
+    /// Who claims which IP, for [`Roster::check_endpoint`]: made on the first check,
+    /// moved in place when a member announces a new address, dropped when members
+    /// join or go or the log changes (made again at the next check).
     claims: OnceLock<ClaimIndex>,
 }
 
