@@ -606,7 +606,11 @@ impl Driver {
         let mut next_bootstrap = Instant::now();
         let mut log_grew = self.state.trust.log().watch_size();
         let renew_every = Duration::from_millis(crate::roster::ANNOUNCEMENT_LIFETIME_MS / 2);
-        let mut next_renewal = Instant::now() + renew_every;
+        // Announce once more an interval after starting: peers holding this node's
+        // farewell from just before a restart take no return sooner than that
+        // (`roster::MIN_REANNOUNCE_MS`).
+        let mut next_renewal =
+            Instant::now() + Duration::from_millis(crate::roster::MIN_REANNOUNCE_MS + 100);
         loop {
             // Nobody else known yet: ask the bootstrap nodes for the roster, once a
             // period.

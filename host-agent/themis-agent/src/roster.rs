@@ -76,8 +76,10 @@ pub fn top_digest(buckets: &[BucketDigest]) -> [u8; 32] {
 pub const ANNOUNCEMENT_LIFETIME_MS: u64 = 7 * 24 * 3_600_000;
 
 /// A node's next announcement is taken no sooner than this after the one held (unless
-/// it says the node is leaving, or back): a member re-announcing in a loop cannot
-/// make every roster change, and every agent gossip, in a loop.
+/// it says the node is leaving: a farewell is taken at once; a return is not): a
+/// member re-announcing, or flipping leaving, in a loop cannot make every roster
+/// change, and every agent gossip, in a loop. An agent that restarts within this of
+/// its farewell is taken back by the announcement it makes this long after starting.
 pub const MIN_REANNOUNCE_MS: u64 = 5_000;
 
 /// One member's credentials, as they travel: its announcement, and the root's
@@ -973,10 +975,13 @@ fn fit_map<K: Eq + std::hash::Hash, V>(m: &mut HashMap<K, V>) {
 }
 
 /// Whether an announcement dated `issued_at` saying `leaving` replaces `held`: later,
-/// and either far enough later or a change of leaving.
+/// and either far enough later or a farewell (taken at once, so that nobody waits on
+/// a node that said it goes). A return waits like any other: were it taken at once
+/// too, a member flipping leaving in a loop would change every roster, and fill
+/// every agent's gossip, in a loop; so a node changes at most twice an interval.
 fn newer(held: &Member, issued_at: u64, leaving: bool) -> bool {
     issued_at > held.issued_at
-        && (leaving != held.has(LEAVING)
+        && ((leaving && !held.has(LEAVING))
             || issued_at >= held.issued_at.saturating_add(MIN_REANNOUNCE_MS))
 }
 
@@ -1155,10 +1160,55 @@ mod tests {
         let me = members.iter().next().unwrap();
         assert_eq!(me.id, Key(node.id().0));
         assert_eq!(me.addr, "127.0.0.1:7002".parse().unwrap());
-        // Saying goodbye is taken at once, however soon.
+        // Saying goodbye is taken at once, however soon; coming back is not.
         let bye = announce(&node, "127.0.0.1:7002", NOW + 1, true);
         assert_eq!(roster.offer(&v, &creds(&admission, &bye)), Ok(true));
         assert!(roster.members(&v).is_empty());
+        let back = |when: u64| announce(&node, "127.0.0.1:7002", when, false);
+        assert_eq!(
+            roster.offer(&v, &creds(&admission, &back(NOW + 2))),
+            Ok(false)
+        );
+        assert!(roster.members(&v).is_empty());
+        let later = NOW + 1 + MIN_REANNOUNCE_MS;
+        assert_eq!(roster.offer(&v, &creds(&admission, &back(later))), Ok(true));
+        assert_eq!(roster.members(&v).len(), 1);
+    }
+
+    /// The attack on gossip's bound: a member flipping leaving (and its address) as
+    /// fast as it likes, each announcement validly signed. Every flip taken would be news
+    /// every agent passes on; the roster takes at most two an interval (a farewell at
+    /// once, the return only an interval after the last change).
+    #[test]
+    fn a_member_flipping_leaving_in_a_loop_changes_the_roster_twice_an_interval() {
+        let mesh = Mesh::new();
+        let node = identity();
+        let mut roster = Roster::default();
+        let admission = mesh.admit(&node, None);
+        let v = mesh.verifier();
+        let start = NOW - 60_000;
+        // Every 50 ms rather than every one: the same bound, a fiftieth of the
+        // signatures to check.
+        let (step, intervals) = (50, 4);
+        let flips = intervals * MIN_REANNOUNCE_MS / step;
+        let mut taken = 0;
+        for n in 0..flips {
+            let leaving = n % 2 == 1;
+            let address = format!("127.0.0.1:{}", 7000 + n % 1000);
+            let said = announce(&node, &address, start + n * step, leaving);
+            if roster.offer(&v, &creds(&admission, &said)) == Ok(true) {
+                taken += 1;
+            }
+        }
+        eprintln!("{taken} of {flips} flips taken in {intervals} intervals");
+        assert!(
+            taken >= 2,
+            "the first announcement and a farewell are taken"
+        );
+        assert!(
+            taken <= 2 * intervals + 1,
+            "{taken} of {flips} flips taken in {intervals} intervals"
+        );
     }
 
     #[test]
