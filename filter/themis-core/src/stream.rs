@@ -55,6 +55,12 @@ pub const MAX_RECORD_LEN: usize = MAX_CHUNK + RECORD_OVERHEAD;
 /// server feeds it when message 1 arrives.
 pub const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+/// The most of its app's bytes a side holds before the session opens (the agent is
+/// signing, or the peer has not answered): HTTP/2's first windows and a first
+/// request fit; an app writing on past it while the peer stays silent would
+/// otherwise be buffered whole ([`Refusal::Overflow`]).
+pub const MAX_HELD: usize = 4 << 20;
+
 /// The longest service name a [`Meta`] may claim.
 pub const MAX_SERVICE_LEN: usize = 253;
 
@@ -103,6 +109,9 @@ pub enum Refusal {
     /// The initiator's app did not start with the expected preface.
     #[error("the stream does not start with the expected preface")]
     Preface,
+    /// The app wrote more than [`MAX_HELD`] before the session opened.
+    #[error("the app wrote more than {MAX_HELD} bytes before the session opened")]
+    Overflow,
 }
 
 impl Refusal {
@@ -118,6 +127,7 @@ impl Refusal {
             Refusal::OutOfTurn(_) => "out_of_turn",
             Refusal::Meta => "meta",
             Refusal::Preface => "preface",
+            Refusal::Overflow => "overflow",
         }
     }
 }
@@ -186,6 +196,15 @@ impl Inbox {
     fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
+}
+
+/// Holds `data` of the app's for after the handshake, at most [`MAX_HELD`] in all.
+fn hold(held: &mut Vec<u8>, data: &[u8]) -> Result<(), Refusal> {
+    if held.len() + data.len() > MAX_HELD {
+        return Err(Refusal::Overflow);
+    }
+    held.extend_from_slice(data);
+    Ok(())
 }
 
 /// Seals `data` into records of at most [`MAX_CHUNK`] bytes, appended to `out` and
@@ -347,7 +366,10 @@ impl StreamInitiator {
         let mut to_peer = Vec::new();
         match &mut self.state {
             InitiatorState::AwaitingSignature(_) | InitiatorState::AwaitingReply(_) => {
-                self.held.extend_from_slice(data)
+                if let Err(refusal) = hold(&mut self.held, data) {
+                    self.state = InitiatorState::Closed;
+                    return Err(refusal);
+                }
             }
             InitiatorState::Open(session) => seal_into(session, data, &mut to_peer)?,
             InitiatorState::Closed => return Err(Refusal::OutOfTurn("write after close")),
@@ -667,17 +689,19 @@ impl StreamResponder {
     /// Bytes the app wrote. Its first write carries message 2 (the bytes themselves
     /// wait for message 3); once confirmed, everything is sealed.
     pub fn from_app(&mut self, data: &[u8]) -> Result<Vec<u8>, Refusal> {
+        let held = match &mut self.state {
+            ResponderState::Open { .. } | ResponderState::Closed => Ok(()),
+            _ => hold(&mut self.held, data),
+        };
+        if let Err(refusal) = held {
+            self.state = ResponderState::Closed;
+            return Err(refusal);
+        }
         match &mut self.state {
-            ResponderState::AwaitingConfirm { reply, .. } => {
-                self.held.extend_from_slice(data);
-                Ok(reply.take().unwrap_or_default())
-            }
+            ResponderState::AwaitingConfirm { reply, .. } => Ok(reply.take().unwrap_or_default()),
             ResponderState::AwaitingHello
             | ResponderState::AwaitingSignature(_)
-            | ResponderState::AwaitingMeta(_) => {
-                self.held.extend_from_slice(data);
-                Ok(Vec::new())
-            }
+            | ResponderState::AwaitingMeta(_) => Ok(Vec::new()),
             ResponderState::Open { session, .. } => {
                 let mut to_peer = Vec::new();
                 let held = core::mem::take(&mut self.held);

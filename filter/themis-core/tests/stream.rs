@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use ring::rand::{SecureRandom, SystemRandom};
 use ring::test::rand::FixedByteRandom;
 use themis_core::stream::{
-    Meta, Output, Refusal, StreamInitiator, StreamResponder, HTTP2_PREFACE, MAX_CHUNK,
+    Meta, Output, Refusal, StreamInitiator, StreamResponder, HTTP2_PREFACE, MAX_CHUNK, MAX_HELD,
     MAX_SERVICE_LEN,
 };
 use themis_core::wire::{
@@ -1428,4 +1428,60 @@ fn a_record_before_the_handshake_is_refused_at_its_header() {
         waiting.is_empty(),
         "still buffering a 1 MiB record: {waiting:?}"
     );
+}
+
+// ---------------------------------------------------------------------------------
+// Holding the app's bytes
+
+/// A peer that never answers (a black hole at an endorsed address, a stalled
+/// node) while the app writes on: each side holds at most [`MAX_HELD`] of its app's
+/// bytes before the session opens, then refuses (`overflow`) and stays closed —
+/// the app's whole upload is never buffered. Up to the bound nothing is lost.
+#[test]
+fn a_silent_peer_makes_a_side_hold_at_most_max_held_of_its_apps_bytes() {
+    let rec = record_small();
+    let config = HandshakeConfig::default();
+    let rng = FixedByteRandom { byte: INIT_RNG };
+    let start = || StreamInitiator::start(alice(), bob().id(), meta(), &config, NOW_MS, &rng);
+
+    // Up to the bound, in pieces: held, and all of it leaves once the peer answers.
+    let (mut init, hello) = start().unwrap();
+    assert_eq!(hello, rec.hello);
+    let app = pattern(MAX_HELD, 7);
+    for piece in app.chunks(MIB) {
+        assert!(init.from_app(piece).unwrap().is_empty());
+    }
+    let out = init.from_peer(&rec.reply).unwrap();
+    assert!(init.is_open());
+    assert!(
+        out.to_peer.len() > MAX_HELD,
+        "message 3 and every held byte, sealed"
+    );
+
+    // One byte past it: refused, nothing sent, closed for good.
+    let (mut init, _) = start().unwrap();
+    assert!(init.from_app(&app).unwrap().is_empty());
+    let refusal = init.from_app(b"x").unwrap_err();
+    assert_eq!(refusal.reason(), "overflow");
+    assert_eq!(refusal, Refusal::Overflow);
+    assert_init_closed(&mut init, &rec.reply);
+    // In one write too.
+    let (mut init, _) = start().unwrap();
+    let over = pattern(MAX_HELD + 1, 8);
+    assert_eq!(init.from_app(&over), Err(Refusal::Overflow));
+    assert_init_closed(&mut init, &rec.reply);
+
+    // The responder's app (a server that speaks first) while message 3 does not come.
+    let rng = FixedByteRandom { byte: RESP_RNG };
+    let (mut resp, _) = responder_after_reply(&rec.hello, &rng);
+    assert!(resp
+        .from_app(&pattern(MAX_HELD - SETTINGS.len(), 9))
+        .unwrap()
+        .is_empty());
+    assert_eq!(resp.from_app(b"x"), Err(Refusal::Overflow));
+    assert_resp_closed(&mut resp, &rec.i2r_tail);
+    // And before message 1 came at all.
+    let mut early = StreamResponder::new(HTTP2_PREFACE);
+    assert_eq!(early.from_app(&over), Err(Refusal::Overflow));
+    assert_resp_closed(&mut early, &rec.hello);
 }

@@ -9,7 +9,7 @@ use log::{info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, StreamContext};
 use proxy_wasm::types::{Action, PeerType};
-use themis_core::stream::{Meta, Refusal, StreamInitiator};
+use themis_core::stream::{Meta, Refusal, StreamInitiator, MAX_HELD};
 use themis_core::{HandshakeConfig, PeerId};
 
 use super::{
@@ -185,21 +185,30 @@ impl StreamContext for Seal {
                 Action::Pause
             }
             State::Keyless { call, mut held } => {
-                held.extend_from_slice(&data);
                 self.set_downstream_data(0, size, &[]);
+                // Bounded as the stream bounds what it holds (`Refusal::Overflow`).
+                if held.len() + data.len() > MAX_HELD {
+                    self.refused(Refusal::Overflow);
+                    return Action::Pause;
+                }
+                held.extend_from_slice(&data);
                 self.state = State::Keyless { call, held };
                 Action::Pause
             }
             State::Signing { call, mut stream } => {
-                let _ = stream.from_app(&data);
                 self.set_downstream_data(0, size, &[]);
-                self.state = State::Signing { call, stream };
+                match stream.from_app(&data) {
+                    Ok(_) => self.state = State::Signing { call, stream },
+                    Err(refusal) => self.refused(refusal),
+                }
                 Action::Pause
             }
             State::Handshaking(mut stream) => {
-                let _ = stream.from_app(&data);
                 self.set_downstream_data(0, size, &[]);
-                self.state = State::Handshaking(stream);
+                match stream.from_app(&data) {
+                    Ok(_) => self.state = State::Handshaking(stream),
+                    Err(refusal) => self.refused(refusal),
+                }
                 Action::Pause
             }
             State::Open(stream)
