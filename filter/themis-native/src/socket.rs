@@ -295,10 +295,10 @@ impl Connection {
         self.remote = Some(remote);
         let service = self.config.peer_service.clone().unwrap_or_default();
         let snapshot = self.runtime.snapshot();
-        let credential = snapshot
-            .credential
-            .clone()
-            .ok_or(("keyless", "no delegated key from the agent yet".to_string()))?;
+        let credential = snapshot.credential.clone().ok_or((
+            "no_identity",
+            "no delegated key from the agent yet".to_string(),
+        ))?;
         let peer =
             expected_peer(&snapshot, &service, remote).inspect_err(|_| self.runtime.refresh())?;
         let meta = Meta {
@@ -398,10 +398,10 @@ impl Connection {
         match &mut self.side {
             Side::Inbound(stream) => {
                 let snapshot = self.runtime.snapshot();
-                let credential = snapshot
-                    .credential
-                    .clone()
-                    .ok_or(("keyless", "no delegated key from the agent yet".to_string()))?;
+                let credential = snapshot.credential.clone().ok_or((
+                    "no_identity",
+                    "no delegated key from the agent yet".to_string(),
+                ))?;
                 let config = &self.config;
                 let remote = self.remote;
                 let charge = !std::mem::replace(&mut self.charged, true);
