@@ -95,7 +95,7 @@ impl Callers {
     }
 
     /// `Some(listed)` if `service` was verified and is still fresh.
-    fn lists(&self, service: &str, peer: &PeerId, now_ms: u64) -> Option<bool> {
+    pub(crate) fn lists(&self, service: &str, peer: &PeerId, now_ms: u64) -> Option<bool> {
         self.services
             .get(service)
             .filter(|(_, e)| *e > now_ms)

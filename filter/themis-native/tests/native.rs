@@ -119,7 +119,16 @@ fn a_native_caller_reaches_a_wasm_callee() {
     if !require::filter_in_envoy("runs the native module in Envoy") {
         return;
     }
-    call_is_sealed_and_attributed(&mesh(Runtime::Native, Runtime::Wasm));
+    let mesh = mesh(Runtime::Native, Runtime::Wasm);
+    call_is_sealed_and_attributed(&mesh);
+    // The caller's claim was checked offline, from the endorsement it carried in
+    // message 1, not by a resolution through the callee's agent.
+    let log = std::fs::read_to_string(mesh.envoy_b.log_path()).unwrap();
+    assert!(
+        log.contains(r#"(service Some("handler"), by the endorsement it carried) connected"#),
+        "{}",
+        mesh.logs()
+    );
 }
 
 #[test]

@@ -25,7 +25,7 @@ use super::{
     call_agent, call_agent_for_identity, call_agent_to_sign, call_response, now_ms, signature,
     Deadline, Root, Shared,
 };
-use crate::policy::{decide, Verdict};
+use crate::policy::{decide_with, endorsement_lists, Verdict};
 
 enum Gate {
     /// The workload's public identity is being fetched (the sidecar just started);
@@ -130,6 +130,8 @@ impl Inbound {
 
     /// Decides for the established caller; `true` once it is allowed.
     fn authorize(&mut self, established: &Established) -> bool {
+        // Whether the claim was verified by the endorsement the caller carried.
+        let mut endorsed = false;
         let (verdict, mesh) = {
             let w = self.worker.borrow();
             if w.revoked.contains(&established.peer_id) {
@@ -137,7 +139,20 @@ impl Inbound {
                 self.close("revoked", "the caller's id is revoked");
                 return false;
             }
-            let verdict = decide(w.config.policy.as_ref(), &w.callers, established, now_ms());
+            // A claim counts when the endorsement the caller carried (a v3 caller: the
+            // native runtime) names it for this very id, checked offline against the
+            // root as the native callee does; a caller with none, when a verified
+            // resolution lists it.
+            let carried = &established.peer_endorsement;
+            let now = now_ms();
+            let lists = |claim: &str, peer: &PeerId| match carried.is_empty() {
+                true => w.callers.lists(claim, peer, now),
+                false => {
+                    endorsed = endorsement_lists(&w.verifier(), carried, claim, peer);
+                    Some(endorsed)
+                }
+            };
+            let verdict = decide_with(w.config.policy.as_ref(), established, lists);
             (verdict, w.config.mesh.clone())
         };
         let peer = established.peer_id.printable(&mesh);
@@ -159,7 +174,11 @@ impl Inbound {
                         w.budget.confirmed(source, now_ms());
                     }
                 }
-                info!("themis inbound: {peer} (service {service:?}) connected");
+                let by = match endorsed {
+                    true => ", by the endorsement it carried",
+                    false => "",
+                };
+                info!("themis inbound: {peer} (service {service:?}{by}) connected");
                 self.gate = Gate::Allowed;
                 true
             }
