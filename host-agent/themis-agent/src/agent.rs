@@ -307,6 +307,8 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
     };
 
     // One-hop routing: the membership and the log's growth, by gossip.
+    // When this node last said goodbye: a return soon after it waits at its peers.
+    let farewell_file = settings.state_dir.join("farewell-ms");
     let gossip = (settings.routing == crate::config::Routing::OneHop).then(|| {
         let (state, heard) = crate::gossip::GossipState::new(&node, advertise, trust.clone());
         overlay.serve_gossip(state.clone());
@@ -324,6 +326,9 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
                 metrics: metrics.clone(),
                 bootstrap: settings.bootstrap().unwrap_or_default(),
                 period: Duration::from_millis(settings.gossip_ms),
+                last_farewell_ms: std::fs::read_to_string(&farewell_file)
+                    .ok()
+                    .and_then(|text| text.trim().parse().ok()),
             }
             .run(),
         );
@@ -344,7 +349,10 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
     // refuses our hand-over.
     overlay.leave().await;
     if let Some((state, _)) = gossip {
-        state.farewell(&node, &client, &metrics).await;
+        let said_at = state.farewell(&node, &client, &metrics).await;
+        if let Err(error) = std::fs::write(&farewell_file, said_at.to_string()) {
+            warn!(%error, file = %farewell_file.display(), "cannot note the farewell's date");
+        }
     }
     api_task.abort();
     server.abort();

@@ -224,8 +224,10 @@ impl GossipState {
     /// and told to a few members at once, each within a second; the others learn it
     /// by their pulls. They stop choosing this node as a holder, rather than each
     /// finding out by a timeout.
-    pub async fn farewell(&self, node: &Identity, client: &Client, metrics: &Metrics) {
+    /// Returns the farewell's date (Unix ms).
+    pub async fn farewell(&self, node: &Identity, client: &Client, metrics: &Metrics) -> u64 {
         let own = announce(node, self.listen, &self.trust, true);
+        let said_at = unix_millis();
         self.tell(&own);
         *self.own.lock().expect("never poisoned") = own;
         let request = Frame::Roster(self.request(&Ask::Compare)).encode();
@@ -247,6 +249,7 @@ impl GossipState {
             of = told.len(),
             "said goodbye to the membership"
         );
+        said_at
     }
 
     /// The roster, locked. Lock order: the roster first, then the trust state's
@@ -567,6 +570,8 @@ pub struct Driver {
     pub bootstrap: Vec<Peer>,
     /// The pull period.
     pub period: Duration,
+    /// When this node last said goodbye (Unix ms), if it did before this start.
+    pub last_farewell_ms: Option<u64>,
 }
 
 enum Done {
@@ -606,11 +611,20 @@ impl Driver {
         let mut next_bootstrap = Instant::now();
         let mut log_grew = self.state.trust.log().watch_size();
         let renew_every = Duration::from_millis(crate::roster::ANNOUNCEMENT_LIFETIME_MS / 2);
-        // Announce once more an interval after starting: peers holding this node's
-        // farewell from just before a restart take no return sooner than that
-        // (`roster::MIN_REANNOUNCE_MS`).
-        let mut next_renewal =
-            Instant::now() + Duration::from_millis(crate::roster::MIN_REANNOUNCE_MS + 100);
+        let mut next_renewal = Instant::now() + renew_every;
+        // Restarted within the interval of its farewell: peers take the return no
+        // sooner than the interval after it (`roster::MIN_REANNOUNCE_MS`), so it is
+        // announced again then.
+        if let Some(farewell) = self.last_farewell_ms {
+            let due = farewell.saturating_add(crate::roster::MIN_REANNOUNCE_MS + 100);
+            if let Some(wait) = due.checked_sub(unix_millis()).filter(|w| *w > 0) {
+                info!(
+                    wait_ms = wait,
+                    "back soon after a farewell: announcing again then"
+                );
+                next_renewal = Instant::now() + Duration::from_millis(wait);
+            }
+        }
         loop {
             // Nobody else known yet: ask the bootstrap nodes for the roster, once a
             // period.

@@ -79,7 +79,7 @@ pub const ANNOUNCEMENT_LIFETIME_MS: u64 = 7 * 24 * 3_600_000;
 /// it says the node is leaving: a farewell is taken at once; a return is not): a
 /// member re-announcing, or flipping leaving, in a loop cannot make every roster
 /// change, and every agent gossip, in a loop. An agent that restarts within this of
-/// its farewell is taken back by the announcement it makes this long after starting.
+/// its farewell announces again this long after it (`gossip::Driver`).
 pub const MIN_REANNOUNCE_MS: u64 = 5_000;
 
 /// One member's credentials, as they travel: its announcement, and the root's
