@@ -419,15 +419,18 @@ impl Roster {
             None if self.members.len() >= MAX_MEMBERS => Err(TrustError::TooLarge),
             None => Ok(true),
             Some(held) => Ok(newer(held, claimed.issued_at, claimed.leaving)
-                || (brings_range && self.lacks_grant(held, claimed.issued_at))),
+                || (brings_range && self.lacks_grant(held, &signed.signature))),
         }
     }
 
-    /// Whether `held`'s announcement, dated `issued_at`, binds a range whose grant
-    /// this roster does not know: the same announcement with the grant along is taken
-    /// (a forwarder that dropped the grant only delays it).
-    fn lacks_grant(&self, held: &Member, issued_at: u64) -> bool {
-        held.issued_at == issued_at
+    /// Whether `held`'s announcement, the one signed `signature` (the grant is not
+    /// among the signed bytes), binds a range whose grant this roster does not know:
+    /// the same announcement with the grant along is taken (a forwarder that dropped
+    /// the grant only delays it). Only the same one: another of the same date (back
+    /// instead of leaving, elsewhere) would change the member past [`newer`]'s
+    /// interval, as often as it likes.
+    fn lacks_grant(&self, held: &Member, signature: &[u8; 64]) -> bool {
+        held.signature == *signature
             && held.has(RANGE)
             && !held.has(LOGGED_RANGE)
             && self
@@ -556,7 +559,7 @@ impl Roster {
         if let Ok(i) = at {
             let held = &self.members[i];
             let fills = range.as_ref().is_some_and(|r| r.grant.is_some())
-                && self.lacks_grant(held, member.issued_at);
+                && self.lacks_grant(held, &member.signature);
             if !newer(held, member.issued_at, member.has(LEAVING)) && !fills {
                 return Ok(false);
             }
@@ -1209,6 +1212,53 @@ mod tests {
             taken <= 2 * intervals + 1,
             "{taken} of {flips} flips taken in {intervals} intervals"
         );
+    }
+
+    /// The same-date path that fills in a grant a forwarder dropped is the same
+    /// announcement's only: a member cannot use it to flip leaving or move at one
+    /// date, past the re-announce interval.
+    #[test]
+    fn only_the_same_announcement_fills_in_its_grant() {
+        let mesh = Mesh::new();
+        let node = identity();
+        let v = mesh.verifier();
+        let admission = mesh.admit(&node, None);
+        let grant = mesh.grant_range(&node, "10.244.3.0");
+        let said = |leaving: bool, address: &str| {
+            let body = Announcement {
+                mesh: "demo".into(),
+                address: address.parse().unwrap(),
+                issued_at: NOW,
+                leaving,
+                address_range: Some(grant_digest(&grant)),
+            };
+            Signed::sign(&node, ANNOUNCEMENT_LABEL, &body).encode()
+        };
+        let offered = |announcement: Vec<u8>, grant_along: bool| Credentials {
+            admission: Some(admission.clone()),
+            announcement,
+            address_range: grant_along.then(|| grant.clone()),
+        };
+        let mut roster = Roster::default();
+        // A farewell whose grant a forwarder dropped: held, its range not known.
+        let farewell = said(true, "10.0.0.3:7946");
+        assert_eq!(
+            roster.offer(&v, &offered(farewell.clone(), false)),
+            Ok(true)
+        );
+        // Another announcement of that date, the grant along: no fill.
+        for other in [said(false, "10.0.0.3:7946"), said(true, "10.0.0.4:7946")] {
+            assert_eq!(roster.offer(&v, &offered(other, true)), Ok(false));
+        }
+        assert!(roster.members(&v).is_empty(), "still leaving");
+        assert_eq!(
+            roster.credentials(&v)[0].announcement,
+            farewell,
+            "the farewell is held"
+        );
+        // The same one with its grant: filled.
+        assert_eq!(roster.offer(&v, &offered(farewell, true)), Ok(true));
+        assert!(roster.credentials(&v)[0].address_range.is_some());
     }
 
     #[test]
