@@ -349,10 +349,12 @@ pub async fn run(settings: Settings) -> Result<(), AgentError> {
     // refuses our hand-over.
     overlay.leave().await;
     if let Some((state, _)) = gossip {
-        let said_at = state.farewell(&node, &client, &metrics).await;
-        if let Err(error) = std::fs::write(&farewell_file, said_at.to_string()) {
-            warn!(%error, file = %farewell_file.display(), "cannot note the farewell's date");
-        }
+        let note = |said_at: u64| {
+            if let Err(error) = std::fs::write(&farewell_file, said_at.to_string()) {
+                warn!(%error, file = %farewell_file.display(), "cannot note the farewell's date");
+            }
+        };
+        state.farewell(&node, &client, &metrics, note).await;
     }
     api_task.abort();
     server.abort();

@@ -224,10 +224,17 @@ impl GossipState {
     /// and told to a few members at once, each within a second; the others learn it
     /// by their pulls. They stop choosing this node as a holder, rather than each
     /// finding out by a timeout.
-    /// Returns the farewell's date (Unix ms).
-    pub async fn farewell(&self, node: &Identity, client: &Client, metrics: &Metrics) -> u64 {
+    /// `note` is told the farewell's date (Unix ms) before anyone is: an agent killed
+    /// while it says goodbye has it noted all the same.
+    pub async fn farewell(
+        &self,
+        node: &Identity,
+        client: &Client,
+        metrics: &Metrics,
+        note: impl FnOnce(u64),
+    ) {
         let own = announce(node, self.listen, &self.trust, true);
-        let said_at = unix_millis();
+        note(issued_at(&own));
         self.tell(&own);
         *self.own.lock().expect("never poisoned") = own;
         let request = Frame::Roster(self.request(&Ask::Compare)).encode();
@@ -249,7 +256,11 @@ impl GossipState {
             of = told.len(),
             "said goodbye to the membership"
         );
-        said_at
+    }
+
+    /// The date of this node's announcement held now (Unix ms).
+    fn own_issued_at(&self) -> u64 {
+        issued_at(&self.own.lock().expect("never poisoned"))
     }
 
     /// The roster, locked. Lock order: the roster first, then the trust state's
@@ -612,18 +623,23 @@ impl Driver {
         let mut log_grew = self.state.trust.log().watch_size();
         let renew_every = Duration::from_millis(crate::roster::ANNOUNCEMENT_LIFETIME_MS / 2);
         let mut next_renewal = Instant::now() + renew_every;
-        // Restarted within the interval of its farewell: peers take the return no
-        // sooner than the interval after it (`roster::MIN_REANNOUNCE_MS`), so it is
-        // announced again then.
-        if let Some(farewell) = self.last_farewell_ms {
-            let due = farewell.saturating_add(crate::roster::MIN_REANNOUNCE_MS + 100);
-            if let Some(wait) = due.checked_sub(unix_millis()).filter(|w| *w > 0) {
-                info!(
-                    wait_ms = wait,
-                    "back soon after a farewell: announcing again then"
-                );
-                next_renewal = Instant::now() + Duration::from_millis(wait);
-            }
+        // Started within the interval of its farewell: peers holding the farewell
+        // refuse the start-up announcement (`roster::MIN_REANNOUNCE_MS`), so another
+        // follows the interval after it — after the farewell too, and far enough
+        // after the start-up one that peers (and this roster) which took that one
+        // take it as well, and every roster agrees again.
+        let interval = crate::roster::MIN_REANNOUNCE_MS;
+        let announced = self.state.own_issued_at();
+        if self
+            .last_farewell_ms
+            .is_some_and(|farewell| announced < farewell.saturating_add(interval + 1_000))
+        {
+            let wait = (announced + interval + 100).saturating_sub(unix_millis());
+            info!(
+                wait_ms = wait,
+                "back soon after a farewell: announcing again then"
+            );
+            next_renewal = Instant::now() + Duration::from_millis(wait);
         }
         loop {
             // Nobody else known yet: ask the bootstrap nodes for the roster, once a
@@ -854,6 +870,14 @@ fn next_page(answer: &RosterFrame, pages: usize) -> Option<[u8; 32]> {
 }
 
 /// This node's credentials with an announcement signed now (taken into its own
+/// The date an announcement of this node's own making says (Unix ms).
+fn issued_at(own: &Credentials) -> u64 {
+    Signed::decode(&own.announcement)
+        .ok()
+        .and_then(|signed| Announcement::decode(&signed.body).ok())
+        .map_or(0, |said| said.issued_at)
+}
+
 /// roster): where it listens, and whether it is leaving.
 fn announce(node: &Identity, listen: SocketAddr, trust: &MeshTrust, leaving: bool) -> Credentials {
     let address_range = trust.own_address_range();
