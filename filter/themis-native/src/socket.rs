@@ -504,28 +504,25 @@ impl Connection {
                     }
                     // A claimed service counts when the endorsement the caller carried
                     // names it for this very id (checked offline against the root),
-                    // or, for a caller with none, when the verified resolution lists it.
+                    // else (none carried, or one for another of its services, or
+                    // lapsed) when the verified resolution lists it.
                     let runtime = &self.runtime;
+                    let carried = &established.peer_endorsement;
                     let verdict =
                         decide_with(self.config.policy.as_ref(), &established, |claim, peer| {
-                            let endorsed = if established.peer_endorsement.is_empty() {
-                                let listed = snapshot
-                                    .resolutions
-                                    .get(claim)
-                                    .is_some_and(|all| all.iter().any(|i| i.id == *peer));
-                                if !listed {
-                                    runtime.refresh();
-                                }
-                                listed
-                            } else {
-                                endorsement_lists(
-                                    &trust,
-                                    &established.peer_endorsement,
-                                    claim,
-                                    peer,
-                                )
-                            };
-                            Some(endorsed)
+                            if !carried.is_empty()
+                                && endorsement_lists(&trust, carried, claim, peer)
+                            {
+                                return Some(true);
+                            }
+                            let listed = snapshot
+                                .resolutions
+                                .get(claim)
+                                .is_some_and(|all| all.iter().any(|i| i.id == *peer));
+                            if !listed {
+                                runtime.refresh();
+                            }
+                            Some(listed)
                         });
                     match verdict {
                         Verdict::Allow { service } => {

@@ -141,15 +141,16 @@ impl Inbound {
             }
             // A claim counts when the endorsement the caller carried (a v3 caller: the
             // native runtime) names it for this very id, checked offline against the
-            // root as the native callee does; a caller with none, when a verified
-            // resolution lists it.
+            // root as the native callee does; else (none carried, or one for another
+            // of its services, or lapsed) when a verified resolution lists it.
             let carried = &established.peer_endorsement;
             let now = now_ms();
-            let lists = |claim: &str, peer: &PeerId| match carried.is_empty() {
-                true => w.callers.lists(claim, peer, now),
-                false => {
-                    endorsed = endorsement_lists(&w.verifier(), carried, claim, peer);
-                    Some(endorsed)
+            let lists = |claim: &str, peer: &PeerId| {
+                endorsed =
+                    !carried.is_empty() && endorsement_lists(&w.verifier(), carried, claim, peer);
+                match endorsed {
+                    true => Some(true),
+                    false => w.callers.lists(claim, peer, now),
                 }
             };
             let verdict = decide_with(w.config.policy.as_ref(), established, lists);

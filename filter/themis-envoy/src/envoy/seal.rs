@@ -113,7 +113,9 @@ impl Seal {
             Ok(stream) => stream,
             Err((reason, detail)) => return self.close(reason, &detail),
         };
-        let _ = stream.from_app(first);
+        if let Err(refusal) = stream.from_app(first) {
+            return self.refused(refusal);
+        }
         let call = stream
             .to_sign()
             .and_then(|to_sign| call_agent_to_sign(self, &self.worker.borrow().config, &to_sign));
