@@ -198,8 +198,10 @@ impl Inbox {
     }
 }
 
-/// Holds `data` of the app's for after the handshake, at most [`MAX_HELD`] in all.
-fn hold(held: &mut Vec<u8>, data: &[u8]) -> Result<(), Refusal> {
+/// Holds `data` for after the handshake (or a decision), at most [`MAX_HELD`] in all;
+/// `held` is left as it was when `data` would go past it. Drivers that hold bytes
+/// outside a stream (before it exists, or after it opened) bound them with this too.
+pub fn hold(held: &mut Vec<u8>, data: &[u8]) -> Result<(), Refusal> {
     if held.len() + data.len() > MAX_HELD {
         return Err(Refusal::Overflow);
     }

@@ -18,7 +18,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, StreamContext};
 use proxy_wasm::types::{Action, PeerType};
 use themis_core::guard::Admission;
-use themis_core::stream::{Established, StreamResponder, HTTP2_PREFACE};
+use themis_core::stream::{self, Established, StreamResponder, HTTP2_PREFACE};
 use themis_core::{HandshakeConfig, PeerId};
 
 use super::{
@@ -335,10 +335,6 @@ enum Flow {
     Hold,
 }
 
-/// Most plaintext held for the app while the policy is decided: the caller's first
-/// request and HTTP/2's windows fit; a peer that streams on past it is closed.
-const MAX_HELD: usize = 4 << 20;
-
 impl Inbound {
     /// Whether the root closed this connection at its deadline: then it is closed
     /// here too, whatever the agent answers or the peer sends from now on.
@@ -480,12 +476,12 @@ impl Inbound {
         }
     }
 
-    /// Holds plaintext for the app until the policy is decided, at most [`MAX_HELD`].
+    /// Holds plaintext for the app until the policy is decided, at most
+    /// [`stream::MAX_HELD`] (the caller's first request and HTTP/2's windows fit; a
+    /// peer that streams on past it is closed).
     fn hold(&mut self, bytes: &[u8]) {
-        if self.held.len() + bytes.len() > MAX_HELD {
+        if stream::hold(&mut self.held, bytes).is_err() {
             self.close("overflow", "too much data while the caller is verified");
-        } else {
-            self.held.extend_from_slice(bytes);
         }
     }
 

@@ -9,7 +9,7 @@ use log::{info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, StreamContext};
 use proxy_wasm::types::{Action, PeerType};
-use themis_core::stream::{Meta, Refusal, StreamInitiator, MAX_HELD};
+use themis_core::stream::{self, Meta, Refusal, StreamInitiator};
 use themis_core::{HandshakeConfig, PeerId};
 
 use super::{
@@ -188,13 +188,11 @@ impl StreamContext for Seal {
             }
             State::Keyless { call, mut held } => {
                 self.set_downstream_data(0, size, &[]);
-                // Bounded as the stream bounds what it holds (`Refusal::Overflow`).
-                if held.len() + data.len() > MAX_HELD {
-                    self.refused(Refusal::Overflow);
-                    return Action::Pause;
+                // Bounded as the stream bounds what it holds.
+                match stream::hold(&mut held, &data) {
+                    Ok(()) => self.state = State::Keyless { call, held },
+                    Err(refusal) => self.refused(refusal),
                 }
-                held.extend_from_slice(&data);
-                self.state = State::Keyless { call, held };
                 Action::Pause
             }
             State::Signing { call, mut stream } => {
