@@ -9,6 +9,7 @@
 use std::net::SocketAddr;
 
 use themis_contracts::api;
+use themis_core::delegation::{Credential, DelegatedKey, Delegation};
 use themis_core::identity::PublicIdentity;
 use themis_core::{MeshName, PeerId};
 use themis_trust::{InstanceValue, MeshRoot, Revocations, Signed, Verifier};
@@ -57,6 +58,9 @@ pub enum AgentError {
     /// The signature is not 64 bytes of hex.
     #[error("the agent's signature does not parse")]
     Signature,
+    /// The delegation does not decode, or does not verify for the key asked about.
+    #[error("the agent's delegation is unusable: {0}")]
+    Delegation(String),
 }
 
 /// Reads `GET /v1/services/{service}`: each instance is taken from its record, verified
@@ -269,6 +273,36 @@ pub fn check_public_identity(
         ));
     }
     Ok(identity)
+}
+
+/// Reads the answer of `POST /v1/workloads/{workload}/delegate` for `key` (the
+/// delegated key this sidecar generated and asked about) into the credential it signs
+/// handshakes with, checked at `now_ms`: the identity is the workload's (as
+/// [`check_public_identity`]) and the workload key delegated `key` itself, so a
+/// confused or lying agent cannot make the sidecar send handshakes its peers refuse.
+/// Also returns when to ask again (Unix ms).
+pub fn parse_delegated(
+    body: &[u8],
+    key: DelegatedKey,
+    workload: &str,
+    mesh: &MeshName,
+    now_ms: u64,
+) -> Result<(Credential, u64), AgentError> {
+    let delegated: api::Delegated =
+        serde_json::from_slice(body).map_err(|e| AgentError::Json(e.to_string()))?;
+    let identity = check_public_identity(&delegated.identity, workload, mesh)?;
+    let delegation = hex::decode(&delegated.delegation)
+        .ok()
+        .and_then(|b| Delegation::decode(&b))
+        .ok_or(AgentError::Delegation("it does not decode".into()))?;
+    let endorsement = match &delegated.endorsement {
+        Some(text) => hex::decode(text)
+            .map_err(|_| AgentError::Delegation("the endorsement is not hex".into()))?,
+        None => Vec::new(),
+    };
+    let credential = Credential::new(identity, key, delegation, endorsement, now_ms)
+        .map_err(|e| AgentError::Delegation(e.to_string()))?;
+    Ok((credential, delegated.renew_at_ms))
 }
 
 /// Reads the answer of `POST /v1/workloads/{workload}/sign`. The signature is not

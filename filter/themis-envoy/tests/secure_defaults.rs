@@ -130,12 +130,82 @@ fn a_callers_claim_is_resolved_only_when_the_policy_names_it() {
         "the app learnt the caller's id: {r}"
     );
 
-    // The control: a policy that names the claimed service resolves it.
+    // A policy that names the claimed service checks the claim against the
+    // endorsement the caller carried in message 1 (wire v3: its sidecar signs with a
+    // key the agent delegated): offline, no resolution either. The caller's sidecar
+    // started before `handler` was registered: its next delegation (5 s later)
+    // brings the endorsement.
+    support::process::wait_until(
+        "the caller's seal to carry its endorsement",
+        Duration::from_secs(30),
+        || {
+            // Every VM that delegated without it (each worker's, the main thread's)
+            // has delegated again with it.
+            let log = std::fs::read_to_string(mesh.envoy_a.log_path()).unwrap_or_default();
+            let seal = |what: &str| {
+                log.lines()
+                    .filter(|l| l.contains("themis-seal") && l.contains(what))
+                    .count()
+            };
+            let (with, without) = (
+                seal("carrying its endorsement"),
+                seal("carrying no endorsement"),
+            );
+            (with > 0 && with >= without).then_some(())
+        },
+    );
     let r = mesh.call("GET", "check", "/by-service", &[], b"");
     assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        resolutions(&mesh),
+        after,
+        "the callee resolved a claim the caller's endorsement proves\n{}",
+        mesh.logs()
+    );
+    let log = std::fs::read_to_string(mesh.envoy_b.log_path()).unwrap();
     assert!(
-        resolutions(&mesh) > after,
-        "a service rule admitted the caller without resolving its claim"
+        log.contains(r#"(service Some("handler"), by the endorsement it carried) connected"#),
+        "{}",
+        mesh.logs()
+    );
+}
+
+/// Issue 19 (2): a Wasm sidecar signs its handshakes with a key its agent delegated
+/// to it (one agent call per worker and renewal, not one per connection), on both
+/// sides: agent B signed no handshake message for its callee's sidecar, only its
+/// delegations, while the callee answered the caller's Hello.
+#[test]
+fn wasm_sidecars_sign_their_handshakes_with_a_delegated_key() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
+    let mesh = Mesh::start(Some(r#"{"allow":[{"service":"handler"}]}"#));
+    mesh.register("check", "check", mesh.envoy_b.inbound);
+    let signed = |kind: &str| {
+        let text = support::agent::scrape(mesh.b_metrics).expect("agent B's metrics");
+        support::agent::sample(
+            &text,
+            "themis_handshake_signatures_total",
+            &[("kind", kind)],
+        )
+    };
+    let r = mesh.call("GET", "check", "/delegated", &[], b"");
+    assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
+    assert!(
+        mesh.envoy_b.stat("wasmcustom.themis.inbound.established") >= 1,
+        "{}",
+        mesh.logs()
+    );
+    assert_eq!(signed("hello_reply"), 0, "agent B signed a message 2");
+    assert_eq!(signed("hello"), 0, "agent B signed a message 1");
+    // Each worker of each role of Envoy B asked once (2 workers, 2 roles).
+    assert!(signed("delegation") >= 4, "{}", mesh.logs());
+    let log = std::fs::read_to_string(mesh.envoy_b.log_path()).unwrap();
+    assert!(
+        log.contains("signs its handshakes with a delegated key"),
+        "{}",
+        mesh.logs()
     );
 }
 

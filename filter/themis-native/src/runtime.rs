@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ring::rand::SystemRandom;
 use themis_contracts::{api, paths};
-use themis_core::delegation::{Credential, DelegatedKey, Delegation};
+use themis_core::delegation::{Credential, DelegatedKey};
 use themis_envoy::agent::{
     endorsed, parse_instances, parse_new_revocations, Instance, NextPoll, REVOCATIONS_WAIT_MS,
 };
@@ -235,32 +235,22 @@ impl Runtime {
         };
         let body = serde_json::to_vec(&request).map_err(|e| e.to_string())?;
         let answer = self.call("POST", &paths::workload_delegate(&self.workload), &body)?;
-        let delegated: api::Delegated = serde_json::from_slice(&answer)
-            .map_err(|e| format!("the answer does not parse: {e}"))?;
-        let identity = themis_envoy::agent::check_public_identity(
-            &delegated.identity,
+        let (credential, renew_at) = themis_envoy::agent::parse_delegated(
+            &answer,
+            key,
             &self.workload,
             &self.root.mesh,
+            now,
         )
         .map_err(|e| e.to_string())?;
-        let delegation = hex::decode(&delegated.delegation)
-            .ok()
-            .and_then(|b| Delegation::decode(&b))
-            .ok_or("the delegation does not decode")?;
-        let endorsement = match &delegated.endorsement {
-            Some(text) => hex::decode(text).map_err(|_| "the endorsement is not hex")?,
-            None => Vec::new(),
-        };
-        let renew_at = delegated.renew_at_ms;
-        let credential = Credential::new(identity, key, delegation, endorsement, now)
-            .map_err(|e| format!("the agent's delegation does not verify: {e}"))?;
+        let not_after = credential.delegation().not_after_ms;
         self.publish(|s| s.credential = Some(Arc::new(credential)));
         crate::metrics::identity_held();
         crate::ffi::log(
             2,
             &format!(
                 "themis native: {} holds a delegated key until {}",
-                self.workload, delegated.not_after_ms
+                self.workload, not_after
             ),
         );
         Ok(renew_at.max(now + 1_000))

@@ -407,14 +407,18 @@ impl Inbound {
         let result = {
             let w = &mut *self.worker.borrow_mut();
             let evicted = w.guard.evicted();
-            let result = self.stream.from_peer_unsigned(
-                data,
-                &identity,
-                &HandshakeConfig::default(),
-                &mut w.guard,
-                now_ms(),
-                &w.rng,
-            );
+            let (now, config) = (now_ms(), HandshakeConfig::default());
+            // Message 2 signed here with the worker's delegated key, or by the agent.
+            let result = match w.credential(now) {
+                Some(credential) => {
+                    let stream = &mut self.stream;
+                    stream.from_peer(data, &*credential, &config, &mut w.guard, now, &w.rng)
+                }
+                None => {
+                    let stream = &mut self.stream;
+                    stream.from_peer_unsigned(data, &identity, &config, &mut w.guard, now, &w.rng)
+                }
+            };
             if w.guard.evicted() > evicted {
                 // Full of live Hellos: the first to expire was forgotten (a replay of
                 // it costs a full answer again, and still fails at message 3).

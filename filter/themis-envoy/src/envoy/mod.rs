@@ -20,6 +20,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext, StreamContext};
 use proxy_wasm::types::{ContextType, LogLevel, MetricType};
 use ring::rand::SystemRandom;
+use themis_core::delegation::{Credential, DelegatedKey, HandshakeSigner};
 use themis_core::handshake::ToSign;
 use themis_core::identity::PublicIdentity;
 use themis_core::wire::Kind;
@@ -39,9 +40,20 @@ proxy_wasm::main! {{
 /// What one plugin's VM holds on one worker, shared by its root and stream contexts.
 struct Worker {
     config: Config,
-    /// The workload's public identity; its private key stays in the agent, which
-    /// signs each handshake message ([`call_agent_to_sign`]).
+    /// The workload's public identity; its private key stays in the agent.
     identity: Option<Rc<PublicIdentity>>,
+    /// A handshake key the agent delegated to this worker, with the workload's
+    /// endorsement: handshakes are signed here and carry it. Without one (not yet, or
+    /// an agent that cannot delegate), the agent signs each handshake message
+    /// ([`call_agent_to_sign`]).
+    credential: Option<Rc<Credential>>,
+    /// The agent answered the first request for a delegation (granted or not): until
+    /// then the worker does not count as ready (the `identity` gauge), so that a
+    /// sidecar's first connections sign as all later ones do.
+    delegation_answered: bool,
+    /// Counted in the `identity` gauge: the identity is known and the delegation
+    /// answered.
+    ready: bool,
     /// Inbound: the freshness window and replay cache of message 1 (per worker).
     guard: HelloGuard,
     /// Inbound: handshakes per source address (per worker).
@@ -84,6 +96,37 @@ enum Deadline {
 }
 
 impl Worker {
+    /// The delegated credential, while it is valid at `now`.
+    fn credential(&self, now: u64) -> Option<Rc<Credential>> {
+        self.credential
+            .clone()
+            .filter(|c| now < c.delegation().not_after_ms)
+    }
+
+    /// Takes the workload's public identity (from the agent's identity answer or a
+    /// delegation).
+    fn learn_identity(&mut self, identity: &PublicIdentity) {
+        if self.identity.is_none() {
+            info!(
+                "themis: workload {} has id {}",
+                self.config.workload,
+                identity.printable_id()
+            );
+            self.identity = Some(Rc::new(identity.clone()));
+        }
+        self.count_if_ready();
+    }
+
+    /// Counts this worker in the `identity` gauge once it can sign its handshakes as
+    /// it will from then on: the identity known and the delegation answered. Per
+    /// worker: the sidecar is ready once the gauge equals the worker count.
+    fn count_if_ready(&mut self) {
+        if !self.ready && self.identity.is_some() && self.delegation_answered {
+            self.ready = true;
+            self.metrics.gauge("identity", 1);
+        }
+    }
+
     /// A verifier for now, this mesh's root and the revocations in force.
     fn verifier(&self) -> Verifier<'_> {
         Verifier {
@@ -228,7 +271,15 @@ struct Root {
     next_poll: Option<agent::NextPoll>,
     /// When the revocations were last asked for (ms).
     revocations_asked: u64,
+    /// The delegation asked for, with the key it is for.
+    delegate_call: Option<(u32, DelegatedKey)>,
+    /// When to ask for a delegation next (Unix ms; 0: at the first tick).
+    delegate_at: u64,
 }
+
+/// How long a sidecar waits before asking again for a delegation the agent did not
+/// give (an agent older than delegation answers 404 every time: the agent signs).
+const DELEGATE_RETRY_MS: u64 = 30_000;
 
 impl Root {
     fn fetch_identity(&mut self) {
@@ -238,6 +289,99 @@ impl Root {
             return;
         }
         self.identity_call = call_agent_for_identity(self, &w.config);
+    }
+
+    /// Asks the agent to delegate a fresh handshake key to this worker: at start, then
+    /// when the agent said to renew (half the delegation's lifetime, or when the
+    /// workload's record is renewed, so the endorsement carried stays current).
+    fn delegate(&mut self) {
+        let Some(worker) = &self.worker else { return };
+        let now = now_ms();
+        let w = worker.borrow();
+        if self.delegate_call.is_some() || w.config.role == Role::Outbound || now < self.delegate_at
+        {
+            return;
+        }
+        self.delegate_at = now + DELEGATE_RETRY_MS;
+        let key = match DelegatedKey::generate(&w.rng) {
+            Ok(key) => key,
+            Err(e) => {
+                drop(w);
+                Root::delegation_answered(worker);
+                return warn!("themis: no delegated key: {e}");
+            }
+        };
+        let body = serde_json::to_string(&themis_contracts::api::DelegateRequest {
+            delegated_key: hex::encode(key.public_key()),
+            lifetime_secs: None,
+        })
+        .expect("serialises");
+        let path = themis_contracts::paths::workload_delegate(&w.config.workload);
+        let call = call_agent_with(
+            self,
+            &w.config,
+            &path,
+            Some(body.as_bytes()),
+            w.config.timeout,
+        );
+        drop(w);
+        match call {
+            Some(token) => self.delegate_call = Some((token, key)),
+            None => Root::delegation_answered(worker),
+        }
+    }
+
+    /// The delegation is answered, or none will be this time (the agent signs each
+    /// handshake until one is): the worker may count as ready.
+    fn delegation_answered(worker: &Shared) {
+        let mut w = worker.borrow_mut();
+        w.delegation_answered = true;
+        w.count_if_ready();
+    }
+
+    /// The agent's delegation: handshakes are signed here from now on. Returns when
+    /// to renew it; a refusal keeps the credential held (until it expires) and the
+    /// agent's signatures for the rest.
+    fn install_credential(
+        worker: &Shared,
+        key: DelegatedKey,
+        status: Option<u16>,
+        body: &[u8],
+    ) -> Option<u64> {
+        Root::delegation_answered(worker);
+        let mut w = worker.borrow_mut();
+        if status != Some(200) {
+            warn!(
+                "themis: the agent delegated no handshake key to workload {} (status {status:?}: {}); \
+                 it signs each handshake",
+                w.config.workload,
+                String::from_utf8_lossy(body)
+            );
+            return None;
+        }
+        let now = now_ms();
+        let parsed = agent::parse_delegated(body, key, &w.config.workload, &w.config.mesh, now);
+        match parsed {
+            Ok((credential, renew_at)) => {
+                w.learn_identity(credential.identity());
+                info!(
+                    "themis: workload {} signs its handshakes with a delegated key until {} \
+                     (renewed at {renew_at}){}",
+                    w.config.workload,
+                    credential.delegation().not_after_ms,
+                    match credential.endorsement().is_empty() {
+                        true => ", carrying no endorsement",
+                        false => ", carrying its endorsement",
+                    }
+                );
+                w.credential = Some(Rc::new(credential));
+                Some(renew_at.max(now + 1_000))
+            }
+            Err(e) => {
+                error!("themis: {e}");
+                None
+            }
+        }
     }
 
     /// Asks the agent for the revocations it knows: a long poll held until the agent
@@ -302,17 +446,7 @@ impl Root {
             return;
         }
         match agent::parse_public_identity(body, &w.config.workload, &w.config.mesh) {
-            Ok(identity) => {
-                info!(
-                    "themis: workload {} has id {}",
-                    w.config.workload,
-                    identity.printable_id()
-                );
-                w.identity = Some(Rc::new(identity));
-                // Per worker: the sidecar is ready once it equals the worker count.
-                // (The private key is not here: the agent signs for the workload.)
-                w.metrics.gauge("identity", 1);
-            }
+            Ok(identity) => w.learn_identity(&identity),
             Err(e) => error!("themis: {e}"),
         }
     }
@@ -359,6 +493,18 @@ impl Context for Root {
         } else if self.identity_call == Some(token) {
             self.identity_call = None;
             Root::install_identity(&worker, status, &body);
+            if worker.borrow().identity.is_some() {
+                self.set_tick_period(Duration::from_secs(1));
+            }
+        } else if self
+            .delegate_call
+            .as_ref()
+            .is_some_and(|(t, _)| *t == token)
+        {
+            let (_, key) = self.delegate_call.take().expect("checked");
+            if let Some(renew_at) = Root::install_credential(&worker, key, status, &body) {
+                self.delegate_at = renew_at;
+            }
             if worker.borrow().identity.is_some() {
                 self.set_tick_period(Duration::from_secs(1));
             }
@@ -417,6 +563,9 @@ impl RootContext for Root {
             budget: HandshakeBudget::new(config.handshake_budget),
             config,
             identity: None,
+            credential: None,
+            delegation_answered: false,
+            ready: false,
             callers: Callers::default(),
             revoked: Revocations::new(),
             handshaking: BTreeMap::new(),
@@ -431,6 +580,7 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
+        self.delegate();
         self.fetch_identity();
         self.poll_revocations();
         if let Some(worker) = self.worker.clone() {

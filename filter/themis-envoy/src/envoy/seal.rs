@@ -1,9 +1,10 @@
 //! The initiator: the network filter of the internal listener between Envoy's router
 //! (downstream: the HTTP/2 codec of the connection pool) and `tcp_proxy` to the
 //! instance (upstream). The router's first bytes are held while the key agreement
-//! runs; message 1 (once the agent signed it), message 3 and the held bytes leave
-//! through the read buffer retained by pausing (a Wasm network filter cannot write
-//! toward the upstream otherwise).
+//! runs; message 1 replaces them, signed here with the worker's delegated key (and
+//! carrying the workload's endorsement), or, without one, once the agent signed it;
+//! message 3 and the held bytes leave through the read buffer retained by pausing (a
+//! Wasm network filter cannot write toward the upstream otherwise).
 
 use log::{info, warn};
 use proxy_wasm::hostcalls;
@@ -76,9 +77,11 @@ impl Seal {
         Some(PeerId(bytes))
     }
 
-    /// Starts the key agreement; message 1 waits for the agent's signature.
-    fn start(&mut self) -> Result<StreamInitiator, (&'static str, String)> {
+    /// Starts the key agreement: message 1 signed with the delegated key, or, without
+    /// one, waiting for the agent's signature.
+    fn start(&mut self) -> Result<Started, (&'static str, String)> {
         let w = self.worker.borrow();
+        let now = now_ms();
         let identity = w.identity.clone().ok_or((
             "no_identity",
             "the workload's identity is not loaded yet".to_string(),
@@ -93,39 +96,67 @@ impl Seal {
         let meta = Meta {
             service: w.config.service.clone(),
         };
-        StreamInitiator::start_unsigned(
-            &identity,
-            peer,
-            meta,
-            &HandshakeConfig::default(),
-            now_ms(),
-            &w.rng,
-        )
+        let config = HandshakeConfig::default();
+        match w.credential(now) {
+            Some(credential) => {
+                StreamInitiator::start(&*credential, peer, meta, &config, now, &w.rng)
+                    .map(|(stream, hello)| Started::Signed(stream, hello))
+            }
+            None => StreamInitiator::start_unsigned(&identity, peer, meta, &config, now, &w.rng)
+                .map(Started::Unsigned),
+        }
         .map_err(|e| ("handshake", e.to_string()))
     }
 }
 
+/// A key agreement just started.
+enum Started {
+    /// Message 1, signed here.
+    Signed(StreamInitiator, Vec<u8>),
+    /// Message 1 waits for the agent's signature.
+    Unsigned(StreamInitiator),
+}
+
 impl Seal {
-    /// The first bytes: they wait while message 1 is made and the agent signs it
-    /// (message 1 then goes out in their place, and they wait for message 2).
-    fn begin(&mut self, first: &[u8]) {
-        let mut stream = match self.start() {
-            Ok(stream) => stream,
-            Err((reason, detail)) => return self.close(reason, &detail),
+    /// The first bytes: they wait while message 1 is made (and the agent signs it,
+    /// without a delegated key); message 1 then goes out in their place, and they
+    /// wait for message 2. Returns message 1 if it is ready now.
+    fn begin(&mut self, first: &[u8]) -> Option<Vec<u8>> {
+        let started = match self.start() {
+            Ok(started) => started,
+            Err((reason, detail)) => {
+                self.close(reason, &detail);
+                return None;
+            }
+        };
+        self.worker.borrow().metrics.count("handshakes");
+        let (mut stream, hello) = match started {
+            Started::Signed(stream, hello) => (stream, Some(hello)),
+            Started::Unsigned(stream) => (stream, None),
         };
         if let Err(refusal) = stream.from_app(first) {
-            return self.refused(refusal);
+            self.refused(refusal);
+            return None;
+        }
+        if let Some(hello) = hello {
+            self.state = State::Handshaking(stream);
+            return Some(hello);
         }
         let call = stream
             .to_sign()
             .and_then(|to_sign| call_agent_to_sign(self, &self.worker.borrow().config, &to_sign));
         match call {
-            Some(call) => {
-                self.worker.borrow().metrics.count("handshakes");
-                self.state = State::Signing { call, stream };
-            }
+            Some(call) => self.state = State::Signing { call, stream },
             None => self.close("sign_failed", "the agent cannot be asked to sign"),
         }
+        None
+    }
+
+    /// Sends message 1 through the read buffer Envoy kept for this filter when it
+    /// paused.
+    fn send_hello(&mut self, hello: &[u8]) {
+        self.set_downstream_data(0, 0, hello);
+        self.resume_downstream();
     }
 
     /// The agent's signature: message 1 goes out through the read buffer Envoy kept
@@ -138,8 +169,7 @@ impl Seal {
         match hello {
             Ok(hello) => {
                 self.state = State::Handshaking(stream);
-                self.set_downstream_data(0, 0, &hello);
-                self.resume_downstream();
+                self.send_hello(&hello);
             }
             // A signature that does not verify under our own key: the agent is
             // confused or lying; nothing was sent.
@@ -154,7 +184,9 @@ impl Context for Seal {
             State::Keyless { call, held } if call == token => {
                 let (status, body) = call_response(self, body_size);
                 Root::install_identity(&self.worker, status, &body);
-                self.begin(&held);
+                if let Some(hello) = self.begin(&held) {
+                    self.send_hello(&hello);
+                }
             }
             State::Signing { call, stream } if call == token => {
                 let (status, body) = call_response(self, body_size);
@@ -180,10 +212,13 @@ impl StreamContext for Seal {
                 Action::Pause
             }
             State::New => {
-                // Paused, Envoy keeps the read buffer for this filter; once the agent
-                // signed message 1, resuming hands it to tcp_proxy.
+                // Paused, Envoy keeps the read buffer for this filter (message 3 and
+                // the held bytes leave through it later); message 1 goes out through
+                // it too, at once when signed here, else once the agent signed it.
                 self.set_downstream_data(0, size, &[]);
-                self.begin(&data);
+                if let Some(hello) = self.begin(&data) {
+                    self.send_hello(&hello);
+                }
                 Action::Pause
             }
             State::Keyless { call, mut held } => {
