@@ -666,3 +666,142 @@ mod tests {
         assert!(parse_revocations(&listed(None, &[(relabelled, None)]), &root).is_err());
     }
 }
+
+/// A confused or lying agent's delegation answers: each is refused before the worker
+/// signs a handshake with it (its peers would refuse the handshake, or worse, the
+/// worker would speak for a workload other than its own).
+#[cfg(test)]
+mod delegated_tests {
+    use super::*;
+    use themis_core::delegation::HandshakeSigner;
+    use themis_core::Identity;
+
+    const NOW: u64 = 1_800_000_000_000;
+    const HOUR: u64 = 3_600_000;
+
+    struct Case {
+        mesh: MeshName,
+        workload: Identity,
+        key_seed: [u8; 32],
+    }
+
+    impl Case {
+        fn new() -> Case {
+            let rng = ring::rand::SystemRandom::new();
+            let mesh = MeshName::new("demo").unwrap();
+            Case {
+                workload: Identity::generate(mesh.clone(), &rng).unwrap(),
+                mesh,
+                key_seed: [7; 32],
+            }
+        }
+
+        fn key(&self) -> DelegatedKey {
+            DelegatedKey::from_seed(&self.key_seed).unwrap()
+        }
+
+        /// The agent's answer delegating `to` (this case's key, by default) as
+        /// `signer`, named `workload`, edited by `edit`.
+        fn answer(&self, edit: impl FnOnce(&mut api::Delegated)) -> Vec<u8> {
+            let d = Delegation::issue(&self.workload, *self.key().public_key(), NOW, HOUR);
+            let mut answer = api::Delegated {
+                identity: api::PublicIdentity {
+                    workload: "check".parse().unwrap(),
+                    mesh: "demo".into(),
+                    id: self.workload.printable_id(),
+                    public_key: hex::encode(self.workload.public_key()),
+                },
+                delegation: hex::encode(d.encode()),
+                not_after_ms: d.not_after_ms,
+                renew_at_ms: d.renew_at_ms(),
+                service: None,
+                endorsement: Some(hex::encode(b"an endorsement")),
+            };
+            edit(&mut answer);
+            serde_json::to_vec(&answer).unwrap()
+        }
+
+        fn parse(&self, body: &[u8], now: u64) -> Result<(Credential, u64), AgentError> {
+            parse_delegated(body, self.key(), "check", &self.mesh, now)
+        }
+    }
+
+    #[test]
+    fn a_good_delegation_signs_as_the_workload_and_carries_its_endorsement() {
+        let case = Case::new();
+        let (credential, renew_at) = case.parse(&case.answer(|_| {}), NOW).unwrap();
+        assert_eq!(
+            credential.identity().public_key(),
+            case.workload.public_key()
+        );
+        assert_eq!(credential.endorsement(), b"an endorsement");
+        assert_eq!(renew_at, NOW + HOUR / 2);
+    }
+
+    /// (The agent is the authority on which key is the workload's: an answer naming
+    /// another key, consistent in itself, is for the worker to refuse when it knows
+    /// the identity already, `Root::install_credential`.)
+    #[test]
+    fn a_lying_agents_delegation_is_refused() {
+        let case = Case::new();
+        let rng = ring::rand::SystemRandom::new();
+        let other = Identity::generate(case.mesh.clone(), &rng).unwrap();
+        let delegation_by = |signer: &Identity, key: [u8; 32]| {
+            hex::encode(Delegation::issue(signer, key, NOW, HOUR).encode())
+        };
+        let mine = *case.key().public_key();
+        let refused: Vec<(&str, Vec<u8>, u64)> = vec![
+            ("not JSON", b"{".to_vec(), NOW),
+            (
+                "for another workload",
+                case.answer(|a| a.identity.workload = "billing".parse().unwrap()),
+                NOW,
+            ),
+            (
+                "of another mesh",
+                case.answer(|a| a.identity.mesh = "other".into()),
+                NOW,
+            ),
+            (
+                "a key that is not the id's",
+                case.answer(|a| a.identity.public_key = hex::encode(other.public_key())),
+                NOW,
+            ),
+            (
+                "signed by another workload",
+                case.answer(|a| a.delegation = delegation_by(&other, mine)),
+                NOW,
+            ),
+            (
+                "for another delegated key",
+                case.answer(|a| a.delegation = delegation_by(&case.workload, [9; 32])),
+                NOW,
+            ),
+            ("not hex", case.answer(|a| a.delegation = "zz".into()), NOW),
+            (
+                "cut short",
+                case.answer(|a| a.delegation.truncate(a.delegation.len() - 2)),
+                NOW,
+            ),
+            (
+                "an endorsement that is not hex",
+                case.answer(|a| a.endorsement = Some("zz".into())),
+                NOW,
+            ),
+            ("expired", case.answer(|_| {}), NOW + 2 * HOUR),
+            ("not valid yet", case.answer(|_| {}), NOW - HOUR),
+        ];
+        for (what, body, now) in refused {
+            assert!(case.parse(&body, now).is_err(), "{what}: taken");
+        }
+        // Every flipped byte of the delegation is refused too.
+        let good: api::Delegated = serde_json::from_slice(&case.answer(|_| {})).unwrap();
+        let bytes = hex::decode(&good.delegation).unwrap();
+        for i in 0..bytes.len() {
+            let mut flipped = bytes.clone();
+            flipped[i] ^= 0x01;
+            let body = case.answer(|a| a.delegation = hex::encode(&flipped));
+            assert!(case.parse(&body, NOW).is_err(), "byte {i} flipped: taken");
+        }
+    }
+}

@@ -362,6 +362,17 @@ impl Root {
         let now = now_ms();
         let parsed = agent::parse_delegated(body, key, &w.config.workload, &w.config.mesh, now);
         match parsed {
+            Ok((credential, _))
+                if w.identity.as_ref().is_some_and(|known| {
+                    known.public_key() != credential.identity().public_key()
+                }) =>
+            {
+                error!(
+                    "themis: the agent delegated for another key than workload {}'s; not taken",
+                    w.config.workload
+                );
+                None
+            }
             Ok((credential, renew_at)) => {
                 w.learn_identity(credential.identity());
                 info!(
