@@ -422,7 +422,9 @@ impl Envoy {
     }
 
     /// Waits until every worker's sealing and inbound filters hold the workload's key:
-    /// their `identity` gauges, one per worker on Wasm (two workers), one per process
+    /// their `identity` gauges, one per Wasm VM (each of the two workers' and the main
+    /// thread's: the identity known and the first delegation answered, so that every
+    /// worker signs its first connection as it will the later ones), one per process
     /// on the native runtime (its delegated key).
     pub fn wait_identity(&self) {
         let (prefix, needed, what) = match self.native {
@@ -431,7 +433,7 @@ impl Envoy {
                 1,
                 "native module to hold a delegated key",
             ),
-            false => ("wasmcustom", 2, "filters to load the workload key"),
+            false => ("wasmcustom", 3, "filters to load the workload key"),
         };
         let what = format!("{}'s {what}", self.name());
         wait_until(&what, READY_LIMIT, || {

@@ -302,7 +302,13 @@ pub fn parse_delegated(
     };
     let credential = Credential::new(identity, key, delegation, endorsement, now_ms)
         .map_err(|e| AgentError::Delegation(e.to_string()))?;
-    Ok((credential, delegated.renew_at_ms))
+    // Not later than half the delegation's life (an agent's renewal time past its
+    // end would leave the sidecar without a key), nor sooner than a second.
+    let renew_at = delegated
+        .renew_at_ms
+        .min(delegation.renew_at_ms())
+        .max(now_ms + 1_000);
+    Ok((credential, renew_at))
 }
 
 /// Reads the answer of `POST /v1/workloads/{workload}/sign`. The signature is not
@@ -736,6 +742,12 @@ mod delegated_tests {
         );
         assert_eq!(credential.endorsement(), b"an endorsement");
         assert_eq!(renew_at, NOW + HOUR / 2);
+        // An agent's renewal time past the delegation's half-life, or at once, is
+        // not taken as it is: the key would lapse unrenewed, or be asked for in a loop.
+        for (said, taken) in [(u64::MAX, NOW + HOUR / 2), (0, NOW + 1_000)] {
+            let body = case.answer(|a| a.renew_at_ms = said);
+            assert_eq!(case.parse(&body, NOW).unwrap().1, taken);
+        }
     }
 
     /// (The agent is the authority on which key is the workload's: an answer naming

@@ -59,6 +59,9 @@ struct Raw {
     peer_service: Option<String>,
     #[serde(default = "defaults::timeout_ms")]
     timeout_ms: u64,
+    /// Seal and inbound, Wasm runtime: sign handshakes with a key the agent delegated.
+    #[serde(default = "defaults::delegated_keys")]
+    delegated_keys: bool,
     #[serde(default = "defaults::resolve_ttl_secs")]
     resolve_ttl_secs: u64,
     #[serde(default = "defaults::down_secs")]
@@ -134,6 +137,9 @@ mod defaults {
     }
     pub fn timeout_ms() -> u64 {
         5_000
+    }
+    pub fn delegated_keys() -> bool {
+        true
     }
     pub fn resolve_ttl_secs() -> u64 {
         10
@@ -229,6 +235,12 @@ pub struct Config {
     /// Inbound: the budget of fresh Hellos answered per worker, with its share
     /// reserved for known-good sources (`refused.busy` over it).
     pub handshake_budget: themis_core::BudgetConfig,
+    /// Seal and inbound, Wasm runtime: each worker signs its handshakes with a key
+    /// the agent delegated to it, carrying the workload's endorsement (default);
+    /// `false` keeps the sidecar keyless, the agent signing each message (one call
+    /// per handshake per side; callees resolve its claims). The native runtime
+    /// always delegates: a transport socket cannot wait on a call.
+    pub delegated_keys: bool,
 }
 
 /// A canary release: `weight_percent` of the calls to `service` go to the instances
@@ -463,6 +475,7 @@ impl Config {
             service: raw.service,
             agent_cluster: raw.agent_cluster,
             timeout: Duration::from_millis(raw.timeout_ms),
+            delegated_keys: raw.delegated_keys,
             resolve_ttl: Duration::from_secs(raw.resolve_ttl_secs),
             down: Duration::from_secs(raw.down_secs),
             policy,

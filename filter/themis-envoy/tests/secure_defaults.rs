@@ -138,21 +138,7 @@ fn a_callers_claim_is_resolved_only_when_the_policy_names_it() {
     support::process::wait_until(
         "the caller's seal to carry its endorsement",
         Duration::from_secs(30),
-        || {
-            // Every VM that delegated without it (each worker's, the main thread's)
-            // has delegated again with it.
-            let log = std::fs::read_to_string(mesh.envoy_a.log_path()).unwrap_or_default();
-            let seal = |what: &str| {
-                log.lines()
-                    .filter(|l| l.contains("themis-seal") && l.contains(what))
-                    .count()
-            };
-            let (with, without) = (
-                seal("carrying its endorsement"),
-                seal("carrying no endorsement"),
-            );
-            (with > 0 && with >= without).then_some(())
-        },
+        || every_seal_carries_its_endorsement(&mesh.envoy_a).then_some(()),
     );
     let r = mesh.call("GET", "check", "/by-service", &[], b"");
     assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
@@ -199,14 +185,84 @@ fn wasm_sidecars_sign_their_handshakes_with_a_delegated_key() {
     );
     assert_eq!(signed("hello_reply"), 0, "agent B signed a message 2");
     assert_eq!(signed("hello"), 0, "agent B signed a message 1");
-    // Each worker of each role of Envoy B asked once (2 workers, 2 roles).
-    assert!(signed("delegation") >= 4, "{}", mesh.logs());
+    // Each VM of each role of Envoy B asked (two workers' and the main thread's).
+    assert!(signed("delegation") >= 6, "{}", mesh.logs());
+    // Nor did either sidecar fall back to its agent for the handshake.
+    assert_eq!(mesh.envoy_a.themis_counter("seal.agent_signed"), 0);
+    assert_eq!(mesh.envoy_b.themis_counter("inbound.agent_signed"), 0);
     let log = std::fs::read_to_string(mesh.envoy_b.log_path()).unwrap();
     assert!(
         log.contains("signs its handshakes with a delegated key"),
         "{}",
         mesh.logs()
     );
+}
+
+/// Whether every VM of `envoy`'s sealing role (each worker's, the main thread's)
+/// last took a delegation that carries the workload's endorsement (they are logged
+/// when they start and when the endorsement comes or goes).
+fn every_seal_carries_its_endorsement(envoy: &Envoy) -> bool {
+    let log = std::fs::read_to_string(envoy.log_path()).unwrap_or_default();
+    let mut last = std::collections::BTreeMap::new();
+    for line in log.lines() {
+        if line.contains("themis-seal") && line.contains("with a delegated key") {
+            let thread = line.split("][").nth(1).unwrap_or_default().to_owned();
+            last.insert(thread, line.contains("carrying its endorsement"));
+        }
+    }
+    last.len() >= 3 && last.values().all(|&carries| carries)
+}
+
+/// A sidecar kept keyless (`"delegated_keys": false`, and how every sidecar runs
+/// until its first delegation is answered or against an agent without `/delegate`):
+/// the agent signs each of its handshake messages, on both sides, and a callee
+/// checks its claimed service against a resolution, since it carries no endorsement.
+#[test]
+fn a_keyless_sidecar_has_its_agent_sign_and_its_claim_resolved() {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
+    let keyless = |role: &'static str| {
+        move |yaml: &str| {
+            let at = format!(r#""role":"{role}""#);
+            assert!(
+                yaml.contains(&at),
+                "no {role} role in the sidecar's configuration"
+            );
+            yaml.replace(&at, &format!(r#"{at},"delegated_keys":false"#))
+        }
+    };
+    let nodes = Nodes::start();
+    let app = support::app::App::start(IP_B, "RESPMARK-keyless");
+    let envoy_a = nodes.envoy_a_edited(None, &[], keyless("seal"));
+    let envoy_b =
+        nodes.envoy_b_serving_edited("check", app.addr, AppProtocol::Http1, keyless("inbound"));
+    let r = support::http::request(
+        envoy_a.outbound,
+        "GET",
+        "/keyless",
+        &[("host", "check")],
+        b"",
+    );
+    assert_eq!(
+        r.status,
+        200,
+        "{r}\n{}\n{}",
+        envoy_a.log_tail(30),
+        envoy_b.log_tail(30)
+    );
+    assert!(envoy_a.themis_counter("seal.agent_signed") >= 1);
+    assert!(envoy_b.themis_counter("inbound.agent_signed") >= 1);
+    let log = envoy_b.log_tail(usize::MAX);
+    assert!(
+        log.contains(r#"(service Some("handler")) connected"#),
+        "the callee did not check the claim by a resolution:\n{log}"
+    );
+    // (Its sealing role, not edited, signs with a delegated key.)
+    let inbound_delegated = log
+        .lines()
+        .any(|l| l.contains("themis-inbound") && l.contains("with a delegated key"));
+    assert!(!inbound_delegated, "{log}");
 }
 
 /// Issue 21 (6): the caller (`handler`) sends another workload's id in headers that

@@ -451,7 +451,10 @@ impl Inbound {
                 let to_sign = self.stream.to_sign().expect("checked in the guard");
                 let call = call_agent_to_sign(self, &self.worker.borrow().config, &to_sign);
                 match call {
-                    Some(call) => self.gate = Gate::Signing { call },
+                    Some(call) => {
+                        self.worker.borrow().metrics.count("agent_signed");
+                        self.gate = Gate::Signing { call };
+                    }
                     None => self.close("sign_failed", "the agent cannot be asked to sign"),
                 }
                 Flow::Hold

@@ -119,7 +119,8 @@ impl Worker {
 
     /// Counts this worker in the `identity` gauge once it can sign its handshakes as
     /// it will from then on: the identity known and the delegation answered. Per
-    /// worker: the sidecar is ready once the gauge equals the worker count.
+    /// VM: the sidecar is ready once the gauge equals the number of VMs (each worker's and
+    /// the main thread's).
     fn count_if_ready(&mut self) {
         if !self.ready && self.identity.is_some() && self.delegation_answered {
             self.ready = true;
@@ -302,6 +303,12 @@ impl Root {
         {
             return;
         }
+        if !w.config.delegated_keys {
+            // Kept keyless by configuration: the agent signs every message.
+            self.delegate_at = u64::MAX;
+            drop(w);
+            return Root::delegation_answered(worker);
+        }
         self.delegate_at = now + DELEGATE_RETRY_MS;
         let key = match DelegatedKey::generate(&w.rng) {
             Ok(key) => key,
@@ -350,6 +357,11 @@ impl Root {
     ) -> Option<u64> {
         Root::delegation_answered(worker);
         let mut w = worker.borrow_mut();
+        if status == Some(403) {
+            // Refused (the workload revoked, or this proxy no longer its owner): the
+            // key delegated before stops speaking for the workload here too.
+            w.credential = None;
+        }
         if status != Some(200) {
             warn!(
                 "themis: the agent delegated no handshake key to workload {} (status {status:?}: {}); \
@@ -375,7 +387,19 @@ impl Root {
             }
             Ok((credential, renew_at)) => {
                 w.learn_identity(credential.identity());
-                info!(
+                // Logged when it starts and when its endorsement comes or goes (a
+                // caller of no service is delegated a key again every few seconds).
+                let carries = !credential.endorsement().is_empty();
+                let news = w
+                    .credential
+                    .as_ref()
+                    .is_none_or(|held| held.endorsement().is_empty() == carries);
+                let level = match news {
+                    true => log::Level::Info,
+                    false => log::Level::Debug,
+                };
+                log::log!(
+                    level,
                     "themis: workload {} signs its handshakes with a delegated key until {} \
                      (renewed at {renew_at}){}",
                     w.config.workload,
@@ -386,7 +410,7 @@ impl Root {
                     }
                 );
                 w.credential = Some(Rc::new(credential));
-                Some(renew_at.max(now + 1_000))
+                Some(renew_at)
             }
             Err(e) => {
                 error!("themis: {e}");
@@ -506,6 +530,11 @@ impl Context for Root {
             Root::install_identity(&worker, status, &body);
             if worker.borrow().identity.is_some() {
                 self.set_tick_period(Duration::from_secs(1));
+                // A delegation refused while the agent did not know the workload yet
+                // is asked for again now, not after the retry interval.
+                if worker.borrow().credential.is_none() && self.delegate_at != u64::MAX {
+                    self.delegate_at = 0;
+                }
             }
         } else if self
             .delegate_call

@@ -129,7 +129,6 @@ impl Seal {
                 return None;
             }
         };
-        self.worker.borrow().metrics.count("handshakes");
         let (mut stream, hello) = match started {
             Started::Signed(stream, hello) => (stream, Some(hello)),
             Started::Unsigned(stream) => (stream, None),
@@ -138,6 +137,7 @@ impl Seal {
             self.refused(refusal);
             return None;
         }
+        self.worker.borrow().metrics.count("handshakes");
         if let Some(hello) = hello {
             self.state = State::Handshaking(stream);
             return Some(hello);
@@ -146,14 +146,18 @@ impl Seal {
             .to_sign()
             .and_then(|to_sign| call_agent_to_sign(self, &self.worker.borrow().config, &to_sign));
         match call {
-            Some(call) => self.state = State::Signing { call, stream },
+            Some(call) => {
+                self.worker.borrow().metrics.count("agent_signed");
+                self.state = State::Signing { call, stream };
+            }
             None => self.close("sign_failed", "the agent cannot be asked to sign"),
         }
         None
     }
 
     /// Sends message 1 through the read buffer Envoy kept for this filter when it
-    /// paused.
+    /// paused. Also from within `on_downstream_data` (signed here): the host carries
+    /// the resume out once the callback has returned `Pause`.
     fn send_hello(&mut self, hello: &[u8]) {
         self.set_downstream_data(0, 0, hello);
         self.resume_downstream();
