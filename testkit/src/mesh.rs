@@ -258,6 +258,17 @@ impl Mesh {
         http::request(self.envoy_a.outbound, method, path, &all, body)
     }
 
+    /// Asserts that Envoy B checked `handler`'s claimed service offline, from the
+    /// endorsement it carried in message 1, not by a resolution through its agent.
+    pub fn assert_claim_checked_by_the_carried_endorsement(&self) {
+        let log = std::fs::read_to_string(self.envoy_b.log_path()).unwrap_or_default();
+        assert!(
+            log.contains(r#"(service Some("handler"), by the endorsement it carried) connected"#),
+            "{}",
+            self.logs()
+        );
+    }
+
     /// The logs of both Envoys, for failure messages.
     pub fn logs(&self) -> String {
         format!(

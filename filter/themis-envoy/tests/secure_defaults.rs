@@ -149,12 +149,7 @@ fn a_callers_claim_is_resolved_only_when_the_policy_names_it() {
         "the callee resolved a claim the caller's endorsement proves\n{}",
         mesh.logs()
     );
-    let log = std::fs::read_to_string(mesh.envoy_b.log_path()).unwrap();
-    assert!(
-        log.contains(r#"(service Some("handler"), by the endorsement it carried) connected"#),
-        "{}",
-        mesh.logs()
-    );
+    mesh.assert_claim_checked_by_the_carried_endorsement();
 }
 
 /// Issue 19 (2): a Wasm sidecar signs its handshakes with a key its agent delegated

@@ -121,14 +121,7 @@ fn a_native_caller_reaches_a_wasm_callee() {
     }
     let mesh = mesh(Runtime::Native, Runtime::Wasm);
     call_is_sealed_and_attributed(&mesh);
-    // The caller's claim was checked offline, from the endorsement it carried in
-    // message 1, not by a resolution through the callee's agent.
-    let log = std::fs::read_to_string(mesh.envoy_b.log_path()).unwrap();
-    assert!(
-        log.contains(r#"(service Some("handler"), by the endorsement it carried) connected"#),
-        "{}",
-        mesh.logs()
-    );
+    mesh.assert_claim_checked_by_the_carried_endorsement();
 }
 
 #[test]
