@@ -253,7 +253,7 @@ impl Runtime {
                 self.workload, not_after
             ),
         );
-        Ok(renew_at.max(now + 1_000))
+        Ok(renew_at)
     }
 
     /// One poll (long if `next` says the agent holds them); returns what the answer

@@ -409,13 +409,12 @@ impl Inbound {
             let evicted = w.guard.evicted();
             let (now, config) = (now_ms(), HandshakeConfig::default());
             // Message 2 signed here with the worker's delegated key, or by the agent.
+            let stream = &mut self.stream;
             let result = match w.credential(now) {
                 Some(credential) => {
-                    let stream = &mut self.stream;
                     stream.from_peer(data, &*credential, &config, &mut w.guard, now, &w.rng)
                 }
                 None => {
-                    let stream = &mut self.stream;
                     stream.from_peer_unsigned(data, &identity, &config, &mut w.guard, now, &w.rng)
                 }
             };

@@ -404,9 +404,9 @@ impl Root {
                      (renewed at {renew_at}){}",
                     w.config.workload,
                     credential.delegation().not_after_ms,
-                    match credential.endorsement().is_empty() {
-                        true => ", carrying no endorsement",
-                        false => ", carrying its endorsement",
+                    match carries {
+                        true => ", carrying its endorsement",
+                        false => ", carrying no endorsement",
                     }
                 );
                 w.credential = Some(Rc::new(credential));
@@ -532,7 +532,8 @@ impl Context for Root {
                 self.set_tick_period(Duration::from_secs(1));
                 // A delegation refused while the agent did not know the workload yet
                 // is asked for again now, not after the retry interval.
-                if worker.borrow().credential.is_none() && self.delegate_at != u64::MAX {
+                let w = worker.borrow();
+                if w.credential.is_none() && w.config.delegated_keys {
                     self.delegate_at = 0;
                 }
             }
