@@ -14,11 +14,13 @@
 //!   hands the verified peer id and service over as filter state.
 //!
 //! The Envoy glue is `envoy` (Wasm only); everything it decides with is plain Rust
-//! tested natively: [`config`], [`agent`], [`route`], [`policy`] and
+//! tested natively: [`conn`] (one connection machine per side, which the native
+//! runtime drives too), [`config`], [`agent`], [`route`], [`policy`] and
 //! [`themis_core::stream`]. `docs/FILTER.md` is the operator's guide.
 
 pub mod agent;
 pub mod config;
+pub mod conn;
 pub mod policy;
 pub mod route;
 

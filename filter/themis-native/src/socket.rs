@@ -14,12 +14,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use ring::rand::SystemRandom;
-use themis_core::guard::{Admission, HandshakeBudget, HelloGuard, SourceLimiter};
-use themis_core::stream::{Meta, StreamInitiator, StreamResponder};
+use themis_core::stream::Meta;
 use themis_core::HandshakeSigner;
-use themis_core::{HandshakeConfig, PeerId};
+use themis_core::PeerId;
 use themis_envoy::config::{Config, Policy, Role};
-use themis_envoy::policy::{decide_with, endorsement_lists, Verdict};
+use themis_envoy::conn::callee::{self, Callee, Gates};
+use themis_envoy::conn::caller::{Caller, Start};
+use themis_envoy::conn::{Close, Event, Step};
 use themis_trust::Verifier;
 
 use crate::metrics;
@@ -82,9 +83,7 @@ const MAX_PENDING: usize = 256 * 1024;
 /// are per worker, so a request and its upstream connection share the thread).
 #[derive(Default)]
 struct Worker {
-    guard: Option<HelloGuard>,
-    sources: Option<SourceLimiter>,
-    budget: Option<HandshakeBudget>,
+    gates: Option<Gates>,
     peers: HashMap<u64, ProvenPeer>,
 }
 
@@ -162,8 +161,9 @@ impl Factory {
     /// A new connection's socket.
     pub fn connection(&self) -> Connection {
         let side = match self.config.role {
-            Role::Inbound => Side::Inbound(StreamResponder::new(b"")),
-            _ => Side::Outbound(None),
+            // Made again once attached, when the caller's address is known.
+            Role::Inbound => Side::Inbound(Callee::new(b"", None)),
+            _ => Side::Outbound(Caller::new()),
         };
         Connection {
             config: self.config.clone(),
@@ -172,9 +172,6 @@ impl Factory {
             pending: Vec::new(),
             peer: None,
             generation: 0,
-            replied: false,
-            charged: false,
-            first: Some(Vec::new()),
             failure: None,
             id: None,
             remote: None,
@@ -185,8 +182,8 @@ impl Factory {
 }
 
 enum Side {
-    Inbound(StreamResponder),
-    Outbound(Option<StreamInitiator>),
+    Inbound(Callee),
+    Outbound(Caller),
 }
 
 /// One connection's socket.
@@ -200,14 +197,6 @@ pub struct Connection {
     peer: Option<PeerId>,
     /// The revocation generation the peer was last checked at.
     generation: u64,
-    /// Inbound: message 2 has been queued.
-    replied: bool,
-    /// Inbound: the source's handshake bucket was charged (once per connection, at
-    /// its first bytes, however many reads message 1 takes).
-    charged: bool,
-    /// Inbound: message 1 so far, until it is complete and the worker's handshake
-    /// budget was consulted (`None` once it was).
-    first: Option<Vec<u8>>,
     failure: Option<String>,
     id: Option<u64>,
     remote: Option<SocketAddr>,
@@ -226,6 +215,9 @@ impl Connection {
     pub fn attached(&mut self, io: &mut dyn Io) {
         self.id = io.connection_id();
         self.remote = io.remote();
+        if let Side::Inbound(callee) = &mut self.side {
+            *callee = Callee::new(b"", self.remote.map(|r| r.ip()));
+        }
         let role = self.config.role.as_str();
         metrics::count(role, "connections");
         self.active = metrics::gauge(role, "active", 1);
@@ -299,26 +291,72 @@ impl Connection {
             "no_identity",
             "no delegated key from the agent yet".to_string(),
         ))?;
-        let peer =
-            expected_peer(&snapshot, &service, remote).inspect_err(|_| self.runtime.refresh())?;
-        let meta = Meta {
-            service: self.config.service.clone(),
+        let peer = expected_peer(&snapshot, &service, remote)
+            .inspect_err(|_| self.runtime.refresh())
+            .map_err(|(reason, detail)| Close { reason, detail });
+        let Side::Outbound(caller) = &mut self.side else {
+            unreachable!("started on the outbound side")
         };
-        let (stream, hello) = StreamInitiator::start(
-            &*credential,
+        let step = caller.start(Start {
+            now_ms: now_ms(),
+            rng: &self.rng,
+            identity: Some(credential.identity()),
+            signer: Some(&*credential),
             peer,
-            meta,
-            &HandshakeConfig::default(),
-            now_ms(),
-            &self.rng,
-        )
-        .map_err(|e| ("handshake", e.to_string()))?;
-        self.side = Side::Outbound(Some(stream));
-        metrics::count("seal", "handshakes");
-        self.pending.extend_from_slice(&hello);
+            meta: Meta {
+                service: self.config.service.clone(),
+            },
+            revoked: &snapshot.revocations,
+        });
+        self.apply(step, None, io)?;
         self.flush(io)
             .map_err(|()| ("io", "writing message 1 failed".to_string()))?;
         Ok(())
+    }
+
+    /// Does what a connection machine asks: counts, bytes for the peer, and once the
+    /// peer is proven (outbound) or allowed (inbound), the connection is up. It never
+    /// asks the agent here (the delegated key signs; resolutions are kept ahead).
+    /// `generation` is that of the revocations the peer was checked against.
+    fn apply(
+        &mut self,
+        step: Step,
+        generation: Option<u64>,
+        io: &mut dyn Io,
+    ) -> Result<Vec<u8>, (&'static str, String)> {
+        let role = self.config.role.as_str();
+        for event in &step.events {
+            metrics::count(role, event.counter());
+        }
+        if let Some(close) = step.close {
+            return Err((close.reason, close.detail));
+        }
+        if let Some(ask) = step.ask {
+            return Err(("internal", format!("the native {role} cannot make {ask:?}")));
+        }
+        // Before Connected is raised: Envoy may write (and so seal) at once, and
+        // message 3 goes first.
+        self.pending.extend_from_slice(&step.to_peer);
+        let proven = step.events.into_iter().find_map(|event| match event {
+            Event::Established(peer) if self.config.role == Role::Seal => {
+                Some((peer, self.config.peer_service.clone()))
+            }
+            Event::Allowed { peer, service, .. } => Some((peer, service)),
+            _ => None,
+        });
+        if let Some((peer, service)) = proven {
+            self.peer = Some(peer);
+            self.generation = generation.unwrap_or_default();
+            if let Some(id) = self.id {
+                let proven = ProvenPeer {
+                    id: peer.printable(&self.runtime.root.mesh),
+                    service,
+                };
+                WORKER.with(|w| w.borrow_mut().peers.insert(id, proven));
+            }
+            io.connected();
+        }
+        Ok(step.to_app)
     }
 
     pub fn do_read(&mut self, io: &mut dyn Io) -> Outcome {
@@ -383,8 +421,8 @@ impl Connection {
 
     fn ends_mid_message(&self) -> bool {
         match &self.side {
-            Side::Inbound(stream) => stream.is_mid_message(),
-            Side::Outbound(stream) => stream.as_ref().is_some_and(|s| s.is_mid_message()),
+            Side::Inbound(callee) => callee.is_mid_message(),
+            Side::Outbound(caller) => caller.is_mid_message(),
         }
     }
 
@@ -396,209 +434,70 @@ impl Connection {
     ) -> Result<Vec<u8>, (&'static str, String)> {
         let now = now_ms();
         match &mut self.side {
-            Side::Inbound(stream) => {
-                let snapshot = self.runtime.snapshot();
-                let credential = snapshot.credential.clone().ok_or((
-                    "no_identity",
-                    "no delegated key from the agent yet".to_string(),
-                ))?;
-                let config = &self.config;
-                let remote = self.remote;
-                let charge = !std::mem::replace(&mut self.charged, true);
-                let mut first = self.first.take();
-                let mut decided = false;
-                let out = WORKER.with(|w| {
-                    let w = &mut *w.borrow_mut();
-                    if charge {
-                        let sources = w.sources.get_or_insert_with(|| {
-                            SourceLimiter::new(
-                                config.hellos_per_source,
-                                themis_core::guard::DEFAULT_SOURCE_ENTRIES,
-                            )
-                        });
-                        if let Some(source) = remote {
-                            if !sources.allow(source.ip(), now) {
-                                return Err((
-                                    "rate_limited",
-                                    "too many handshakes from this address".to_string(),
-                                ));
-                            }
-                        }
-                    }
-                    let guard = w.guard.get_or_insert_with(|| {
-                        HelloGuard::new(
-                            config.hello_window.as_millis() as u64,
-                            config.replay_cache_entries,
-                        )
-                    });
-                    // A complete, fresh message 1 is charged to the worker's budget
-                    // before any public-key work; what the handshake refuses cheaply
-                    // anyway is not (docs/FILTER.md, "Floods of message 1").
-                    if let Some(first) = &mut first {
-                        first.extend_from_slice(data);
-                        let budget = w
-                            .budget
-                            .get_or_insert_with(|| HandshakeBudget::new(config.handshake_budget));
-                        let source = remote.map(|r| r.ip());
-                        let identity = credential.identity();
-                        if let Some(admission) =
-                            budget.charge_first(guard, first, identity, source, now)
-                        {
-                            decided = true;
-                            if admission == Admission::Busy {
-                                return Err((
-                                    "busy",
-                                    "the worker's handshake budget is spent".to_string(),
-                                ));
-                            }
-                            if admission == Admission::Reserved {
-                                metrics::count("inbound", "known_good_handshakes");
-                            }
-                        }
-                    }
-                    let evicted = guard.evicted();
-                    let out = stream
-                        .from_peer(
-                            data,
-                            &*credential,
-                            &HandshakeConfig::default(),
-                            guard,
-                            now,
-                            &self.rng,
-                        )
-                        .map_err(|r| (r.reason(), r.to_string()));
-                    if guard.evicted() > evicted {
-                        // Full of live Hellos: the first to expire was forgotten (a
-                        // replay of it costs a full answer again, and still fails at
-                        // message 3).
-                        metrics::count("inbound", "replay_cache_evicted");
-                    }
-                    out
-                })?;
-                self.first = first.filter(|_| !decided);
-                if !self.replied {
-                    let reply = stream
-                        .from_app(&[])
-                        .map_err(|r| (r.reason(), r.to_string()))?;
-                    self.replied = !reply.is_empty();
-                    self.pending.extend_from_slice(&reply);
-                }
-                if self.peer.is_none() {
-                    let Some(established) = stream.established().cloned() else {
-                        return Ok(out.to_app);
-                    };
-                    let trust = Verifier {
-                        root: &self.runtime.root,
-                        now_ms: now,
-                        revoked: &snapshot.revocations,
-                    };
-                    metrics::count("inbound", "established");
-                    if snapshot.revocations.contains(&established.peer_id) {
-                        return Err((
-                            "revoked",
-                            format!(
-                                "caller {} is revoked",
-                                established.peer_id.printable(&self.runtime.root.mesh)
-                            ),
-                        ));
-                    }
-                    // A claimed service counts when the endorsement the caller carried
-                    // names it for this very id (checked offline against the root),
-                    // else (none carried, or one for another of its services, or
-                    // lapsed) when the verified resolution lists it.
-                    let runtime = &self.runtime;
-                    let carried = &established.peer_endorsement;
-                    let verdict =
-                        decide_with(self.config.policy.as_ref(), &established, |claim, peer| {
-                            if !carried.is_empty()
-                                && endorsement_lists(&trust, carried, claim, peer)
-                            {
-                                return Some(true);
-                            }
-                            let listed = snapshot
-                                .resolutions
-                                .get(claim)
-                                .is_some_and(|all| all.iter().any(|i| i.id == *peer));
-                            if !listed {
-                                runtime.refresh();
-                            }
-                            Some(listed)
-                        });
-                    match verdict {
-                        Verdict::Allow { service } => {
-                            metrics::count("inbound", "allowed");
-                            // Known good: its next handshakes draw on the reserved share.
-                            if let Some(source) = self.remote {
-                                WORKER.with(|w| {
-                                    if let Some(budget) = w.borrow_mut().budget.as_mut() {
-                                        budget.confirmed(source.ip(), now);
-                                    }
-                                });
-                            }
-                            self.peer = Some(established.peer_id);
-                            self.generation = snapshot.revocation_generation;
-                            if let Some(id) = self.id {
-                                let proven = ProvenPeer {
-                                    id: established.peer_id.printable(&self.runtime.root.mesh),
-                                    service,
-                                };
-                                WORKER.with(|w| w.borrow_mut().peers.insert(id, proven));
-                            }
-                            io.connected();
-                        }
-                        Verdict::Deny { service, denial } => {
-                            return Err((
-                                denial.reason(),
-                                format!(
-                                    "caller {} (service {}): {}",
-                                    established.peer_id.printable(&self.runtime.root.mesh),
-                                    service.as_deref().unwrap_or("-"),
-                                    denial.explain()
-                                ),
-                            ))
-                        }
-                        Verdict::Verify(_) => unreachable!("the endorsement check always answers"),
-                    }
-                }
-                Ok(out.to_app)
-            }
-            Side::Outbound(stream) => {
-                let Some(stream) = stream else {
-                    return Err(("out_of_turn", "bytes before message 1".to_string()));
-                };
-                let out = stream
-                    .from_peer(data)
-                    .map_err(|r| (r.reason(), r.to_string()))?;
-                self.pending.extend_from_slice(&out.to_peer);
-                if self.peer.is_none() {
-                    if let Some(info) = stream.info() {
-                        let peer = info.peer_id;
-                        metrics::count("seal", "established");
-                        let snapshot = self.runtime.snapshot();
-                        if snapshot.revocations.contains(&peer) {
-                            return Err((
-                                "revoked",
-                                format!(
-                                    "peer {} is revoked",
-                                    peer.printable(&self.runtime.root.mesh)
-                                ),
-                            ));
-                        }
-                        self.peer = Some(peer);
-                        self.generation = snapshot.revocation_generation;
-                        if let Some(id) = self.id {
-                            let proven = ProvenPeer {
-                                id: peer.printable(&self.runtime.root.mesh),
-                                service: self.config.peer_service.clone(),
-                            };
-                            WORKER.with(|w| w.borrow_mut().peers.insert(id, proven));
-                        }
-                        io.connected();
-                    }
-                }
-                Ok(out.to_app)
+            Side::Inbound(_) => self.open_inbound(data, now, io),
+            Side::Outbound(caller) => {
+                // The revocations the proven peer is checked against, once.
+                let generation = std::cell::Cell::new(None);
+                let runtime = &self.runtime;
+                let step = caller.from_peer(data, &|peer| {
+                    let snapshot = runtime.snapshot();
+                    generation.set(Some(snapshot.revocation_generation));
+                    snapshot.revocations.contains(peer)
+                });
+                self.apply(step, generation.get(), io)
             }
         }
+    }
+
+    /// Inbound: the caller's bytes through the callee's machine, which never asks
+    /// the agent here (the delegated key signs; the runtime's resolutions answer).
+    fn open_inbound(
+        &mut self,
+        data: &[u8],
+        now: u64,
+        io: &mut dyn Io,
+    ) -> Result<Vec<u8>, (&'static str, String)> {
+        let Side::Inbound(callee) = &mut self.side else {
+            unreachable!("called for the inbound side")
+        };
+        let snapshot = self.runtime.snapshot();
+        let credential = snapshot.credential.clone().ok_or((
+            "no_identity",
+            "no delegated key from the agent yet".to_string(),
+        ))?;
+        let runtime = &self.runtime;
+        // A caller that carries no endorsement (the Wasm runtime's before v3) has its
+        // claim checked against the services the policy names, resolved ahead.
+        let lists = |claim: &str, peer: &PeerId| {
+            let listed = snapshot
+                .resolutions
+                .get(claim)
+                .is_some_and(|all| all.iter().any(|i| i.id == *peer));
+            if !listed {
+                runtime.refresh();
+            }
+            Some(listed)
+        };
+        let config = &self.config;
+        let step = WORKER.with(|w| {
+            let w = &mut *w.borrow_mut();
+            let mut lent = callee::Worker {
+                now_ms: now,
+                rng: &self.rng,
+                identity: Some(credential.identity()),
+                signer: Some(&*credential),
+                gates: w.gates.get_or_insert_with(|| Gates::new(config)),
+                policy: config.policy.as_ref(),
+                trust: Verifier {
+                    root: &runtime.root,
+                    now_ms: now,
+                    revoked: &snapshot.revocations,
+                },
+                lists: &lists,
+            };
+            callee.from_peer(data, &mut lent)
+        });
+        self.apply(step, Some(snapshot.revocation_generation), io)
     }
 
     pub fn do_write(&mut self, io: &mut dyn Io, end_stream: bool) -> Outcome {
@@ -619,19 +518,18 @@ impl Connection {
             let mut error = None;
             let (side, pending) = (&mut self.side, &mut self.pending);
             let taken = io.with_write_buffer(&mut |slice| {
-                let sealed = match side {
-                    Side::Inbound(s) => s.from_app(slice),
-                    Side::Outbound(Some(s)) => s.from_app(slice),
-                    Side::Outbound(None) => Ok(Vec::new()),
+                let step = match side {
+                    Side::Inbound(callee) => callee.from_app(slice),
+                    Side::Outbound(caller) => caller.from_app(slice),
                 };
-                match sealed {
-                    Ok(sealed) => pending.extend_from_slice(&sealed),
-                    Err(e) => error = Some(e),
+                match step.close {
+                    None => pending.extend_from_slice(&step.to_peer),
+                    Some(close) => error = Some(close),
                 }
                 error.is_none() && pending.len() < MAX_PENDING
             });
             if let Some(e) = error {
-                return self.fail(e.reason(), e.to_string());
+                return self.fail(e.reason, e.detail);
             }
             consumed += taken;
             if self.flush(io).is_err() {

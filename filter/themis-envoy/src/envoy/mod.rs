@@ -24,11 +24,11 @@ use themis_core::delegation::{Credential, DelegatedKey, HandshakeSigner};
 use themis_core::handshake::ToSign;
 use themis_core::identity::PublicIdentity;
 use themis_core::wire::Kind;
-use themis_core::{HandshakeBudget, HelloGuard, SourceLimiter};
 use themis_trust::{Revocations, Verifier};
 
 use crate::agent::{self, Instance};
 use crate::config::{Config, Policy, Role};
+use crate::conn::callee::Gates;
 use crate::policy::Callers;
 use crate::route::{PickRandom, Routes};
 
@@ -54,13 +54,9 @@ struct Worker {
     /// Counted in the `identity` gauge: the identity is known and the delegation
     /// answered.
     ready: bool,
-    /// Inbound: the freshness window and replay cache of message 1 (per worker).
-    guard: HelloGuard,
-    /// Inbound: handshakes per source address (per worker).
-    sources: SourceLimiter,
-    /// Inbound: fresh Hellos answered (per worker), with the known-good sources'
-    /// reserved share.
-    budget: HandshakeBudget,
+    /// Inbound: the source buckets, the freshness window and replay cache of
+    /// message 1, and the handshake budget (per worker).
+    gates: Gates,
     /// Outbound: resolutions and health marks.
     routes: Routes,
     /// Inbound: callers' services, verified.
@@ -593,15 +589,7 @@ impl RootContext for Root {
         self.worker = Some(Rc::new(RefCell::new(Worker {
             metrics,
             routes: Routes::new(config.canary.clone()),
-            guard: HelloGuard::new(
-                config.hello_window.as_millis() as u64,
-                config.replay_cache_entries,
-            ),
-            sources: SourceLimiter::new(
-                config.hellos_per_source,
-                themis_core::guard::DEFAULT_SOURCE_ENTRIES,
-            ),
-            budget: HandshakeBudget::new(config.handshake_budget),
+            gates: Gates::new(&config),
             config,
             identity: None,
             credential: None,

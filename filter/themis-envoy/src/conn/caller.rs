@@ -1,0 +1,538 @@
+//! The caller's connection, for both runtimes' seal side (the Wasm network filter of
+//! the internal listener, the native upstream transport socket). It starts the key
+//! agreement with the one id the pick promised (signed here, or by the agent), holds
+//! the app's bytes until the session opens, and refuses a peer that speaks out of
+//! turn, is revoked, or proves another id.
+
+use ring::rand::SecureRandom;
+use themis_core::identity::PublicIdentity;
+use themis_core::stream::{self, Meta, StreamInitiator};
+use themis_core::{HandshakeConfig, HandshakeSigner, PeerId};
+use themis_trust::Revocations;
+
+use super::{Ask, Close, Event, Step};
+
+/// What starting the key agreement needs of the worker, lent for the call.
+pub struct Start<'a> {
+    pub now_ms: u64,
+    pub rng: &'a dyn SecureRandom,
+    /// The workload's public identity (`None`: not fetched yet).
+    pub identity: Option<&'a PublicIdentity>,
+    /// Signs message 1 here (a delegated key); `None`: the agent signs it.
+    pub signer: Option<&'a dyn HandshakeSigner>,
+    /// The id that must answer, as the pick promised it (or why there is none).
+    pub peer: Result<PeerId, Close>,
+    /// What the caller says of itself in its first record.
+    pub meta: Meta,
+    pub revoked: &'a Revocations,
+}
+
+#[allow(clippy::large_enum_variant)] // the stream is the state for most of a connection's life
+enum Phase {
+    /// Nothing started (the app's first bytes, or the TCP connection, start it).
+    New,
+    /// The workload's identity is being fetched; `held` waits.
+    Keyless {
+        held: Vec<u8>,
+    },
+    /// Message 1 is made; the agent is signing it.
+    Signing(StreamInitiator),
+    /// Message 1 went out.
+    Handshaking(StreamInitiator),
+    Open(StreamInitiator, PeerId),
+    Closed,
+}
+
+/// One outbound connection.
+pub struct Caller {
+    phase: Phase,
+}
+
+impl Default for Caller {
+    fn default() -> Self {
+        Caller::new()
+    }
+}
+
+impl Caller {
+    pub fn new() -> Self {
+        Caller { phase: Phase::New }
+    }
+
+    /// The peer, once it proved its id.
+    pub fn peer(&self) -> Option<PeerId> {
+        match &self.phase {
+            Phase::Open(_, peer) => Some(*peer),
+            _ => None,
+        }
+    }
+
+    pub fn is_new(&self) -> bool {
+        matches!(self.phase, Phase::New)
+    }
+
+    pub fn is_closed(&self) -> bool {
+        matches!(self.phase, Phase::Closed)
+    }
+
+    /// Ends the connection from outside (an agent call that failed).
+    pub fn abort(&mut self) {
+        self.phase = Phase::Closed;
+    }
+
+    /// True if the peer's bytes stop inside a message: at the end of the stream, a
+    /// truncation (nothing of the partial message was delivered).
+    pub fn is_mid_message(&self) -> bool {
+        match &self.phase {
+            Phase::Handshaking(stream) | Phase::Open(stream, _) => stream.is_mid_message(),
+            _ => false,
+        }
+    }
+
+    /// The peer's stream ended: inside a message, that is a truncation.
+    pub fn end_of_stream(&mut self) -> Option<Close> {
+        self.is_mid_message().then(|| {
+            self.abort();
+            Close::new("truncated", "the peer's stream ends inside a message")
+        })
+    }
+
+    /// A peer revoked since it proved its id: the connection ends, whichever way its
+    /// bytes flow.
+    pub fn check_revoked(&mut self, revoked: &Revocations) -> Option<Close> {
+        let peer = self.peer()?;
+        revoked.contains(&peer).then(|| {
+            self.abort();
+            Close::new("revoked", "the peer's id was revoked")
+        })
+    }
+
+    /// Starts the key agreement; message 1 is in the step's `to_peer` when it is
+    /// signed here.
+    pub fn start(&mut self, w: Start<'_>) -> Step {
+        self.start_holding(Vec::new(), w)
+    }
+
+    /// The workload's identity was fetched (in `w.identity`): the key agreement starts
+    /// with the bytes held for it.
+    pub fn identity_arrived(&mut self, w: Start<'_>) -> Step {
+        match std::mem::replace(&mut self.phase, Phase::New) {
+            Phase::Keyless { held } => match w.identity {
+                Some(_) => self.start_holding(held, w),
+                None => self.refuse(Close::new(
+                    "no_identity",
+                    "the agent has no identity for the workload",
+                )),
+            },
+            other => {
+                self.phase = other;
+                Step::default()
+            }
+        }
+    }
+
+    fn start_holding(&mut self, held: Vec<u8>, w: Start<'_>) -> Step {
+        let Some(identity) = w.identity else {
+            self.phase = Phase::Keyless { held };
+            return Step {
+                ask: Some(Ask::Identity),
+                ..Step::default()
+            };
+        };
+        let peer = match w.peer {
+            Ok(peer) if w.revoked.contains(&peer) => {
+                return self.refuse(Close::new("revoked", "the peer's id is revoked"))
+            }
+            Ok(peer) => peer,
+            Err(close) => return self.refuse(close),
+        };
+        let config = HandshakeConfig::default();
+        let started = match w.signer {
+            Some(signer) => StreamInitiator::start(signer, peer, w.meta, &config, w.now_ms, w.rng)
+                .map(|(stream, hello)| (stream, Some(hello))),
+            None => {
+                StreamInitiator::start_unsigned(identity, peer, w.meta, &config, w.now_ms, w.rng)
+                    .map(|stream| (stream, None))
+            }
+        };
+        let (mut stream, hello) = match started {
+            Ok(started) => started,
+            Err(e) => return self.refuse(Close::new("handshake", e.to_string())),
+        };
+        if let Err(refusal) = stream.from_app(&held) {
+            return self.refuse(refusal.into());
+        }
+        let mut step = Step {
+            events: vec![Event::Handshake],
+            ..Step::default()
+        };
+        match (hello, stream.to_sign()) {
+            (Some(hello), _) => {
+                step.to_peer = hello;
+                self.phase = Phase::Handshaking(stream);
+            }
+            (None, Some(to_sign)) => {
+                step.ask = Some(Ask::Sign(to_sign));
+                self.phase = Phase::Signing(stream);
+            }
+            (None, None) => unreachable!("an unsigned message 1 waits for its signature"),
+        }
+        step
+    }
+
+    /// The agent's signature of message 1, or why there is none: message 1 goes out.
+    pub fn signed(&mut self, signature: Result<[u8; 64], Close>) -> Step {
+        let Phase::Signing(mut stream) = std::mem::replace(&mut self.phase, Phase::Closed) else {
+            self.phase = Phase::Closed;
+            return Step::default();
+        };
+        // Not our own key's signature: the agent is confused or lying; nothing was sent.
+        let hello = signature.and_then(|s| {
+            stream
+                .signed(&s)
+                .map_err(|r| Close::new("sign_failed", r.to_string()))
+        });
+        match hello {
+            Ok(hello) => {
+                self.phase = Phase::Handshaking(stream);
+                Step {
+                    to_peer: hello,
+                    ..Step::default()
+                }
+            }
+            Err(close) => self.refuse(close),
+        }
+    }
+
+    /// Bytes the app wrote: held until the session opens, then sealed.
+    pub fn from_app(&mut self, data: &[u8]) -> Step {
+        let sealed = match &mut self.phase {
+            Phase::Keyless { held } => stream::hold(held, data).map(|()| Vec::new()),
+            Phase::Signing(stream) | Phase::Handshaking(stream) | Phase::Open(stream, _) => {
+                stream.from_app(data)
+            }
+            // Not started: the driver starts the key agreement first.
+            Phase::New | Phase::Closed => Ok(Vec::new()),
+        };
+        match sealed {
+            Ok(sealed) => Step {
+                to_peer: sealed,
+                ..Step::default()
+            },
+            Err(refusal) => self.refuse(refusal.into()),
+        }
+    }
+
+    /// Bytes from the peer: message 2 (answered with message 3, the metadata and the
+    /// held bytes), then records for the app. `is_revoked` is asked once, of the
+    /// peer that proved its id.
+    pub fn from_peer(&mut self, data: &[u8], is_revoked: &dyn Fn(&PeerId) -> bool) -> Step {
+        let stream = match &mut self.phase {
+            Phase::Handshaking(stream) | Phase::Open(stream, _) => stream,
+            Phase::Closed => return Step::default(),
+            Phase::New | Phase::Keyless { .. } | Phase::Signing(_) => {
+                return self.refuse(Close::new("out_of_turn", "the peer spoke first"))
+            }
+        };
+        let out = match stream.from_peer(data) {
+            Ok(out) => out,
+            Err(refusal) => return self.refuse(refusal.into()),
+        };
+        let mut step = Step {
+            to_app: out.to_app,
+            to_peer: out.to_peer,
+            ..Step::default()
+        };
+        if let Phase::Handshaking(stream) = &self.phase {
+            if let Some(peer) = stream.peer_id() {
+                if is_revoked(&peer) {
+                    return self.refuse(Close::new("revoked", "the peer's id is revoked"));
+                }
+                step.events.push(Event::Established(peer));
+                let Phase::Handshaking(stream) = std::mem::replace(&mut self.phase, Phase::Closed)
+                else {
+                    unreachable!("matched above")
+                };
+                self.phase = Phase::Open(stream, peer);
+            }
+        }
+        step
+    }
+
+    fn refuse(&mut self, close: Close) -> Step {
+        self.abort();
+        Step {
+            close: Some(close),
+            ..Step::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The caller's decisions, driven in memory against a real responder.
+
+    use ring::rand::SystemRandom;
+    use themis_core::guard::HelloGuard;
+    use themis_core::handshake::{sign_message, signing_digest};
+    use themis_core::identity::{Identity, MeshName};
+    use themis_core::stream::{StreamResponder, MAX_HELD};
+    use themis_trust::{MeshRoot, Revocation, Signed, REVOCATION_LABEL};
+
+    use super::*;
+
+    const REQUEST: &[u8] = b"the app's first request";
+    const NOW: u64 = 1_900_000_000_000;
+
+    struct World {
+        rng: SystemRandom,
+        me: Identity,
+        callee: Identity,
+        root_key: Identity,
+        root: MeshRoot,
+        revoked: Revocations,
+        keyless: bool,
+        delegated: bool,
+    }
+
+    impl World {
+        fn new() -> Self {
+            let rng = SystemRandom::new();
+            let mesh = MeshName::new("caller-test").unwrap();
+            let root_key = Identity::generate(mesh.clone(), &rng).unwrap();
+            World {
+                me: Identity::generate(mesh.clone(), &rng).unwrap(),
+                callee: Identity::generate(mesh.clone(), &rng).unwrap(),
+                root: MeshRoot {
+                    mesh,
+                    key: *root_key.public().public_key(),
+                },
+                root_key,
+                revoked: Revocations::new(),
+                keyless: false,
+                delegated: true,
+                rng,
+            }
+        }
+
+        fn revoke(&mut self, id: PeerId) {
+            let revocation = Revocation {
+                mesh: self.root.mesh.as_str().to_string(),
+                id: id.0,
+                issued_at: NOW,
+                reason: "test".into(),
+            };
+            let signed = Signed::sign(&self.root_key, REVOCATION_LABEL, &revocation);
+            assert!(self.revoked.add(&self.root, &signed.encode()).unwrap());
+        }
+
+        /// What the seal side lends a start, the pick having promised the callee.
+        fn start(&self) -> Start<'_> {
+            Start {
+                now_ms: NOW,
+                rng: &self.rng,
+                identity: (!self.keyless).then(|| self.me.public()),
+                signer: self.delegated.then_some(&self.me as &dyn HandshakeSigner),
+                peer: Ok(self.callee.public().id()),
+                meta: Meta {
+                    service: Some("web".into()),
+                },
+                revoked: &self.revoked,
+            }
+        }
+
+        /// The callee's answer to message 1: message 2.
+        fn answer(&self, callee: &mut StreamResponder, hello: &[u8]) -> Vec<u8> {
+            let mut guard = HelloGuard::new(60_000, 64);
+            let config = HandshakeConfig::default();
+            callee
+                .from_peer(hello, &self.callee, &config, &mut guard, NOW, &self.rng)
+                .unwrap();
+            callee.from_app(&[]).unwrap()
+        }
+
+        fn is_revoked(&self) -> impl Fn(&PeerId) -> bool + '_ {
+            |peer| self.revoked.contains(peer)
+        }
+    }
+
+    fn refused(step: &Step) -> &'static str {
+        step.close.as_ref().map_or("(not closed)", |c| c.reason)
+    }
+
+    #[test]
+    fn the_app_waits_for_the_promised_peer_then_its_bytes_are_sealed() {
+        let world = World::new();
+        let mut caller = Caller::new();
+        let step = caller.start(world.start());
+        assert_eq!(step.events, vec![Event::Handshake]);
+        let hello = step.to_peer;
+        assert!(
+            caller.from_app(REQUEST).to_peer.is_empty(),
+            "held until the session opens"
+        );
+        let mut callee = StreamResponder::new(b"");
+        let reply = world.answer(&mut callee, &hello);
+        let step = caller.from_peer(&reply, &world.is_revoked());
+        let peer = world.callee.public().id();
+        assert_eq!(step.events, vec![Event::Established(peer)]);
+        assert_eq!(caller.peer(), Some(peer));
+        // Message 3, the metadata and the held request.
+        let config = HandshakeConfig::default();
+        let mut guard = HelloGuard::new(60_000, 64);
+        let out = callee
+            .from_peer(
+                &step.to_peer,
+                &world.callee,
+                &config,
+                &mut guard,
+                NOW,
+                &world.rng,
+            )
+            .unwrap();
+        assert_eq!(out.to_app, REQUEST);
+        assert_eq!(
+            callee.established().unwrap().meta.service.as_deref(),
+            Some("web")
+        );
+        // Open: sealed as it goes.
+        let sealed = caller.from_app(b"more").to_peer;
+        let out = callee
+            .from_peer(&sealed, &world.callee, &config, &mut guard, NOW, &world.rng)
+            .unwrap();
+        assert_eq!(out.to_app, b"more");
+    }
+
+    #[test]
+    fn a_keyless_caller_holds_the_app_bytes_until_its_identity_arrives() {
+        let mut world = World::new();
+        world.keyless = true;
+        let mut caller = Caller::new();
+        assert_eq!(caller.start(world.start()).ask, Some(Ask::Identity));
+        assert!(caller.from_app(REQUEST).to_peer.is_empty());
+        world.keyless = false;
+        let step = caller.identity_arrived(world.start());
+        assert!(!step.to_peer.is_empty(), "message 1");
+        let mut callee = StreamResponder::new(b"");
+        let reply = world.answer(&mut callee, &step.to_peer);
+        let step = caller.from_peer(&reply, &world.is_revoked());
+        assert!(step.close.is_none() && caller.peer().is_some());
+        // The agent has no identity for the workload.
+        let mut world = World::new();
+        world.keyless = true;
+        let mut caller = Caller::new();
+        caller.start(world.start());
+        assert_eq!(
+            refused(&caller.identity_arrived(world.start())),
+            "no_identity"
+        );
+    }
+
+    #[test]
+    fn a_keyless_caller_holds_at_most_max_held() {
+        let mut world = World::new();
+        world.keyless = true;
+        let mut caller = Caller::new();
+        caller.start(world.start());
+        assert!(caller.from_app(&vec![0; MAX_HELD]).close.is_none());
+        assert_eq!(refused(&caller.from_app(b"!")), "overflow");
+    }
+
+    #[test]
+    fn the_agent_signs_message_1_and_a_wrong_signature_sends_nothing() {
+        let mut world = World::new();
+        world.delegated = false;
+        for honest in [true, false] {
+            let mut caller = Caller::new();
+            let step = caller.start(world.start());
+            let Some(Ask::Sign(to_sign)) = step.ask else {
+                panic!("the agent is asked to sign: {step:?}");
+            };
+            assert!(step.to_peer.is_empty());
+            let signature = match honest {
+                true => sign_message(&world.me, &to_sign).unwrap(),
+                false => world
+                    .callee
+                    .sign_digest(&signing_digest(world.me.public(), &to_sign).unwrap()),
+            };
+            let step = caller.signed(Ok(signature));
+            match honest {
+                true => assert!(!step.to_peer.is_empty() && step.close.is_none()),
+                false => {
+                    assert_eq!(refused(&step), "sign_failed");
+                    assert!(step.to_peer.is_empty());
+                }
+            }
+        }
+        let mut caller = Caller::new();
+        caller.start(world.start());
+        let timeout = Close::new("sign_timeout", "the agent did not sign in time");
+        assert_eq!(refused(&caller.signed(Err(timeout))), "sign_timeout");
+    }
+
+    #[test]
+    fn no_key_agreement_starts_with_a_revoked_or_unnamed_peer() {
+        let mut world = World::new();
+        let mut start = world.start();
+        start.peer = Err(Close::new(
+            "no_peer",
+            "the connection names no expected peer",
+        ));
+        assert_eq!(refused(&Caller::new().start(start)), "no_peer");
+        world.revoke(world.callee.public().id());
+        let step = Caller::new().start(world.start());
+        assert_eq!(refused(&step), "revoked");
+        assert!(step.to_peer.is_empty(), "no message 1 to a revoked id");
+    }
+
+    #[test]
+    fn a_peer_revoked_by_the_time_it_answers_or_later_is_cut() {
+        let mut world = World::new();
+        let mut caller = Caller::new();
+        let hello = caller.start(world.start()).to_peer;
+        caller.from_app(REQUEST);
+        let reply = world.answer(&mut StreamResponder::new(b""), &hello);
+        world.revoke(world.callee.public().id());
+        let step = caller.from_peer(&reply, &world.is_revoked());
+        assert_eq!(refused(&step), "revoked");
+        assert!(step.to_peer.is_empty(), "the held request is not sent");
+
+        let mut world = World::new();
+        let mut caller = Caller::new();
+        let hello = caller.start(world.start()).to_peer;
+        let reply = world.answer(&mut StreamResponder::new(b""), &hello);
+        caller.from_peer(&reply, &world.is_revoked());
+        assert_eq!(caller.check_revoked(&world.revoked), None);
+        world.revoke(world.callee.public().id());
+        assert_eq!(
+            caller.check_revoked(&world.revoked).map(|c| c.reason),
+            Some("revoked")
+        );
+        assert!(caller.from_app(b"more").to_peer.is_empty());
+    }
+
+    #[test]
+    fn a_peer_that_speaks_first_or_cuts_a_message_is_refused() {
+        let mut world = World::new();
+        world.delegated = false;
+        let mut caller = Caller::new();
+        caller.start(world.start());
+        assert_eq!(
+            refused(&caller.from_peer(b"hi", &world.is_revoked())),
+            "out_of_turn"
+        );
+        assert_eq!(
+            refused(&Caller::new().from_peer(b"hi", &world.is_revoked())),
+            "out_of_turn"
+        );
+
+        let world = World::new();
+        let mut caller = Caller::new();
+        let hello = caller.start(world.start()).to_peer;
+        let reply = world.answer(&mut StreamResponder::new(b""), &hello);
+        let step = caller.from_peer(&reply[..reply.len() - 1], &world.is_revoked());
+        assert!(step.close.is_none() && step.events.is_empty());
+        assert_eq!(caller.end_of_stream().map(|c| c.reason), Some("truncated"));
+        assert!(caller.is_closed());
+    }
+}

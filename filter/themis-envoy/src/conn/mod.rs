@@ -1,0 +1,111 @@
+//! One connection's machine per side, sans-IO, run by both runtimes: the Wasm
+//! network filters (`envoy/seal.rs`, `envoy/inbound.rs`) and the native transport
+//! sockets (`themis-native`'s `socket.rs`). Bytes and the answers of agent calls go
+//! in; a [`Step`] comes out: bytes for each side, an agent call to make, what to
+//! count, or why to close. Time, randomness and the worker's state come in with
+//! every call; the drivers move bytes and make the calls.
+//!
+//! ```text
+//!  peer bytes ─▶ from_peer ─┐                  ┌─▶ to_app   plaintext for the local app
+//!  app bytes  ─▶ from_app  ─┤                  ├─▶ to_peer  toward the peer
+//!  agent answers ───────────┼─▶ machine ─▶ Step ┼─▶ ask      identity, sign, resolve
+//!  (identity, signature,    │                  ├─▶ events   counted, logged
+//!   resolution) ────────────┘                  └─▶ close    refused.<reason>
+//! ```
+//!
+//! [`callee::Callee`] answers (the inbound side), [`caller::Caller`] calls (the
+//! seal side).
+
+pub mod callee;
+pub mod caller;
+
+use themis_core::handshake::ToSign;
+use themis_core::stream::Refusal;
+use themis_core::PeerId;
+
+/// An agent call the driver makes for a machine, answered through its
+/// `identity_arrived`, `signed` or (the callee's) `resolved`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ask {
+    /// The workload's public identity (the sidecar just started).
+    Identity,
+    /// The agent's signature of message 1 or 2 (no delegated key).
+    Sign(ToSign),
+    /// A verified resolution of the service the caller claims.
+    Resolve(String),
+}
+
+/// What happened, for the drivers' counters (`themis.<role>.<counter>`) and logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The caller started a key agreement (message 1 made).
+    Handshake,
+    /// A fresh message 1 drew on the known-good sources' share.
+    KnownGoodHandshake,
+    /// The replay cache was full of live Hellos and forgot the oldest.
+    ReplayCacheEvicted,
+    /// The peer proved its id: the callee (message 2) or the caller (message 3 and
+    /// its metadata).
+    Established(PeerId),
+    /// The policy allowed the caller.
+    Allowed {
+        peer: PeerId,
+        /// Its verified service, if it claimed one.
+        service: Option<String>,
+        /// The claim was checked by the endorsement the caller carried (offline).
+        by_endorsement: bool,
+    },
+}
+
+impl Event {
+    /// The counter it adds one to.
+    pub fn counter(&self) -> &'static str {
+        match self {
+            Event::KnownGoodHandshake => "known_good_handshakes",
+            Event::ReplayCacheEvicted => "replay_cache_evicted",
+            Event::Handshake => "handshakes",
+            Event::Established(_) => "established",
+            Event::Allowed { .. } => "allowed",
+        }
+    }
+}
+
+/// Why the connection ends: counted as `refused.<reason>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Close {
+    pub reason: &'static str,
+    pub detail: String,
+}
+
+impl Close {
+    pub(crate) fn new(reason: &'static str, detail: impl Into<String>) -> Self {
+        Close {
+            reason,
+            detail: detail.into(),
+        }
+    }
+
+    /// A flood's refusals: counted, not worth a log line each.
+    pub fn is_flood(&self) -> bool {
+        matches!(self.reason, "rate_limited" | "stale" | "replay" | "busy")
+    }
+}
+
+impl From<Refusal> for Close {
+    fn from(refusal: Refusal) -> Self {
+        Close::new(refusal.reason(), refusal.to_string())
+    }
+}
+
+/// What one call asks the driver to do.
+#[derive(Debug, Default)]
+pub struct Step {
+    /// Plaintext for the local app (the connection manager, the router).
+    pub to_app: Vec<u8>,
+    /// Bytes for the peer.
+    pub to_peer: Vec<u8>,
+    pub ask: Option<Ask>,
+    pub events: Vec<Event>,
+    /// The connection ends: close it. Nothing more goes either way.
+    pub close: Option<Close>,
+}
