@@ -433,12 +433,12 @@ mod tests {
 
     use std::net::Ipv4Addr;
 
+    use super::super::testing::Root;
     use ring::rand::SystemRandom;
     use themis_core::guard::{BudgetConfig, Rate};
     use themis_core::handshake::{sign_message, signing_digest};
     use themis_core::identity::{Identity, MeshName};
     use themis_core::stream::{Meta, StreamInitiator, HTTP2_PREFACE};
-    use themis_trust::{MeshRoot, Revocation, Signed, REVOCATION_LABEL};
 
     use super::*;
     use crate::config::Rule;
@@ -451,9 +451,7 @@ mod tests {
         me: Identity,
         caller: Identity,
         gates: Gates,
-        root_key: Identity,
-        root: MeshRoot,
-        revoked: Revocations,
+        trust: Root,
         policy: Option<Policy>,
         /// What a verified resolution says of the claim (`None`: not resolved).
         listed: Option<bool>,
@@ -466,7 +464,6 @@ mod tests {
         fn new(policy: Option<Policy>) -> Self {
             let rng = SystemRandom::new();
             let mesh = MeshName::new("callee-test").unwrap();
-            let root_key = Identity::generate(mesh.clone(), &rng).unwrap();
             World {
                 me: Identity::generate(mesh.clone(), &rng).unwrap(),
                 caller: Identity::generate(mesh.clone(), &rng).unwrap(),
@@ -481,12 +478,7 @@ mod tests {
                     ),
                     budget: HandshakeBudget::new(BudgetConfig::default()),
                 },
-                root: MeshRoot {
-                    mesh,
-                    key: *root_key.public().public_key(),
-                },
-                root_key,
-                revoked: Revocations::new(),
+                trust: Root::new(&mesh, &rng),
                 policy,
                 listed: Some(false),
                 keyless: false,
@@ -502,18 +494,6 @@ mod tests {
             world
         }
 
-        /// The root revokes `id`.
-        fn revoke(&mut self, id: PeerId) {
-            let revocation = Revocation {
-                mesh: self.root.mesh.as_str().to_string(),
-                id: id.0,
-                issued_at: self.now_ms,
-                reason: "test".into(),
-            };
-            let signed = Signed::sign(&self.root_key, REVOCATION_LABEL, &revocation);
-            assert!(self.revoked.add(&self.root, &signed.encode()).unwrap());
-        }
-
         /// Runs `f` with the worker lent as the drivers lend it.
         fn with<R>(&mut self, f: impl FnOnce(&mut Worker<'_>) -> R) -> R {
             let listed = self.listed;
@@ -526,9 +506,9 @@ mod tests {
                 gates: &mut self.gates,
                 policy: self.policy.as_ref(),
                 trust: Verifier {
-                    root: &self.root,
+                    root: &self.trust.root,
                     now_ms: self.now_ms,
-                    revoked: &self.revoked,
+                    revoked: &self.trust.revoked,
                 },
                 lists: &lists,
             };
@@ -705,7 +685,7 @@ mod tests {
     #[test]
     fn a_revoked_caller_is_refused_and_an_allowed_one_cut_when_revoked() {
         let mut world = World::calling_by_id();
-        world.revoke(world.caller.public().id());
+        world.trust.revoke(world.caller.public().id());
         let mut callee = Callee::new(HTTP2_PREFACE, source());
         assert_eq!(
             refused(&handshake(&mut world, &mut callee, None)),
@@ -715,10 +695,10 @@ mod tests {
         let mut world = World::calling_by_id();
         let mut callee = Callee::new(HTTP2_PREFACE, source());
         handshake(&mut world, &mut callee, None);
-        assert_eq!(callee.check_revoked(&world.revoked), None);
-        world.revoke(world.caller.public().id());
+        assert_eq!(callee.check_revoked(&world.trust.revoked), None);
+        world.trust.revoke(world.caller.public().id());
         assert_eq!(
-            callee.check_revoked(&world.revoked).map(|c| c.reason),
+            callee.check_revoked(&world.trust.revoked).map(|c| c.reason),
             Some("revoked")
         );
         assert!(

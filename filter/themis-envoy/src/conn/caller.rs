@@ -272,12 +272,12 @@ impl Caller {
 mod tests {
     //! The caller's decisions, driven in memory against a real responder.
 
+    use super::super::testing::Root;
     use ring::rand::SystemRandom;
     use themis_core::guard::HelloGuard;
     use themis_core::handshake::{sign_message, signing_digest};
     use themis_core::identity::{Identity, MeshName};
     use themis_core::stream::{StreamResponder, MAX_HELD};
-    use themis_trust::{MeshRoot, Revocation, Signed, REVOCATION_LABEL};
 
     use super::*;
 
@@ -288,9 +288,7 @@ mod tests {
         rng: SystemRandom,
         me: Identity,
         callee: Identity,
-        root_key: Identity,
-        root: MeshRoot,
-        revoked: Revocations,
+        trust: Root,
         keyless: bool,
         delegated: bool,
     }
@@ -299,31 +297,14 @@ mod tests {
         fn new() -> Self {
             let rng = SystemRandom::new();
             let mesh = MeshName::new("caller-test").unwrap();
-            let root_key = Identity::generate(mesh.clone(), &rng).unwrap();
             World {
                 me: Identity::generate(mesh.clone(), &rng).unwrap(),
                 callee: Identity::generate(mesh.clone(), &rng).unwrap(),
-                root: MeshRoot {
-                    mesh,
-                    key: *root_key.public().public_key(),
-                },
-                root_key,
-                revoked: Revocations::new(),
+                trust: Root::new(&mesh, &rng),
                 keyless: false,
                 delegated: true,
                 rng,
             }
-        }
-
-        fn revoke(&mut self, id: PeerId) {
-            let revocation = Revocation {
-                mesh: self.root.mesh.as_str().to_string(),
-                id: id.0,
-                issued_at: NOW,
-                reason: "test".into(),
-            };
-            let signed = Signed::sign(&self.root_key, REVOCATION_LABEL, &revocation);
-            assert!(self.revoked.add(&self.root, &signed.encode()).unwrap());
         }
 
         /// What the seal side lends a start, the pick having promised the callee.
@@ -337,7 +318,7 @@ mod tests {
                 meta: Meta {
                     service: Some("web".into()),
                 },
-                revoked: &self.revoked,
+                revoked: &self.trust.revoked,
             }
         }
 
@@ -352,7 +333,7 @@ mod tests {
         }
 
         fn is_revoked(&self) -> impl Fn(&PeerId) -> bool + '_ {
-            |peer| self.revoked.contains(peer)
+            |peer| self.trust.revoked.contains(peer)
         }
     }
 
@@ -479,7 +460,7 @@ mod tests {
             "the connection names no expected peer",
         ));
         assert_eq!(refused(&Caller::new().start(start)), "no_peer");
-        world.revoke(world.callee.public().id());
+        world.trust.revoke(world.callee.public().id());
         let step = Caller::new().start(world.start());
         assert_eq!(refused(&step), "revoked");
         assert!(step.to_peer.is_empty(), "no message 1 to a revoked id");
@@ -492,7 +473,7 @@ mod tests {
         let hello = caller.start(world.start()).to_peer;
         caller.from_app(REQUEST);
         let reply = world.answer(&mut StreamResponder::new(b""), &hello);
-        world.revoke(world.callee.public().id());
+        world.trust.revoke(world.callee.public().id());
         let step = caller.from_peer(&reply, &world.is_revoked());
         assert_eq!(refused(&step), "revoked");
         assert!(step.to_peer.is_empty(), "the held request is not sent");
@@ -502,10 +483,10 @@ mod tests {
         let hello = caller.start(world.start()).to_peer;
         let reply = world.answer(&mut StreamResponder::new(b""), &hello);
         caller.from_peer(&reply, &world.is_revoked());
-        assert_eq!(caller.check_revoked(&world.revoked), None);
-        world.revoke(world.callee.public().id());
+        assert_eq!(caller.check_revoked(&world.trust.revoked), None);
+        world.trust.revoke(world.callee.public().id());
         assert_eq!(
-            caller.check_revoked(&world.revoked).map(|c| c.reason),
+            caller.check_revoked(&world.trust.revoked).map(|c| c.reason),
             Some("revoked")
         );
         assert!(caller.from_app(b"more").to_peer.is_empty());

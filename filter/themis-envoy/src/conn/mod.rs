@@ -109,3 +109,47 @@ pub struct Step {
     /// The connection ends: close it. Nothing more goes either way.
     pub close: Option<Close>,
 }
+
+#[cfg(test)]
+mod testing {
+    //! What the machines' tests share.
+
+    use ring::rand::SecureRandom;
+    use themis_core::identity::{Identity, MeshName};
+    use themis_core::PeerId;
+    use themis_trust::{MeshRoot, Revocation, Revocations, Signed, REVOCATION_LABEL};
+
+    /// A mesh root of the test's own, and the revocations it signed.
+    pub struct Root {
+        key: Identity,
+        pub root: MeshRoot,
+        pub revoked: Revocations,
+    }
+
+    impl Root {
+        pub fn new(mesh: &MeshName, rng: &dyn SecureRandom) -> Self {
+            let key = Identity::generate(mesh.clone(), rng).unwrap();
+            let root = MeshRoot {
+                mesh: mesh.clone(),
+                key: *key.public().public_key(),
+            };
+            Root {
+                key,
+                root,
+                revoked: Revocations::new(),
+            }
+        }
+
+        /// The root revokes `id`.
+        pub fn revoke(&mut self, id: PeerId) {
+            let revocation = Revocation {
+                mesh: self.root.mesh.as_str().to_string(),
+                id: id.0,
+                issued_at: 1,
+                reason: "test".into(),
+            };
+            let signed = Signed::sign(&self.key, REVOCATION_LABEL, &revocation);
+            assert!(self.revoked.add(&self.root, &signed.encode()).unwrap());
+        }
+    }
+}

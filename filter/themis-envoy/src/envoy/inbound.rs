@@ -23,19 +23,9 @@ use themis_core::stream::HTTP2_PREFACE;
 use themis_core::{HandshakeSigner, PeerId};
 use themis_trust::Verifier;
 
-use super::{
-    call_agent, call_agent_for_identity, call_agent_to_sign, call_response, now_ms, signature,
-    Deadline, Root, Shared,
-};
+use super::{ask_agent, now_ms, take_answer, Answer, Call, Deadline, Shared};
 use crate::conn::callee::{self, Callee};
-use crate::conn::{Ask, Close, Event, Step};
-
-/// The agent call a connection waits on.
-enum Call {
-    Identity,
-    Sign,
-    Resolve(String),
-}
+use crate::conn::{Close, Event, Step};
 
 pub struct Inbound {
     worker: Shared,
@@ -145,36 +135,13 @@ impl Inbound {
             self.close(close);
             return Vec::new();
         }
-        let call = match step.ask {
-            None => return step.to_app,
-            Some(Ask::Identity) => call_agent_for_identity(self, &self.worker.borrow().config)
-                .map(|token| (token, Call::Identity))
-                .ok_or(("no_identity", "the workload's identity cannot be fetched")),
-            Some(Ask::Sign(to_sign)) => {
-                call_agent_to_sign(self, &self.worker.borrow().config, &to_sign)
-                    .map(|token| (token, Call::Sign))
-                    .ok_or(("sign_failed", "the agent cannot be asked to sign"))
+        if let Some(ask) = step.ask {
+            match ask_agent(self, &self.worker, ask) {
+                Ok(call) => self.call = Some(call),
+                Err(close) => self.close(close),
             }
-            Some(Ask::Resolve(claim)) => {
-                let path = themis_contracts::paths::service(&claim);
-                call_agent(self, &self.worker.borrow().config, &path)
-                    .map(|token| (token, Call::Resolve(claim)))
-                    .ok_or(("resolve_failed", "the agent cannot be called"))
-            }
-        };
-        match call {
-            Ok(call) => {
-                if matches!(call.1, Call::Sign) {
-                    self.worker.borrow().metrics.count("agent_signed");
-                }
-                self.call = Some(call);
-            }
-            Err((reason, detail)) => self.close(Close {
-                reason,
-                detail: detail.into(),
-            }),
         }
-        Vec::new()
+        step.to_app
     }
 
     /// Hands the verified id and service to the connection manager as filter state.
@@ -237,31 +204,11 @@ impl Context for Inbound {
         let Some((_, call)) = self.call.take_if(|(t, _)| *t == token) else {
             return;
         };
-        let (status, body) = call_response(self, body_size);
-        let step = match call {
-            Call::Identity => {
-                Root::install_identity(&self.worker, status, &body);
-                self.with_worker(|callee, w| callee.identity_arrived(w))
-            }
-            Call::Sign => {
-                let signature =
-                    signature(status, &body).map_err(|(reason, detail)| Close { reason, detail });
-                self.callee().signed(signature)
-            }
-            Call::Resolve(claim) => {
-                {
-                    let mut w = self.worker.borrow_mut();
-                    let ids: Vec<PeerId> = w
-                        .verified_instances(&claim, status, &body)
-                        .unwrap_or_default()
-                        .iter()
-                        .map(|i| i.id)
-                        .collect();
-                    let expires = w.expires(ids.is_empty());
-                    w.callers.insert(claim, ids, expires);
-                }
-                self.with_worker(|callee, w| callee.resolved(w))
-            }
+        let worker = self.worker.clone();
+        let step = match take_answer(self, &worker, call, body_size) {
+            Answer::Identity => self.with_worker(|callee, w| callee.identity_arrived(w)),
+            Answer::Signature(signature) => self.callee().signed(signature),
+            Answer::Resolution => self.with_worker(|callee, w| callee.resolved(w)),
         };
         let to_app = self.apply(step);
         self.release(&to_app);

@@ -29,6 +29,7 @@ use themis_trust::{Revocations, Verifier};
 use crate::agent::{self, Instance};
 use crate::config::{Config, Policy, Role};
 use crate::conn::callee::Gates;
+use crate::conn::{Ask, Close};
 use crate::policy::Callers;
 use crate::route::{PickRandom, Routes};
 
@@ -753,6 +754,72 @@ fn signature(status: Option<u16>, body: &[u8]) -> Result<[u8; 64], (&'static str
 }
 
 /// The status and body of the call that just answered.
+/// An agent call a connection machine asked for, in flight.
+enum Call {
+    Identity,
+    Sign,
+    Resolve(String),
+}
+
+/// Makes the agent call a connection machine asks for: its token, or why it cannot
+/// be made.
+fn ask_agent(ctx: &dyn Context, worker: &Shared, ask: Ask) -> Result<(u32, Call), Close> {
+    let w = worker.borrow();
+    let config = &w.config;
+    match ask {
+        Ask::Identity => call_agent_for_identity(ctx, config)
+            .map(|token| (token, Call::Identity))
+            .ok_or_else(|| Close::new("no_identity", "the workload's identity cannot be fetched")),
+        Ask::Sign(to_sign) => {
+            let call = call_agent_to_sign(ctx, config, &to_sign)
+                .map(|token| (token, Call::Sign))
+                .ok_or_else(|| Close::new("sign_failed", "the agent cannot be asked to sign"));
+            if call.is_ok() {
+                w.metrics.count("agent_signed");
+            }
+            call
+        }
+        Ask::Resolve(claim) => call_agent(ctx, config, &themis_contracts::paths::service(&claim))
+            .map(|token| (token, Call::Resolve(claim)))
+            .ok_or_else(|| Close::new("resolve_failed", "the agent cannot be called")),
+    }
+}
+
+/// What an agent call answered, taken in for the machine that asked.
+enum Answer {
+    /// The identity is installed (if the agent had one).
+    Identity,
+    Signature(Result<[u8; 64], Close>),
+    /// The verified instances of a caller's claimed service are cached.
+    Resolution,
+}
+
+/// Reads the answer to `call` and takes it in.
+fn take_answer(ctx: &dyn Context, worker: &Shared, call: Call, body_size: usize) -> Answer {
+    let (status, body) = call_response(ctx, body_size);
+    match call {
+        Call::Identity => {
+            Root::install_identity(worker, status, &body);
+            Answer::Identity
+        }
+        Call::Sign => {
+            Answer::Signature(signature(status, &body).map_err(|(r, d)| Close::new(r, d)))
+        }
+        Call::Resolve(claim) => {
+            let mut w = worker.borrow_mut();
+            let ids: Vec<_> = w
+                .verified_instances(&claim, status, &body)
+                .unwrap_or_default()
+                .iter()
+                .map(|i| i.id)
+                .collect();
+            let expires = w.expires(ids.is_empty());
+            w.callers.insert(claim, ids, expires);
+            Answer::Resolution
+        }
+    }
+}
+
 fn call_response(ctx: &dyn Context, body_size: usize) -> (Option<u16>, Vec<u8>) {
     let status = ctx
         .get_http_call_response_header(":status")

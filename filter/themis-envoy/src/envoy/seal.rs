@@ -15,20 +15,12 @@ use proxy_wasm::types::{Action, PeerType};
 use themis_core::stream::Meta;
 use themis_core::{HandshakeSigner, PeerId};
 
-use super::{
-    call_agent_for_identity, call_agent_to_sign, call_response, now_ms, signature, Root, Shared,
-};
+use super::{ask_agent, now_ms, take_answer, Answer, Call, Shared};
 use crate::conn::caller::{Caller, Start};
-use crate::conn::{Ask, Close, Event, Step};
+use crate::conn::{Close, Event, Step};
 
 /// The filter state key the router's `set_filter_state` puts the expected id in.
 const EXPECTED_PEER: &str = "envoy.network.upstream_server_name";
-
-/// The agent call a connection waits on.
-enum Call {
-    Identity,
-    Sign,
-}
 
 pub struct Seal {
     worker: Shared,
@@ -105,26 +97,11 @@ impl Seal {
             self.close(close);
             return (Vec::new(), Vec::new());
         }
-        let call = match step.ask {
-            None => return (step.to_app, step.to_peer),
-            Some(Ask::Identity) => call_agent_for_identity(self, &self.worker.borrow().config)
-                .map(|token| (token, Call::Identity))
-                .ok_or(("no_identity", "the workload's identity cannot be fetched")),
-            Some(Ask::Sign(to_sign)) => {
-                call_agent_to_sign(self, &self.worker.borrow().config, &to_sign)
-                    .map(|token| (token, Call::Sign))
-                    .ok_or(("sign_failed", "the agent cannot be asked to sign"))
+        if let Some(ask) = step.ask {
+            match ask_agent(self, &self.worker, ask) {
+                Ok(call) => self.call = Some(call),
+                Err(close) => self.close(close),
             }
-            Some(Ask::Resolve(_)) => unreachable!("a caller resolves nothing"),
-        };
-        match call {
-            Ok(call) => {
-                if matches!(call.1, Call::Sign) {
-                    self.worker.borrow().metrics.count("agent_signed");
-                }
-                self.call = Some(call);
-            }
-            Err((reason, detail)) => self.close(Close::new(reason, detail)),
         }
         (step.to_app, step.to_peer)
     }
@@ -151,16 +128,12 @@ impl Context for Seal {
         let Some((_, call)) = self.call.take_if(|(t, _)| *t == token) else {
             return;
         };
-        let (status, body) = call_response(self, body_size);
-        let step = match call {
-            Call::Identity => {
-                Root::install_identity(&self.worker, status, &body);
-                self.starting(|caller, start| caller.identity_arrived(start))
-            }
-            Call::Sign => {
-                let signature = signature(status, &body).map_err(|(r, d)| Close::new(r, d));
-                self.caller.signed(signature)
-            }
+        let worker = self.worker.clone();
+        let step = match take_answer(self, &worker, call, body_size) {
+            Answer::Identity => self.starting(|caller, start| caller.identity_arrived(start)),
+            Answer::Signature(signature) => self.caller.signed(signature),
+            // A caller asks for no resolution.
+            Answer::Resolution => Step::default(),
         };
         // Message 1, through the read buffer Envoy kept when it paused.
         let (_, hello) = self.apply(step);
