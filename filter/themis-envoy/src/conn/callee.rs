@@ -121,7 +121,10 @@ impl Callee {
     /// True if the caller's bytes stop inside a message: at the end of the stream, a
     /// truncation (nothing of the partial message was delivered).
     pub fn is_mid_message(&self) -> bool {
-        self.stream.is_mid_message() || self.first.as_ref().is_some_and(|f| !f.is_empty())
+        let keyless = matches!(&self.phase, Phase::Keyless { raw } if !raw.is_empty());
+        keyless
+            || self.stream.is_mid_message()
+            || self.first.as_ref().is_some_and(|f| !f.is_empty())
     }
 
     /// The caller's stream ended: inside a message, that is a truncation.
@@ -187,7 +190,9 @@ impl Callee {
                 .signed(&s)
                 .map_err(|r| Close::new("sign_failed", r.to_string()))
         }) {
-            Ok(out) => step.to_app = out.to_app,
+            // Message 2 rides on the app's first write: on this step's, if the app
+            // wrote while the agent was signing.
+            Ok(out) => (step.to_app, step.to_peer) = (out.to_app, out.to_peer),
             Err(close) => self.refuse(&mut step, close),
         }
         self.finish(step)
@@ -659,8 +664,33 @@ mod tests {
         let signature = sign_message(&world.me, &to_sign).unwrap();
         let step = callee.signed(Ok(signature));
         assert_eq!(step.to_app, HTTP2_PREFACE);
+        assert!(
+            step.to_peer.is_empty(),
+            "message 2 waits for the app's write"
+        );
         let reply = callee.from_app(b"SETTINGS").to_peer;
         let confirm = caller.from_peer(&reply).unwrap().to_peer;
+        assert_eq!(
+            world.with(|w| callee.from_peer(&confirm, w)).to_app,
+            REQUEST
+        );
+    }
+
+    #[test]
+    fn an_app_that_wrote_while_the_agent_signed_carries_message_2_at_once() {
+        let mut world = World::calling_by_id();
+        world.delegated = false;
+        let mut callee = Callee::new(HTTP2_PREFACE, source());
+        let (mut caller, hello) = world.caller(None);
+        let Some(Ask::Sign(to_sign)) = world.with(|w| callee.from_peer(&hello, w)).ask else {
+            panic!("the agent is asked to sign");
+        };
+        assert!(
+            callee.from_app(b"SETTINGS").to_peer.is_empty(),
+            "held: no message 2 yet"
+        );
+        let step = callee.signed(Ok(sign_message(&world.me, &to_sign).unwrap()));
+        let confirm = caller.from_peer(&step.to_peer).unwrap().to_peer;
         assert_eq!(
             world.with(|w| callee.from_peer(&confirm, w)).to_app,
             REQUEST
@@ -801,6 +831,7 @@ mod tests {
             world.with(|w| callee.from_peer(&flood, w)).ask,
             Some(Ask::Identity)
         );
+        assert!(callee.is_mid_message(), "cut here, message 1 is truncated");
         assert_eq!(
             refused(&world.with(|w| callee.from_peer(b"!", w))),
             "overflow"

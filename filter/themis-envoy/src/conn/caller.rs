@@ -245,10 +245,14 @@ impl Caller {
         };
         if let Phase::Handshaking(stream) = &self.phase {
             if let Some(peer) = stream.peer_id() {
-                if is_revoked(&peer) {
-                    return self.refuse(Close::new("revoked", "the peer's id is revoked"));
-                }
+                // Counted as established, then refused, as the callee counts it.
                 step.events.push(Event::Established(peer));
+                if is_revoked(&peer) {
+                    let mut refused =
+                        self.refuse(Close::new("revoked", "the peer's id is revoked"));
+                    refused.events = step.events;
+                    return refused;
+                }
                 let Phase::Handshaking(stream) = std::mem::replace(&mut self.phase, Phase::Closed)
                 else {
                     unreachable!("matched above")

@@ -141,6 +141,9 @@ impl Inbound {
                 Err(close) => self.close(close),
             }
         }
+        if self.callee.as_ref().is_some_and(Callee::is_closed) {
+            return Vec::new();
+        }
         step.to_app
     }
 

@@ -103,6 +103,9 @@ impl Seal {
                 Err(close) => self.close(close),
             }
         }
+        if self.caller.is_closed() {
+            return (Vec::new(), Vec::new());
+        }
         (step.to_app, step.to_peer)
     }
 
@@ -163,9 +166,12 @@ impl StreamContext for Seal {
             return Action::Continue;
         }
         // Paused, Envoy keeps the read buffer for this filter: message 1, and later
-        // message 3 with the held bytes, leave through it.
+        // message 3 with the held bytes, leave through it (not if the first bytes
+        // were already too many to hold).
         self.set_downstream_data(0, size, &[]);
-        self.send(&hello);
+        if !self.caller.is_closed() {
+            self.send(&hello);
+        }
         Action::Pause
     }
 
