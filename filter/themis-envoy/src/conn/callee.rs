@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use ring::rand::SecureRandom;
 use themis_core::guard::{Admission, HandshakeBudget, HelloGuard, SourceLimiter};
 use themis_core::identity::PublicIdentity;
-use themis_core::stream::{self, Established, StreamResponder};
+use themis_core::stream::{self, StreamResponder};
 use themis_core::wire::MAX_HANDSHAKE_LEN;
 use themis_core::{HandshakeConfig, HandshakeSigner, PeerId};
 use themis_trust::{Revocations, Verifier};
@@ -230,9 +230,10 @@ impl Callee {
         step.close = Some(close);
     }
 
-    /// Message 2 goes out at once when no app is prompted to carry it.
+    /// Message 2 goes out at once when no app is prompted to carry it (only ever
+    /// while the caller has not proved itself: not on every read of an open stream).
     fn finish(&mut self, mut step: Step) -> Step {
-        if !self.preface && step.close.is_none() && !self.is_closed() {
+        if !self.preface && matches!(self.phase, Phase::Handshaking) {
             match self.stream.from_app(&[]) {
                 Ok(reply) => step.to_peer.extend_from_slice(&reply),
                 Err(refusal) => self.refuse(&mut step, refusal.into()),
@@ -333,13 +334,13 @@ impl Callee {
                     step.ask = Some(Ask::Sign(to_sign));
                     return;
                 }
-                let Some(established) = self.stream.established().cloned() else {
+                let Some(established) = self.stream.established() else {
                     // Before message 3 the only bytes for the app are our preface.
                     step.to_app = out.to_app;
                     return;
                 };
                 step.events.push(Event::Established(established.peer_id));
-                match self.decide_for(&established, w, step) {
+                match self.decide(w, step) {
                     true => step.to_app = out.to_app,
                     false => self.hold(&out.to_app, step),
                 }
@@ -360,20 +361,12 @@ impl Callee {
         }
     }
 
-    fn decide(&mut self, w: &mut Worker<'_>, step: &mut Step) -> bool {
-        match self.stream.established().cloned() {
-            Some(established) => self.decide_for(&established, w, step),
-            None => false,
-        }
-    }
-
     /// Decides for the established caller; `true` once it is allowed.
-    fn decide_for(
-        &mut self,
-        established: &Established,
-        w: &mut Worker<'_>,
-        step: &mut Step,
-    ) -> bool {
+    fn decide(&mut self, w: &mut Worker<'_>, step: &mut Step) -> bool {
+        let Some(established) = self.stream.established().cloned() else {
+            return false;
+        };
+        let established = &established;
         let mesh = &w.trust.root.mesh;
         let peer = established.peer_id;
         if w.trust.revoked.contains(&peer) {
