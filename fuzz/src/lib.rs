@@ -68,6 +68,8 @@ pub struct Settings {
     /// `None`: the default; small values make the channel rekey every few records
     /// (the core raises 0 and 1 to 2).
     records_per_key: Option<u8>,
+    /// Whether both sides take 64 KiB records.
+    large_records: bool,
 }
 
 impl Settings {
@@ -78,6 +80,11 @@ impl Settings {
             mode: if self.datagram { ChannelMode::Datagram } else { ChannelMode::Stream },
             records_per_key: self.records_per_key.map_or(DEFAULT_RECORDS_PER_KEY, u64::from),
             carries: themis_core::Carries::HTTP2,
+            options: if self.large_records {
+                themis_core::StreamOptions::LARGE_RECORDS
+            } else {
+                themis_core::StreamOptions::NONE
+            },
         }
     }
 }

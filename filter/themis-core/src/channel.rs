@@ -22,7 +22,7 @@ use ring::aead;
 use crate::identity::{MeshName, PeerId};
 use crate::keys::{nonce, DirectionKey, SessionKeys};
 pub use crate::params::ChannelMode;
-use crate::params::{Carries, HandshakeConfig, Role};
+use crate::params::{Carries, HandshakeConfig, Role, StreamOptions};
 use crate::suite::Suite;
 use crate::wire::{
     RecordHeader, WireError, MAX_RECORD_PAYLOAD, RECORD_HEADER_LEN, RECORD_OVERHEAD, TAG_LEN,
@@ -113,6 +113,8 @@ pub struct SessionInfo {
     pub mesh: MeshName,
     /// What the stream carries, as agreed in the handshake.
     pub carries: Carries,
+    /// The stream options both sides took in the handshake.
+    pub options: StreamOptions,
     /// The endorsement the peer sent with its handshake message (opaque here: the
     /// driver verifies it against the mesh root); empty for none.
     pub peer_endorsement: Vec<u8>,
@@ -543,6 +545,7 @@ mod tests {
             peer_public_key: [0; 32],
             mesh: MeshName::new("unit").unwrap(),
             carries: Carries::HTTP2,
+            options: StreamOptions::NONE,
             peer_endorsement: Vec::new(),
         };
         (

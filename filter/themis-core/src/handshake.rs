@@ -27,8 +27,8 @@ use crate::delegation::{self, DelegationError, HandshakeSigner};
 use crate::guard::{Freshness, HelloGuard, HelloKey};
 use crate::identity::{Identity, MeshName, PeerId, PublicIdentity};
 use crate::keys::SessionKeys;
-use crate::params::MIN_RECORDS_PER_KEY;
-pub use crate::params::{Carries, HandshakeConfig, Role, DEFAULT_RECORDS_PER_KEY};
+pub use crate::params::{Carries, HandshakeConfig, Role, StreamOptions, DEFAULT_RECORDS_PER_KEY};
+use crate::params::{CARRIES_MASK, MIN_RECORDS_PER_KEY};
 use crate::suite::{Suite, SuiteSet};
 use crate::transcript as digests;
 use crate::wire::{
@@ -67,7 +67,8 @@ pub enum HandshakeError {
     /// The initiator offered nothing to carry that the responder takes.
     #[error("no stream protocol in common")]
     NoCommonCarries,
-    /// The responder chose a stream protocol that was not offered (or several).
+    /// The responder chose a stream protocol (or option) that was not offered, or
+    /// several protocols.
     #[error("the responder chose a stream protocol that was not offered")]
     CarriesNotOffered,
     /// The signature a delegated signer (the node agent) returned for one of our own
@@ -136,7 +137,7 @@ mod verified {
         signed: &wire::Signed<'_, Hello<'_>>,
         guard: &mut HelloGuard,
         now_ms: u64,
-    ) -> Result<(Share, SuiteSet, u64, Carries), HandshakeError> {
+    ) -> Result<(Share, SuiteSet, u64, Carries, StreamOptions), HandshakeError> {
         let body = &signed.message.body;
         let digest = digests::hello(signed.body_bytes);
         let mut key: HelloKey = [0; 16];
@@ -173,7 +174,8 @@ mod verified {
             },
             SuiteSet(body.suites),
             body.records_per_key,
-            Carries(body.carries),
+            Carries(body.carries & CARRIES_MASK),
+            StreamOptions::of(body.carries),
         ))
     }
 
@@ -181,7 +183,7 @@ mod verified {
     pub(super) fn hello_reply(
         state: &AwaitingHelloReply,
         signed: &wire::Signed<'_, HelloReply>,
-    ) -> Result<(Share, Suite, Carries), HandshakeError> {
+    ) -> Result<(Share, Suite, Carries, StreamOptions), HandshakeError> {
         let body = &signed.message.body;
         let suite = Suite::ALL
             .into_iter()
@@ -190,8 +192,12 @@ mod verified {
         if body.initiator_id != state.local_id.0 {
             return Err(HandshakeError::NotForMe);
         }
-        let carries = Carries(body.carries);
-        if !carries.is_single() || !state.config.carries.contains(carries) {
+        let carries = Carries(body.carries & CARRIES_MASK);
+        let options = StreamOptions::of(body.carries);
+        if !carries.is_single()
+            || !state.config.carries.contains(carries)
+            || !state.config.options.contains(options)
+        {
             return Err(HandshakeError::CarriesNotOffered);
         }
         let peer_id = PeerId::derive(&body.responder_key, state.mesh.as_str());
@@ -221,6 +227,7 @@ mod verified {
             },
             suite,
             carries,
+            options,
         ))
     }
 
@@ -333,7 +340,7 @@ impl Initiator {
             ephemeral: share,
             nonce,
             timestamp_ms: now_ms,
-            carries: config.carries.0,
+            carries: config.carries.0 | config.options.0,
             delegation,
             endorsement,
         };
@@ -566,7 +573,7 @@ impl AwaitingHelloReply {
     /// sent before any record (it is what lets the responder use the session).
     pub fn read_hello_reply(self, bytes: &[u8]) -> Result<(Session, Vec<u8>), HandshakeError> {
         let signed = HelloReply::decode(bytes)?;
-        let (share, suite, carries) = verified::hello_reply(&self, &signed)?;
+        let (share, suite, carries, options) = verified::hello_reply(&self, &signed)?;
         let transcript_hash = digests::transcript(&self.hello, bytes);
         let keys = verified::agree(self.ephemeral, &share, &transcript_hash)?;
         let confirm = Confirm {
@@ -587,11 +594,13 @@ impl AwaitingHelloReply {
             peer_public_key: share.peer_key,
             mesh: self.mesh,
             carries,
+            options,
             peer_endorsement: signed.message.body.endorsement.clone(),
         };
         let agreed = HandshakeConfig {
             records_per_key: signed.message.body.records_per_key,
             carries,
+            options,
             ..self.config
         };
         let session = Session::new(info, &keys, &agreed);
@@ -657,7 +666,7 @@ fn reply(
     rng: &dyn SecureRandom,
 ) -> Result<PendingReply, HandshakeError> {
     let signed = Hello::decode(hello_bytes)?;
-    let (share, offered, initiator_records_per_key, offered_carries) =
+    let (share, offered, initiator_records_per_key, offered_carries, offered_options) =
         verified::hello(me, &signed, guard, now_ms)?;
     let suite = offered
         .pick(config.suites)
@@ -667,6 +676,7 @@ fn reply(
     let agreed = HandshakeConfig {
         records_per_key: initiator_records_per_key.min(config.offered_records_per_key()),
         carries,
+        options: offered_options.and(config.options),
         ..config.clone()
     };
     let peer_endorsement = signed.message.body.endorsement.to_vec();
@@ -680,7 +690,7 @@ fn reply(
         responder_key: *me.public_key(),
         ephemeral: my_share,
         nonce,
-        carries: carries.0,
+        carries: carries.0 | agreed.options.0,
         delegation,
         endorsement: endorsement.to_vec(),
     };
@@ -759,6 +769,7 @@ impl PendingReply {
             peer_public_key: self.share.peer_key,
             mesh: self.signer.mesh().clone(),
             carries: self.config.carries,
+            options: self.config.options,
             peer_endorsement: self.peer_endorsement,
         };
         Ok((

@@ -65,6 +65,6 @@ pub use delegation::{Credential, DelegatedKey, Delegation, HandshakeSigner};
 pub use guard::{Admission, BudgetConfig, HandshakeBudget, HelloGuard, Peek, Rate, SourceLimiter};
 pub use handshake::{AwaitingConfirm, AwaitingHelloReply, HandshakeConfig, HandshakeError, Role};
 pub use identity::{Identity, KeyFileError, MeshName, MeshNameError, PeerId, PeerIdError};
-pub use params::Carries;
+pub use params::{Carries, StreamOptions, LARGE_RECORD_PAYLOAD, RECORD_PAYLOAD};
 pub use suite::Suite;
 pub use wire::{WireError, PROTOCOL_VERSION};

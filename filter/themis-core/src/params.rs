@@ -86,6 +86,58 @@ impl Default for Carries {
     }
 }
 
+/// The protocol bits of the handshake's `carries` byte; the bits above them are
+/// [`StreamOptions`].
+pub(crate) const CARRIES_MASK: u8 = 0b111;
+
+/// Stream options, negotiated in the high bits of the handshake's `carries` byte (its
+/// low three bits name the protocol): the initiator offers a set, the responder echoes
+/// the ones it takes too. A v3 peer built before an option ignores its bit in an offer
+/// and never echoes it, so old and new builds still agree, on the option off.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamOptions(pub u8);
+
+impl StreamOptions {
+    /// No options: 16 KiB records, what every v3 peer reads.
+    pub const NONE: StreamOptions = StreamOptions(0);
+    /// Records of up to [`LARGE_RECORD_PAYLOAD`] of plaintext both ways, instead of
+    /// [`RECORD_PAYLOAD`]: fewer seals and header reads for large bodies.
+    pub const LARGE_RECORDS: StreamOptions = StreamOptions(0b1000);
+
+    /// The options of a `carries` byte.
+    pub(crate) const fn of(carries_byte: u8) -> StreamOptions {
+        StreamOptions(carries_byte & !CARRIES_MASK)
+    }
+
+    /// The options both sets name.
+    pub const fn and(self, other: StreamOptions) -> StreamOptions {
+        StreamOptions(self.0 & other.0)
+    }
+
+    /// True if every option of `other` is in `self`.
+    pub const fn contains(self, other: StreamOptions) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The most plaintext a sealed stream's record carries under these options.
+    pub const fn record_payload(self) -> usize {
+        if self.contains(StreamOptions::LARGE_RECORDS) {
+            LARGE_RECORD_PAYLOAD
+        } else {
+            RECORD_PAYLOAD
+        }
+    }
+}
+
+/// Plaintext per stream record, as in TLS, unless both sides take
+/// [`StreamOptions::LARGE_RECORDS`].
+pub const RECORD_PAYLOAD: usize = 16 * 1024;
+
+/// Plaintext per stream record with [`StreamOptions::LARGE_RECORDS`]: a 64 KiB body
+/// in two records instead of five, and a peer can still make a receiver hold no more
+/// than this (and a header and tag) before a record opens.
+pub const LARGE_RECORD_PAYLOAD: usize = 64 * 1024;
+
 /// Settings both roles use.
 #[derive(Clone, Debug)]
 pub struct HandshakeConfig {
@@ -99,6 +151,9 @@ pub struct HandshakeConfig {
     pub records_per_key: u64,
     /// What the stream may carry: offered by an initiator, accepted by a responder.
     pub carries: Carries,
+    /// The stream options this side takes: offered by an initiator, echoed by a
+    /// responder where it takes them too.
+    pub options: StreamOptions,
 }
 
 /// The smallest rekey interval accepted (0 would divide by zero; 1, a key per record,
@@ -120,6 +175,7 @@ impl Default for HandshakeConfig {
             mode: ChannelMode::Stream,
             records_per_key: DEFAULT_RECORDS_PER_KEY,
             carries: Carries::HTTP2,
+            options: StreamOptions::LARGE_RECORDS,
         }
     }
 }

@@ -40,16 +40,23 @@ use crate::handshake::{
     PendingReply, ToSign,
 };
 use crate::identity::{PeerId, PublicIdentity};
+use crate::params::RECORD_PAYLOAD;
 use crate::wire::{
     frame_len, peek_kind, Kind, WireError, RECORD_HEADER_LEN, RECORD_OVERHEAD, TAG_LEN,
 };
 
-/// Plaintext per record, like TLS: a stream is sealed as it flows, never buffered
-/// whole.
-pub const MAX_CHUNK: usize = 16 * 1024;
+/// Plaintext per record without options, like TLS: a stream is sealed as it flows,
+/// never buffered whole. Both sides may take larger records in the handshake
+/// ([`crate::params::StreamOptions::LARGE_RECORDS`]); the [`Meta`] record is always this small.
+pub const MAX_CHUNK: usize = RECORD_PAYLOAD;
 
-/// The largest record a stream accepts: [`MAX_CHUNK`] of payload.
+/// The largest record a stream accepts without options: [`MAX_CHUNK`] of payload.
 pub const MAX_RECORD_LEN: usize = MAX_CHUNK + RECORD_OVERHEAD;
+
+/// The largest record a session's stream accepts, as its handshake agreed.
+fn max_record_len(session: &Session) -> usize {
+    session.info().options.record_payload() + RECORD_OVERHEAD
+}
 
 /// The HTTP/2 client connection preface: what a responder in front of an HTTP/2
 /// server feeds it when message 1 arrives.
@@ -209,11 +216,12 @@ pub fn hold(held: &mut Vec<u8>, data: &[u8]) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Seals `data` into records of at most [`MAX_CHUNK`] bytes, appended to `out` and
-/// sealed where they lie (no intermediate buffers).
+/// Seals `data` into records of at most the session's record payload, appended to
+/// `out` and sealed where they lie (no intermediate buffers).
 fn seal_into(session: &mut Session, data: &[u8], out: &mut Vec<u8>) -> Result<(), Refusal> {
-    out.reserve(data.len() + data.len().div_ceil(MAX_CHUNK) * RECORD_OVERHEAD);
-    for chunk in data.chunks(MAX_CHUNK) {
+    let chunk_len = session.info().options.record_payload();
+    out.reserve(data.len() + data.len().div_ceil(chunk_len) * RECORD_OVERHEAD);
+    for chunk in data.chunks(chunk_len) {
         let start = out.len();
         out.resize(start + RECORD_HEADER_LEN, 0);
         out.extend_from_slice(chunk);
@@ -228,15 +236,13 @@ fn seal_into(session: &mut Session, data: &[u8], out: &mut Vec<u8>) -> Result<()
 /// Opens every whole record in `inbox` where it lies, appending the plaintext to
 /// `out`; what is left is the start of the next record.
 fn open_all(session: &mut Session, inbox: &mut Inbox, out: &mut Vec<u8>) -> Result<(), Refusal> {
+    let max = max_record_len(session);
     let mut at = 0;
     let result = loop {
         let len = match frame_len(&inbox.buf[at..]) {
-            // Records here carry at most MAX_CHUNK: a peer cannot make us hold more.
-            Ok(Some(len)) if len > MAX_RECORD_LEN => {
-                break Err(Refusal::Malformed(WireError::TooLarge {
-                    len,
-                    max: MAX_RECORD_LEN,
-                }))
+            // Records carry at most the agreed payload: a peer cannot make us hold more.
+            Ok(Some(len)) if len > max => {
+                break Err(Refusal::Malformed(WireError::TooLarge { len, max }))
             }
             Ok(Some(len)) if at + len <= inbox.buf.len() => len,
             Ok(_) => break Ok(()),

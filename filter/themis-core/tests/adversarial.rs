@@ -18,8 +18,8 @@ use themis_core::wire::{
 };
 use themis_core::HelloGuard;
 use themis_core::{
-    AwaitingConfirm, AwaitingHelloReply, ChannelError, ChannelMode, HandshakeConfig,
-    HandshakeError, Identity, PeerId, Suite, PROTOCOL_VERSION,
+    AwaitingConfirm, AwaitingHelloReply, Carries, ChannelError, ChannelMode, HandshakeConfig,
+    HandshakeError, Identity, PeerId, StreamOptions, Suite, PROTOCOL_VERSION,
 };
 
 const MESH: &str = "adversary";
@@ -609,6 +609,53 @@ fn suite_downgrade_is_detected() {
             .err(),
         Some(HandshakeError::SuiteNotOffered)
     );
+}
+
+/// A responder (genuinely signed) that claims a stream option the initiator did not
+/// offer, or several protocols, is refused: neither side can be moved to records
+/// larger than it reads.
+#[test]
+fn a_stream_option_not_offered_is_refused() {
+    let plain = HandshakeConfig {
+        options: StreamOptions::NONE,
+        ..config()
+    };
+    let (waiting, hello) = alice_starts(bob().id(), &plain, 1);
+    let (_, reply) = respond_as(&bob(), &hello, &config(), 0).unwrap();
+    assert_eq!(
+        reply_body(&reply).carries,
+        Carries::HTTP2.0,
+        "nothing echoed"
+    );
+    // Turning the option on in her offer breaks her signature.
+    let mut offer = hello_body(&hello);
+    offer.carries |= StreamOptions::LARGE_RECORDS.0;
+    let mut tampered_offer = postcard::to_allocvec(&offer).unwrap();
+    tampered_offer.extend_from_slice(&hello[hello.len() - 64..]);
+    assert_eq!(
+        respond_as(&bob(), &tampered_offer, &config(), 0).err(),
+        Some(HandshakeError::BadSignature)
+    );
+    for carries in [
+        Carries::HTTP2.0 | StreamOptions::LARGE_RECORDS.0,
+        Carries::HTTP2.0 | 0b1000_0000,
+        Carries::HTTP2.0 | Carries::TCP.0,
+    ] {
+        let body = HelloReplyBody {
+            carries,
+            ..reply_body(&reply)
+        };
+        let (waiting, _) = alice_starts(bob().id(), &plain, 1);
+        assert_eq!(
+            waiting
+                .read_hello_reply(&craft_reply(&hello, &body, BOB))
+                .err(),
+            Some(HandshakeError::CarriesNotOffered),
+            "carries byte {carries:#b}"
+        );
+    }
+    // Bob's own reply, untouched, is accepted.
+    assert!(waiting.read_hello_reply(&reply).is_ok());
 }
 
 #[test]

@@ -11,7 +11,7 @@ use themis_core::handshake::{self, Initiator};
 use themis_core::wire::{self, Hello, MAX_ENDORSEMENT_LEN};
 use themis_core::{
     Carries, Credential, DelegatedKey, Delegation, HandshakeConfig, HandshakeError, HelloGuard,
-    Identity,
+    Identity, StreamOptions,
 };
 
 const MESH: &str = "delegated";
@@ -230,6 +230,31 @@ fn the_stream_protocol_is_negotiated_like_alpn() {
         run(&alice, &bob, &h1_only, &h2_only, NOW_MS).err(),
         Some(HandshakeError::NoCommonCarries)
     );
+}
+
+/// An option is on only if both sides take it; a peer of a build before it (which
+/// neither offers nor echoes it) is met with the option off, not refused.
+#[test]
+fn stream_options_are_on_only_if_both_sides_take_them() {
+    let (alice, bob) = (identity(MESH, 1), identity(MESH, 2));
+    let large = HandshakeConfig::default();
+    assert_eq!(large.options, StreamOptions::LARGE_RECORDS, "the default");
+    let plain = HandshakeConfig {
+        options: StreamOptions::NONE,
+        ..Default::default()
+    };
+    for (a, b, agreed) in [
+        (&large, &large, StreamOptions::LARGE_RECORDS),
+        (&large, &plain, StreamOptions::NONE),
+        (&plain, &large, StreamOptions::NONE),
+        (&plain, &plain, StreamOptions::NONE),
+    ] {
+        let (ia, ib) = run(&alice, &bob, a, b, NOW_MS).unwrap();
+        assert_eq!((ia.options, ib.options), (agreed, agreed));
+        assert_eq!((ia.carries, ib.carries), (Carries::HTTP2, Carries::HTTP2));
+    }
+    assert_eq!(StreamOptions::NONE.record_payload(), 16 * 1024);
+    assert_eq!(StreamOptions::LARGE_RECORDS.record_payload(), 64 * 1024);
 }
 
 #[test]

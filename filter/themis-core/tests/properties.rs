@@ -50,7 +50,7 @@ fn config(suite: Suite, mode: ChannelMode) -> HandshakeConfig {
         suites: suite.only(),
         mode,
         records_per_key: DEFAULT_RECORDS_PER_KEY,
-        carries: themis_core::Carries::HTTP2,
+        ..HandshakeConfig::default()
     }
 }
 

@@ -20,7 +20,8 @@ use themis_core::wire::{
     self, Kind, RecordHeader, WireError, MAX_HANDSHAKE_LEN, MAX_RECORD_LEN, MAX_RECORD_PAYLOAD,
 };
 use themis_core::{
-    HandshakeConfig, HandshakeError, HelloGuard, Identity, MeshName, PeerId, PROTOCOL_VERSION,
+    HandshakeConfig, HandshakeError, HelloGuard, Identity, MeshName, PeerId, StreamOptions,
+    LARGE_RECORD_PAYLOAD, PROTOCOL_VERSION,
 };
 
 const MESH: &str = "stream";
@@ -291,6 +292,18 @@ impl Link {
         )
     }
 
+    /// [`Link::pair`] with both ends taking `options` (and so agreeing on them).
+    fn pair_with(options: StreamOptions, split: Split) -> Link {
+        let mut link = Link::pair(split);
+        link.config.options = options;
+        let rng = FixedByteRandom { byte: INIT_RNG };
+        let (init, hello) =
+            StreamInitiator::start(alice(), bob().id(), meta(), &link.config, NOW_MS, &rng)
+                .unwrap();
+        (link.init, link.hello) = (init, hello);
+        link
+    }
+
     /// Bytes over the wire to the responder, piece by piece, up to its refusal.
     fn deliver_to_resp(&mut self, bytes: &[u8]) -> Result<(), Refusal> {
         self.i2r.extend_from_slice(bytes);
@@ -461,9 +474,13 @@ const SPLITS: [Split; 5] = [
 
 #[test]
 fn a_large_stream_flows_both_ways_whatever_the_cuts() {
-    for split in SPLITS {
-        let mut link = Link::pair(split);
-        // 1 MiB each way: many MAX_CHUNK records, some of them held across message 3.
+    let runs = SPLITS.into_iter().flat_map(|split| {
+        [StreamOptions::LARGE_RECORDS, StreamOptions::NONE].map(|options| (options, split))
+    });
+    for (options, split) in runs {
+        let mut link = Link::pair_with(options, split);
+        let chunk = options.record_payload();
+        // 1 MiB each way: many records, some of them held across message 3.
         let a = pattern(MIB, 1);
         let (a1, a2, a3) = (
             cat(&[HTTP2_PREFACE, &a[..300_000]]),
@@ -506,11 +523,12 @@ fn a_large_stream_flows_both_ways_whatever_the_cuts() {
         assert!(link.resp_app == cat(&[HTTP2_PREFACE, &a]), "{split:?}");
         assert!(link.init_app == cat(&[SETTINGS, &b]), "{split:?}");
 
-        // Sealed as it flows: records of at most MAX_CHUNK, nothing in clear.
+        // Sealed as it flows: records of at most the agreed size, nothing in clear.
         let tail = link.i2r_after_hello();
         let records = &frames(&tail)[1..];
-        assert!(records.len() > MIB / MAX_CHUNK, "{}", records.len());
-        assert!(records.iter().all(|r| payload_len(r) <= MAX_CHUNK));
+        assert!(records.len() > MIB / chunk, "{}", records.len());
+        assert!(records.iter().all(|r| payload_len(r) <= chunk));
+        assert!(records.iter().any(|r| payload_len(r) == chunk));
         assert!(!contains(&link.i2r, &a[400_000..400_032]));
         assert!(!contains(&link.r2i, &b[400_000..400_032]));
         assert!(!contains(&link.i2r, &HTTP2_PREFACE[..16]));
@@ -868,7 +886,7 @@ fn a_cut_stream_delivers_exactly_the_whole_records() {
 #[test]
 fn dropped_reordered_or_duplicated_records_are_replays() {
     let mut link = Link::pair(Split::Whole);
-    let first = cat(&[HTTP2_PREFACE, &pattern(3 * MAX_CHUNK, 7)]);
+    let first = cat(&[HTTP2_PREFACE, &pattern(3 * LARGE_RECORD_PAYLOAD, 7)]);
     link.connect(&first, SETTINGS).unwrap();
     let tail = link.i2r_after_hello();
     let msgs = frames(&tail); // message 3, Meta, d1..d4
@@ -878,17 +896,18 @@ fn dropped_reordered_or_duplicated_records_are_replays() {
         p.saturating_sub(HTTP2_PREFACE.len())
     };
 
-    let cases: [(&str, &[usize]); 7] = [
-        ("drop d1", &[0, 1, 3, 4, 5]),
-        ("drop d3", &[0, 1, 2, 3, 5]),
-        ("swap d2 d3", &[0, 1, 2, 4, 3, 5]),
-        ("d4 first", &[0, 1, 5, 2, 3, 4]),
-        ("duplicate d2", &[0, 1, 2, 3, 3, 4, 5]),
-        ("duplicate Meta", &[0, 1, 1, 2]),
-        ("drop Meta", &[0, 2, 3]),
+    let cases: [(&str, &[usize], &str); 7] = [
+        ("drop d1", &[0, 1, 3, 4, 5], "replay"),
+        ("drop d3", &[0, 1, 2, 3, 5], "replay"),
+        ("swap d2 d3", &[0, 1, 2, 4, 3, 5], "replay"),
+        ("d4 first", &[0, 1, 5, 2, 3, 4], "replay"),
+        ("duplicate d2", &[0, 1, 2, 3, 3, 4, 5], "replay"),
+        ("duplicate Meta", &[0, 1, 1, 2], "replay"),
+        // d1 where the Meta belongs: refused by its header, longer than a Meta may be.
+        ("drop Meta", &[0, 2, 3], "malformed"),
     ];
     let rng = FixedByteRandom { byte: RESP_RNG };
-    for (split_seed, (name, order)) in cases.into_iter().enumerate() {
+    for (split_seed, (name, order, reason)) in cases.into_iter().enumerate() {
         let altered: Vec<u8> = order.iter().flat_map(|&i| msgs[i].to_vec()).collect();
         let in_order = order
             .iter()
@@ -899,7 +918,7 @@ fn dropped_reordered_or_duplicated_records_are_replays() {
         let mut cut = Cutter::new(Split::Random(split_seed as u64));
         let fed = feed(resp_feeder(&mut resp, &rng), cut.pieces(&altered));
         let refusal = fed.refused.unwrap_or_else(|| panic!("{name}: accepted"));
-        assert_eq!(refusal.reason(), "replay", "{name}: {refusal:?}");
+        assert_eq!(refusal.reason(), reason, "{name}: {refusal:?}");
         // Nothing past the last record that arrived in order.
         let allowed = &first[HTTP2_PREFACE.len()..][..plain_after(in_order)];
         assert!(allowed.starts_with(&fed.to_app), "{name}");
@@ -907,7 +926,7 @@ fn dropped_reordered_or_duplicated_records_are_replays() {
     }
 
     // The responder's records, to the initiator.
-    let b = pattern(3 * MAX_CHUNK, 8);
+    let b = pattern(3 * LARGE_RECORD_PAYLOAD, 8);
     link.resp_writes(&b).unwrap();
     let reply_len = frames(&link.r2i)[0].len();
     let r_tail = link.r2i[reply_len..].to_vec();
@@ -1162,48 +1181,62 @@ fn header(session_id: u64, seq: u64, len: u32) -> [u8; wire::RECORD_HEADER_LEN] 
 
 #[test]
 fn a_huge_record_is_refused_at_its_header() {
-    let mut link = Link::pair(Split::Whole);
-    link.connect(HTTP2_PREFACE, SETTINGS).unwrap();
-    let tail = link.i2r_after_hello();
-    let session = RecordHeader::decode(frames(&tail)[1]).unwrap().session_id;
-    let next = frames(&tail).len() as u64;
+    for options in [StreamOptions::LARGE_RECORDS, StreamOptions::NONE] {
+        let mut link = Link::pair_with(options, Split::Whole);
+        link.connect(HTTP2_PREFACE, SETTINGS).unwrap();
+        let tail = link.i2r_after_hello();
+        let session = RecordHeader::decode(frames(&tail)[1]).unwrap().session_id;
+        let next = frames(&tail).len() as u64;
 
-    // Beyond what the channel allows, and beyond the 16 KiB records a stream carries
-    // (an authenticated peer must not make an end buffer a 1 MiB record either).
-    let stream_max = (themis_core::stream::MAX_CHUNK + 1) as u32;
-    for len in [u32::MAX, MAX_RECORD_PAYLOAD as u32 + 1, stream_max] {
-        for split in [Split::Whole, Split::Bytes] {
-            let mut link = Link::pair(split);
-            link.connect(HTTP2_PREFACE, SETTINGS).unwrap();
-            // Only the header: the refusal must not wait for the body.
-            let refusal = link
-                .deliver_to_resp(&header(session, next, len))
-                .unwrap_err();
-            assert!(
-                matches!(
+        // Beyond what the channel allows, and beyond the records this stream agreed on
+        // (an authenticated peer must not make an end buffer a 1 MiB record either).
+        let stream_max = (options.record_payload() + 1) as u32;
+        for len in [u32::MAX, MAX_RECORD_PAYLOAD as u32 + 1, stream_max] {
+            for split in [Split::Whole, Split::Bytes] {
+                let mut link = Link::pair_with(options, split);
+                link.connect(HTTP2_PREFACE, SETTINGS).unwrap();
+                // Only the header: the refusal must not wait for the body.
+                let refusal = link
+                    .deliver_to_resp(&header(session, next, len))
+                    .unwrap_err();
+                assert!(
+                    matches!(
+                        refusal,
+                        Refusal::Malformed(
+                            WireError::TooLarge { .. } | WireError::UnexpectedKind { .. }
+                        )
+                    ),
+                    "{len}: {refusal:?}"
+                );
+                assert_resp_closed(&mut link.resp, b"");
+
+                // The initiator of an open stream, the same way.
+                let mut link = Link::pair_with(options, split);
+                link.connect(HTTP2_PREFACE, SETTINGS).unwrap();
+                let refusal = link.deliver_to_init(&header(session, 9, len)).unwrap_err();
+                assert!(
+                    matches!(refusal, Refusal::Malformed(WireError::TooLarge { .. })),
+                    "{len}: {refusal:?}"
+                );
+                assert_init_closed(&mut link.init, b"");
+
+                // The initiator, waiting for message 2.
+                let mut link = Link::pair(split);
+                assert!(link.init.from_app(HTTP2_PREFACE).unwrap().is_empty());
+                let refusal = link.deliver_to_init(&header(session, 1, len)).unwrap_err();
+                assert!(matches!(
                     refusal,
                     Refusal::Malformed(
                         WireError::TooLarge { .. } | WireError::UnexpectedKind { .. }
                     )
-                ),
-                "{len}: {refusal:?}"
-            );
-            assert_resp_closed(&mut link.resp, b"");
+                ));
+                assert_init_closed(&mut link.init, b"");
 
-            // The initiator, waiting for message 2.
-            let mut link = Link::pair(split);
-            assert!(link.init.from_app(HTTP2_PREFACE).unwrap().is_empty());
-            let refusal = link.deliver_to_init(&header(session, 1, len)).unwrap_err();
-            assert!(matches!(
-                refusal,
-                Refusal::Malformed(WireError::TooLarge { .. } | WireError::UnexpectedKind { .. })
-            ));
-            assert_init_closed(&mut link.init, b"");
-
-            // A responder waiting for message 1.
-            let mut link = Link::pair(split);
-            let refusal = link.deliver_to_resp(&header(session, 1, len)).unwrap_err();
-            assert_eq!(refusal.reason(), "malformed");
+                // A responder waiting for message 1.
+                let mut link = Link::pair(split);
+                let refusal = link.deliver_to_resp(&header(session, 1, len)).unwrap_err();
+                assert_eq!(refusal.reason(), "malformed");
+            }
         }
     }
 }

@@ -409,9 +409,9 @@ fn mitm_tampering_is_rejected(runtime: Runtime) {
     // endpoint must be at its node's.
     let mitm = Mitm::start(IP_B, mesh.envoy_b.inbound);
     mesh.register("check", "check", mitm.addr);
-    // Bodies of several records (16 KiB of plaintext each), so that there is a next
-    // record to swap with.
-    let body = varied_body(40 * 1024);
+    // Bodies of several records (up to 64 KiB of plaintext each, with the large
+    // records both runtimes take), so that there is a next record to swap with.
+    let body = varied_body(200 * 1024);
     let call = |path: &str| mesh.call("POST", "check", path, &[], &body);
 
     // Pass-through: the proxy is transparent, and sees only sealed bytes.
