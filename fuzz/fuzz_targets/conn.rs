@@ -11,7 +11,7 @@ use libfuzzer_sys::fuzz_target;
 use ring::rand::SystemRandom;
 use themis_core::guard::{BudgetConfig, HandshakeBudget, HelloGuard, Rate, SourceLimiter};
 use themis_core::stream::{Meta, HTTP2_PREFACE};
-use themis_core::{HandshakeSigner, PeerId};
+use themis_core::{Carries, HandshakeConfig, HandshakeSigner, PeerId, StreamOptions};
 use themis_envoy::config::Policy;
 use themis_envoy::conn::callee::{self, Callee, Gates};
 use themis_envoy::conn::caller::{Caller, Start};
@@ -36,8 +36,20 @@ struct Input {
     delegated: bool,
     /// No preface: message 2 goes out at once (the native socket).
     preface: bool,
+    /// What each side offers or takes: protocols in the low three bits, stream
+    /// options above (a raw byte, so nonsense sets are tried too).
+    callee_takes: u8,
+    caller_offers: u8,
     to_callee: Vec<Event>,
     to_caller: Vec<Event>,
+}
+
+fn handshake(byte: u8) -> HandshakeConfig {
+    HandshakeConfig {
+        carries: Carries(byte & 0b111),
+        options: StreamOptions(byte & !0b111),
+        ..HandshakeConfig::default()
+    }
 }
 
 fn check_closed(step: &Step, closed: bool) {
@@ -59,6 +71,7 @@ fuzz_target!(|input: Input| {
         budget: HandshakeBudget::new(BudgetConfig { rate, ..BudgetConfig::default() }),
     };
     let policy = Policy::AnyCaller;
+    let (callee_takes, caller_offers) = (handshake(input.callee_takes), handshake(input.caller_offers));
 
     let preface: &'static [u8] = if input.preface { HTTP2_PREFACE } else { b"" };
     let mut callee = Callee::new(preface, Some([10, 0, 0, 1].into()));
@@ -74,6 +87,7 @@ fuzz_target!(|input: Input| {
         let mut w = callee::Worker {
             now_ms: NOW_MS,
             rng: &rng,
+            handshake: &callee_takes,
             identity: has_identity.then(|| me.public()),
             signer: input.delegated.then_some(me as &dyn HandshakeSigner),
             gates: &mut gates,
@@ -110,6 +124,7 @@ fuzz_target!(|input: Input| {
     let start = |identity: bool| Start {
         now_ms: NOW_MS,
         rng: &rng,
+        handshake: &caller_offers,
         identity: identity.then(|| peers.initiator.public()),
         signer: input.delegated.then_some(&peers.initiator as &dyn HandshakeSigner),
         peer: Ok(me.id()),

@@ -138,22 +138,35 @@ pub fn render_native(sidecar: &Sidecar<'_>, calls: &[&str]) -> String {
             map.insert("agent_socket".into(), socket.clone().into());
         })
     };
+    // Per service, as `scripts/render-sidecar` writes them: an HTTP/2 sealing cluster
+    // and an HTTP/1.1 one, for the requests the pick marks `x-themis-carry`.
     let clusters: Vec<String> = calls
         .iter()
-        .map(|service| {
+        .flat_map(|service| [(service, false), (service, true)])
+        .map(|(service, http1)| {
             let config = edit_json(&seal_config_of(sidecar.outbound_config), |map| {
                 map.insert("agent_socket".into(), socket.clone().into());
                 map.insert("peer_service".into(), (*service).into());
+                if http1 {
+                    map.insert("carries".into(), "http/1.1".into());
+                }
             });
+            let (name, protocol) = match http1 {
+                true => (format!("themis_to_{service}_http1"), "http_protocol_options: {}"),
+                false => (
+                    format!("themis_to_{service}"),
+                    "http2_protocol_options: {allow_connect: true}",
+                ),
+            };
             format!(
-                r#"  - name: themis_to_{service}
+                r#"  - name: {name}
     connect_timeout: 2s
     type: ORIGINAL_DST
     lb_policy: CLUSTER_PROVIDED
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{allow_connect: true}}}}
+        explicit_http_config: {{{protocol}}}
     transport_socket:
       name: envoy.transport_sockets.dynamic_modules
       typed_config:
@@ -171,8 +184,14 @@ pub fn render_native(sidecar: &Sidecar<'_>, calls: &[&str]) -> String {
     let vhosts: Vec<String> = calls
         .iter()
         .map(|service| {
+            let route = |cluster: &str| {
+                format!("route: {{cluster: {cluster}, timeout: 0s}}, request_headers_to_remove: [x-themis-destination, x-themis-expect-peer, x-themis-carry]")
+            };
             format!(
-                "- {{name: {service}, domains: [\"{service}\", \"{service}:*\"], routes: [{{match: {{connect_matcher: {{}}}}, route: {{cluster: themis_to_{service}, timeout: 0s}}, request_headers_to_remove: [x-themis-destination, x-themis-expect-peer]}}, {{match: {{prefix: \"/\"}}, route: {{cluster: themis_to_{service}, timeout: 0s}}, request_headers_to_remove: [x-themis-destination, x-themis-expect-peer]}}]}}"
+                "- {{name: {service}, domains: [\"{service}\", \"{service}:*\"], routes: [{{match: {{prefix: \"/\", headers: [{{name: x-themis-carry, string_match: {{exact: \"http/1.1\"}}}}]}}, {}}}, {{match: {{connect_matcher: {{}}}}, {}}}, {{match: {{prefix: \"/\"}}, {}}}]}}",
+                route(&format!("themis_to_{service}_http1")),
+                route(&format!("themis_to_{service}")),
+                route(&format!("themis_to_{service}")),
             )
         })
         .collect();

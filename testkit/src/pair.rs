@@ -221,16 +221,18 @@ pub fn add_tcp_listeners(
 /// for one request only: every call is a new sealed connection, with its own key
 /// agreement.
 pub fn one_request_per_sealed_connection(yaml: &str) -> String {
-    let anchor = "explicit_http_config: {http2_protocol_options: {allow_connect: true}}\n    transport_socket:";
+    let http2 = "explicit_http_config: {http2_protocol_options: {allow_connect: true}}";
+    let http1 = "explicit_http_config: {http_protocol_options: {}}";
+    let anchor = |protocol: &str| format!("{protocol}\n    transport_socket:");
     assert!(
-        yaml.contains(anchor),
+        yaml.contains(&anchor(http2)),
         "the sealing clusters' protocol options are not where they were"
     );
-    yaml.replace(
-        anchor,
-        "explicit_http_config: {http2_protocol_options: {allow_connect: true}}\n        \
-         common_http_protocol_options: {max_requests_per_connection: 1}\n    transport_socket:",
-    )
+    let once = |protocol: &str| {
+        format!("{protocol}\n        common_http_protocol_options: {{max_requests_per_connection: 1}}\n    transport_socket:")
+    };
+    yaml.replace(&anchor(http2), &once(http2))
+        .replace(&anchor(http1), &once(http1))
 }
 
 /// Fixes the outbound listener's port of a rendered configuration (the tests' render

@@ -103,10 +103,21 @@ impl StreamOptions {
     /// Records of up to [`LARGE_RECORD_PAYLOAD`] of plaintext both ways, instead of
     /// [`RECORD_PAYLOAD`]: fewer seals and header reads for large bodies.
     pub const LARGE_RECORDS: StreamOptions = StreamOptions(0b1000);
+    /// Offered by an initiator that could carry HTTP/1.1 as is; echoed by a
+    /// responder whose server takes [`Carries::HTTP1`]. It changes nothing on this
+    /// stream: it tells the caller, signed, that its later connections to this peer
+    /// may carry an HTTP/1.1 app's requests as they are (a responder in front of an
+    /// HTTP/2-only server never echoes it).
+    pub const TAKES_HTTP1: StreamOptions = StreamOptions(0b1_0000);
 
     /// The options of a `carries` byte.
     pub(crate) const fn of(carries_byte: u8) -> StreamOptions {
         StreamOptions(carries_byte & !CARRIES_MASK)
+    }
+
+    /// The union of two sets.
+    pub const fn or(self, other: StreamOptions) -> StreamOptions {
+        StreamOptions(self.0 | other.0)
     }
 
     /// The options both sets name.

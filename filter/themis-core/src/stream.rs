@@ -40,7 +40,7 @@ use crate::handshake::{
     PendingReply, ToSign,
 };
 use crate::identity::{PeerId, PublicIdentity};
-use crate::params::RECORD_PAYLOAD;
+use crate::params::{Carries, RECORD_PAYLOAD};
 use crate::wire::{
     frame_len, peek_kind, Kind, WireError, RECORD_HEADER_LEN, RECORD_OVERHEAD, TAG_LEN,
 };
@@ -470,6 +470,8 @@ pub struct Established {
     /// The endorsement it carried in message 1 (opaque: the driver verifies it
     /// against the mesh root); empty for none.
     pub peer_endorsement: Vec<u8>,
+    /// What the stream carries, as agreed (for the server's codec).
+    pub carries: Carries,
 }
 
 /// The accepting end: its app answers the preface, and that write carries message 2.
@@ -663,6 +665,7 @@ impl StreamResponder {
                         peer_id: info.peer_id,
                         meta,
                         peer_endorsement: info.peer_endorsement.clone(),
+                        carries: info.carries,
                     });
                     let ResponderState::AwaitingMeta(session) =
                         core::mem::replace(&mut self.state, ResponderState::Closed)

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Deserialize;
-use themis_core::{MeshName, PeerId};
+use themis_core::{Carries, MeshName, PeerId};
 use themis_trust::MeshRoot;
 
 /// Which part of the sidecar this plugin instance is.
@@ -57,6 +57,9 @@ struct Raw {
     /// Native runtime, seal role: the service every connection of this cluster
     /// reaches (an upstream transport socket learns nothing else per connection).
     peer_service: Option<String>,
+    /// Native runtime, sealing cluster: what its connections carry, `h2` (default)
+    /// or `http/1.1` (the cluster speaks HTTP/1.1 to callees that take it as is).
+    carries: Option<String>,
     #[serde(default = "defaults::timeout_ms")]
     timeout_ms: u64,
     /// Seal and inbound, Wasm runtime: sign handshakes with a key the agent delegated.
@@ -209,6 +212,9 @@ pub struct Config {
     pub agent_socket: Option<String>,
     /// Native runtime, seal role: the service this cluster's connections reach.
     pub peer_service: Option<String>,
+    /// Native runtime, seal role: what this cluster's connections carry (the
+    /// protocol its Envoy speaks into them).
+    pub carries: Carries,
     /// Limit on every call to the agent.
     pub timeout: Duration,
     /// How long a resolution (and a verified caller service) is reused.
@@ -370,6 +376,22 @@ impl Config {
             }
             check_name("peer_service", peer_service)?;
         }
+        let carries = match raw.carries.as_deref() {
+            None | Some("h2") => Carries::HTTP2,
+            Some("http/1.1") => Carries::HTTP1,
+            Some(other) => {
+                return Err(invalid(
+                    "carries",
+                    format!("{other:?}: a sealing cluster carries \"h2\" or \"http/1.1\""),
+                ))
+            }
+        };
+        if raw.carries.is_some() && raw.peer_service.is_none() {
+            return Err(invalid(
+                "carries",
+                "says what a native sealing cluster carries (with peer_service)",
+            ));
+        }
         if raw.role != Role::Inbound && raw.policy.is_some() {
             return Err(invalid(
                 "policy",
@@ -471,6 +493,7 @@ impl Config {
             revocation_poll: Duration::from_secs(raw.revocation_poll_secs),
             agent_socket: raw.agent_socket,
             peer_service: raw.peer_service,
+            carries,
             workload: raw.workload,
             service: raw.service,
             agent_cluster: raw.agent_cluster,
@@ -595,6 +618,10 @@ mod tests {
         );
         let canary = parse(r#"{"role":"outbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","canary":[{"service":"check","match":{"version":"v2"},"weight_percent":10}]}"#).unwrap();
         assert_eq!(canary.canary[0].weight_percent, 10);
+        let seal = r#"{"role":"seal","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","peer_service":"check""#;
+        assert_eq!(parse(&format!("{seal}}}")).unwrap().carries, Carries::HTTP2);
+        let http1 = parse(&format!(r#"{seal},"carries":"http/1.1"}}"#)).unwrap();
+        assert_eq!(http1.carries, Carries::HTTP1);
     }
 
     #[test]
@@ -629,6 +656,14 @@ mod tests {
             (
                 r#"{"role":"seal","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","canary":[{"service":"check","match":{"version":"v2"},"weight_percent":1}]}"#,
                 "outbound role",
+            ),
+            (
+                r#"{"role":"seal","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","peer_service":"check","carries":"tcp"}"#,
+                "a sealing cluster carries",
+            ),
+            (
+                r#"{"role":"seal","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","carries":"http/1.1"}"#,
+                "with peer_service",
             ),
             (
                 r#"{"role":"outbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","timeout_ms":0}"#,

@@ -192,6 +192,7 @@ mod tests {
                 service: claim.map(str::to_string),
             },
             peer_endorsement: Vec::new(),
+            carries: themis_core::Carries::HTTP2,
         }
     }
 
@@ -376,6 +377,7 @@ mod tests {
                 service: Some("handler".into()),
             },
             peer_endorsement: endorsement.clone(),
+            carries: themis_core::Carries::HTTP2,
         };
         let by_service = Policy::Allow(vec![Rule::Service("handler".into())]);
         let by_id = Policy::Allow(vec![Rule::Id(workload.id())]);

@@ -753,12 +753,24 @@ fn native_shape(piece: &Value) -> Value {
     v
 }
 
-/// The configurations of the native pieces, by role (the seal's by the service its
-/// cluster reaches).
+/// The configurations of the native pieces, by role (the seal's by its cluster's
+/// name).
 struct NativeConfigs {
     outbound: serde_json::Value,
     inbound: serde_json::Value,
     seals: Vec<(String, serde_json::Value)>,
+}
+
+/// The service a sealing cluster reaches (`themis_to_<service>`, or
+/// `themis_to_<service>_http1`), and whether it carries HTTP/1.1.
+fn sealed_service(cluster: &str) -> (&str, bool) {
+    let service = cluster
+        .strip_prefix("themis_to_")
+        .unwrap_or_else(|| panic!("{cluster}: a sealing cluster is themis_to_<service>"));
+    match service.strip_suffix("_http1") {
+        Some(service) => (service, true),
+        None => (service, false),
+    }
 }
 
 fn native_configs(pieces: &[NativePiece]) -> NativeConfigs {
@@ -778,10 +790,8 @@ fn native_configs(pieces: &[NativePiece]) -> NativeConfigs {
         .into_iter()
         .map(|(p, config)| {
             let cluster = str_of(&p.patch.value["name"]);
-            let service = cluster
-                .strip_prefix("themis_to_")
-                .unwrap_or_else(|| panic!("{cluster}: a sealing cluster is themis_to_<service>"));
-            (service.to_string(), config)
+            sealed_service(cluster);
+            (cluster.to_string(), config)
         })
         .collect();
     NativeConfigs {
@@ -996,9 +1006,19 @@ fn native_envoyfilter_configurations_match_where_they_are_patched() {
                     Some(agent_socket.as_str()),
                     "{place}"
                 );
-                let want = (role == Role::Seal)
-                    .then(|| str_of(&patch.value["name"]).trim_start_matches("themis_to_"));
-                assert_eq!(parsed.peer_service.as_deref(), want, "{place}");
+                let sealed =
+                    (role == Role::Seal).then(|| sealed_service(str_of(&patch.value["name"])));
+                assert_eq!(
+                    parsed.peer_service.as_deref(),
+                    sealed.map(|s| s.0),
+                    "{place}"
+                );
+                let http1 = sealed.is_some_and(|s| s.1);
+                assert_eq!(
+                    parsed.carries == themis_core::Carries::HTTP1,
+                    http1,
+                    "{place}"
+                );
             }
             (role, config) => panic!("{place}: role {role:?} with configuration {config:?}"),
         }
@@ -1032,10 +1052,14 @@ fn native_envoyfilter_configurations_match_where_they_are_patched() {
         with_socket(&inbound),
         "inbound: envoyfilter.yaml's, with the agent's socket"
     );
-    for (service, seal) in &configs.seals {
+    for (cluster, seal) in &configs.seals {
+        let (service, http1) = sealed_service(cluster);
         let mut want = seal_of(&configs.outbound);
-        want["peer_service"] = service.clone().into();
-        assert_eq!(*seal, want, "themis_to_{service}");
+        want["peer_service"] = service.into();
+        if http1 {
+            want["carries"] = "http/1.1".into();
+        }
+        assert_eq!(*seal, want, "{cluster}");
     }
 }
 
@@ -1054,7 +1078,13 @@ fn native_envoyfilter_rebuilds_the_native_sidecar_data_path() {
         .as_str()
         .unwrap()
         .to_string();
-    let services: Vec<String> = configs.seals.iter().map(|(s, _)| s.clone()).collect();
+    let mut services: Vec<String> = configs
+        .seals
+        .iter()
+        .map(|(cluster, _)| sealed_service(cluster).0.to_string())
+        .collect();
+    services.sort();
+    services.dedup();
     let rendered = rendered_native(&configs, &services);
 
     // Outbound: the pick, then set_filter_state, then the router, as the bootstrap's.
@@ -1127,7 +1157,7 @@ fn native_envoyfilter_rebuilds_the_native_sidecar_data_path() {
     let mut routed: Vec<String> = Vec::new();
     for route in &routes[..routes.len() - 2] {
         let cluster = str_of(&route["route"]["cluster"]);
-        let service = cluster.strip_prefix("themis_to_").unwrap_or(cluster);
+        let (service, _) = sealed_service(cluster);
         assert_eq!(route["name"], cluster);
         let vhost = seq(&rendered_vhosts)
             .iter()
@@ -1137,28 +1167,34 @@ fn native_envoyfilter_rebuilds_the_native_sidecar_data_path() {
         // The host the bootstrap's virtual host takes: the service, any port.
         let domains: Vec<&str> = seq(&vhost["domains"]).iter().map(str_of).collect();
         assert_eq!(domains, [service.to_string(), format!("{service}:*")]);
-        let authority = &seq(&route["match"]["headers"])[..];
-        assert_eq!(authority.len(), 1, "{route:?}");
-        assert_eq!(authority[0]["name"], ":authority");
-        assert_eq!(
-            authority[0]["string_match"]["safe_regex"]["regex"],
-            format!("{service}(:[0-9]+)?").as_str()
-        );
+        // The bootstrap's route to the same cluster, matched by the host here.
         let twin = seq(&vhost["routes"])
             .iter()
-            .find(|r| r["match"]["prefix"] == "/")
-            .unwrap()
+            .find(|r| r["match"]["prefix"] == "/" && r["route"]["cluster"] == cluster)
+            .unwrap_or_else(|| panic!("render-sidecar has no route to {cluster}"))
             .clone();
+        let headers = seq(&route["match"]["headers"]);
+        let (authority, rest) = headers.split_first().expect("a header match");
+        assert_eq!(authority["name"], ":authority");
+        assert_eq!(
+            authority["string_match"]["safe_regex"]["regex"],
+            format!("{service}(:[0-9]+)?").as_str()
+        );
+        let twin_headers = twin["match"]["headers"]
+            .as_sequence()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(rest, &twin_headers[..], "route to {cluster}: headers");
         assert_eq!(route["match"]["prefix"], twin["match"]["prefix"]);
         for key in ["route", "request_headers_to_remove"] {
-            assert_eq!(route[key], twin[key], "route to {service}: {key}");
+            assert_eq!(route[key], twin[key], "route to {cluster}: {key}");
         }
-        routed.push(service.to_string());
+        routed.push(cluster.to_string());
     }
     routed.sort();
-    let mut called = services.clone();
-    called.sort();
-    assert_eq!(routed, called, "one route per sealing cluster");
+    let mut sealing: Vec<String> = configs.seals.iter().map(|(c, _)| c.clone()).collect();
+    sealing.sort();
+    assert_eq!(routed, sealing, "one route per sealing cluster");
 
     // Inbound: the module's socket and the handshake deadline on the plaintext chain,
     // the module's `peer` first on it, as the bootstrap's listener.
@@ -1430,7 +1466,13 @@ fn envoy_loads_the_istio_native_configuration() {
     // the module starts, and asks it in vain).
     let socket = dir.path().join("no-agent.sock").display().to_string();
     let local = |v: &Value| map_configs(v, &|c| Value::String(at_socket(c, &socket).to_string()));
-    let services: Vec<&str> = configs.seals.iter().map(|(s, _)| s.as_str()).collect();
+    let mut services: Vec<&str> = configs
+        .seals
+        .iter()
+        .map(|(cluster, _)| sealed_service(cluster).0)
+        .collect();
+    services.sort();
+    services.dedup();
 
     // The native bootstrap, stripped of what the patches add: Istio's side of it, as far
     // as the patches touch it (an outbound HCM whose chain ends in the router and whose
@@ -1457,10 +1499,12 @@ fn envoy_loads_the_istio_native_configuration() {
         .unwrap();
     }
     for service in &services {
-        remove_named(
-            &mut boot["static_resources"]["clusters"],
-            &format!("themis_to_{service}"),
-        );
+        for cluster in [
+            format!("themis_to_{service}"),
+            format!("themis_to_{service}_http1"),
+        ] {
+            remove_named(&mut boot["static_resources"]["clusters"], &cluster);
+        }
     }
     {
         let chain = &mut listener_mut(&mut boot, "themis_inbound")["filter_chains"][0];

@@ -16,7 +16,11 @@ use themis_envoy::config::{is_name, Config, Role};
 use themis_envoy::route::{Pick, PickRandom, Routes, DESTINATION_HEADER, PEER_HEADER};
 
 use crate::runtime::{now_ms, Runtime};
-use crate::socket::{proven_peer, ProvenPeer};
+use crate::socket::{proven_peer, takes_http1, ProvenPeer};
+
+/// Set (to `http/1.1`) on a request carried as HTTP/1.1: the outbound virtual host
+/// routes it to the service's HTTP/1.1 sealing cluster, and removes it there.
+pub const CARRY_HEADER: &str = "x-themis-carry";
 
 /// The counters, `themis.outbound.<name>` as the Wasm filter's.
 pub const COUNTERS: [&str; 6] = [
@@ -64,14 +68,19 @@ pub struct Route {
     /// The id expected there (hex), for the peer header.
     pub expect_peer: String,
     pub picked: PeerId,
+    /// Carried as the app wrote it, HTTP/1.1: the request is, and the picked
+    /// instance said (signed, on an earlier connection) that it takes HTTP/1.1.
+    pub carries_http1: bool,
 }
 
 impl Route {
-    /// The request headers that name the pick to `set_filter_state`.
-    pub fn headers(&self) -> [(&'static str, &str); 2] {
+    /// The request headers that name the pick to `set_filter_state`, and the
+    /// carry header (`None`: removed, whatever the app wrote).
+    pub fn headers(&self) -> [(&'static str, Option<&str>); 3] {
         [
-            (DESTINATION_HEADER, &self.destination),
-            (PEER_HEADER, &self.expect_peer),
+            (DESTINATION_HEADER, Some(&self.destination)),
+            (PEER_HEADER, Some(&self.expect_peer)),
+            (CARRY_HEADER, self.carries_http1.then_some("http/1.1")),
         ]
     }
 }
@@ -104,8 +113,9 @@ impl Outbound {
         })
     }
 
-    /// Picks an instance for a request to `authority` (`service` or `service:port`).
-    pub fn on_request(&self, authority: &str) -> Result<Route, Refusal> {
+    /// Picks an instance for a request to `authority` (`service` or `service:port`);
+    /// `http1`: the app's request is HTTP/1.1.
+    pub fn on_request(&self, authority: &str, http1: bool) -> Result<Route, Refusal> {
         // The port is the app's business, not routing's.
         let name = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
         if !is_name(name) {
@@ -143,6 +153,7 @@ impl Outbound {
                 destination: instance.endpoint.to_string(),
                 expect_peer: hex::encode(instance.id.0),
                 picked: instance.id,
+                carries_http1: http1 && takes_http1(&instance.id),
             }),
             Pick::NoInstance | Pick::Resolve => Err(Refusal::new(
                 503,

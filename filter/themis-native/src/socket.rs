@@ -9,14 +9,13 @@
 //! so the two runtimes share one wire); this file moves bytes and decides.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use ring::rand::SystemRandom;
 use themis_core::stream::Meta;
-use themis_core::HandshakeSigner;
-use themis_core::PeerId;
+use themis_core::{Carries, HandshakeConfig, HandshakeSigner, PeerId, StreamOptions};
 use themis_envoy::config::{Config, Policy, Role};
 use themis_envoy::conn::callee::{self, Callee, Gates};
 use themis_envoy::conn::caller::{Caller, Start};
@@ -85,6 +84,33 @@ const MAX_PENDING: usize = 256 * 1024;
 struct Worker {
     gates: Option<Gates>,
     peers: HashMap<u64, ProvenPeer>,
+    /// Callees whose signed message 2 said they take HTTP/1.1 as is (for the
+    /// outbound HTTP filter, which runs on the same worker as its pool).
+    takes_http1: HashSet<PeerId>,
+}
+
+/// Callees remembered as taking HTTP/1.1, per worker, at most: past it the set starts
+/// again (each id is learnt anew on its next HTTP/2 connection).
+const MAX_TAKES_HTTP1: usize = 4096;
+
+/// True if `peer` said, on a connection of this worker, that it takes HTTP/1.1 as is.
+pub fn takes_http1(peer: &PeerId) -> bool {
+    WORKER.with(|w| w.borrow().takes_http1.contains(peer))
+}
+
+/// Remembers what `peer` said of HTTP/1.1 in its last handshake on this worker.
+fn learn_takes_http1(peer: PeerId, takes: bool) {
+    WORKER.with(|w| {
+        let set = &mut w.borrow_mut().takes_http1;
+        if !takes {
+            set.remove(&peer);
+            return;
+        }
+        if set.len() >= MAX_TAKES_HTTP1 {
+            set.clear();
+        }
+        set.insert(peer);
+    });
 }
 
 thread_local! {
@@ -113,6 +139,7 @@ pub fn proven_peer(id: u64) -> Option<ProvenPeer> {
 pub struct Factory {
     config: Arc<Config>,
     runtime: Arc<Runtime>,
+    handshake: HandshakeConfig,
 }
 
 impl Factory {
@@ -152,9 +179,22 @@ impl Factory {
                 }
             }
         }
+        // The inbound HCM detects its codec (`codec_type: AUTO`, told by `protocol`),
+        // so a native callee takes HTTP/1.1 as is and says so; a caller carries what
+        // its cluster speaks, and asks whether the callee would take HTTP/1.1.
+        let carries = match config.role {
+            Role::Inbound => Carries::HTTP2.or(Carries::HTTP1),
+            _ => config.carries,
+        };
+        let handshake = HandshakeConfig {
+            carries,
+            options: StreamOptions::LARGE_RECORDS.or(StreamOptions::TAKES_HTTP1),
+            ..HandshakeConfig::default()
+        };
         Ok(Factory {
             config: Arc::new(config),
             runtime,
+            handshake,
         })
     }
 
@@ -168,6 +208,8 @@ impl Factory {
         Connection {
             config: self.config.clone(),
             runtime: self.runtime.clone(),
+            handshake: self.handshake.clone(),
+            promised: None,
             side,
             pending: Vec::new(),
             peer: None,
@@ -190,6 +232,9 @@ enum Side {
 pub struct Connection {
     config: Arc<Config>,
     runtime: Arc<Runtime>,
+    handshake: HandshakeConfig,
+    /// Outbound: the id message 1 went to.
+    promised: Option<PeerId>,
     side: Side,
     /// Sealed bytes the socket has not taken yet.
     pending: Vec<u8>,
@@ -228,9 +273,13 @@ impl Connection {
         self.peer.is_some()
     }
 
-    /// What the stream carries, for the codec choice (the clusters say HTTP/2).
+    /// What the stream carries, for the inbound HCM's codec (`codec_type: AUTO` takes
+    /// it as ALPN); a cluster's protocol is its configuration's.
     pub fn protocol(&self) -> &'static str {
-        ""
+        match &self.side {
+            Side::Inbound(callee) => callee.carries().map_or("", Carries::name),
+            Side::Outbound(_) => "",
+        }
     }
 
     pub fn failure_reason(&self) -> &str {
@@ -243,6 +292,13 @@ impl Connection {
         }
         if let Some(id) = self.id.take() {
             WORKER.with(|w| w.borrow_mut().peers.remove(&id));
+        }
+        // An HTTP/1.1 connection that never opened: the callee may no longer take it
+        // (its sidecar changed runtime); the next calls go over HTTP/2 and ask again.
+        if self.handshake.carries == Carries::HTTP1 && self.peer.is_none() {
+            if let Some(promised) = self.promised.take() {
+                learn_takes_http1(promised, false);
+            }
         }
     }
 
@@ -297,9 +353,11 @@ impl Connection {
         let Side::Outbound(caller) = &mut self.side else {
             unreachable!("started on the outbound side")
         };
+        self.promised = peer.as_ref().ok().copied();
         let step = caller.start(Start {
             now_ms: now_ms(),
             rng: &self.rng,
+            handshake: &self.handshake,
             identity: Some(credential.identity()),
             signer: Some(&*credential),
             peer,
@@ -345,6 +403,13 @@ impl Connection {
             _ => None,
         });
         if let Some((peer, service)) = proven {
+            if let Side::Outbound(caller) = &self.side {
+                let agreed = caller.agreed().map(|a| a.options);
+                learn_takes_http1(
+                    peer,
+                    agreed.is_some_and(|o| o.contains(StreamOptions::TAKES_HTTP1)),
+                );
+            }
             self.peer = Some(peer);
             self.generation = generation.unwrap_or_default();
             if let Some(id) = self.id {
@@ -484,6 +549,7 @@ impl Connection {
             let mut lent = callee::Worker {
                 now_ms: now,
                 rng: &self.rng,
+                handshake: &self.handshake,
                 identity: Some(credential.identity()),
                 signer: Some(&*credential),
                 gates: w.gates.get_or_insert_with(|| Gates::new(config)),

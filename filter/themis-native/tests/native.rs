@@ -39,6 +39,41 @@ fn counter(envoy: &support::envoy::Envoy, name: &str) -> u64 {
     found[0]
 }
 
+/// Envoy's own stat `name` on `envoy` (0 if it has none yet).
+fn stat(envoy: &support::envoy::Envoy, name: &str) -> u64 {
+    envoy
+        .stats()
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(0, |(_, v)| *v)
+}
+
+/// Sends small HTTP/1.1 calls from `handler` to `check` until one was carried as
+/// HTTP/1.1 (the caller's worker learnt, on an HTTP/2 connection, that the callee
+/// takes it), at most `calls`; each answered by `check` and attributed to it. An app
+/// header that claims the carrying is ignored. Returns how many were carried so.
+fn calls_carried_as_http1(mesh: &Mesh, calls: usize) -> u64 {
+    let carried = || {
+        stat(
+            &mesh.envoy_a,
+            "cluster.themis_to_check_http1.upstream_rq_total",
+        )
+    };
+    for _ in 0..calls {
+        let r = mesh.call("GET", "check", "/", &[("x-themis-carry", "http/1.1")], b"");
+        assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
+        assert_eq!(r.header(PEER_ID), Some(mesh.check_id.as_str()), "{r}");
+        assert!(
+            !r.json()["headers"].to_string().contains("x-themis-carry"),
+            "{r}"
+        );
+        if carried() > 0 {
+            break;
+        }
+    }
+    carried()
+}
+
 /// A call from `handler` to `check` by name: the body arrives whole, the callee's
 /// app learns the caller from its sidecar only (a forged header is gone), the
 /// caller learns who answered.
@@ -112,6 +147,12 @@ fn native_sidecars_call_each_other() {
     // The pooled sealed connections are open, and counted so on both sides.
     assert!((1..=4).contains(&counter(a, "seal.active")));
     assert_eq!(counter(b, "inbound.active"), counter(a, "seal.active"));
+
+    // HTTP/1.1 as the app wrote it, once the callee said (signed) that it takes it:
+    // an HTTP/1.1 sealing connection, and an HTTP/1.1 codec at the callee.
+    assert!(calls_carried_as_http1(&mesh, 16) >= 1, "{}", mesh.logs());
+    assert!(stat(b, "http.themis_inbound.downstream_cx_http1_total") >= 1);
+    assert_eq!(counter(a, "seal.refused.handshake"), 0);
 }
 
 #[test]
@@ -122,6 +163,16 @@ fn a_native_caller_reaches_a_wasm_callee() {
     let mesh = mesh(Runtime::Native, Runtime::Wasm);
     call_is_sealed_and_attributed(&mesh);
     mesh.assert_claim_checked_by_the_carried_endorsement();
+    // A Wasm callee takes HTTP/2 only and never says otherwise: the native caller
+    // converts every HTTP/1.1 call, whatever the app's header claims.
+    assert_eq!(calls_carried_as_http1(&mesh, 8), 0);
+    assert_eq!(
+        stat(
+            &mesh.envoy_a,
+            "cluster.themis_to_check_http1.upstream_cx_total"
+        ),
+        0
+    );
 }
 
 #[test]

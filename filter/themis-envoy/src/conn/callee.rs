@@ -12,7 +12,7 @@ use themis_core::guard::{Admission, HandshakeBudget, HelloGuard, SourceLimiter};
 use themis_core::identity::PublicIdentity;
 use themis_core::stream::{self, StreamResponder};
 use themis_core::wire::MAX_HANDSHAKE_LEN;
-use themis_core::{HandshakeConfig, HandshakeSigner, PeerId};
+use themis_core::{Carries, HandshakeConfig, HandshakeSigner, PeerId};
 use themis_trust::{Revocations, Verifier};
 
 use super::{Ask, Close, Event, Step};
@@ -48,6 +48,8 @@ impl Gates {
 pub struct Worker<'a> {
     pub now_ms: u64,
     pub rng: &'a dyn SecureRandom,
+    /// What this side takes: the protocols the stream may carry and the options.
+    pub handshake: &'a HandshakeConfig,
     /// The workload's public identity (`None`: not fetched yet).
     pub identity: Option<&'a PublicIdentity>,
     /// Signs message 2 here (a delegated key); `None`: the agent signs it.
@@ -112,6 +114,13 @@ impl Callee {
             Phase::Allowed(peer) => Some(peer),
             _ => None,
         }
+    }
+
+    /// What the stream carries, as agreed, once the caller is allowed (for the
+    /// server's codec).
+    pub fn carries(&self) -> Option<Carries> {
+        self.peer()?;
+        self.stream.established().map(|e| e.carries)
     }
 
     pub fn is_closed(&self) -> bool {
@@ -307,14 +316,14 @@ impl Callee {
         };
         let guard = &mut w.gates.guard;
         let evicted = guard.evicted();
-        let config = HandshakeConfig::default();
+        let config = w.handshake;
         let out = match w.signer {
             Some(signer) => self
                 .stream
-                .from_peer(data, signer, &config, guard, w.now_ms, w.rng),
+                .from_peer(data, signer, config, guard, w.now_ms, w.rng),
             None => self
                 .stream
-                .from_peer_unsigned(data, identity, &config, guard, w.now_ms, w.rng),
+                .from_peer_unsigned(data, identity, config, guard, w.now_ms, w.rng),
         };
         if guard.evicted() > evicted {
             // Full of live Hellos: the first to expire was forgotten (a replay of it
@@ -456,6 +465,7 @@ mod tests {
         keyless: bool,
         delegated: bool,
         now_ms: u64,
+        handshake: HandshakeConfig,
     }
 
     impl World {
@@ -482,6 +492,7 @@ mod tests {
                 keyless: false,
                 delegated: true,
                 now_ms: 1_900_000_000_000,
+                handshake: HandshakeConfig::default(),
                 rng,
             }
         }
@@ -499,6 +510,7 @@ mod tests {
             let mut w = Worker {
                 now_ms: self.now_ms,
                 rng: &self.rng,
+                handshake: &self.handshake,
                 identity: (!self.keyless).then(|| self.me.public()),
                 signer: self.delegated.then_some(&self.me as &dyn HandshakeSigner),
                 gates: &mut self.gates,

@@ -7,7 +7,7 @@
 use ring::rand::SecureRandom;
 use themis_core::identity::PublicIdentity;
 use themis_core::stream::{self, Meta, StreamInitiator};
-use themis_core::{HandshakeConfig, HandshakeSigner, PeerId};
+use themis_core::{HandshakeConfig, HandshakeSigner, PeerId, SessionInfo};
 use themis_trust::Revocations;
 
 use super::{Ask, Close, Event, Step};
@@ -16,6 +16,8 @@ use super::{Ask, Close, Event, Step};
 pub struct Start<'a> {
     pub now_ms: u64,
     pub rng: &'a dyn SecureRandom,
+    /// What this side offers: the protocols the stream may carry and the options.
+    pub handshake: &'a HandshakeConfig,
     /// The workload's public identity (`None`: not fetched yet).
     pub identity: Option<&'a PublicIdentity>,
     /// Signs message 1 here (a delegated key); `None`: the agent signs it.
@@ -63,6 +65,14 @@ impl Caller {
     pub fn peer(&self) -> Option<PeerId> {
         match &self.phase {
             Phase::Open(_, peer) => Some(*peer),
+            _ => None,
+        }
+    }
+
+    /// What the handshake agreed (the protocol carried, the options), once open.
+    pub fn agreed(&self) -> Option<&SessionInfo> {
+        match &self.phase {
+            Phase::Open(stream, _) => stream.info(),
             _ => None,
         }
     }
@@ -146,12 +156,12 @@ impl Caller {
             Ok(peer) => peer,
             Err(close) => return self.refuse(close),
         };
-        let config = HandshakeConfig::default();
+        let config = w.handshake;
         let started = match w.signer {
-            Some(signer) => StreamInitiator::start(signer, peer, w.meta, &config, w.now_ms, w.rng)
+            Some(signer) => StreamInitiator::start(signer, peer, w.meta, config, w.now_ms, w.rng)
                 .map(|(stream, hello)| (stream, Some(hello))),
             None => {
-                StreamInitiator::start_unsigned(identity, peer, w.meta, &config, w.now_ms, w.rng)
+                StreamInitiator::start_unsigned(identity, peer, w.meta, config, w.now_ms, w.rng)
                     .map(|stream| (stream, None))
             }
         };
@@ -295,6 +305,7 @@ mod tests {
         trust: Root,
         keyless: bool,
         delegated: bool,
+        handshake: HandshakeConfig,
     }
 
     impl World {
@@ -307,6 +318,7 @@ mod tests {
                 trust: Root::new(&mesh, &rng),
                 keyless: false,
                 delegated: true,
+                handshake: HandshakeConfig::default(),
                 rng,
             }
         }
@@ -316,6 +328,7 @@ mod tests {
             Start {
                 now_ms: NOW,
                 rng: &self.rng,
+                handshake: &self.handshake,
                 identity: (!self.keyless).then(|| self.me.public()),
                 signer: self.delegated.then_some(&self.me as &dyn HandshakeSigner),
                 peer: Ok(self.callee.public().id()),
@@ -328,12 +341,20 @@ mod tests {
 
         /// The callee's answer to message 1: message 2.
         fn answer(&self, callee: &mut StreamResponder, hello: &[u8]) -> Vec<u8> {
+            self.answer_as(&HandshakeConfig::default(), callee, hello)
+                .unwrap()
+        }
+
+        /// The answer of a callee that takes what `config` says.
+        fn answer_as(
+            &self,
+            config: &HandshakeConfig,
+            callee: &mut StreamResponder,
+            hello: &[u8],
+        ) -> Result<Vec<u8>, themis_core::stream::Refusal> {
             let mut guard = HelloGuard::new(60_000, 64);
-            let config = HandshakeConfig::default();
-            callee
-                .from_peer(hello, &self.callee, &config, &mut guard, NOW, &self.rng)
-                .unwrap();
-            callee.from_app(&[]).unwrap()
+            callee.from_peer(hello, &self.callee, config, &mut guard, NOW, &self.rng)?;
+            callee.from_app(&[])
         }
 
         fn is_revoked(&self) -> impl Fn(&PeerId) -> bool + '_ {
@@ -386,6 +407,56 @@ mod tests {
             .from_peer(&sealed, &world.callee, &config, &mut guard, NOW, &world.rng)
             .unwrap();
         assert_eq!(out.to_app, b"more");
+    }
+
+    #[test]
+    fn an_http1_caller_learns_in_the_signed_reply_who_takes_http1_and_nobody_else_agrees_to_it() {
+        use themis_core::{Carries, StreamOptions};
+        let native = HandshakeConfig {
+            carries: Carries::HTTP2.or(Carries::HTTP1),
+            options: StreamOptions::LARGE_RECORDS.or(StreamOptions::TAKES_HTTP1),
+            ..HandshakeConfig::default()
+        };
+        let mut world = World::new();
+        // An HTTP/2 connection of a caller that asks: a native callee says it takes
+        // HTTP/1.1, an HTTP/2-only one (the Wasm runtime's) does not.
+        world.handshake = HandshakeConfig {
+            carries: Carries::HTTP2,
+            ..native.clone()
+        };
+        for (callee_config, takes_http1) in [(&native, true), (&HandshakeConfig::default(), false)]
+        {
+            let mut caller = Caller::new();
+            let hello = caller.start(world.start()).to_peer;
+            let mut callee = StreamResponder::new(b"");
+            let reply = world.answer_as(callee_config, &mut callee, &hello).unwrap();
+            caller.from_peer(&reply, &world.is_revoked());
+            let agreed = caller.agreed().expect("open");
+            assert_eq!(agreed.carries, Carries::HTTP2);
+            assert_eq!(
+                agreed.options.contains(StreamOptions::TAKES_HTTP1),
+                takes_http1
+            );
+        }
+        // An HTTP/1.1 connection: the native callee agrees to it; the HTTP/2-only one
+        // refuses it before answering, so no HTTP/1.1 byte reaches its server.
+        world.handshake = HandshakeConfig {
+            carries: Carries::HTTP1,
+            ..native.clone()
+        };
+        let mut caller = Caller::new();
+        let hello = caller.start(world.start()).to_peer;
+        let reply = world
+            .answer_as(&native, &mut StreamResponder::new(b""), &hello)
+            .unwrap();
+        caller.from_peer(&reply, &world.is_revoked());
+        assert_eq!(caller.agreed().unwrap().carries, Carries::HTTP1);
+        let refused = world.answer_as(
+            &HandshakeConfig::default(),
+            &mut StreamResponder::new(b""),
+            &hello,
+        );
+        assert!(refused.is_err(), "an HTTP/2-only callee took HTTP/1.1");
     }
 
     #[test]

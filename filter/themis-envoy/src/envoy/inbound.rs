@@ -20,7 +20,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, StreamContext};
 use proxy_wasm::types::{Action, PeerType};
 use themis_core::stream::HTTP2_PREFACE;
-use themis_core::{HandshakeSigner, PeerId};
+use themis_core::{HandshakeConfig, HandshakeSigner, PeerId};
 use themis_trust::Verifier;
 
 use super::{ask_agent, now_ms, take_answer, Answer, Call, Deadline, Shared};
@@ -80,6 +80,9 @@ impl Inbound {
         let mut lent = callee::Worker {
             now_ms: now,
             rng: &w.rng,
+            // HTTP/2 only: message 2 rides on the server's first write, and of the
+            // protocols only an HTTP/2 server writes before it is asked.
+            handshake: &HandshakeConfig::default(),
             identity: w.identity.as_deref(),
             signer: credential.as_deref().map(|c| c as &dyn HandshakeSigner),
             gates: &mut w.gates,

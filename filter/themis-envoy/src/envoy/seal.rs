@@ -13,7 +13,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, StreamContext};
 use proxy_wasm::types::{Action, PeerType};
 use themis_core::stream::Meta;
-use themis_core::{HandshakeSigner, PeerId};
+use themis_core::{HandshakeConfig, HandshakeSigner, PeerId};
 
 use super::{ask_agent, now_ms, take_answer, Answer, Call, Shared};
 use crate::conn::caller::{Caller, Start};
@@ -73,6 +73,8 @@ impl Seal {
         let start = Start {
             now_ms: now,
             rng: &w.rng,
+            // HTTP/2, what the cluster into the internal listener speaks.
+            handshake: &HandshakeConfig::default(),
             identity: w.identity.as_deref(),
             signer: credential.as_deref().map(|c| c as &dyn HandshakeSigner),
             peer: Self::expected_peer(),

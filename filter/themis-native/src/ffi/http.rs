@@ -11,7 +11,7 @@ use themis_core::PeerId;
 
 use super::{log, EnvoyBuffer, ModuleBuffer};
 use crate::metrics;
-use crate::outbound::{Outbound, Refusal, COUNTERS};
+use crate::outbound::{Outbound, Refusal, CARRY_HEADER, COUNTERS};
 
 type ConfigPtr = *mut c_void;
 type StreamPtr = *mut c_void;
@@ -22,6 +22,8 @@ const RESPONSE_HEADERS: u32 = 2;
 /// `..._headers_status` (Envoy's `FilterHeadersStatus`).
 const HEADERS_CONTINUE: u32 = 0;
 const HEADERS_STOP: u32 = 1;
+/// `envoy_dynamic_module_type_attribute_id_RequestProtocol` (`HTTP/1.1`, `HTTP/2`, ...).
+const ATTRIBUTE_REQUEST_PROTOCOL: u32 = 10;
 /// `envoy_dynamic_module_type_attribute_id_ResponseFlags`.
 const ATTRIBUTE_RESPONSE_FLAGS: u32 = 17;
 /// `envoy_dynamic_module_type_metrics_result_Success`.
@@ -75,6 +77,13 @@ extern "C" {
         attribute: u32,
         result: *mut u64,
     ) -> bool;
+    fn envoy_dynamic_module_callback_http_filter_get_attribute_string(
+        f: StreamPtr,
+        attribute: u32,
+        result: *mut EnvoyBuffer,
+    ) -> bool;
+    /// Routes the request again, from its headers as they are now.
+    fn envoy_dynamic_module_callback_http_clear_route_cache(f: StreamPtr);
     /// 0 when the stream has no upstream connection.
     fn envoy_dynamic_module_callback_http_get_upstream_connection_id(f: StreamPtr) -> u64;
     fn envoy_dynamic_module_callback_http_filter_config_define_counter(
@@ -165,10 +174,7 @@ impl HttpStream {
 /// # Safety
 /// `f` is a stream's Envoy filter, in a hook.
 unsafe fn header(f: StreamPtr, kind: u32, key: &str) -> Option<String> {
-    let mut value = EnvoyBuffer {
-        ptr: std::ptr::null(),
-        length: 0,
-    };
+    let mut value = EnvoyBuffer::empty();
     let found = envoy_dynamic_module_callback_http_get_header(
         f,
         kind,
@@ -371,10 +377,23 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     let stream = stream(module);
     stream.count(f, "requests");
     let authority = header(f, REQUEST_HEADERS, ":authority").unwrap_or_default();
-    match stream.config().outbound.on_request(&authority) {
+    let mut protocol = EnvoyBuffer::empty();
+    let http1 = envoy_dynamic_module_callback_http_filter_get_attribute_string(
+        f,
+        ATTRIBUTE_REQUEST_PROTOCOL,
+        &mut protocol,
+    ) && protocol.as_bytes() == b"HTTP/1.1";
+    // The app's own carry header chose a route before this filter ran.
+    let app_carry = header(f, REQUEST_HEADERS, CARRY_HEADER).is_some();
+    match stream.config().outbound.on_request(&authority, http1) {
         Ok(route) => {
             for (key, value) in route.headers() {
-                set_header(f, REQUEST_HEADERS, key, Some(value));
+                set_header(f, REQUEST_HEADERS, key, value);
+            }
+            if route.carries_http1 || app_carry {
+                // Envoy routed the request before this filter: route it again, by
+                // the carry header as the pick set it.
+                envoy_dynamic_module_callback_http_clear_route_cache(f);
             }
             stream.picked = Some(route.picked);
             HEADERS_CONTINUE

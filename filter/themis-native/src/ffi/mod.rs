@@ -29,6 +29,14 @@ pub struct EnvoyBuffer {
 }
 
 impl EnvoyBuffer {
+    /// Nothing yet, for Envoy to fill in.
+    fn empty() -> Self {
+        EnvoyBuffer {
+            ptr: std::ptr::null(),
+            length: 0,
+        }
+    }
+
     /// # Safety
     /// `ptr` must be valid for `length` bytes for the returned lifetime.
     unsafe fn as_bytes<'a>(self) -> &'a [u8] {
@@ -196,13 +204,7 @@ impl Io for EnvoySocket {
         if count == 0 {
             return 0;
         }
-        let mut slices = vec![
-            EnvoyBuffer {
-                ptr: std::ptr::null(),
-                length: 0
-            };
-            count
-        ];
+        let mut slices = vec![EnvoyBuffer::empty(); count];
         // SAFETY: `slices` holds `count` entries, as many as Envoy reported.
         unsafe {
             envoy_dynamic_module_callback_transport_socket_write_buffer_get_slices(
@@ -253,10 +255,7 @@ impl Io for EnvoySocket {
     }
 
     fn remote(&mut self) -> Option<std::net::SocketAddr> {
-        let mut address = EnvoyBuffer {
-            ptr: std::ptr::null(),
-            length: 0,
-        };
+        let mut address = EnvoyBuffer::empty();
         let mut port = 0u32;
         // SAFETY: valid out pointers; the string is Envoy's, valid while the
         // connection lives, and copied here.
