@@ -90,8 +90,9 @@ start)
 stats)
     for side in a:15301 b:15302 b-ping:15303; do
         printf 'envoy %s: ' "${side%:*}"
-        curl -s -m 2 "127.0.0.1:${side#*:}/stats?filter=^wasmcustom\\.themis\\." \
-            | sed 's/^wasmcustom\.themis\.//' | grep -v ': 0$' | tr '\n' ' '
+        # The filter's counters (Wasm or native) and what each sealing cluster carried.
+        { curl -s -m 2 "127.0.0.1:${side#*:}/stats?filter=^(wasm|dynamicmodules)custom\\.themis\\.|^cluster\\.themis_(seal|to_).*\\.upstream_(rq|cx)_total" \
+            | sed -E 's/^(wasm|dynamicmodules)custom\.themis\.//' | grep -v ': 0$' || true; } | tr '\n' ' '
         echo
     done
     ;;
