@@ -198,7 +198,13 @@ pub fn render_native(sidecar: &Sidecar<'_>, calls: &[&str]) -> String {
     let mut values = common_values(sidecar);
     values.extend([
         ("OUTBOUND_CONFIG", with_socket(sidecar.outbound_config)),
-        ("INBOUND_CONFIG", with_socket(sidecar.inbound_config)),
+        // The template's inbound HCM detects its codec: HTTP/1.1 may be carried as is.
+        (
+            "INBOUND_CONFIG",
+            edit_json(&with_socket(sidecar.inbound_config), |map| {
+                map.insert("takes_http1".into(), true.into());
+            }),
+        ),
         ("SEAL_CLUSTERS", clusters.concat()),
         ("OUTBOUND_VHOSTS", vhosts.join("\n            ")),
     ]);

@@ -60,6 +60,10 @@ struct Raw {
     /// Native runtime, sealing cluster: what its connections carry, `h2` (default)
     /// or `http/1.1` (the cluster speaks HTTP/1.1 to callees that take it as is).
     carries: Option<String>,
+    /// Native runtime, inbound: the HCM behind the socket detects its codec
+    /// (`codec_type: AUTO`), so callers may carry HTTP/1.1 as is.
+    #[serde(default)]
+    takes_http1: bool,
     #[serde(default = "defaults::timeout_ms")]
     timeout_ms: u64,
     /// Seal and inbound, Wasm runtime: sign handshakes with a key the agent delegated.
@@ -215,6 +219,9 @@ pub struct Config {
     /// Native runtime, seal role: what this cluster's connections carry (the
     /// protocol its Envoy speaks into them).
     pub carries: Carries,
+    /// Native runtime, inbound: takes HTTP/1.1 as is (its HCM is `codec_type: AUTO`),
+    /// and says so to callers.
+    pub takes_http1: bool,
     /// Limit on every call to the agent.
     pub timeout: Duration,
     /// How long a resolution (and a verified caller service) is reused.
@@ -392,6 +399,12 @@ impl Config {
                 "says what a native sealing cluster carries (with peer_service)",
             ));
         }
+        if raw.takes_http1 && (raw.role != Role::Inbound || raw.agent_socket.is_none()) {
+            return Err(invalid(
+                "takes_http1",
+                "says that a native inbound socket's HCM takes HTTP/1.1 (role inbound, with agent_socket); a Wasm callee takes HTTP/2 only",
+            ));
+        }
         if raw.role != Role::Inbound && raw.policy.is_some() {
             return Err(invalid(
                 "policy",
@@ -494,6 +507,7 @@ impl Config {
             agent_socket: raw.agent_socket,
             peer_service: raw.peer_service,
             carries,
+            takes_http1: raw.takes_http1,
             workload: raw.workload,
             service: raw.service,
             agent_cluster: raw.agent_cluster,
@@ -664,6 +678,10 @@ mod tests {
             (
                 r#"{"role":"seal","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","carries":"http/1.1"}"#,
                 "with peer_service",
+            ),
+            (
+                r#"{"role":"inbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","takes_http1":true}"#,
+                "a Wasm callee takes HTTP/2 only",
             ),
             (
                 r#"{"role":"outbound","mesh":"demo","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w","timeout_ms":0}"#,

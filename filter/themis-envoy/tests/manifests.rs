@@ -1047,10 +1047,11 @@ fn native_envoyfilter_configurations_match_where_they_are_patched() {
         with_socket(&outbound),
         "outbound: envoyfilter.yaml's, with the agent's socket"
     );
+    let mut inbound = with_socket(&inbound);
+    inbound["takes_http1"] = true.into();
     assert_eq!(
-        configs.inbound,
-        with_socket(&inbound),
-        "inbound: envoyfilter.yaml's, with the agent's socket"
+        configs.inbound, inbound,
+        "inbound: envoyfilter.yaml's, with the agent's socket, taking HTTP/1.1 as is"
     );
     for (cluster, seal) in &configs.seals {
         let (service, http1) = sealed_service(cluster);
@@ -1516,6 +1517,8 @@ fn envoy_loads_the_istio_native_configuration() {
         remove_named(&mut inb["http_filters"], "themis.strip");
         let map = inb.as_mapping_mut().unwrap();
         map.remove("common_http_protocol_options").unwrap();
+        // The patch says AUTO (Istio's own), which `takes_http1` relies on.
+        map.insert("codec_type".into(), "HTTP2".into());
         let route = inb["route_config"].as_mapping_mut().unwrap();
         route.remove("request_headers_to_add").unwrap();
     }
@@ -1585,6 +1588,11 @@ fn envoy_loads_the_istio_native_configuration() {
             }
         }
     }
+
+    assert_eq!(
+        hcm(&sidecar_listener(&boot, "themis_inbound"))["codec_type"],
+        "AUTO"
+    );
 
     // Envoy takes every piece (the module refuses a configuration it cannot use, and
     // Envoy the bootstrap with it), and the module runs for the manifest's workload.

@@ -90,7 +90,8 @@ struct Worker {
 }
 
 /// Callees remembered as taking HTTP/1.1, per worker, at most: past it the set starts
-/// again (each id is learnt anew on its next HTTP/2 connection).
+/// again (an id is learnt anew on its next new HTTP/2 connection, which a long-lived
+/// pooled one may delay: until then its HTTP/1.1 calls go over HTTP/2).
 const MAX_TAKES_HTTP1: usize = 4096;
 
 /// True if `peer` said, on a connection of this worker, that it takes HTTP/1.1 as is.
@@ -106,7 +107,7 @@ fn learn_takes_http1(peer: PeerId, takes: bool) {
             set.remove(&peer);
             return;
         }
-        if set.len() >= MAX_TAKES_HTTP1 {
+        if !set.contains(&peer) && set.len() >= MAX_TAKES_HTTP1 {
             set.clear();
         }
         set.insert(peer);
@@ -179,18 +180,7 @@ impl Factory {
                 }
             }
         }
-        // The inbound HCM detects its codec (`codec_type: AUTO`, told by `protocol`),
-        // so a native callee takes HTTP/1.1 as is and says so; a caller carries what
-        // its cluster speaks, and asks whether the callee would take HTTP/1.1.
-        let carries = match config.role {
-            Role::Inbound => Carries::HTTP2.or(Carries::HTTP1),
-            _ => config.carries,
-        };
-        let handshake = HandshakeConfig {
-            carries,
-            options: StreamOptions::LARGE_RECORDS.or(StreamOptions::TAKES_HTTP1),
-            ..HandshakeConfig::default()
-        };
+        let handshake = handshake_for(&config);
         Ok(Factory {
             config: Arc::new(config),
             runtime,
@@ -295,6 +285,8 @@ impl Connection {
         }
         // An HTTP/1.1 connection that never opened: the callee may no longer take it
         // (its sidecar changed runtime); the next calls go over HTTP/2 and ask again.
+        // (`promised` is the id listed at the address when it started, the pick's
+        // unless the resolution changed in between.)
         if self.handshake.carries == Carries::HTTP1 && self.peer.is_none() {
             if let Some(promised) = self.promised.take() {
                 learn_takes_http1(promised, false);
@@ -649,6 +641,27 @@ impl Connection {
     }
 }
 
+/// What a socket offers (a caller) or takes (a callee) in the handshake. A callee whose
+/// HCM detects its codec (`takes_http1`: `codec_type: AUTO`, told by `protocol`) takes
+/// HTTP/1.1 as is and says so; a caller carries what its cluster speaks, and asks
+/// whether the callee would take HTTP/1.1.
+fn handshake_for(config: &Config) -> HandshakeConfig {
+    let (carries, http1_option) = match config.role {
+        Role::Inbound if config.takes_http1 => (Carries::HTTP2.or(Carries::HTTP1), true),
+        Role::Inbound => (Carries::HTTP2, false),
+        _ => (config.carries, true),
+    };
+    let mut options = StreamOptions::LARGE_RECORDS;
+    if http1_option {
+        options = options.or(StreamOptions::TAKES_HTTP1);
+    }
+    HandshakeConfig {
+        carries,
+        options,
+        ..HandshakeConfig::default()
+    }
+}
+
 /// The id that must answer at `remote` for `service`: the one the verified
 /// resolution lists there. None listed, or two ids at one address (which one the
 /// app was promised cannot be told), refuses the connection.
@@ -696,6 +709,35 @@ mod tests {
             metadata: Default::default(),
             vouched_by: Vec::new(),
         }
+    }
+
+    #[test]
+    fn only_a_callee_configured_for_http1_takes_it_and_says_so() {
+        let config = |role_and_more: &str| {
+            Config::parse(format!(r#"{{"mesh_root":"demo:{}","workload":"w","agent_socket":"/a",{role_and_more}}}"#, "11".repeat(32)).as_bytes()).unwrap()
+        };
+        let takes = |h: &HandshakeConfig| {
+            (
+                h.carries.contains(Carries::HTTP1),
+                h.options.contains(StreamOptions::TAKES_HTTP1),
+            )
+        };
+        let plain = handshake_for(&config(r#""role":"inbound""#));
+        assert_eq!(
+            (plain.carries, takes(&plain)),
+            (Carries::HTTP2, (false, false))
+        );
+        let auto = handshake_for(&config(r#""role":"inbound","takes_http1":true"#));
+        assert_eq!(takes(&auto), (true, true));
+        assert!(auto.carries.contains(Carries::HTTP2));
+        // Callers offer what their cluster speaks, and always ask.
+        let h2 = handshake_for(&config(r#""role":"seal","peer_service":"s""#));
+        assert_eq!((h2.carries, takes(&h2)), (Carries::HTTP2, (false, true)));
+        let h1 = handshake_for(&config(
+            r#""role":"seal","peer_service":"s","carries":"http/1.1""#,
+        ));
+        assert_eq!((h1.carries, takes(&h1)), (Carries::HTTP1, (true, true)));
+        assert!(h1.options.contains(StreamOptions::LARGE_RECORDS));
     }
 
     #[test]
