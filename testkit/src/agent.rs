@@ -562,7 +562,7 @@ pub fn mesh_key(root: &Path) -> themis_core::Identity {
 /// [`FAST`] with metrics served on a free port of their own, then `more`; returns
 /// the arguments and the metrics address.
 pub fn metered(more: &[&str]) -> (Vec<String>, std::net::SocketAddr) {
-    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let metrics = crate::ports::listener_addr();
     let mut args: Vec<String> = FAST.iter().map(|a| (*a).to_owned()).collect();
     let at = args.iter().position(|a| a == "--metrics").unwrap();
     args[at + 1] = metrics.to_string();
