@@ -126,6 +126,14 @@ impl Proxy {
     /// Waits until it may call `service` at `endpoint`: on the native runtime, until
     /// its module's verified resolution lists it (the Wasm filter resolves on the
     /// first call).
+    /// The runtime its sidecar runs.
+    pub fn runtime(&self) -> Runtime {
+        match self.envoy.is_native() {
+            true => Runtime::Native,
+            false => Runtime::Wasm,
+        }
+    }
+
     pub fn wait_resolves(&self, service: &str, endpoint: SocketAddr) {
         if self.envoy.is_native() {
             self.envoy.wait_native_resolves(service, endpoint);
@@ -265,11 +273,15 @@ pub struct Nodes {
     pub b: Agent,
     pub mesh_root: String,
     pub handler_id: String,
-    /// What every sidecar of these nodes runs.
+    /// What node A's sidecars run (and node B's, unless [`Nodes::start_mixed`]).
     pub runtime: Runtime,
+    /// What node B's sidecars run.
+    callee_runtime: Runtime,
     /// Envoy A's log, once started on the native runtime: a new instance is
     /// callable once Envoy A's module resolves it (see [`Nodes::wait_resolves`]).
     caller_log: RefCell<Option<PathBuf>>,
+    /// Envoy A's inbound address, once started (`handler` is registered there).
+    caller_inbound: std::cell::Cell<Option<SocketAddr>>,
     pub dir: tempfile::TempDir,
 }
 
@@ -282,6 +294,11 @@ impl Nodes {
 
     /// [`Nodes::start`] with every sidecar on `runtime`.
     pub fn start_on(runtime: Runtime) -> Nodes {
+        Nodes::start_mixed(runtime, runtime)
+    }
+
+    /// [`Nodes::start`] with node A's sidecars on `caller` and node B's on `callee`.
+    pub fn start_mixed(caller: Runtime, callee: Runtime) -> Nodes {
         let dir = tempdir();
         let root = dir.path();
         let (a, b) = two_agents(root);
@@ -291,8 +308,10 @@ impl Nodes {
             a,
             b,
             handler_id,
-            runtime,
+            runtime: caller,
+            callee_runtime: callee,
             caller_log: RefCell::new(None),
+            caller_inbound: std::cell::Cell::new(None),
             dir,
         }
     }
@@ -333,7 +352,11 @@ impl Nodes {
             outbound_config: &outbound,
             inbound_config: &inbound,
         };
-        let mut yaml = match self.runtime {
+        let runtime = match std::ptr::eq(spec.agent, &self.b) {
+            true => self.callee_runtime,
+            false => self.runtime,
+        };
+        let mut yaml = match runtime {
             Runtime::Wasm => render(&sidecar),
             Runtime::Native => {
                 // The services these tests call: `check` and the TCP services.
@@ -393,6 +416,7 @@ impl Nodes {
         if self.runtime == Runtime::Native {
             *self.caller_log.borrow_mut() = Some(proxy.envoy.log_path().to_owned());
         }
+        self.caller_inbound.set(Some(proxy.inbound));
         proxy
     }
 
@@ -457,6 +481,11 @@ impl Nodes {
         let id = create_workload(&self.b, spec.workload);
         let proxy = self.sidecar_edited(spec, edit);
         proxy.wait_identity();
+        // A native callee checks a Wasm caller that carries no endorsement yet against
+        // its module's resolution of the policy's service.
+        if let (Runtime::Wasm, Some(handler_at)) = (self.runtime, self.caller_inbound.get()) {
+            proxy.wait_resolves("handler", handler_at);
+        }
         register(
             &self.b,
             spec.service,

@@ -63,6 +63,11 @@ fn logs(proxies: &[&Proxy]) -> String {
 }
 
 fn grpc_unary_streams_and_trailers(runtime: Runtime) {
+    grpc_between(runtime, runtime);
+}
+
+/// gRPC from a `caller` sidecar to a `callee` one, each on its runtime.
+fn grpc_between(caller: Runtime, callee: Runtime) {
     if !(require::filter_in_envoy("runs the filter")
         && require::root("captures packets")
         && require::tool("tcpdump", "captures packets"))
@@ -70,7 +75,7 @@ fn grpc_unary_streams_and_trailers(runtime: Runtime) {
         return;
     }
     let _serial = serial();
-    let nodes = Nodes::start_on(runtime);
+    let nodes = Nodes::start_mixed(caller, callee);
     let dir = nodes.path();
     // The server's marker goes into trailers and the error details, the client's into
     // request metadata and every message.
@@ -85,6 +90,7 @@ fn grpc_unary_streams_and_trailers(runtime: Runtime) {
     );
     let envoy_a = nodes.envoy_a(None, &[]);
     let envoy_b = nodes.envoy_b_serving("check", server.addr, AppProtocol::Http2);
+    assert_eq!((envoy_a.runtime(), envoy_b.runtime()), (caller, callee));
     let between = Capture::start(dir, "between", &[envoy_b.inbound.port()]);
     let app_side = Capture::start(dir, "app-side", &[server.addr.port()]);
 
@@ -340,6 +346,11 @@ fn upload_256_mib_streams_in_flat_memory(runtime: Runtime) {
 }
 
 fn redis_over_a_tcp_tunnel(runtime: Runtime) {
+    redis_between(runtime, runtime);
+}
+
+/// A TCP tunnel from a `caller` sidecar to a `callee` one, each on its runtime.
+fn redis_between(caller: Runtime, callee: Runtime) {
     if !(require::filter_in_envoy("runs the filter")
         && require::root("captures packets")
         && require::tool("tcpdump", "captures packets")
@@ -349,11 +360,12 @@ fn redis_over_a_tcp_tunnel(runtime: Runtime) {
         return;
     }
     let _serial = serial();
-    let nodes = Nodes::start_on(runtime);
+    let nodes = Nodes::start_mixed(caller, callee);
     let dir = nodes.path();
     let redis = Redis::start(dir, IP_B);
     let envoy_a = nodes.envoy_a(None, &["redis"]);
     let envoy_b = nodes.envoy_b_serving("redis", redis.addr, AppProtocol::Tcp);
+    assert_eq!((envoy_a.runtime(), envoy_b.runtime()), (caller, callee));
     let listener: SocketAddr = *envoy_a
         .tcp
         .get("redis")
@@ -970,3 +982,29 @@ themis_testkit::on_both_runtimes!(
     a_server_that_speaks_first_is_heard,
     an_http_app_takes_no_tunnel,
 );
+
+/// A native and a Wasm sidecar agree on what the sealed stream carries, either way
+/// round: gRPC (HTTP/2, trailers) and a TCP tunnel (HTTP/1.1: `native.rs`).
+mod interop {
+    use super::{grpc_between, redis_between, Runtime};
+
+    #[test]
+    fn grpc_from_native_to_wasm() {
+        grpc_between(Runtime::Native, Runtime::Wasm);
+    }
+
+    #[test]
+    fn grpc_from_wasm_to_native() {
+        grpc_between(Runtime::Wasm, Runtime::Native);
+    }
+
+    #[test]
+    fn redis_from_native_to_wasm() {
+        redis_between(Runtime::Native, Runtime::Wasm);
+    }
+
+    #[test]
+    fn redis_from_wasm_to_native() {
+        redis_between(Runtime::Wasm, Runtime::Native);
+    }
+}
