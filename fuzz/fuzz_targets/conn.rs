@@ -1,4 +1,4 @@
-//! One connection's machines (`themis_envoy::conn`), the callee and the caller, under
+//! One connection's machines (`themis_sidecar::conn`), the callee and the caller, under
 //! hostile peers and a confused agent: arbitrary bytes cut arbitrarily, app writes,
 //! and agent answers (the identity, a signature, a resolution) in any order and at
 //! any time. Nothing panics; nothing but the callee's own preface reaches its app
@@ -12,10 +12,10 @@ use ring::rand::SystemRandom;
 use themis_core::guard::{BudgetConfig, HandshakeBudget, HelloGuard, Rate, SourceLimiter};
 use themis_core::stream::{Meta, HTTP2_PREFACE};
 use themis_core::{Carries, HandshakeConfig, HandshakeSigner, PeerId, StreamOptions};
-use themis_envoy::config::Policy;
-use themis_envoy::conn::callee::{self, Callee, Gates};
-use themis_envoy::conn::caller::{Caller, Start};
-use themis_envoy::conn::Step;
+use themis_sidecar::config::Policy;
+use themis_sidecar::conn::callee::{self, Callee, Gates};
+use themis_sidecar::conn::caller::{Caller, Start};
+use themis_sidecar::conn::Step;
 use themis_fuzz::{peers, NOW_MS};
 use themis_trust::{MeshRoot, Revocations, Verifier};
 
@@ -104,10 +104,10 @@ fuzz_target!(|input: Input| {
                 callee.identity_arrived(&mut w)
             }
             Event::Signed(signature) => callee.signed(Ok(signature)),
-            Event::SignFailed => callee.signed(Err(themis_envoy::conn::Close {
-                reason: "sign_failed",
-                detail: String::new(),
-            })),
+            Event::SignFailed => callee.signed(Err(themis_sidecar::conn::Close::new(
+                themis_sidecar::reason::Reason::SignFailed,
+                "",
+            ))),
             Event::Resolved(_) => callee.resolved(&mut w),
             Event::EndOfStream => {
                 callee.end_of_stream();

@@ -30,11 +30,11 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Map, Value};
 use themis_core::{MeshName, PeerId};
-use themis_envoy::agent::{
+use themis_sidecar::agent::{
     parse_instances, parse_public_identity, parse_revocations, parse_signature, Instance,
 };
-use themis_envoy::config::{is_name, Canary, Config, Policy, Role, Rule};
-use themis_envoy::route::{Pick, Routes};
+use themis_sidecar::config::{is_name, Canary, Config, Policy, Role, Rule};
+use themis_sidecar::route::{Pick, Routes};
 use themis_fuzz::trust::{trust, SERVICE};
 use themis_native::runtime::http_body;
 use themis_fuzz::{mesh, Edit, MESH};

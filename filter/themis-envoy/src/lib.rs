@@ -13,16 +13,10 @@
 //!   the stock HTTP connection manager, decides the policy once per connection and
 //!   hands the verified peer id and service over as filter state.
 //!
-//! The Envoy glue is `envoy` (Wasm only); everything it decides with is plain Rust
-//! tested natively: [`conn`] (one connection machine per side, which the native
-//! runtime drives too), [`config`], [`agent`], [`route`], [`policy`] and
+//! This crate is only the Envoy glue (`envoy`, Wasm only): everything it decides with is
+//! the sans-IO sidecar in `themis_sidecar` (config, agent answers, routing, policy, the
+//! connection machines), which the native runtime drives too, and
 //! [`themis_core::stream`]. `docs/FILTER.md` is the operator's guide.
-
-pub mod agent;
-pub mod config;
-pub mod conn;
-pub mod policy;
-pub mod route;
 
 #[cfg(target_family = "wasm")]
 mod envoy;

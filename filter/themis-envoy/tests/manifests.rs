@@ -24,7 +24,7 @@ use support::build::{filter_wasm, workspace};
 use support::envoy::{render_native, AppProtocol, Envoy, Sidecar};
 use support::process::wait_until;
 use support::{http, require};
-use themis_envoy::config::{Config, Role};
+use themis_sidecar::config::{Config, Role};
 
 const WASM: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
 const NETWORK_WASM: &str = "type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm";

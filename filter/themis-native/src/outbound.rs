@@ -12,61 +12,19 @@ use std::time::Duration;
 
 use ring::rand::SystemRandom;
 use themis_core::PeerId;
-use themis_envoy::config::{is_name, Config, Role};
-use themis_envoy::route::{Pick, PickRandom, Routes, DESTINATION_HEADER, PEER_HEADER};
+use themis_sidecar::config::{Config, Role};
+use themis_sidecar::outbound::{pick_headers, service_of, upstream_failed, Refusal, CARRY_HEADER};
+use themis_sidecar::reason::Rejection;
+use themis_sidecar::route::{Pick, PickRandom, Routes};
 
 use crate::runtime::{now_ms, Runtime};
 use crate::socket::{proven_peer, takes_http1, ProvenPeer};
 
-/// Set (to `http/1.1`) on a request carried as HTTP/1.1: the outbound virtual host
-/// routes it to the service's HTTP/1.1 sealing cluster, and removes it there.
-pub const CARRY_HEADER: &str = "x-themis-carry";
-
-/// The counters, `themis.outbound.<name>` as the Wasm filter's.
-pub const COUNTERS: [&str; 6] = [
-    "requests",
-    "rejected.not_a_service",
-    "rejected.no_instance",
-    "rejected.resolve_failed",
-    "rejected.not_routed",
-    "peer_unreachable",
-];
-
-/// A request answered here, with `x-themis-reject: reason`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub status: u32,
-    pub reason: &'static str,
-    pub message: String,
-}
-
-impl Refusal {
-    fn new(status: u32, reason: &'static str, message: String) -> Self {
-        Refusal {
-            status,
-            reason,
-            message,
-        }
-    }
-
-    /// The counter it bumps.
-    pub fn counter(&self) -> String {
-        format!("rejected.{}", self.reason)
-    }
-
-    /// The body the app reads.
-    pub fn body(&self) -> String {
-        format!("themis: {}\n", self.message)
-    }
-}
-
 /// Where a request goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
-    /// `ip:port`, for the destination header.
-    pub destination: String,
-    /// The id expected there (hex), for the peer header.
-    pub expect_peer: String,
+    /// The destination and peer headers ([`pick_headers`]).
+    pub pick: [(&'static str, String); 2],
     pub picked: PeerId,
     /// Carried as the app wrote it, HTTP/1.1: the request is, and the picked
     /// instance said (signed, on an earlier connection) that it takes HTTP/1.1.
@@ -77,9 +35,10 @@ impl Route {
     /// The request headers that name the pick to `set_filter_state`, and the
     /// carry header (`None`: removed, whatever the app wrote).
     pub fn headers(&self) -> [(&'static str, Option<&str>); 3] {
+        let [(destination, address), (peer, id)] = &self.pick;
         [
-            (DESTINATION_HEADER, Some(&self.destination)),
-            (PEER_HEADER, Some(&self.expect_peer)),
+            (destination, Some(address)),
+            (peer, Some(id)),
             (CARRY_HEADER, self.carries_http1.then_some("http/1.1")),
         ]
     }
@@ -116,29 +75,17 @@ impl Outbound {
     /// Picks an instance for a request to `authority` (`service` or `service:port`);
     /// `http1`: the app's request is HTTP/1.1.
     pub fn on_request(&self, authority: &str, http1: bool) -> Result<Route, Refusal> {
-        // The port is the app's business, not routing's.
-        let name = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
-        if !is_name(name) {
-            return Err(Refusal::new(
-                400,
-                "not_a_service",
-                format!("{authority:?} does not name a mesh service"),
-            ));
-        }
+        let name = service_of(authority)?;
         let snapshot = self.runtime.snapshot();
         let Some(instances) = snapshot.resolutions.get(name) else {
             return Err(match self.runtime.wants(name) {
                 true => {
                     self.runtime.refresh();
-                    Refusal::new(
-                        503,
-                        "resolve_failed",
-                        format!("{name} is not resolved yet"),
-                    )
+                    Refusal::resolve_failed(format!("{name} is not resolved yet"))
                 }
                 false => Refusal::new(
                     503,
-                    "not_routed",
+                    Rejection::NotRouted,
                     format!("this sidecar has no sealing cluster for {name} (render-sidecar --calls {name})"),
                 ),
             });
@@ -146,20 +93,15 @@ impl Outbound {
         let pick = self
             .routes
             .lock()
-            .map_err(|_| Refusal::new(503, "resolve_failed", "routes poisoned".into()))?
+            .map_err(|_| Refusal::resolve_failed("routes poisoned"))?
             .pick_from(name, instances, now_ms(), self.random());
         match pick {
             Pick::Instance(instance) => Ok(Route {
-                destination: instance.endpoint.to_string(),
-                expect_peer: hex::encode(instance.id.0),
+                pick: pick_headers(&instance),
                 picked: instance.id,
                 carries_http1: http1 && takes_http1(&instance.id),
             }),
-            Pick::NoInstance | Pick::Resolve => Err(Refusal::new(
-                503,
-                "no_instance",
-                format!("{name} has no instance the mesh vouches for"),
-            )),
+            Pick::NoInstance | Pick::Resolve => Err(Refusal::no_instance(name)),
         }
     }
 
@@ -186,7 +128,7 @@ impl Outbound {
         upstream_connection: Option<u64>,
         flags: u64,
     ) -> Answered {
-        let unreachable = flags & 0x70 != 0;
+        let unreachable = upstream_failed(flags);
         if unreachable {
             if let Ok(mut routes) = self.routes.lock() {
                 let now = now_ms();

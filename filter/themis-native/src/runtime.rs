@@ -16,10 +16,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ring::rand::SystemRandom;
 use themis_contracts::{api, paths};
 use themis_core::delegation::{Credential, DelegatedKey};
-use themis_envoy::agent::{
+use themis_sidecar::agent::{
     endorsed, parse_instances, parse_new_revocations, Instance, NextPoll, REVOCATIONS_WAIT_MS,
 };
-use themis_envoy::config::Config;
+use themis_sidecar::config::Config;
 use themis_trust::{MeshRoot, Revocations, Verifier};
 
 /// Takes the instances `revoked` withdraws out of `resolutions`; the rest stays until
@@ -235,7 +235,7 @@ impl Runtime {
         };
         let body = serde_json::to_vec(&request).map_err(|e| e.to_string())?;
         let answer = self.call("POST", &paths::workload_delegate(&self.workload), &body)?;
-        let (credential, renew_at) = themis_envoy::agent::parse_delegated(
+        let (credential, renew_at) = themis_sidecar::agent::parse_delegated(
             &answer,
             key,
             &self.workload,

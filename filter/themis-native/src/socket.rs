@@ -16,10 +16,11 @@ use std::sync::Arc;
 use ring::rand::SystemRandom;
 use themis_core::stream::Meta;
 use themis_core::{Carries, HandshakeConfig, HandshakeSigner, PeerId, StreamOptions};
-use themis_envoy::config::{Config, Policy, Role};
-use themis_envoy::conn::callee::{self, Callee, Gates};
-use themis_envoy::conn::caller::{Caller, Start};
-use themis_envoy::conn::{Close, Event, Step};
+use themis_sidecar::config::{Config, Policy, Role};
+use themis_sidecar::conn::callee::{self, Callee, Gates};
+use themis_sidecar::conn::caller::{Caller, Start};
+use themis_sidecar::conn::{Close, Event, Step};
+use themis_sidecar::reason::Reason;
 use themis_trust::Verifier;
 
 use crate::metrics;
@@ -175,7 +176,7 @@ impl Factory {
         // checked against the services the policy names, resolved here.
         if let Some(Policy::Allow(rules)) = &config.policy {
             for rule in rules {
-                if let themis_envoy::config::Rule::Service(service) = rule {
+                if let themis_sidecar::config::Rule::Service(service) = rule {
                     runtime.want(service);
                 }
             }
@@ -294,9 +295,9 @@ impl Connection {
         }
     }
 
-    fn fail(&mut self, reason: &str, detail: String) -> Outcome {
+    fn fail(&mut self, Close { reason, detail }: Close) -> Outcome {
         let role = self.config.role.as_str();
-        metrics::count(role, &format!("refused.{reason}"));
+        metrics::count(role, &reason.counter());
         crate::ffi::log(
             3,
             &format!(
@@ -317,8 +318,8 @@ impl Connection {
             // the handshake (or never starts it) is closed by Envoy.
             Side::Inbound(_) => {}
             Side::Outbound(_) => {
-                if let Err((reason, detail)) = self.start(io) {
-                    self.fail(reason, detail);
+                if let Err(close) = self.start(io) {
+                    self.fail(close);
                     // Nothing else would wake the connection (the pool waits for
                     // Connected): the next read closes it.
                     io.wake();
@@ -327,21 +328,20 @@ impl Connection {
         }
     }
 
-    fn start(&mut self, io: &mut dyn Io) -> Result<(), (&'static str, String)> {
+    fn start(&mut self, io: &mut dyn Io) -> Result<(), Close> {
         let remote = self
             .remote
             .or_else(|| io.remote())
-            .ok_or(("address", "no peer address".to_string()))?;
+            .ok_or_else(|| Close::new(Reason::Address, "no peer address"))?;
         self.remote = Some(remote);
         let service = self.config.peer_service.clone().unwrap_or_default();
         let snapshot = self.runtime.snapshot();
-        let credential = snapshot.credential.clone().ok_or((
-            "no_identity",
-            "no delegated key from the agent yet".to_string(),
-        ))?;
-        let peer = expected_peer(&snapshot, &service, remote)
-            .inspect_err(|_| self.runtime.refresh())
-            .map_err(|(reason, detail)| Close { reason, detail });
+        let credential = snapshot
+            .credential
+            .clone()
+            .ok_or_else(|| Close::new(Reason::NoIdentity, "no delegated key from the agent yet"))?;
+        let peer =
+            expected_peer(&snapshot, &service, remote).inspect_err(|_| self.runtime.refresh());
         let Side::Outbound(caller) = &mut self.side else {
             unreachable!("started on the outbound side")
         };
@@ -360,7 +360,7 @@ impl Connection {
         });
         self.apply(step, None, io)?;
         self.flush(io)
-            .map_err(|()| ("io", "writing message 1 failed".to_string()))?;
+            .map_err(|()| Close::new(Reason::Io, "writing message 1 failed"))?;
         Ok(())
     }
 
@@ -373,16 +373,17 @@ impl Connection {
         step: Step,
         generation: Option<u64>,
         io: &mut dyn Io,
-    ) -> Result<Vec<u8>, (&'static str, String)> {
+    ) -> Result<Vec<u8>, Close> {
         let role = self.config.role.as_str();
         for event in &step.events {
             metrics::count(role, event.counter());
         }
         if let Some(close) = step.close {
-            return Err((close.reason, close.detail));
+            return Err(close);
         }
         if let Some(ask) = step.ask {
-            return Err(("internal", format!("the native {role} cannot make {ask:?}")));
+            let detail = format!("the native {role} cannot make {ask:?}");
+            return Err(Close::new(Reason::Internal, detail));
         }
         // Before Connected is raised: Envoy may write (and so seal) at once, and
         // message 3 goes first.
@@ -441,10 +442,10 @@ impl Connection {
                     // The peer ended inside a record: nothing of it was delivered
                     // (the Wasm filter's `refused.truncated`).
                     if self.ends_mid_message() {
-                        return self.fail(
-                            "truncated",
-                            "the peer's stream ended inside a message".into(),
-                        );
+                        return self.fail(Close::new(
+                            Reason::Truncated,
+                            "the peer's stream ended inside a message",
+                        ));
                     }
                     return Outcome {
                         close: false,
@@ -456,7 +457,7 @@ impl Connection {
             }
             let plaintext = match self.open_from_peer(&buf[..n], io) {
                 Ok(p) => p,
-                Err((reason, detail)) => return self.fail(reason, detail),
+                Err(close) => return self.fail(close),
             };
             if !plaintext.is_empty() {
                 io.deliver(&plaintext);
@@ -484,11 +485,7 @@ impl Connection {
     }
 
     /// The peer's bytes through the stream; returns the plaintext for Envoy.
-    fn open_from_peer(
-        &mut self,
-        data: &[u8],
-        io: &mut dyn Io,
-    ) -> Result<Vec<u8>, (&'static str, String)> {
+    fn open_from_peer(&mut self, data: &[u8], io: &mut dyn Io) -> Result<Vec<u8>, Close> {
         let now = now_ms();
         match &mut self.side {
             Side::Inbound(_) => self.open_inbound(data, now, io),
@@ -508,20 +505,15 @@ impl Connection {
 
     /// Inbound: the caller's bytes through the callee's machine, which never asks
     /// the agent here (the delegated key signs; the runtime's resolutions answer).
-    fn open_inbound(
-        &mut self,
-        data: &[u8],
-        now: u64,
-        io: &mut dyn Io,
-    ) -> Result<Vec<u8>, (&'static str, String)> {
+    fn open_inbound(&mut self, data: &[u8], now: u64, io: &mut dyn Io) -> Result<Vec<u8>, Close> {
         let Side::Inbound(callee) = &mut self.side else {
             unreachable!("called for the inbound side")
         };
         let snapshot = self.runtime.snapshot();
-        let credential = snapshot.credential.clone().ok_or((
-            "no_identity",
-            "no delegated key from the agent yet".to_string(),
-        ))?;
+        let credential = snapshot
+            .credential
+            .clone()
+            .ok_or_else(|| Close::new(Reason::NoIdentity, "no delegated key from the agent yet"))?;
         let runtime = &self.runtime;
         // A caller that carries no endorsement (the Wasm runtime's before v3) has its
         // claim checked against the services the policy names, resolved ahead.
@@ -587,7 +579,7 @@ impl Connection {
                 error.is_none() && pending.len() < MAX_PENDING
             });
             if let Some(e) = error {
-                return self.fail(e.reason, e.detail);
+                return self.fail(e);
             }
             consumed += taken;
             if self.flush(io).is_err() {
@@ -636,7 +628,10 @@ impl Connection {
         self.generation = snapshot.revocation_generation;
         snapshot.revocations.contains(&peer).then(|| {
             let who = peer.printable(&self.runtime.root.mesh);
-            self.fail("revoked", format!("peer {who} was revoked"))
+            self.fail(Close::new(
+                Reason::Revoked,
+                format!("peer {who} was revoked"),
+            ))
         })
     }
 }
@@ -665,15 +660,11 @@ fn handshake_for(config: &Config) -> HandshakeConfig {
 /// The id that must answer at `remote` for `service`: the one the verified
 /// resolution lists there. None listed, or two ids at one address (which one the
 /// app was promised cannot be told), refuses the connection.
-fn expected_peer(
-    snapshot: &Snapshot,
-    service: &str,
-    remote: SocketAddr,
-) -> Result<PeerId, (&'static str, String)> {
+fn expected_peer(snapshot: &Snapshot, service: &str, remote: SocketAddr) -> Result<PeerId, Close> {
     let instances = snapshot
         .resolutions
         .get(service)
-        .ok_or(("unresolved", format!("{service} is not resolved yet")))?;
+        .ok_or_else(|| Close::new(Reason::Unresolved, format!("{service} is not resolved yet")))?;
     let mut ids: Vec<PeerId> = instances
         .iter()
         .filter(|i| i.endpoint == remote)
@@ -683,12 +674,12 @@ fn expected_peer(
     ids.dedup();
     match ids.as_slice() {
         [one] => Ok(*one),
-        [] => Err((
-            "not_endorsed",
+        [] => Err(Close::new(
+            Reason::NotEndorsed,
             format!("no endorsed instance of {service} at {remote}"),
         )),
-        _ => Err((
-            "ambiguous",
+        _ => Err(Close::new(
+            Reason::Ambiguous,
             format!(
                 "{} ids of {service} at {remote}: which one was meant cannot be told",
                 ids.len()
@@ -700,7 +691,7 @@ fn expected_peer(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use themis_envoy::agent::Instance;
+    use themis_sidecar::agent::Instance;
 
     fn at(id: u8, endpoint: &str) -> Instance {
         Instance {
@@ -744,7 +735,12 @@ mod tests {
     fn the_expected_peer_is_the_one_id_listed_at_the_address() {
         let mut snapshot = Snapshot::default();
         let remote: SocketAddr = "10.0.0.2:15006".parse().unwrap();
-        let refused = |s: &Snapshot| expected_peer(s, "check", remote).unwrap_err().0;
+        let refused = |s: &Snapshot| {
+            expected_peer(s, "check", remote)
+                .unwrap_err()
+                .reason
+                .as_str()
+        };
         assert_eq!(refused(&snapshot), "unresolved");
         snapshot.resolutions.insert(
             "check".into(),
@@ -756,7 +752,10 @@ mod tests {
         );
         // Listed for another service only: not this cluster's.
         assert_eq!(
-            expected_peer(&snapshot, "other", remote).unwrap_err().0,
+            expected_peer(&snapshot, "other", remote)
+                .unwrap_err()
+                .reason
+                .as_str(),
             "unresolved"
         );
         // The same id twice (two records) is still one id.

@@ -4,7 +4,7 @@
 //! as filter state (`wasm.themis_peer_id`, `wasm.themis_peer_service`), which the
 //! route copies into request headers. Until the policy allowed the caller, nothing
 //! of its bytes reaches the connection manager. What to do is decided by
-//! [`crate::conn::callee::Callee`], the machine the native runtime's inbound socket runs
+//! [`themis_sidecar::conn::callee::Callee`], the machine the native runtime's inbound socket runs
 //! too; this file moves bytes and makes the agent calls it asks for.
 //!
 //! Before any public-key work for a connection's message 1, in this order: the
@@ -24,8 +24,9 @@ use themis_core::{HandshakeConfig, HandshakeSigner, PeerId};
 use themis_trust::Verifier;
 
 use super::{ask_agent, now_ms, take_answer, Answer, Call, Deadline, Shared};
-use crate::conn::callee::{self, Callee};
-use crate::conn::{Close, Event, Step};
+use themis_sidecar::conn::callee::{self, Callee};
+use themis_sidecar::conn::{Close, Event, Step};
+use themis_sidecar::reason::Reason;
 
 pub struct Inbound {
     worker: Shared,
@@ -100,7 +101,7 @@ impl Inbound {
     /// Counts and logs a refusal (the connection is closed, or closing).
     fn report(&self, close: &Close) {
         let mut w = self.worker.borrow_mut();
-        w.metrics.count(&format!("refused.{}", close.reason));
+        w.metrics.count(&close.reason.counter());
         w.handshaking.remove(&self.context_id);
         let (reason, detail) = (close.reason, &close.detail);
         if close.is_flood() {
@@ -285,7 +286,7 @@ impl Drop for Inbound {
 pub(super) fn close_late(worker: &Shared, context_id: u32) {
     {
         let w = worker.borrow();
-        w.metrics.count("refused.handshake_timeout");
+        w.metrics.count(&Reason::HandshakeTimeout.counter());
         warn!(
             "themis inbound: closing the connection (handshake_timeout): the caller was not allowed within {:?}",
             w.config.handshake_timeout

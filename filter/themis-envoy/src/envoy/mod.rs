@@ -1,5 +1,5 @@
 //! The proxy-wasm driver: Envoy's callbacks in, bytes and calls out. Every decision is
-//! made by the sans-IO parts ([`crate::route`], [`crate::policy`],
+//! made by the sans-IO parts ([`themis_sidecar::route`], [`themis_sidecar::policy`],
 //! [`themis_core::stream`]); these modules only move bytes between them and Envoy.
 //!
 //! * [`outbound`]: HTTP filter on the app-facing listener (pick an instance).
@@ -26,12 +26,13 @@ use themis_core::identity::PublicIdentity;
 use themis_core::wire::Kind;
 use themis_trust::{Revocations, Verifier};
 
-use crate::agent::{self, Instance};
-use crate::config::{Config, Policy, Role};
-use crate::conn::callee::Gates;
-use crate::conn::{Ask, Close};
-use crate::policy::Callers;
-use crate::route::{PickRandom, Routes};
+use themis_sidecar::agent::{self, Instance};
+use themis_sidecar::config::{Config, Policy, Role};
+use themis_sidecar::conn::callee::Gates;
+use themis_sidecar::conn::{Ask, Close};
+use themis_sidecar::policy::Callers;
+use themis_sidecar::reason::Reason;
+use themis_sidecar::route::{PickRandom, Routes};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -738,13 +739,18 @@ fn call_agent_to_sign(ctx: &dyn Context, config: &Config, to_sign: &ToSign) -> O
 /// The signature in the agent's answer to [`call_agent_to_sign`], or the reason to
 /// close the connection with (`sign_timeout`: the call hit `timeout_ms`;
 /// `sign_failed`: anything else) and a detail for the log.
-fn signature(status: Option<u16>, body: &[u8]) -> Result<[u8; 64], (&'static str, String)> {
+fn signature(status: Option<u16>, body: &[u8]) -> Result<[u8; 64], Close> {
     match status {
-        Some(200) => agent::parse_signature(body).map_err(|e| ("sign_failed", e.to_string())),
+        Some(200) => {
+            agent::parse_signature(body).map_err(|e| Close::new(Reason::SignFailed, e.to_string()))
+        }
         // Envoy answers a call that ran out of time with its own 504.
-        Some(504) => Err(("sign_timeout", "the agent did not sign in time".into())),
-        status => Err((
-            "sign_failed",
+        Some(504) => Err(Close::new(
+            Reason::SignTimeout,
+            "the agent did not sign in time",
+        )),
+        status => Err(Close::new(
+            Reason::SignFailed,
             format!(
                 "the agent did not sign (status {status:?}: {})",
                 String::from_utf8_lossy(body)
@@ -769,11 +775,16 @@ fn ask_agent(ctx: &dyn Context, worker: &Shared, ask: Ask) -> Result<(u32, Call)
     match ask {
         Ask::Identity => call_agent_for_identity(ctx, config)
             .map(|token| (token, Call::Identity))
-            .ok_or_else(|| Close::new("no_identity", "the workload's identity cannot be fetched")),
+            .ok_or_else(|| {
+                Close::new(
+                    Reason::NoIdentity,
+                    "the workload's identity cannot be fetched",
+                )
+            }),
         Ask::Sign(to_sign) => {
             let call = call_agent_to_sign(ctx, config, &to_sign)
                 .map(|token| (token, Call::Sign))
-                .ok_or_else(|| Close::new("sign_failed", "the agent cannot be asked to sign"));
+                .ok_or_else(|| Close::new(Reason::SignFailed, "the agent cannot be asked to sign"));
             if call.is_ok() {
                 w.metrics.count("agent_signed");
             }
@@ -781,7 +792,7 @@ fn ask_agent(ctx: &dyn Context, worker: &Shared, ask: Ask) -> Result<(u32, Call)
         }
         Ask::Resolve(claim) => call_agent(ctx, config, &themis_contracts::paths::service(&claim))
             .map(|token| (token, Call::Resolve(claim)))
-            .ok_or_else(|| Close::new("resolve_failed", "the agent cannot be called")),
+            .ok_or_else(|| Close::new(Reason::ResolveFailed, "the agent cannot be called")),
     }
 }
 
@@ -802,9 +813,7 @@ fn take_answer(ctx: &dyn Context, worker: &Shared, call: Call, body_size: usize)
             Root::install_identity(worker, status, &body);
             Answer::Identity
         }
-        Call::Sign => {
-            Answer::Signature(signature(status, &body).map_err(|(r, d)| Close::new(r, d)))
-        }
+        Call::Sign => Answer::Signature(signature(status, &body)),
         Call::Resolve(claim) => {
             let mut w = worker.borrow_mut();
             let ids: Vec<_> = w

@@ -19,9 +19,9 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
 
 use super::{call_agent, call_response, now_ms, Shared};
-use crate::agent::Instance;
-use crate::config::is_name;
-use crate::route::{Pick, DESTINATION_HEADER, PEER_HEADER};
+use themis_sidecar::agent::Instance;
+use themis_sidecar::outbound::{pick_headers, service_of, upstream_failed, Refusal};
+use themis_sidecar::route::Pick;
 
 /// The instance a request was routed to, set by whoever routed it: the request's
 /// own context, or the resolution it waited on.
@@ -96,9 +96,7 @@ impl Outbound {
                 drop(w);
                 refuse(
                     &self.worker,
-                    503,
-                    "resolve_failed",
-                    "the agent cannot be called",
+                    &Refusal::resolve_failed("the agent cannot be called"),
                 );
             }
         }
@@ -113,17 +111,14 @@ fn route(worker: &Shared, service: &str, picked: &Picked) -> Routed {
     };
     match pick {
         Pick::Instance(instance) => {
-            let headers = MapType::HttpRequestHeaders;
-            let destination = instance.endpoint.to_string();
-            let _ = hostcalls::set_map_value(headers, DESTINATION_HEADER, Some(&destination));
-            let expected = hex::encode(instance.id.0);
-            let _ = hostcalls::set_map_value(headers, PEER_HEADER, Some(&expected));
+            for (key, value) in pick_headers(&instance) {
+                let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, key, Some(&value));
+            }
             *picked.borrow_mut() = Some(instance);
             Routed::Go
         }
         Pick::NoInstance => {
-            let message = format!("{service} has no instance the mesh vouches for");
-            refuse(worker, 503, "no_instance", &message);
+            refuse(worker, &Refusal::no_instance(service));
             Routed::Refused
         }
         Pick::Resolve => Routed::Resolve,
@@ -131,11 +126,11 @@ fn route(worker: &Shared, service: &str, picked: &Picked) -> Routed {
 }
 
 /// Answers the request of the effective context here, with `x-themis-reject: reason`.
-fn refuse(worker: &Shared, status: u32, reason: &str, message: &str) {
-    worker.borrow().metrics.count(&format!("rejected.{reason}"));
-    let headers = vec![("x-themis-reject", reason), ("content-type", "text/plain")];
-    let body = format!("themis: {message}\n");
-    let _ = hostcalls::send_http_response(status, headers, Some(body.as_bytes()));
+fn refuse(worker: &Shared, refusal: &Refusal) {
+    worker.borrow().metrics.count(&refusal.reason.counter());
+    let headers = refusal.headers().to_vec();
+    let body = refusal.body();
+    let _ = hostcalls::send_http_response(refusal.status, headers, Some(body.as_bytes()));
 }
 
 /// The agent answered a resolution of `service` (`status` `None`: it could not be
@@ -169,8 +164,10 @@ pub(super) fn resolved(worker: &Shared, service: &str, status: Option<u16>, body
             }
             Routed::Refused => {}
             Routed::Resolve => {
-                let message = format!("cannot resolve {service}");
-                refuse(worker, 503, "resolve_failed", &message);
+                refuse(
+                    worker,
+                    &Refusal::resolve_failed(format!("cannot resolve {service}")),
+                );
             }
         }
     }
@@ -218,16 +215,13 @@ impl HttpContext for Outbound {
         let authority = self
             .get_http_request_header(":authority")
             .unwrap_or_default();
-        // `service` or `service:port`: the port is the app's business, not routing's.
-        let name = authority
-            .rsplit_once(':')
-            .map_or(authority.as_str(), |(h, _)| h);
-        if !is_name(name) {
-            let message = format!("{authority:?} does not name a mesh service");
-            refuse(&self.worker, 400, "not_a_service", &message);
-            return Action::Pause;
+        match service_of(&authority) {
+            Ok(name) => self.service = name.to_string(),
+            Err(refusal) => {
+                refuse(&self.worker, &refusal);
+                return Action::Pause;
+            }
         }
-        self.service = name.to_string();
         match route(&self.worker, &self.service, &self.picked) {
             Routed::Go => Action::Continue,
             Routed::Refused => Action::Pause,
@@ -248,8 +242,7 @@ impl HttpContext for Outbound {
             self.set_http_response_header("x-themis-peer-service", Some(&self.service));
         }
         // The connection to the instance failed or was refused: avoid it for a while
-        // (the next calls go to another instance). Envoy's response flags: UR 0x10,
-        // UF 0x20, UC 0x40.
+        // (the next calls go to another instance).
         let flags = self
             .get_property(vec!["response", "flags"])
             .and_then(|b| {
@@ -257,7 +250,7 @@ impl HttpContext for Outbound {
                     .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
             })
             .unwrap_or(0);
-        if flags & 0x70 != 0 {
+        if upstream_failed(flags) {
             if let Some(instance) = &picked {
                 let mut w = self.worker.borrow_mut();
                 let until = now_ms() + w.config.down.as_millis() as u64;

@@ -5,7 +5,7 @@
 //! carrying the workload's endorsement), or, without one, once the agent signed it;
 //! message 3 and the held bytes leave through the read buffer retained by pausing (a
 //! Wasm network filter cannot write toward the upstream otherwise). What to do is
-//! decided by [`crate::conn::caller::Caller`], the machine the native runtime's
+//! decided by [`themis_sidecar::conn::caller::Caller`], the machine the native runtime's
 //! upstream socket runs too.
 
 use log::{info, warn};
@@ -16,8 +16,9 @@ use themis_core::stream::Meta;
 use themis_core::{HandshakeConfig, HandshakeSigner, PeerId};
 
 use super::{ask_agent, now_ms, take_answer, Answer, Call, Shared};
-use crate::conn::caller::{Caller, Start};
-use crate::conn::{Close, Event, Step};
+use themis_sidecar::conn::caller::{Caller, Start};
+use themis_sidecar::conn::{Close, Event, Step};
+use themis_sidecar::reason::Reason;
 
 /// The filter state key the router's `set_filter_state` puts the expected id in.
 const EXPECTED_PEER: &str = "envoy.network.upstream_server_name";
@@ -42,10 +43,7 @@ impl Seal {
 
     fn close(&mut self, close: Close) {
         let (reason, detail) = (close.reason, close.detail);
-        self.worker
-            .borrow()
-            .metrics
-            .count(&format!("refused.{reason}"));
+        self.worker.borrow().metrics.count(&reason.counter());
         warn!("themis seal: closing the connection ({reason}): {detail}");
         self.caller.abort();
         self.call = None;
@@ -61,7 +59,7 @@ impl Seal {
         let bytes = raw.and_then(|raw| <[u8; 32]>::try_from(hex::decode(raw).ok()?).ok());
         bytes
             .map(PeerId)
-            .ok_or_else(|| Close::new("no_peer", "the connection names no expected peer"))
+            .ok_or_else(|| Close::new(Reason::NoPeer, "the connection names no expected peer"))
     }
 
     /// Runs `f` (a start of the key agreement) with the worker's state lent to it.

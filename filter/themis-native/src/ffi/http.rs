@@ -11,7 +11,8 @@ use themis_core::PeerId;
 
 use super::{log, EnvoyBuffer, ModuleBuffer};
 use crate::metrics;
-use crate::outbound::{Outbound, Refusal, CARRY_HEADER, COUNTERS};
+use crate::outbound::Outbound;
+use themis_sidecar::outbound::{counter_names, Refusal, CARRY_HEADER};
 
 type ConfigPtr = *mut c_void;
 type StreamPtr = *mut c_void;
@@ -132,10 +133,11 @@ extern "C" {
     ) -> u32;
 }
 
-/// One `outbound` filter configuration and its counters' ids (by `COUNTERS` index).
+/// One `outbound` filter configuration and its counters' ids, by name (every name
+/// of [`counter_names`]).
 struct HttpConfig {
     outbound: Outbound,
-    counters: Vec<Option<usize>>,
+    counters: Vec<(String, Option<usize>)>,
 }
 
 /// One request's filter.
@@ -155,10 +157,11 @@ impl HttpStream {
     /// `f` is this stream's Envoy filter, in a hook.
     unsafe fn count(&self, f: StreamPtr, name: &str) {
         let config = self.config();
-        let id = COUNTERS
+        let id = config
+            .counters
             .iter()
-            .position(|c| *c == name)
-            .and_then(|i| config.counters[i]);
+            .find(|(counter, _)| counter == name)
+            .and_then(|(_, id)| *id);
         if let Some(id) = id {
             envoy_dynamic_module_callback_http_filter_increment_counter(
                 f,
@@ -204,10 +207,9 @@ unsafe fn set_header(f: StreamPtr, kind: u32, key: &str, value: Option<&str>) {
 /// As [`header`].
 unsafe fn refuse(f: StreamPtr, refusal: &Refusal) {
     let body = refusal.body();
-    let headers = [
-        HttpHeader::of("x-themis-reject", refusal.reason),
-        HttpHeader::of("content-type", "text/plain"),
-    ];
+    let headers = refusal
+        .headers()
+        .map(|(key, value)| HttpHeader::of(key, value));
     let details = format!("themis_{}", refusal.reason);
     envoy_dynamic_module_callback_http_send_response(
         f,
@@ -236,9 +238,12 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
     };
     match made {
         Ok(outbound) => {
-            let counters = COUNTERS
-                .iter()
-                .map(|counter| define_counter(envoy, &format!("themis.outbound.{counter}")))
+            let counters = counter_names()
+                .into_iter()
+                .map(|counter| {
+                    let id = define_counter(envoy, &format!("themis.outbound.{counter}"));
+                    (counter, id)
+                })
                 .collect();
             let config = Box::into_raw(Box::new(HttpConfig { outbound, counters }));
             install_socket_counters(envoy, config as usize);
@@ -399,7 +404,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
             HEADERS_CONTINUE
         }
         Err(refusal) => {
-            stream.count(f, &refusal.counter());
+            stream.count(f, &refusal.reason.counter());
             refuse(f, &refusal);
             HEADERS_STOP
         }

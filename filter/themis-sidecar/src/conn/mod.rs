@@ -23,6 +23,8 @@ use themis_core::handshake::ToSign;
 use themis_core::stream::Refusal;
 use themis_core::PeerId;
 
+use crate::reason::Reason;
+
 /// An agent call the driver makes for a machine, answered through its
 /// `identity_arrived`, `signed` or (the callee's) `resolved`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,12 +75,12 @@ impl Event {
 /// Why the connection ends: counted as `refused.<reason>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Close {
-    pub reason: &'static str,
+    pub reason: Reason,
     pub detail: String,
 }
 
 impl Close {
-    pub(crate) fn new(reason: &'static str, detail: impl Into<String>) -> Self {
+    pub fn new(reason: Reason, detail: impl Into<String>) -> Self {
         Close {
             reason,
             detail: detail.into(),
@@ -87,13 +89,13 @@ impl Close {
 
     /// A flood's refusals: counted, not worth a log line each.
     pub fn is_flood(&self) -> bool {
-        matches!(self.reason, "rate_limited" | "stale" | "replay" | "busy")
+        self.reason.is_flood()
     }
 }
 
 impl From<Refusal> for Close {
     fn from(refusal: Refusal) -> Self {
-        Close::new(refusal.reason(), refusal.to_string())
+        Close::new(Reason::from(&refusal), refusal.to_string())
     }
 }
 

@@ -18,6 +18,7 @@ use themis_trust::{Revocations, Verifier};
 use super::{Ask, Close, Event, Step};
 use crate::config::{Config, Policy};
 use crate::policy::{decide_with, endorsement_lists, Verdict};
+use crate::reason::Reason;
 
 /// A worker's gates in front of the public-key work of message 1 (per worker, shared
 /// by its connections): the source's bucket, the freshness window and replay cache,
@@ -140,7 +141,7 @@ impl Callee {
     pub fn end_of_stream(&mut self) -> Option<Close> {
         (!self.is_closed() && self.is_mid_message()).then(|| {
             self.abort();
-            Close::new("truncated", "the peer's stream ends inside a message")
+            Close::new(Reason::Truncated, "the peer's stream ends inside a message")
         })
     }
 
@@ -157,7 +158,7 @@ impl Callee {
         let peer = self.peer()?;
         revoked.contains(&peer).then(|| {
             self.abort();
-            Close::new("revoked", "the caller's id was revoked")
+            Close::new(Reason::Revoked, "the caller's id was revoked")
         })
     }
 
@@ -179,7 +180,10 @@ impl Callee {
                 Some(_) => self.feed(&raw, w, &mut step),
                 None => self.refuse(
                     &mut step,
-                    Close::new("no_identity", "the agent has no identity for the workload"),
+                    Close::new(
+                        Reason::NoIdentity,
+                        "the agent has no identity for the workload",
+                    ),
                 ),
             }
         }
@@ -197,7 +201,7 @@ impl Callee {
             // Not our own key's signature: the agent is confused or lying.
             self.stream
                 .signed(&s)
-                .map_err(|r| Close::new("sign_failed", r.to_string()))
+                .map_err(|r| Close::new(Reason::SignFailed, r.to_string()))
         }) {
             // Message 2 rides on the app's first write: on this step's, if the app
             // wrote while the agent was signing.
@@ -259,7 +263,7 @@ impl Callee {
                 if raw.len() + data.len() > MAX_HANDSHAKE_LEN {
                     return self.refuse(
                         step,
-                        Close::new("overflow", "more than message 1 before message 2"),
+                        Close::new(Reason::Overflow, "more than message 1 before message 2"),
                     );
                 }
                 return raw.extend_from_slice(data);
@@ -270,7 +274,7 @@ impl Callee {
                         let detail = format!(
                             "{source} started more handshakes than hellos_per_source allows"
                         );
-                        return self.refuse(step, Close::new("rate_limited", detail));
+                        return self.refuse(step, Close::new(Reason::RateLimited, detail));
                     }
                 }
                 self.phase = Phase::Handshaking;
@@ -305,7 +309,7 @@ impl Callee {
                         let detail = format!(
                             "the worker's handshake budget is spent (a Hello from {source})"
                         );
-                        return self.refuse(step, Close::new("busy", detail));
+                        return self.refuse(step, Close::new(Reason::Busy, detail));
                     }
                     Some(Admission::Reserved) => step.events.push(Event::KnownGoodHandshake),
                     Some(Admission::Open) => {}
@@ -365,7 +369,10 @@ impl Callee {
         if !self.is_closed() && stream::hold(&mut self.held, bytes).is_err() {
             self.refuse(
                 step,
-                Close::new("overflow", "too much data while the caller is verified"),
+                Close::new(
+                    Reason::Overflow,
+                    "too much data while the caller is verified",
+                ),
             );
         }
     }
@@ -382,7 +389,7 @@ impl Callee {
             self.refuse(
                 step,
                 Close::new(
-                    "revoked",
+                    Reason::Revoked,
                     format!("caller {} is revoked", peer.printable(mesh)),
                 ),
             );
@@ -563,7 +570,9 @@ mod tests {
     }
 
     fn refused(step: &Step) -> &'static str {
-        step.close.as_ref().map_or("(not closed)", |c| c.reason)
+        step.close
+            .as_ref()
+            .map_or("(not closed)", |c| c.reason.as_str())
     }
 
     #[test]
@@ -712,7 +721,7 @@ mod tests {
             world.with(|w| callee.from_peer(&hello, w)).ask,
             Some(Ask::Sign(_))
         ));
-        let timeout = Close::new("sign_timeout", "the agent did not sign in time");
+        let timeout = Close::new(Reason::SignTimeout, "the agent did not sign in time");
         assert_eq!(refused(&callee.signed(Err(timeout))), "sign_timeout");
         assert!(callee.is_closed());
     }
@@ -733,7 +742,9 @@ mod tests {
         assert_eq!(callee.check_revoked(&world.trust.revoked), None);
         world.trust.revoke(world.caller.public().id());
         assert_eq!(
-            callee.check_revoked(&world.trust.revoked).map(|c| c.reason),
+            callee
+                .check_revoked(&world.trust.revoked)
+                .map(|c| c.reason.as_str()),
             Some("revoked")
         );
         assert!(
@@ -817,7 +828,10 @@ mod tests {
         let (_, hello) = world.caller(None);
         let mut callee = Callee::new(HTTP2_PREFACE, source());
         world.with(|w| callee.from_peer(&hello[..20], w));
-        assert_eq!(callee.end_of_stream().map(|c| c.reason), Some("truncated"));
+        assert_eq!(
+            callee.end_of_stream().map(|c| c.reason.as_str()),
+            Some("truncated")
+        );
         // Once, and not for a stream that ended between messages.
         assert_eq!(callee.end_of_stream(), None);
         let mut whole = Callee::new(HTTP2_PREFACE, None);
@@ -864,7 +878,7 @@ mod tests {
                 break;
             }
         }
-        assert_eq!(closed.map(|c| c.reason), Some("overflow"));
+        assert_eq!(closed.map(|c| c.reason.as_str()), Some("overflow"));
     }
 
     #[test]

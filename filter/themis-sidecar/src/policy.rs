@@ -12,6 +12,7 @@ use themis_core::stream::Established;
 use themis_core::PeerId;
 
 use crate::config::Policy;
+use crate::reason::Reason;
 
 /// At most this many verified services are remembered per worker.
 pub const MAX_CALLER_SERVICES: usize = 1024;
@@ -46,10 +47,10 @@ pub enum Denial {
 
 impl Denial {
     /// The reason counted (`refused.<reason>`) and logged.
-    pub fn reason(self) -> &'static str {
+    pub fn reason(self) -> Reason {
         match self {
-            Denial::NoPolicy => "no_policy",
-            Denial::NotAllowed => "policy",
+            Denial::NoPolicy => Reason::NoPolicy,
+            Denial::NotAllowed => Reason::Policy,
         }
     }
 
@@ -95,7 +96,7 @@ impl Callers {
     }
 
     /// `Some(listed)` if `service` was verified and is still fresh.
-    pub(crate) fn lists(&self, service: &str, peer: &PeerId, now_ms: u64) -> Option<bool> {
+    pub fn lists(&self, service: &str, peer: &PeerId, now_ms: u64) -> Option<bool> {
         self.services
             .get(service)
             .filter(|(_, e)| *e > now_ms)

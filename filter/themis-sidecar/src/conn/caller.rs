@@ -11,6 +11,7 @@ use themis_core::{HandshakeConfig, HandshakeSigner, PeerId, SessionInfo};
 use themis_trust::Revocations;
 
 use super::{Ask, Close, Event, Step};
+use crate::reason::Reason;
 
 /// What starting the key agreement needs of the worker, lent for the call.
 pub struct Start<'a> {
@@ -103,7 +104,7 @@ impl Caller {
     pub fn end_of_stream(&mut self) -> Option<Close> {
         self.is_mid_message().then(|| {
             self.abort();
-            Close::new("truncated", "the peer's stream ends inside a message")
+            Close::new(Reason::Truncated, "the peer's stream ends inside a message")
         })
     }
 
@@ -113,7 +114,7 @@ impl Caller {
         let peer = self.peer()?;
         revoked.contains(&peer).then(|| {
             self.abort();
-            Close::new("revoked", "the peer's id was revoked")
+            Close::new(Reason::Revoked, "the peer's id was revoked")
         })
     }
 
@@ -130,7 +131,7 @@ impl Caller {
             Phase::Keyless { held } => match w.identity {
                 Some(_) => self.start_holding(held, w),
                 None => self.refuse(Close::new(
-                    "no_identity",
+                    Reason::NoIdentity,
                     "the agent has no identity for the workload",
                 )),
             },
@@ -151,7 +152,7 @@ impl Caller {
         };
         let peer = match w.peer {
             Ok(peer) if w.revoked.contains(&peer) => {
-                return self.refuse(Close::new("revoked", "the peer's id is revoked"))
+                return self.refuse(Close::new(Reason::Revoked, "the peer's id is revoked"))
             }
             Ok(peer) => peer,
             Err(close) => return self.refuse(close),
@@ -167,7 +168,7 @@ impl Caller {
         };
         let (mut stream, hello) = match started {
             Ok(started) => started,
-            Err(e) => return self.refuse(Close::new("handshake", e.to_string())),
+            Err(e) => return self.refuse(Close::new(Reason::Handshake, e.to_string())),
         };
         if let Err(refusal) = stream.from_app(&held) {
             return self.refuse(refusal.into());
@@ -200,7 +201,7 @@ impl Caller {
         let hello = signature.and_then(|s| {
             stream
                 .signed(&s)
-                .map_err(|r| Close::new("sign_failed", r.to_string()))
+                .map_err(|r| Close::new(Reason::SignFailed, r.to_string()))
         });
         match hello {
             Ok(hello) => {
@@ -241,7 +242,7 @@ impl Caller {
             Phase::Handshaking(stream) | Phase::Open(stream, _) => stream,
             Phase::Closed => return Step::default(),
             Phase::New | Phase::Keyless { .. } | Phase::Signing(_) => {
-                return self.refuse(Close::new("out_of_turn", "the peer spoke first"))
+                return self.refuse(Close::new(Reason::OutOfTurn, "the peer spoke first"))
             }
         };
         let out = match stream.from_peer(data) {
@@ -259,7 +260,7 @@ impl Caller {
                 step.events.push(Event::Established(peer));
                 if is_revoked(&peer) {
                     let mut refused =
-                        self.refuse(Close::new("revoked", "the peer's id is revoked"));
+                        self.refuse(Close::new(Reason::Revoked, "the peer's id is revoked"));
                     refused.events = step.events;
                     return refused;
                 }
@@ -363,7 +364,9 @@ mod tests {
     }
 
     fn refused(step: &Step) -> &'static str {
-        step.close.as_ref().map_or("(not closed)", |c| c.reason)
+        step.close
+            .as_ref()
+            .map_or("(not closed)", |c| c.reason.as_str())
     }
 
     #[test]
@@ -522,7 +525,7 @@ mod tests {
         }
         let mut caller = Caller::new();
         caller.start(world.start());
-        let timeout = Close::new("sign_timeout", "the agent did not sign in time");
+        let timeout = Close::new(Reason::SignTimeout, "the agent did not sign in time");
         assert_eq!(refused(&caller.signed(Err(timeout))), "sign_timeout");
     }
 
@@ -531,7 +534,7 @@ mod tests {
         let mut world = World::new();
         let mut start = world.start();
         start.peer = Err(Close::new(
-            "no_peer",
+            Reason::NoPeer,
             "the connection names no expected peer",
         ));
         assert_eq!(refused(&Caller::new().start(start)), "no_peer");
@@ -561,7 +564,9 @@ mod tests {
         assert_eq!(caller.check_revoked(&world.trust.revoked), None);
         world.trust.revoke(world.callee.public().id());
         assert_eq!(
-            caller.check_revoked(&world.trust.revoked).map(|c| c.reason),
+            caller
+                .check_revoked(&world.trust.revoked)
+                .map(|c| c.reason.as_str()),
             Some("revoked")
         );
         assert!(caller.from_app(b"more").to_peer.is_empty());
@@ -588,7 +593,10 @@ mod tests {
         let reply = world.answer(&mut StreamResponder::new(b""), &hello);
         let step = caller.from_peer(&reply[..reply.len() - 1], &world.is_revoked());
         assert!(step.close.is_none() && step.events.is_empty());
-        assert_eq!(caller.end_of_stream().map(|c| c.reason), Some("truncated"));
+        assert_eq!(
+            caller.end_of_stream().map(|c| c.reason.as_str()),
+            Some("truncated")
+        );
         assert!(caller.is_closed());
     }
 }
