@@ -64,6 +64,9 @@ pub struct Spawn<'a> {
     /// `--routing`, when the test pins it (after `extra`, so it wins); `None`: the
     /// agent's default, one hop. See [`Spawn::chord`].
     pub routing: Option<Routing>,
+    /// Environment variables set for the agent process (the agent's test-only fault
+    /// injection, read in debug builds alone, is one).
+    pub env: &'a [(&'a str, &'a str)],
 }
 
 impl Default for Spawn<'_> {
@@ -74,6 +77,7 @@ impl Default for Spawn<'_> {
             extra: FAST,
             netns: None,
             routing: None,
+            env: &[],
         }
     }
 }
@@ -161,6 +165,7 @@ impl Agent {
                     .flat_map(|r| ["--routing", routing_flag(*r)]),
             )
             .env("RUST_LOG", "info,themis_agent=debug")
+            .envs(options.env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);

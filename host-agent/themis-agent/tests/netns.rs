@@ -47,6 +47,7 @@ fn two_hosts(name: &str, routing: Option<Routing>) {
             extra: FAST,
             netns: Some(&hosts.peer),
             routing,
+            env: &[],
         },
     );
     a.wait_joined();
