@@ -20,7 +20,7 @@
 //! verified roster, never from what a peer names. Roster changes are pushed the same
 //! way, and feed the DHT node's membership ([`Overlay::set_members`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -36,6 +36,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tracing::{debug, info};
 
+use crate::histories::Histories;
 use crate::log_sync::{exchange, Synced};
 use crate::metrics::Metrics;
 use crate::overlay::{Frame, Overlay, Peer};
@@ -592,6 +593,9 @@ enum Done {
     Exchanged(Peer, Option<Box<RosterFrame>>, Ask),
     /// A log fetch from a peer: the size it claimed, and what the fetch came to.
     Fetched(u64, Synced),
+    /// A comparison of a member's other history: the member, its size, and what
+    /// the fetch came to.
+    Compared(Key, u64, Synced),
 }
 
 impl Driver {
@@ -600,8 +604,9 @@ impl Driver {
         let started = Instant::now();
         let now = move || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let me = Key(self.node.id().0);
+        let period_ms = u64::try_from(self.period.as_millis()).unwrap_or(u64::MAX);
         let config = GossipConfig {
-            period: u64::try_from(self.period.as_millis()).unwrap_or(u64::MAX),
+            period: period_ms,
             fetch_timeout: FETCH_TIMEOUT_MS,
             ..GossipConfig::default()
         };
@@ -616,8 +621,9 @@ impl Driver {
             u64::from_le_bytes(b)
         };
         let mut handed = None;
-        // Members whose other history of a size we already fetched.
-        let mut compared = HashMap::new();
+        // Members' other histories of this size: compared, and again when an
+        // exchange fails (first after a period).
+        let mut histories = Histories::new(period_ms);
         self.hand_members(&members, &mut handed).await;
         let mut next_bootstrap = Instant::now();
         let mut log_grew = self.state.trust.log().watch_size();
@@ -655,9 +661,12 @@ impl Driver {
                 wake = wake.min(next_bootstrap);
             }
             wake = wake.min(next_renewal);
+            if let Some(retry) = histories.poll_timeout() {
+                wake = wake.min(started + Duration::from_millis(retry));
+            }
             tokio::select! {
                 Some((peer, size, root)) = self.heard.recv() => {
-                    self.compare_histories(&mut tasks, &mut compared, &peer, size, root);
+                    self.compare_histories(&mut tasks, &mut histories, &peer, size, root);
                     gossip.on_have(now(), peer, Have { version: size });
                 }
                 () = self.state.changed.notified() => {
@@ -673,7 +682,7 @@ impl Driver {
                         self.state.take(&self.metrics, &answer.members);
                         let size = answer.log_size;
                         if let Some(root) = answer.log_root {
-                            self.compare_histories(&mut tasks, &mut compared, &peer, size, root);
+                            self.compare_histories(&mut tasks, &mut histories, &peer, size, root);
                         }
                         gossip.on_have(now(), peer.clone(), Have { version: size });
                         let start = usize::from(draw().to_le_bytes()[0]);
@@ -695,6 +704,12 @@ impl Driver {
                         }
                     }
                     Ok(Done::Fetched(..)) => {}
+                    Ok(Done::Compared(member, size, synced)) => {
+                        if matches!(synced, Synced::Unreachable | Synced::Refused(_)) {
+                            debug!(?synced, size, "comparing another history failed: again later");
+                        }
+                        histories.done(now(), member, size, &synced);
+                    }
                     Err(_) => {}
                 },
                 // Handled below, as any growth is.
@@ -729,6 +744,14 @@ impl Driver {
                 generation = self.state.trust.generation();
                 members = self.state.members();
                 self.hand_members(&members, &mut handed).await;
+            }
+            // Comparisons whose exchange failed, due again (a member no longer in the
+            // membership is not asked: that counts as one more failure).
+            for (member, size) in histories.due(now()) {
+                match members.get(&member) {
+                    Some(peer) => self.spawn_compare(&mut tasks, peer.clone(), size),
+                    None => histories.done(now(), member, size, &Synced::Unreachable),
+                }
             }
             while let Some(action) = gossip.poll_action() {
                 match action {
@@ -776,13 +799,16 @@ impl Driver {
 
     /// A member holds as many leaves as we do under another root: one of us holds
     /// another history. Its checkpoint is fetched and compared (a fork is kept as
-    /// evidence, §6.13), once per member and size, so a member that keeps saying so
-    /// costs one exchange per log growth. (Sizes alone, which the gossip compares,
-    /// would never show two histories of one length.)
+    /// evidence, §6.13), as [`Histories`] says: once per member and size, and again
+    /// (with backoff, a bounded number of times) when that exchange fails — a member
+    /// says the same root until its log grows, so a lost exchange is never made up
+    /// for by gossip alone. A member that keeps saying so costs one exchange per log
+    /// growth. (Sizes alone, which the gossip compares, would never show two
+    /// histories of one length.)
     fn compare_histories(
         &self,
         tasks: &mut JoinSet<Done>,
-        compared: &mut HashMap<Key, u64>,
+        histories: &mut Histories,
         peer: &Peer,
         size: u64,
         root: [u8; 32],
@@ -791,10 +817,29 @@ impl Driver {
         if size == 0 || size != own_size || root == own_root {
             return;
         }
-        if compared.insert(peer.id, size) != Some(size) {
+        if histories.noticed(peer.id, size) {
             debug!(peer = %peer.addr, size, "a member holds another history of this size");
-            self.spawn_fetch(tasks, peer.clone(), size);
+            self.spawn_compare(tasks, peer.clone(), size);
         }
+    }
+
+    /// Compares `peer`'s history of `size` leaves with ours through the trust log's
+    /// verified exchange (`log_sync`), within [`FETCH_TIMEOUT_MS`], its result
+    /// reported as [`Done::Compared`].
+    fn spawn_compare(&self, tasks: &mut JoinSet<Done>, peer: Peer, size: u64) {
+        let (client, trust, metrics) = (
+            self.client.clone(),
+            self.state.trust.clone(),
+            self.metrics.clone(),
+        );
+        tasks.spawn(async move {
+            let limit = Duration::from_millis(FETCH_TIMEOUT_MS);
+            let fetch = exchange(&client, &trust, &metrics, PeerId(peer.id.0), peer.addr);
+            let synced = tokio::time::timeout(limit, fetch)
+                .await
+                .unwrap_or(Synced::Unreachable);
+            Done::Compared(peer.id, size, synced)
+        });
     }
 
     fn spawn_exchange(&self, tasks: &mut JoinSet<Done>, peer: Peer) {

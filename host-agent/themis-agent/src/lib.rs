@@ -30,6 +30,7 @@ pub mod client;
 pub mod config;
 pub mod files;
 pub mod gossip;
+pub mod histories;
 pub mod keystore;
 pub mod local_socket;
 pub mod log_sync;
