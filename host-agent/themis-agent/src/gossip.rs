@@ -624,6 +624,7 @@ impl Driver {
         // Members' other histories of this size: compared, and again when an
         // exchange fails (first after a period).
         let mut histories = Histories::new(period_ms);
+        let mut fail = injected_compare_failures();
         self.hand_members(&members, &mut handed).await;
         let mut next_bootstrap = Instant::now();
         let mut log_grew = self.state.trust.log().watch_size();
@@ -666,7 +667,7 @@ impl Driver {
             }
             tokio::select! {
                 Some((peer, size, root)) = self.heard.recv() => {
-                    self.compare_histories(&mut tasks, &mut histories, &peer, size, root);
+                    self.compare_histories(&mut tasks, &mut histories, &mut fail, &peer, size, root);
                     gossip.on_have(now(), peer, Have { version: size });
                 }
                 () = self.state.changed.notified() => {
@@ -682,7 +683,7 @@ impl Driver {
                         self.state.take(&self.metrics, &answer.members);
                         let size = answer.log_size;
                         if let Some(root) = answer.log_root {
-                            self.compare_histories(&mut tasks, &mut histories, &peer, size, root);
+                            self.compare_histories(&mut tasks, &mut histories, &mut fail, &peer, size, root);
                         }
                         gossip.on_have(now(), peer.clone(), Have { version: size });
                         let start = usize::from(draw().to_le_bytes()[0]);
@@ -749,7 +750,7 @@ impl Driver {
             // membership is not asked: that counts as one more failure).
             for (member, size) in histories.due(now()) {
                 match members.get(&member) {
-                    Some(peer) => self.spawn_compare(&mut tasks, peer.clone(), size),
+                    Some(peer) => self.spawn_compare(&mut tasks, peer.clone(), size, &mut fail),
                     None => histories.done(now(), member, size, &Synced::Unreachable),
                 }
             }
@@ -809,6 +810,7 @@ impl Driver {
         &self,
         tasks: &mut JoinSet<Done>,
         histories: &mut Histories,
+        fail: &mut u32,
         peer: &Peer,
         size: u64,
         root: [u8; 32],
@@ -819,25 +821,33 @@ impl Driver {
         }
         if histories.noticed(peer.id, size) {
             debug!(peer = %peer.addr, size, "a member holds another history of this size");
-            self.spawn_compare(tasks, peer.clone(), size);
+            self.spawn_compare(tasks, peer.clone(), size, fail);
         }
     }
 
     /// Compares `peer`'s history of `size` leaves with ours through the trust log's
     /// verified exchange (`log_sync`), within [`FETCH_TIMEOUT_MS`], its result
-    /// reported as [`Done::Compared`].
-    fn spawn_compare(&self, tasks: &mut JoinSet<Done>, peer: Peer, size: u64) {
+    /// reported as [`Done::Compared`]. `fail` counts exchanges still to be failed on
+    /// purpose (test-only: [`injected_compare_failures`]).
+    fn spawn_compare(&self, tasks: &mut JoinSet<Done>, peer: Peer, size: u64, fail: &mut u32) {
         let (client, trust, metrics) = (
             self.client.clone(),
             self.state.trust.clone(),
             self.metrics.clone(),
         );
+        let injected = *fail > 0;
+        *fail = fail.saturating_sub(1);
         tasks.spawn(async move {
             let limit = Duration::from_millis(FETCH_TIMEOUT_MS);
             let fetch = exchange(&client, &trust, &metrics, PeerId(peer.id.0), peer.addr);
-            let synced = tokio::time::timeout(limit, fetch)
-                .await
-                .unwrap_or(Synced::Unreachable);
+            let synced = if injected {
+                debug!(peer = %peer.addr, "failing a comparison of histories on purpose (test)");
+                Synced::Unreachable
+            } else {
+                tokio::time::timeout(limit, fetch)
+                    .await
+                    .unwrap_or(Synced::Unreachable)
+            };
             Done::Compared(peer.id, size, synced)
         });
     }
@@ -887,6 +897,25 @@ impl Driver {
             }
         });
     }
+}
+
+/// Test-only fault injection: how many of this agent's first comparisons of another
+/// history fail as a timed-out exchange would, without being sent, read from
+/// `THEMIS_TEST_FAIL_FORK_COMPARES` in debug builds (`one_hop.rs` proves such a
+/// failure is retried). Release builds never read it: always 0.
+fn injected_compare_failures() -> u32 {
+    #[cfg(debug_assertions)]
+    if let Some(n) = std::env::var("THEMIS_TEST_FAIL_FORK_COMPARES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        info!(
+            n,
+            "test fault injection: failing the first comparisons of histories"
+        );
+        return n;
+    }
+    0
 }
 
 /// Whether a member's credentials failing with `error` were made up, as opposed to

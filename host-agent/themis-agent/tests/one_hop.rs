@@ -361,9 +361,43 @@ fn a_nodes_pods_in_the_range_the_root_granted_it_are_its_endpoints() {
 /// two roots); one agent holds the second, away from the others, then joins them.
 #[test]
 fn two_histories_of_one_length_are_seen_by_gossip_alone() {
+    two_histories_of_one_length(&[]);
+}
+
+/// Issue 42: on a loaded machine the one exchange that compares a member's other
+/// history timed out, and the fork it would have proven was never raised. Every
+/// agent fails its first comparison here on purpose (the agent's test-only fault
+/// injection, read in debug builds alone): each must try again until it proves the
+/// fork. (The agents 0 to 2 compare with agent-3 alone: without a retry they never
+/// would.)
+#[test]
+fn a_fork_is_seen_though_the_first_comparison_fails() {
+    two_histories_of_one_length(&[("THEMIS_TEST_FAIL_FORK_COMPARES", "1")]);
+}
+
+/// Three agents on one history, and a fourth that joins them with another of the
+/// same length, every one with `env`: each must see the fork.
+fn two_histories_of_one_length(env: &[(&str, &str)]) {
     let dir = common::workdir();
     let root = dir.path();
-    let mut agents = common::ring(root, 3, &one_hop());
+    let extra = one_hop();
+    let spawn = |name: &str, join: Option<&str>| {
+        let options = common::Spawn {
+            join,
+            extra: &extra,
+            env,
+            ..common::Spawn::default()
+        };
+        Agent::spawn(root, name, options)
+    };
+    let mut agents = vec![spawn("agent-0", None)];
+    let contact = agents[0].contact.clone();
+    for i in 1..3 {
+        agents.push(spawn(&format!("agent-{i}"), Some(&contact)));
+    }
+    for agent in &agents {
+        agent.wait_joined();
+    }
     let mesh_dir = common::mesh_dir(root);
     let away_dir = root.join("agent-3");
     std::fs::create_dir_all(&away_dir).unwrap();
@@ -381,26 +415,11 @@ fn two_histories_of_one_length_are_seen_by_gossip_alone() {
             (log_size(a) == size).then_some(())
         });
     }
-    let mut away = Agent::spawn(
-        root,
-        "agent-3",
-        common::Spawn {
-            extra: &one_hop(),
-            ..common::Spawn::default()
-        },
-    );
+    let mut away = spawn("agent-3", None);
     revoke(&away, &twin, 0x22);
     assert_eq!(log_size(&away), size, "the twin history is as long");
     assert_eq!(away.terminate(), Some(0));
-    agents.push(Agent::spawn(
-        root,
-        "agent-3",
-        common::Spawn {
-            join: Some(&agents[0].contact),
-            extra: &one_hop(),
-            ..common::Spawn::default()
-        },
-    ));
+    agents.push(spawn("agent-3", Some(&contact)));
     for agent in &agents {
         agent.wait_for("the fork to be seen", Duration::from_secs(60), |a| {
             let (_, status) = a.get("/v1/log")?;
