@@ -98,15 +98,45 @@ pub fn themis_binary() -> &'static str {
     })
 }
 
-/// The native module (release, `libthemis_native.so`), built once; Envoy finds it
-/// in its directory (`ENVOY_DYNAMIC_MODULES_SEARCH_PATH`).
+/// The native module (`libthemis_native.so`), built once; Envoy finds it in its
+/// directory (`ENVOY_DYNAMIC_MODULES_SEARCH_PATH`, [`native_module_dir`]).
+///
+/// The release build users get, except in a test process that set
+/// [`NATIVE_FAULTS`]: there, a debug build with the feature `fault-injection`, copied
+/// to a directory of its own (only such a process's Envoys load it).
 pub fn native_module() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
-        cargo_build(&["-p", "themis-native", "--release"]);
-        present(
-            target_dir().join("release/libthemis_native.so"),
+        if std::env::var_os(NATIVE_FAULTS).is_none() {
+            cargo_build(&["-p", "themis-native", "--release"]);
+            return present(
+                target_dir().join("release/libthemis_native.so"),
+                " after the build",
+            );
+        }
+        cargo_build(&["-p", "themis-native", "--features", "fault-injection"]);
+        let built = present(
+            target_dir().join("debug/libthemis_native.so"),
             " after the build",
-        )
+        );
+        let dir = native_module_dir();
+        std::fs::create_dir_all(&dir).expect("a directory for the module with faults");
+        let copy = dir.join("libthemis_native.so");
+        std::fs::copy(&built, &copy).expect("copying the module with faults");
+        copy
     })
+}
+
+/// The environment variable that arms the native module's faults (`src/faults.rs` in
+/// themis-native): set in a test process, it also makes its Envoys load the module
+/// built with them.
+pub const NATIVE_FAULTS: &str = "THEMIS_NATIVE_FAULTS";
+
+/// The directory Envoy loads the native module from (built or not: a Wasm sidecar's
+/// Envoy never loads it).
+pub fn native_module_dir() -> PathBuf {
+    match std::env::var_os(NATIVE_FAULTS) {
+        None => target_dir().join("release"),
+        Some(_) => target_dir().join("debug/with-faults"),
+    }
 }

@@ -314,7 +314,7 @@ fn spawn(dir: &Path, name: &str, yaml: &str) -> (Process, PathBuf) {
         // Where a native sidecar's module is (see `build::native_module`).
         .env(
             "ENVOY_DYNAMIC_MODULES_SEARCH_PATH",
-            crate::build::target_dir().join("release"),
+            crate::build::native_module_dir(),
         )
         .arg("-c")
         .arg(&config)

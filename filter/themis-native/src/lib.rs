@@ -14,11 +14,17 @@
 //!
 //! A transport socket cannot wait on a call, so the sidecar signs its handshakes
 //! itself with a key the agent delegated ([`runtime`]: one thread per workload keeps
-//! the credential, the revocations and the resolutions fresh). `ffi` is the only
-//! `unsafe` code: the C ABI of Envoy 1.40's dynamic modules.
+//! the credential, the revocations and the resolutions fresh, supervised: a thread
+//! that panics is restarted). `ffi` is the only `unsafe` code: the C ABI of Envoy
+//! 1.40's dynamic modules, every hook behind `catch_unwind` and one rule for touching
+//! a connection (`ffi/guard.rs`). The module links with `-z now` (`build.rs`): an
+//! Envoy that lacks a callback it calls refuses to load it, rather than aborting on
+//! the first call.
 
 #![deny(unsafe_code)]
 
+#[cfg(feature = "fault-injection")]
+mod faults;
 mod ffi;
 pub mod filter;
 pub mod metrics;

@@ -14,14 +14,17 @@ use themis_sidecar::reason::Reason;
 
 /// What the socket roles count besides refusals (`handshakes`: messages 1 sent,
 /// seal only; `allowed`, `known_good_handshakes` and `replay_cache_evicted` — a live
-/// Hello forgotten because the replay cache was full —, inbound only).
-const EVENTS: [&str; 6] = [
+/// Hello forgotten because the replay cache was full —, inbound only;
+/// `runtime_restarts`: a runtime thread panicked and was started again, counted on
+/// both roles, as the process-wide `identity` gauge is).
+const EVENTS: [&str; 7] = [
     "connections",
     "handshakes",
     "established",
     "allowed",
     "known_good_handshakes",
     "replay_cache_evicted",
+    "runtime_restarts",
 ];
 
 /// The roles whose sockets count.
@@ -121,6 +124,13 @@ pub fn identity_held() {
 }
 
 /// Counts `event` for `role` (`seal` or `inbound`).
+/// A runtime thread was restarted after a panic (an alarm, on both roles' counters).
+pub fn count_runtime_restart() {
+    for role in ROLES {
+        count(role, "runtime_restarts");
+    }
+}
+
 pub fn count(role: &str, event: &str) {
     apply(|sink| sink(Change::Count(&format!("themis.{role}.{event}"))));
 }

@@ -20,6 +20,8 @@ use themis_sidecar::agent::{
     endorsed, parse_instances, parse_new_revocations, Instance, NextPoll, REVOCATIONS_WAIT_MS,
 };
 use themis_sidecar::config::Config;
+
+use crate::metrics;
 use themis_trust::{MeshRoot, Revocations, Verifier};
 
 /// Takes the instances `revoked` withdraws out of `resolutions`; the rest stays until
@@ -61,6 +63,35 @@ pub struct Snapshot {
 
 /// The process's runtimes, by agent socket and workload.
 type Runtimes = HashMap<(String, String), Arc<Runtime>>;
+
+/// Runs `job` (a thread's endless loop) on a thread named `name`, and runs it again
+/// whenever it panics: the credential's renewal and the revocations must never stop
+/// silently. Each restart is an alarm: a critical log line and the
+/// `runtime_restarts` counter; a second apart, so a job that always panics cannot
+/// spin.
+fn supervised(name: String, job: impl Fn() + Send + 'static) -> Result<(), String> {
+    let thread = name.clone();
+    std::thread::Builder::new()
+        .name(thread)
+        .spawn(move || loop {
+            let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&job)) else {
+                return;
+            };
+            crate::ffi::log(
+                5,
+                &format!(
+                    "themis native: the runtime thread {name} panicked ({}); restarting it",
+                    crate::ffi::panic_message(&*payload)
+                ),
+            );
+            std::thread::sleep(Duration::from_secs(1));
+            // Counted as it restarts (a thread that panicked at once did so before the
+            // configuration installed the counters).
+            metrics::count_runtime_restart();
+        })
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
 
 /// One workload's link to its agent.
 pub struct Runtime {
@@ -109,15 +140,14 @@ impl Runtime {
             stale: AtomicBool::new(false),
         });
         let worker = runtime.clone();
-        std::thread::Builder::new()
-            .name(format!("themis-{}", config.workload))
-            .spawn(move || worker.run())
-            .map_err(|e| e.to_string())?;
+        supervised(format!("themis-{}", config.workload), move || {
+            worker.clone().run()
+        })?;
         let watcher = runtime.clone();
-        std::thread::Builder::new()
-            .name(format!("themis-{}-revocations", config.workload))
-            .spawn(move || watcher.watch_revocations())
-            .map_err(|e| e.to_string())?;
+        supervised(
+            format!("themis-{}-revocations", config.workload),
+            move || watcher.clone().watch_revocations(),
+        )?;
         all.insert(key, runtime.clone());
         Ok(runtime)
     }
@@ -197,6 +227,8 @@ impl Runtime {
         let (mut renew_at, mut resolve_at) = (0u64, 0u64);
         let mut resolved: BTreeSet<String> = BTreeSet::new();
         loop {
+            #[cfg(feature = "fault-injection")]
+            crate::faults::maybe_panic(crate::faults::Point::Runtime);
             let now = now_ms();
             if now >= renew_at {
                 renew_at = match self.delegate(&rng, now) {

@@ -277,6 +277,11 @@ impl Connection {
         self.failure.as_deref().unwrap_or("")
     }
 
+    /// The role's name, for counters and logs (`seal`, `inbound`).
+    pub fn role(&self) -> &'static str {
+        self.config.role.as_str()
+    }
+
     pub fn closed(&mut self) {
         if std::mem::take(&mut self.active) {
             metrics::gauge(self.config.role.as_str(), "active", -1);
@@ -455,6 +460,8 @@ impl Connection {
                 }
                 IoStatus::Done => {}
             }
+            #[cfg(feature = "fault-injection")]
+            crate::faults::maybe_panic(crate::faults::Point::DoRead(&buf[..n]));
             let plaintext = match self.open_from_peer(&buf[..n], io) {
                 Ok(p) => p,
                 Err(close) => return self.fail(close),

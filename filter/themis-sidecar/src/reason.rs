@@ -135,6 +135,8 @@ named! {
         ResolveFailed = "resolve_failed",
         /// This sidecar has no sealing cluster for the service (native).
         NotRouted = "not_routed",
+        /// The sidecar's own code failed on the request (native: a panic caught).
+        Internal = "internal",
     }
 }
 

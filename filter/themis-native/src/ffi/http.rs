@@ -13,6 +13,9 @@ use super::{log, EnvoyBuffer, ModuleBuffer};
 use crate::metrics;
 use crate::outbound::Outbound;
 use themis_sidecar::outbound::{counter_names, Refusal, CARRY_HEADER};
+use themis_sidecar::reason::Rejection;
+
+use super::guard::hook;
 
 type ConfigPtr = *mut c_void;
 type StreamPtr = *mut c_void;
@@ -229,13 +232,17 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
     name: EnvoyBuffer,
     config: EnvoyBuffer,
 ) -> *const c_void {
-    let made = match name.as_bytes() {
-        b"outbound" => Outbound::new(config.as_bytes()),
-        other => Err(format!(
-            "filter_name {:?}: the module's HTTP filter is `outbound`",
-            String::from_utf8_lossy(other)
-        )),
-    };
+    let made = hook(
+        "http_filter_config_new",
+        Err("a panic".into()),
+        || match name.as_bytes() {
+            b"outbound" => Outbound::new(config.as_bytes()),
+            other => Err(format!(
+                "filter_name {:?}: the module's HTTP filter is `outbound`",
+                String::from_utf8_lossy(other)
+            )),
+        },
+    );
     match made {
         Ok(outbound) => {
             let counters = counter_names()
@@ -336,7 +343,8 @@ unsafe fn install_socket_counters(envoy: ConfigPtr, owner: usize) {
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: *const c_void) {
     metrics::uninstall(config as usize);
     if !config.is_null() {
-        drop(Box::from_raw(config.cast_mut().cast::<HttpConfig>()));
+        let config = Box::from_raw(config.cast_mut().cast::<HttpConfig>());
+        hook("http_filter_config_destroy", (), move || drop(config));
     }
 }
 
@@ -359,7 +367,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(stream: *const c_void) {
     if !stream.is_null() {
-        drop(Box::from_raw(stream.cast_mut().cast::<HttpStream>()));
+        let stream = Box::from_raw(stream.cast_mut().cast::<HttpStream>());
+        hook("http_filter_destroy", (), move || drop(stream));
     }
 }
 
@@ -379,6 +388,31 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     module: *const c_void,
     _end_of_stream: bool,
 ) -> u32 {
+    let done = hook("http_filter_request_headers", None, || {
+        // SAFETY: as this hook's.
+        Some(unsafe { request_headers(f, module) })
+    });
+    done.unwrap_or_else(|| {
+        // A bug, caught: this request is answered here, the next one served.
+        let refusal = Refusal::new(
+            500,
+            Rejection::Internal,
+            "the sidecar failed on this request",
+        );
+        hook("http_filter_request_headers (refusing)", (), || {
+            // SAFETY: as this hook's.
+            unsafe {
+                stream(module).count(f, &refusal.reason.counter());
+                refuse(f, &refusal);
+            }
+        });
+        HEADERS_STOP
+    })
+}
+
+/// # Safety
+/// As [`envoy_dynamic_module_on_http_filter_request_headers`].
+unsafe fn request_headers(f: StreamPtr, module: *const c_void) -> u32 {
     let stream = stream(module);
     stream.count(f, "requests");
     let authority = header(f, REQUEST_HEADERS, ":authority").unwrap_or_default();
@@ -423,6 +457,17 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     module: *const c_void,
     _end_of_stream: bool,
 ) -> u32 {
+    // A bug, caught: the response goes on without the peer's headers, which the app
+    // then does not have (`x-themis-peer-id` is never the peer's own claim).
+    hook("http_filter_response_headers", HEADERS_CONTINUE, || {
+        // SAFETY: as this hook's.
+        unsafe { response_headers(f, module) }
+    })
+}
+
+/// # Safety
+/// As [`envoy_dynamic_module_on_http_filter_response_headers`].
+unsafe fn response_headers(f: StreamPtr, module: *const c_void) -> u32 {
     let stream = stream(module);
     let Some(picked) = stream.picked else {
         return HEADERS_CONTINUE;

@@ -11,10 +11,13 @@
 
 use std::ffi::{c_char, c_void};
 
+mod guard;
 mod http;
 
 use crate::filter::{InboundFilter, InboundFilterConfig};
-use crate::socket::{Connection, Factory, Io, IoStatus};
+use crate::socket::{Factory, Io, IoStatus};
+pub use guard::message as panic_message;
+use guard::{hook, Entered, Slot};
 
 /// What `envoy_dynamic_module_on_program_init` returns: the ABI this module was
 /// written against. (1.40 only warns on a mismatch, so `Factory::new` also checks
@@ -75,6 +78,10 @@ pub struct IoResult {
 /// `envoy_dynamic_module_type_transport_socket_io_status`.
 const IO_SUCCESS: u32 = 0;
 const IO_AGAIN: u32 = 1;
+
+/// `envoy_dynamic_module_type_on_network_filter_data_status`.
+const NETWORK_CONTINUE: u32 = 0;
+const NETWORK_STOP: u32 = 1;
 
 /// `envoy_dynamic_module_type_network_connection_event_Connected`.
 const EVENT_CONNECTED: u32 = 2;
@@ -142,7 +149,22 @@ pub fn log(level: u32, message: &str) {
 }
 
 /// One connection's transport socket, as Envoy gives it to a hook: valid for the hook.
-pub struct EnvoySocket(SocketPtr);
+pub struct EnvoySocket {
+    socket: SocketPtr,
+    /// The connection asked for `Connected`: raised once the hook has let go of the
+    /// connection, since Envoy's callbacks may write on it at once, which calls
+    /// `do_write` of the same connection (re-entrant) before `raise_event` returns.
+    connected: bool,
+}
+
+impl EnvoySocket {
+    fn new(socket: SocketPtr) -> Self {
+        EnvoySocket {
+            socket,
+            connected: false,
+        }
+    }
+}
 
 impl Io for EnvoySocket {
     fn read(&mut self, buf: &mut [u8]) -> (IoStatus, usize) {
@@ -150,7 +172,7 @@ impl Io for EnvoySocket {
         // SAFETY: `buf` is writable for its length; `n` is a valid out pointer.
         let status = unsafe {
             envoy_dynamic_module_callback_transport_socket_io_read(
-                self.0,
+                self.socket,
                 buf.as_mut_ptr().cast(),
                 buf.len(),
                 &mut n,
@@ -164,7 +186,7 @@ impl Io for EnvoySocket {
         // SAFETY: `data` is readable for its length; `n` is a valid out pointer.
         let status = unsafe {
             envoy_dynamic_module_callback_transport_socket_io_write(
-                self.0,
+                self.socket,
                 data.as_ptr().cast(),
                 data.len(),
                 &mut n,
@@ -175,7 +197,7 @@ impl Io for EnvoySocket {
 
     fn shutdown_write(&mut self) {
         // SAFETY: the socket pointer is valid during the hook.
-        unsafe { envoy_dynamic_module_callback_transport_socket_io_shutdown_write(self.0) }
+        unsafe { envoy_dynamic_module_callback_transport_socket_io_shutdown_write(self.socket) }
     }
 
     fn deliver(&mut self, plaintext: &[u8]) {
@@ -183,7 +205,7 @@ impl Io for EnvoySocket {
         // which is the only place the driver delivers from).
         unsafe {
             envoy_dynamic_module_callback_transport_socket_read_buffer_add(
-                self.0,
+                self.socket,
                 plaintext.as_ptr().cast(),
                 plaintext.len(),
             )
@@ -196,7 +218,7 @@ impl Io for EnvoySocket {
         // SAFETY: a null array asks for the count only.
         unsafe {
             envoy_dynamic_module_callback_transport_socket_write_buffer_get_slices(
-                self.0,
+                self.socket,
                 std::ptr::null_mut(),
                 &mut count,
             )
@@ -208,7 +230,7 @@ impl Io for EnvoySocket {
         // SAFETY: `slices` holds `count` entries, as many as Envoy reported.
         unsafe {
             envoy_dynamic_module_callback_transport_socket_write_buffer_get_slices(
-                self.0,
+                self.socket,
                 slices.as_mut_ptr(),
                 &mut count,
             )
@@ -225,31 +247,28 @@ impl Io for EnvoySocket {
         }
         // SAFETY: drains what `take` consumed (whole slices).
         unsafe {
-            envoy_dynamic_module_callback_transport_socket_write_buffer_drain(self.0, consumed)
+            envoy_dynamic_module_callback_transport_socket_write_buffer_drain(self.socket, consumed)
         };
         consumed
     }
 
     fn connected(&mut self) {
-        // SAFETY: the socket pointer is valid during the hook.
-        unsafe {
-            envoy_dynamic_module_callback_transport_socket_raise_event(self.0, EVENT_CONNECTED)
-        }
+        self.connected = true;
     }
 
     fn wake(&mut self) {
         // SAFETY: the socket pointer is valid during the hook.
-        unsafe { envoy_dynamic_module_callback_transport_socket_set_is_readable(self.0) };
+        unsafe { envoy_dynamic_module_callback_transport_socket_set_is_readable(self.socket) };
     }
 
     fn should_yield_reads(&mut self) -> bool {
         // SAFETY: as above.
         let drain = unsafe {
-            envoy_dynamic_module_callback_transport_socket_should_drain_read_buffer(self.0)
+            envoy_dynamic_module_callback_transport_socket_should_drain_read_buffer(self.socket)
         };
         if drain {
             // SAFETY: as above; schedules the next do_read.
-            unsafe { envoy_dynamic_module_callback_transport_socket_set_is_readable(self.0) };
+            unsafe { envoy_dynamic_module_callback_transport_socket_set_is_readable(self.socket) };
         }
         drain
     }
@@ -261,7 +280,7 @@ impl Io for EnvoySocket {
         // connection lives, and copied here.
         let ok = unsafe {
             envoy_dynamic_module_callback_transport_socket_get_remote_address(
-                self.0,
+                self.socket,
                 &mut address,
                 &mut port,
             )
@@ -278,8 +297,10 @@ impl Io for EnvoySocket {
     fn connection_id(&mut self) -> Option<u64> {
         let mut id = 0;
         // SAFETY: valid out pointer.
-        unsafe { envoy_dynamic_module_callback_transport_socket_get_connection_id(self.0, &mut id) }
-            .then_some(id)
+        unsafe {
+            envoy_dynamic_module_callback_transport_socket_get_connection_id(self.socket, &mut id)
+        }
+        .then_some(id)
     }
 }
 
@@ -306,6 +327,20 @@ pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
     ABI_VERSION.as_ptr().cast()
 }
 
+/// A null configuration: Envoy refuses it (and says so in its log).
+fn refused_config<T>(what: &str, made: Result<T, String>) -> *const c_void {
+    match made {
+        Ok(config) => Box::into_raw(Box::new(config)).cast_const().cast(),
+        Err(e) => {
+            log(
+                4,
+                &format!("themis native: refusing the {what} configuration: {e}"),
+            );
+            std::ptr::null()
+        }
+    }
+}
+
 /// # Safety
 /// Envoy passes buffers valid for the call.
 #[no_mangle]
@@ -315,16 +350,12 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_factory_config
     config: EnvoyBuffer,
     is_upstream: bool,
 ) -> *const c_void {
-    match Factory::new(name.as_bytes(), config.as_bytes(), is_upstream) {
-        Ok(factory) => Box::into_raw(Box::new(factory)).cast_const().cast(),
-        Err(e) => {
-            log(
-                4,
-                &format!("themis native: refusing the transport socket configuration: {e}"),
-            );
-            std::ptr::null()
-        }
-    }
+    let made = hook(
+        "transport_socket_factory_config_new",
+        Err("a panic".into()),
+        || Factory::new(name.as_bytes(), config.as_bytes(), is_upstream),
+    );
+    refused_config("transport socket", made)
 }
 
 /// # Safety
@@ -334,7 +365,10 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_factory_config
     factory: *const c_void,
 ) {
     if !factory.is_null() {
-        drop(Box::from_raw(factory.cast_mut().cast::<Factory>()));
+        let factory = Box::from_raw(factory.cast_mut().cast::<Factory>());
+        hook("transport_socket_factory_config_destroy", (), move || {
+            drop(factory)
+        });
     }
 }
 
@@ -346,9 +380,10 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_new(
     _socket: SocketPtr,
 ) -> *const c_void {
     let factory = &*factory.cast::<Factory>();
-    Box::into_raw(Box::new(factory.connection()))
-        .cast_const()
-        .cast()
+    // A connection that cannot be made is a poisoned slot: its hooks close it.
+    let slot = hook("transport_socket_new", None, || Some(factory.connection()))
+        .map_or_else(Slot::poisoned, Slot::new);
+    Box::into_raw(Box::new(slot)).cast_const().cast()
 }
 
 /// # Safety
@@ -356,14 +391,52 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_new(
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_destroy(conn: *const c_void) {
     if !conn.is_null() {
-        drop(Box::from_raw(conn.cast_mut().cast::<Connection>()));
+        let slot = Box::from_raw(conn.cast_mut().cast::<Slot>());
+        hook("transport_socket_destroy", (), move || drop(slot));
     }
 }
 
 /// # Safety
-/// `conn` is what `transport_socket_new` returned; only this thread uses it.
-unsafe fn connection<'a>(conn: *const c_void) -> &'a mut Connection {
-    &mut *conn.cast_mut().cast::<Connection>()
+/// `conn` is what `transport_socket_new` returned, alive until `destroy`; hooks of one
+/// connection run on its worker thread, so a shared reference is all any hook gets
+/// (the slot hands out the one `&mut`).
+unsafe fn slot<'a>(conn: *const c_void) -> &'a Slot {
+    &*conn.cast::<Slot>()
+}
+
+/// Runs a transport-socket hook on its connection. Refused (re-entrant, poisoned, or
+/// it panicked now): the connection is woken so that its next read closes it, and
+/// the hook returns `closed`.
+fn on_connection<T>(
+    socket: SocketPtr,
+    conn: *const c_void,
+    name: &str,
+    closed: T,
+    f: impl FnOnce(&mut crate::socket::Connection, &mut EnvoySocket) -> T,
+) -> T {
+    // SAFETY: Envoy passes the pointer `transport_socket_new` returned.
+    let slot = unsafe { slot(conn) };
+    let mut io = EnvoySocket::new(socket);
+    match slot.enter(name, |c| f(c, &mut io)) {
+        Entered::Ran(value) => {
+            if io.connected {
+                // SAFETY: the socket pointer is valid during the hook.
+                unsafe {
+                    envoy_dynamic_module_callback_transport_socket_raise_event(
+                        socket,
+                        EVENT_CONNECTED,
+                    )
+                }
+            }
+            value
+        }
+        Entered::Refused => {
+            if slot.is_poisoned() {
+                io.wake();
+            }
+            closed
+        }
+    }
 }
 
 /// # Safety
@@ -373,7 +446,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_set_callbacks(
     socket: SocketPtr,
     conn: *const c_void,
 ) {
-    connection(conn).attached(&mut EnvoySocket(socket));
+    on_connection(socket, conn, "set_callbacks", (), |c, io| c.attached(io));
 }
 
 /// # Safety
@@ -383,7 +456,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_on_connected(
     socket: SocketPtr,
     conn: *const c_void,
 ) {
-    connection(conn).on_connected(&mut EnvoySocket(socket));
+    on_connection(socket, conn, "on_connected", (), |c, io| c.on_connected(io));
 }
 
 /// # Safety
@@ -393,8 +466,11 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_do_read(
     socket: SocketPtr,
     conn: *const c_void,
 ) -> IoResult {
-    let read = connection(conn).do_read(&mut EnvoySocket(socket));
-    result(read.close, read.bytes, read.end_stream)
+    let closed = result(true, 0, false);
+    on_connection(socket, conn, "do_read", closed, |c, io| {
+        let read = c.do_read(io);
+        result(read.close, read.bytes, read.end_stream)
+    })
 }
 
 /// # Safety
@@ -405,8 +481,11 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_do_write(
     conn: *const c_void,
     end_stream: bool,
 ) -> IoResult {
-    let wrote = connection(conn).do_write(&mut EnvoySocket(socket), end_stream);
-    result(wrote.close, wrote.bytes, false)
+    let closed = result(true, 0, false);
+    on_connection(socket, conn, "do_write", closed, |c, io| {
+        let wrote = c.do_write(io, end_stream);
+        result(wrote.close, wrote.bytes, false)
+    })
 }
 
 /// # Safety
@@ -418,39 +497,54 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_close(
     _event: u32,
     _abort_reset: bool,
 ) {
-    connection(conn).closed();
+    // Deferred while another hook of the connection holds it (a write that failed).
+    slot(conn).close();
 }
 
 /// # Safety
 /// Envoy's pointers, valid for the hook; Envoy copies `*out` at once.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_get_protocol(
-    _socket: SocketPtr,
+    socket: SocketPtr,
     conn: *const c_void,
     out: *mut ModuleBuffer,
 ) {
-    *out = ModuleBuffer::of(connection(conn).protocol().as_bytes());
+    // `protocol` is one of a few static names, valid after the hook returns.
+    let protocol = on_connection(socket, conn, "get_protocol", "", |c, _| c.protocol());
+    *out = ModuleBuffer::of(protocol.as_bytes());
 }
 
 /// # Safety
 /// Envoy's pointers, valid for the hook; Envoy copies `*out` at once.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_get_failure_reason(
-    _socket: SocketPtr,
+    socket: SocketPtr,
     conn: *const c_void,
     out: *mut ModuleBuffer,
 ) {
-    *out = ModuleBuffer::of(connection(conn).failure_reason().as_bytes());
+    // The reason lives in the connection, which outlives this hook; a refused hook
+    // gives a static one.
+    let reason = on_connection(socket, conn, "get_failure_reason", None, |c, _| {
+        let reason = c.failure_reason();
+        Some((reason.as_ptr(), reason.len()))
+    });
+    *out = match reason {
+        Some((ptr, length)) => ModuleBuffer {
+            ptr: ptr.cast(),
+            length,
+        },
+        None => ModuleBuffer::of(b"themis: the connection's hook failed"),
+    };
 }
 
 /// # Safety
 /// Envoy's pointers, valid for the hook.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_can_flush_close(
-    _socket: SocketPtr,
+    socket: SocketPtr,
     conn: *const c_void,
 ) -> bool {
-    connection(conn).is_open()
+    on_connection(socket, conn, "can_flush_close", false, |c, _| c.is_open())
 }
 
 /// # Safety
@@ -473,16 +567,10 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_config_new(
     name: EnvoyBuffer,
     config: EnvoyBuffer,
 ) -> *const c_void {
-    match InboundFilterConfig::new(name.as_bytes(), config.as_bytes()) {
-        Ok(config) => Box::into_raw(Box::new(config)).cast_const().cast(),
-        Err(e) => {
-            log(
-                4,
-                &format!("themis native: refusing the network filter configuration: {e}"),
-            );
-            std::ptr::null()
-        }
-    }
+    let made = hook("network_filter_config_new", Err("a panic".into()), || {
+        InboundFilterConfig::new(name.as_bytes(), config.as_bytes())
+    });
+    refused_config("network filter", made)
 }
 
 /// # Safety
@@ -492,9 +580,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_config_destroy(
     config: *const c_void,
 ) {
     if !config.is_null() {
-        drop(Box::from_raw(
-            config.cast_mut().cast::<InboundFilterConfig>(),
-        ));
+        let config = Box::from_raw(config.cast_mut().cast::<InboundFilterConfig>());
+        hook("network_filter_config_destroy", (), move || drop(config));
     }
 }
 
@@ -532,17 +619,20 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_read(
     _end_stream: bool,
 ) -> u32 {
     let module = &mut *module.cast_mut().cast::<InboundFilter>();
-    module.on_read(&mut |key: &str, value: &str| {
-        // SAFETY: buffers valid for the call; Envoy copies them.
-        unsafe {
-            envoy_dynamic_module_callback_network_set_filter_state_bytes(
-                filter,
-                ModuleBuffer::of(key.as_bytes()),
-                ModuleBuffer::of(value.as_bytes()),
-            )
-        }
-    });
-    0
+    // A bug, caught: no byte goes on to the connection manager (StopIteration).
+    hook("network_filter_read", NETWORK_STOP, || {
+        module.on_read(&mut |key: &str, value: &str| {
+            // SAFETY: buffers valid for the call; Envoy copies them.
+            unsafe {
+                envoy_dynamic_module_callback_network_set_filter_state_bytes(
+                    filter,
+                    ModuleBuffer::of(key.as_bytes()),
+                    ModuleBuffer::of(value.as_bytes()),
+                )
+            }
+        });
+        NETWORK_CONTINUE
+    })
 }
 
 /// # Safety
@@ -572,6 +662,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_event(
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_destroy(module: *const c_void) {
     if !module.is_null() {
-        drop(Box::from_raw(module.cast_mut().cast::<InboundFilter>()));
+        let module = Box::from_raw(module.cast_mut().cast::<InboundFilter>());
+        hook("network_filter_destroy", (), move || drop(module));
     }
 }
