@@ -2,6 +2,7 @@
 # Runs every fuzz target of fuzz/ for a bounded time: a smoke test, not a campaign.
 #
 #   scripts/fuzz-smoke.sh [SECONDS_PER_TARGET]     (default 20)
+#   scripts/fuzz-smoke.sh --build-only             build them, run none
 #
 # Builds all targets once (nightly, AddressSanitizer), then runs each from its corpus
 # in fuzz/corpus/TARGET. Exits non-zero if any target crashes; the input that did it
@@ -11,8 +12,11 @@ cd "$(dirname "$0")/.."
 
 NIGHTLY=nightly-2026-05-20   # as in scripts/setup.sh
 SECONDS_PER_TARGET=${1:-20}
-if ! [[ "$SECONDS_PER_TARGET" =~ ^[1-9][0-9]*$ ]]; then
-    echo "usage: $0 [SECONDS_PER_TARGET]" >&2
+BUILD_ONLY=0
+if [[ $SECONDS_PER_TARGET == --build-only ]]; then
+    BUILD_ONLY=1
+elif ! [[ "$SECONDS_PER_TARGET" =~ ^[1-9][0-9]*$ ]]; then
+    echo "usage: $0 [SECONDS_PER_TARGET | --build-only]" >&2
     exit 2
 fi
 
@@ -25,6 +29,10 @@ fi
 
 echo "fuzz-smoke: building ${#targets[@]} targets"
 cargo +"$NIGHTLY" fuzz build
+if ((BUILD_ONLY)); then
+    echo "fuzz-smoke: built ${#targets[@]} targets"
+    exit 0
+fi
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

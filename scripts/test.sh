@@ -3,10 +3,12 @@
 # formatting and lints, the native suites (with THEMIS_REQUIRE_ALL=1: none may skip;
 # then again as an unprivileged user, scripts/test-unprivileged.sh: the tests that need
 # root, Envoy or the kernel skip with their reason), the core on wasm32-wasip1 and,
-# under the wasmtime CLI, on wasm32-wasip2 (the same vectors and attacks), the allocation check,
+# under the wasmtime CLI, on wasm32-wasip2 (the same vectors and attacks),
 # the end-to-end demo (three nodes in network namespaces with eBPF capture), Themis Mesh
 # on a real one-node Kubernetes cluster (scripts/k8s/: deploy/ applied as it is, the
-# node controller, meshed Deployments), and each fuzz target for a bounded time. The
+# node controller, meshed Deployments), and each fuzz target for a bounded time (built
+# in the background beside the demo and the cluster). The allocation check is a test
+# (benchmarks/tests/allocations.rs). The
 # set-up and the demo run with Go hidden (scripts/without-go.sh): neither may need it;
 # the cluster's binaries (scripts/k8s/build.sh, cached) are the one part built with Go,
 # in the background while the Rust suites run. As root.
@@ -41,8 +43,12 @@ k8s_build_log=$(mktemp /tmp/themis-k8s-build.XXXXXX)
 setsid scripts/k8s/build.sh > "$k8s_build_log" 2>&1 &
 k8s_build=$!
 cluster_up=false
+fuzz_build=
+fuzz_build_log=
 finish() {
     kill -- "-$k8s_build" 2> /dev/null || true
+    if [[ -n $fuzz_build ]]; then kill -- "-$fuzz_build" 2> /dev/null || true; fi
+    rm -f "$fuzz_build_log"
     if $cluster_up; then scripts/k8s/cluster.sh down > /dev/null 2>&1 || echo "note: scripts/k8s/cluster.sh down failed" >&2; fi
     rm -f "$k8s_build_log"
 }
@@ -55,6 +61,7 @@ rustfmt --check --edition 2021 ebpf/themis-ebpf/src/main.rs   # the eBPF program
 cargo clippy -q --workspace --all-targets -- -D warnings
 cargo clippy -q -p themis-component --target wasm32-wasip2 -- -D warnings   # its exports exist only there
 cargo clippy -q -p themis-envoy --target wasm32-wasip1 -- -D warnings        # so does its Envoy glue
+cargo clippy -q -p themis-native --all-targets --features fault-injection -- -D warnings   # the test-only faults
 
 section "native tests (core: vectors, attacks, properties, identities; DHT simulation; agents as processes, on loopback and in network namespaces; eBPF capture on the real kernel with cgroups, Envoy and namespaces; the WIT component embedded in wasmtime; benchmark drivers)"
 THEMIS_REQUIRE_ALL=1 cargo test --workspace   # a test that lacks root, Envoy... fails, never skips
@@ -74,8 +81,13 @@ CARGO_TARGET_WASM32_WASIP2_RUNNER="wasmtime run" \
 CARGO_TARGET_WASM32_WASIP2_RUNNER="wasmtime run" \
     cargo test -p themis-trust --target wasm32-wasip2 --test attacks
 
-section "allocations per record on the in-place path (must be zero)"
-cargo run -q --release -p themis-benchmarks --bin alloc_count
+# The fuzz targets' build (nightly, AddressSanitizer; its own target directory) needs
+# no other stage: it runs niced beside the demo and the cluster, which wait on
+# processes and pods more than they compute, and the fuzz stage then only runs.
+fuzz_build_log=$(mktemp /tmp/themis-fuzz-build.XXXXXX)
+setsid nice -n 10 scripts/fuzz-smoke.sh --build-only > "$fuzz_build_log" 2>&1 &
+fuzz_build=$!
+echo "    the fuzz targets build in the background (scripts/fuzz-smoke.sh --build-only, log $fuzz_build_log)"
 
 section "the demo, with no Go at all: three nodes in network namespaces, agents in a ring, Envoy sidecars with the filter, eBPF capture, handler and check by plain URLs, the sealed wire"
 scripts/without-go.sh scripts/demo.sh
@@ -90,6 +102,8 @@ scripts/k8s/cluster.sh down
 cluster_up=false
 
 section "fuzz targets, ${FUZZ_SECONDS}s each"
+wait "$fuzz_build" || { tail -n 20 "$fuzz_build_log"; fail "the fuzz targets' build failed (its log above)"; }
+fuzz_build=
 scripts/fuzz-smoke.sh "$FUZZ_SECONDS"
 
 section "all tests passed"
