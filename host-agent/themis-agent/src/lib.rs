@@ -1,18 +1,28 @@
-//! The Themis host agent: one per node. It keeps the node's place in the Themis DHT
-//! (a Chord ring over self-certifying ids, every message over the secure channel),
-//! the registry of the node's workloads and their keys, and a cache of resolutions,
-//! and serves them on a local HTTP + JSON API over a Unix socket.
+//! The Themis host agent: one per node. It keeps the node's view of the mesh (by
+//! default every admitted node, learnt from the root-signed trust log and membership
+//! gossip, so a name resolves in one hop from its replica holders; or its place in a
+//! Chord ring over self-certifying ids, every message over the secure channel), the
+//! registry of the node's workloads and their keys, and a cache of resolutions, and
+//! serves them on a local HTTP + JSON API over a Unix socket.
 //!
 //! * [`overlay`]: the tokio driver of the sans-IO `themis_dht::Node`.
+//! * [`roster`]: the mesh's full membership; [`gossip`]: the membership and the log's
+//!   growth, spread push-pull; [`histories`]: when to compare a member's other history
+//!   of the log (a fork), retried until settled.
+//! * [`trust_log`]: this agent's copy of the trust log, verified and audited;
+//!   [`log_sync`]: the log's exchange with neighbours.
 //! * [`registry`]: register, deregister and resolve services; the node endorses its
 //!   workloads' records within its grants.
 //! * [`trust`]: the mesh root, this node's admission and grants, revocations, and the
 //!   checks on every peer frame and stored value.
+//! * [`signing`]: delegated signing and delegations (a workload's private key never
+//!   leaves the agent).
 //! * [`api`]: the local API; [`client`] calls it; [`caller`]: who calls it (kernel
 //!   credentials) and what they may do; [`local_socket`]: the API's listener (callers
 //!   read once at accept, connections capped per cgroup).
 //! * [`keystore`]: key files (0600, refused when others can read, write or replace
-//!   them); [`sys`]: the system calls std does not wrap.
+//!   them); [`files`]: files replaced whole (a crash leaves the old or the new);
+//!   [`names`]: the names people give; [`sys`]: the system calls std does not wrap.
 //! * [`metrics`]: Prometheus metrics.
 //! * [`operator`]: the mesh operator's offline commands (create, admit, grant, revoke).
 //! * [`agent`]: the daemon that wires them; [`config`]: its settings.

@@ -345,8 +345,9 @@ impl Root {
     }
 
     /// The agent's delegation: handshakes are signed here from now on. Returns when
-    /// to renew it; a refusal keeps the credential held (until it expires) and the
-    /// agent's signatures for the rest.
+    /// to renew it. A 403 (the workload revoked, or this proxy no longer its owner)
+    /// drops the credential held; any other failure keeps it until it expires. Either
+    /// way the agent signs each handshake meanwhile.
     fn install_credential(
         worker: &Shared,
         key: DelegatedKey,
