@@ -9,13 +9,14 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use themis_agent::client::ApiClient;
 
 use crate::build;
 pub use crate::ports::free_port;
+use crate::process::{poll_until, wait_until, wait_until_or};
 pub use themis_agent::config::Routing;
 
 /// The mesh every test agent is in.
@@ -288,20 +289,12 @@ impl Agent {
         limit: Duration,
         mut check: impl FnMut(&Agent) -> Option<T>,
     ) -> T {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(v) = check(self) {
-                return v;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "{}: no {what} after {limit:?}; log:\n{}",
-                    self.name,
-                    self.log_tail()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_until_or(
+            &format!("{}: {what}", self.name),
+            limit,
+            || check(self),
+            || format!("log:\n{}", self.log_tail()),
+        )
     }
 
     /// Waits until the agent reports it is in a ring.
@@ -354,17 +347,13 @@ impl Agent {
     pub fn terminate(&mut self) -> Option<i32> {
         let mut child = self.child.take()?;
         signal(child.id(), "TERM");
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status.code();
-            }
-            if Instant::now() > deadline {
+        match poll_until(Duration::from_secs(15), || child.try_wait().unwrap()) {
+            Some(status) => status.code(),
+            None => {
                 let _ = child.kill();
                 let _ = child.wait();
                 panic!("{} did not stop within 15 s of SIGTERM", self.name);
             }
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -677,8 +666,7 @@ pub fn ring_routed(root: &Path, n: usize, extra: &[&str], routing: Option<Routin
 pub fn wait_stable(agents: &[&Agent], limit: Duration) {
     let mut ids: Vec<(String, &Agent)> = agents.iter().map(|a| (hex_of(&a.id), *a)).collect();
     ids.sort_by(|x, y| x.0.cmp(&y.0));
-    let deadline = Instant::now() + limit;
-    loop {
+    wait_until("the ring to stabilise", limit, || {
         let stable = ids.iter().enumerate().all(|(i, (_, a))| {
             let next = &ids[(i + 1) % ids.len()].1.id;
             a.get("/v1/ring").is_some_and(|(_, ring)| {
@@ -688,15 +676,8 @@ pub fn wait_stable(agents: &[&Agent], limit: Duration) {
                         .is_none_or(|n| n == ids.len() as u64)
             })
         });
-        if stable {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the ring did not stabilise within {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        stable.then_some(())
+    });
 }
 
 /// The ring position of a printable id, as hex (ids sort on the ring by this).
@@ -790,16 +771,16 @@ impl Metered {
 
     /// The Prometheus text, retrying while the metrics listener comes up.
     pub fn scrape(&self) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match scrape(self.metrics) {
-                Ok(text) => return text,
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Err(e) => panic!("{}: no metrics at {}: {e}", self.agent.name, self.metrics),
-            }
-        }
+        let mut last = None;
+        poll_until(Duration::from_secs(10), || {
+            scrape(self.metrics).map_err(|e| last = Some(e)).ok()
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "{}: no metrics at {}: {:?}",
+                self.agent.name, self.metrics, last
+            )
+        })
     }
 
     /// One sample (0 when the series does not exist yet).

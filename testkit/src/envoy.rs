@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::build::{venv_binary, workspace};
 use crate::http;
 use crate::module::{filter_pin, Pin};
-use crate::process::{wait_until, Process};
+use crate::process::{poll_until, wait_until, Process};
 
 /// How long Envoy gets to become ready (the filter is compiled by V8 per worker).
 const READY_LIMIT: Duration = Duration::from_secs(60);
@@ -388,17 +388,15 @@ impl Envoy {
         limit: Duration,
     ) -> (Option<ExitStatus>, String) {
         let (mut process, _) = spawn(dir, name, &render(sidecar));
-        let deadline = std::time::Instant::now() + limit;
-        let status = loop {
+        // Exited, or running with the refusal logged (or past `limit`): stopped.
+        let status = poll_until(limit, || {
             if let Some(status) = process.exited() {
-                break Some(status);
+                return Some(Some(status));
             }
-            if process.log().contains(refusal) || std::time::Instant::now() > deadline {
-                process.stop();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        };
+            process.log().contains(refusal).then_some(None)
+        })
+        .flatten();
+        process.stop();
         (status, process.log())
     }
 

@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -16,6 +16,7 @@ use crate::envoy::{
     ALLOW_NOBODY,
 };
 use crate::http::{self, Response};
+use crate::process::poll_until;
 
 /// Node A's address.
 pub const IP_A: &str = "127.0.0.31";
@@ -194,29 +195,26 @@ impl Mesh {
 
     /// Waits until `agent` resolves `service` to (at least) these endpoints.
     pub fn wait_resolves(&self, agent: &Agent, service: &str, endpoints: &[&str]) {
-        let deadline = Instant::now() + RESOLVE_LIMIT;
-        loop {
-            let answer = agent.resolve(service);
+        let mut answer = None;
+        let resolved = poll_until(RESOLVE_LIMIT, || {
+            answer = agent.resolve(service);
             let found: Vec<&str> = answer
                 .as_ref()
                 .and_then(|a| a["instances"].as_array())
                 .map(|all| all.iter().filter_map(|i| i["endpoint"].as_str()).collect())
                 .unwrap_or_default();
-            if endpoints.iter().all(|e| found.contains(e)) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} did not resolve {service} to {endpoints:?} within {RESOLVE_LIMIT:?}; \
-                 last answer: {answer:?}\n--- {} log:\n{}\n--- {} log:\n{}",
-                agent.name,
-                self.a.name,
-                self.a.log_tail(),
-                self.b.name,
-                self.b.log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            endpoints.iter().all(|e| found.contains(e)).then_some(())
+        });
+        assert!(
+            resolved.is_some(),
+            "{} did not resolve {service} to {endpoints:?} within {RESOLVE_LIMIT:?}; \
+             last answer: {answer:?}\n--- {} log:\n{}\n--- {} log:\n{}",
+            agent.name,
+            self.a.name,
+            self.a.log_tail(),
+            self.b.name,
+            self.b.log_tail()
+        );
     }
 
     /// Another Envoy on node B (workload `check`), with its own inbound policy.

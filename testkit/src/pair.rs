@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -23,6 +23,7 @@ use crate::envoy::{
     wait_native_resolves_in, AppProtocol, Envoy, Sidecar, ALLOW_HANDLER,
 };
 use crate::mesh::{closed_port, create_workload, tempdir, two_agents, Runtime, IP_A, IP_B};
+use crate::process::poll_until;
 
 /// How long the DHT gets to make a registration resolvable.
 const RESOLVE_LIMIT: Duration = Duration::from_secs(30);
@@ -519,9 +520,9 @@ impl Nodes {
     }
 
     fn wait_agent_resolves(&self, agent: &Agent, service: &str, endpoints: &[SocketAddr]) {
-        let deadline = Instant::now() + RESOLVE_LIMIT;
-        loop {
-            let answer = agent.resolve(service);
+        let mut answer = None;
+        let resolved = poll_until(RESOLVE_LIMIT, || {
+            answer = agent.resolve(service);
             let found: Vec<String> = answer
                 .as_ref()
                 .and_then(|a| a["instances"].as_array())
@@ -531,19 +532,19 @@ impl Nodes {
                         .collect()
                 })
                 .unwrap_or_default();
-            if endpoints.iter().all(|e| found.contains(&e.to_string())) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} did not resolve {service} to {endpoints:?} within {RESOLVE_LIMIT:?}; \
-                 last answer: {answer:?}\n--- agent-a:\n{}\n--- agent-b:\n{}",
-                agent.name,
-                self.a.log_tail(),
-                self.b.log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            endpoints
+                .iter()
+                .all(|e| found.contains(&e.to_string()))
+                .then_some(())
+        });
+        assert!(
+            resolved.is_some(),
+            "{} did not resolve {service} to {endpoints:?} within {RESOLVE_LIMIT:?}; \
+             last answer: {answer:?}\n--- agent-a:\n{}\n--- agent-b:\n{}",
+            agent.name,
+            self.a.log_tail(),
+            self.b.log_tail()
+        );
     }
 }
 

@@ -9,18 +9,44 @@ use std::time::{Duration, Instant};
 /// How long a process gets to exit after SIGTERM before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
-/// Polls `check` every 50 ms until it gives a value; panics after `limit` naming `what`.
-pub fn wait_until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+/// How often the waits poll.
+const POLL: Duration = Duration::from_millis(50);
+
+/// The tests' one wait: polls `check` every 50 ms until it gives a value; panics
+/// after `limit` naming `what`.
+pub fn wait_until<T>(what: &str, limit: Duration, check: impl FnMut() -> Option<T>) -> T {
+    wait_until_or(what, limit, check, String::new)
+}
+
+/// [`wait_until`], whose failure message goes on with what `explain` says at the
+/// time (the last value seen, logs).
+pub fn wait_until_or<T>(
+    what: &str,
+    limit: Duration,
+    check: impl FnMut() -> Option<T>,
+    explain: impl FnOnce() -> String,
+) -> T {
+    poll_until(limit, check).unwrap_or_else(|| {
+        let explained = explain();
+        let sep = if explained.is_empty() { "" } else { ": " };
+        panic!("timed out after {limit:?} waiting for {what}{sep}{explained}")
+    })
+}
+
+/// [`wait_until`] for a caller that acts on the timeout itself (kills a process,
+/// says what it saw): `None` once `limit` has passed. `check` is called at least
+/// once, and once more at the deadline.
+pub fn poll_until<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(value) = check() {
-            return value;
+            return Some(value);
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
+        let now = Instant::now();
+        if now >= deadline {
+            return None;
+        }
+        std::thread::sleep(POLL.min(deadline - now));
     }
 }
 
@@ -82,16 +108,7 @@ impl Process {
 
     /// Waits up to `limit` for the process to exit on its own.
     pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.exited() {
-                return Some(status);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        poll_until(limit, || self.exited())
     }
 
     /// [`wait_until`] `check` gives a value, failing at once (with the end of the
@@ -122,21 +139,15 @@ impl Process {
         }
         // SAFETY: kill(2) on the pid of our own child, which is not reaped yet.
         unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + STOP_GRACE;
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return Some(status);
-            }
-            if Instant::now() > deadline {
-                eprintln!(
-                    "{} did not stop within {STOP_GRACE:?} of SIGTERM: SIGKILL",
-                    self.name
-                );
-                let _ = child.kill();
-                return child.wait().ok();
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if let Some(status) = poll_until(STOP_GRACE, || child.try_wait().unwrap()) {
+            return Some(status);
         }
+        eprintln!(
+            "{} did not stop within {STOP_GRACE:?} of SIGTERM: SIGKILL",
+            self.name
+        );
+        let _ = child.kill();
+        child.wait().ok()
     }
 
     /// Everything the process wrote.

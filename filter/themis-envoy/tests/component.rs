@@ -15,11 +15,12 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::app::seen_header;
 use support::build::release_wasm;
 use support::mesh::{create_workload, random_hex, Mesh, Runtime, IP_A};
+use support::process::poll_until;
 use support::require;
 
 /// How long one run of the tool may take.
@@ -85,21 +86,14 @@ fn run_tool(component: &Path, dir: &Path, args: &[&str]) -> Run {
                 wasmtime().display()
             )
         });
-    let deadline = Instant::now() + TOOL_LIMIT;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "the tool did not finish within {TOOL_LIMIT:?}; stderr:\n{}",
-                std::fs::read_to_string(&err).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = poll_until(TOOL_LIMIT, || child.try_wait().unwrap()).unwrap_or_else(|| {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "the tool did not finish within {TOOL_LIMIT:?}; stderr:\n{}",
+            std::fs::read_to_string(&err).unwrap_or_default()
+        );
+    });
     Run {
         status,
         stdout: std::fs::read_to_string(out).unwrap_or_default(),

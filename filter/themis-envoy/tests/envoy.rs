@@ -31,7 +31,7 @@ use support::envoy::{
 use support::http::{self, KeepAlive};
 use support::mesh::{closed_port, random_hex, tempdir, Mesh, Runtime, IP_A, IP_B, IP_EVIL};
 use support::mitm::{self, Mitm, Mode};
-use support::process::{installed, wait_until, Process};
+use support::process::{installed, wait_until, wait_until_or, Process};
 use support::require;
 
 use support::agent::MESH;
@@ -70,16 +70,18 @@ fn refusals(envoy: &Envoy) -> Vec<(String, u64)> {
 /// Waits until Envoy B's counter `refused.<reason>` exceeds `before`.
 fn wait_refused(mesh: &Mesh, reason: &str, before: u64, what: &str) {
     let name = format!("refused.{reason}");
-    let deadline = Instant::now() + COUNT_LIMIT;
-    while stat_inbound(&mesh.envoy_b, &name) <= before {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: Envoy B did not count {name}; its refusals: {:?}\n{}",
-            refusals(&mesh.envoy_b),
-            mesh.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_or(
+        &format!("{what}: Envoy B to count {name}"),
+        COUNT_LIMIT,
+        || (stat_inbound(&mesh.envoy_b, &name) > before).then_some(()),
+        || {
+            format!(
+                "its refusals: {:?}\n{}",
+                refusals(&mesh.envoy_b),
+                mesh.logs()
+            )
+        },
+    );
 }
 
 /// The app learnt who called from the inbound filter: `handler`'s id and service.
@@ -460,15 +462,12 @@ fn mitm_tampering_is_rejected(runtime: Runtime) {
         let replayed = mitm::replay(mesh.envoy_b.inbound, &recorded[0].to_b, paced);
         let what = format!("replay (paced: {paced})");
         assert!(replayed.closed, "{what}: Envoy B kept the connection open");
-        let deadline = Instant::now() + COUNT_LIMIT;
-        while either() <= before {
-            assert!(
-                Instant::now() < deadline,
-                "{what}: not counted\n{}",
-                mesh.logs()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_until_or(
+            &format!("{what} to be counted"),
+            COUNT_LIMIT,
+            || (either() > before).then_some(()),
+            || mesh.logs(),
+        );
         assert_eq!(mesh.app.count(), 2, "{what} reached the app");
     }
 
@@ -1109,17 +1108,19 @@ fn a_dotted_service_name_resolves_and_is_called(runtime: Runtime) {
 /// Waits until `envoy`'s inbound counter `refused.<reason>` reaches `at_least`.
 fn wait_refused_at(envoy: &Envoy, reason: &str, at_least: u64, what: &str) {
     let name = format!("refused.{reason}");
-    let deadline = Instant::now() + COUNT_LIMIT;
-    while stat_inbound(envoy, &name) < at_least {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: {name} stayed at {} (wanted {at_least}); refusals: {:?}\n{}",
-            stat_inbound(envoy, &name),
-            refusals(envoy),
-            envoy.log_tail(30)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_or(
+        &format!("{what}: {name} to reach {at_least}"),
+        COUNT_LIMIT,
+        || (stat_inbound(envoy, &name) >= at_least).then_some(()),
+        || {
+            format!(
+                "it stayed at {}; refusals: {:?}\n{}",
+                stat_inbound(envoy, &name),
+                refusals(envoy),
+                envoy.log_tail(30)
+            )
+        },
+    );
 }
 
 /// Connects to `target` from `source` (a 127.x address: on one machine every other
@@ -1218,8 +1219,9 @@ fn hello_floods_are_refused_cheaply_and_counted_by_reason(runtime: Runtime) {
     );
     limited.wait_identity();
     mesh.register("check-limited", "check", limited.inbound);
-    while captured_at.elapsed() < Duration::from_millis(2_500) {
-        std::thread::sleep(Duration::from_millis(100));
+    // Time itself is the condition here: the Hello must be older than the window.
+    if let Some(rest) = Duration::from_millis(2_500).checked_sub(captured_at.elapsed()) {
+        std::thread::sleep(rest);
     }
     let (closed, answer) = send_from("127.0.0.37", limited.inbound, hello);
     assert!(closed && answer.is_empty(), "a stale Hello was answered");
@@ -1362,15 +1364,17 @@ fn a_full_replay_cache_forgets_a_hello_and_counts_it(runtime: Runtime) {
 
 /// Waits until `envoy` counts a Hello forgotten from a full replay cache.
 fn wait_evicted(envoy: &Envoy) {
-    let deadline = Instant::now() + COUNT_LIMIT;
-    while stat_inbound(envoy, "replay_cache_evicted") == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "no replay_cache_evicted; its inbound counters: {:?}",
-            envoy.themis_counters("inbound.")
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_or(
+        "replay_cache_evicted",
+        COUNT_LIMIT,
+        || (stat_inbound(envoy, "replay_cache_evicted") > 0).then_some(()),
+        || {
+            format!(
+                "its inbound counters: {:?}",
+                envoy.themis_counters("inbound.")
+            )
+        },
+    );
 }
 
 /// What a rotation replaces.

@@ -16,7 +16,7 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::BytesMut;
 use common::{sample, Agent, Metered, MESH};
@@ -36,6 +36,7 @@ use themis_core::wire::{
 use themis_core::{HandshakeConfig, Identity, MeshName, PeerId, SessionInfo};
 use themis_dht::message::{MAX_AVOID, MAX_VALUE_LEN};
 use themis_dht::{in_open, Contact, Key, Message, Object, Request, Response};
+use themis_testkit::process::poll_until;
 use themis_trust::{
     chain_from_pem, Admission, Announcement, Grant, InstanceValue, Record, Signed, ADMISSION_LABEL,
     ANNOUNCEMENT_LABEL, GRANT_LABEL, RECORD_LABEL,
@@ -113,22 +114,20 @@ trait Counters {
 impl Counters for Metered {
     /// Waits until the sample reaches `at_least`; returns it.
     fn wait_at_least(&self, name: &str, labels: &[(&str, &str)], at_least: u64) -> u64 {
-        let deadline = Instant::now() + COUNTER_WAIT;
-        loop {
-            let text = self.scrape();
-            let v = sample(&text, name, labels);
-            if v >= at_least {
-                return v;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{}: {name}{labels:?} is {v}, expected at least {at_least}\n{}\nlog:\n{}",
-                self.agent.name,
-                relevant(&text),
-                self.agent.log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let (mut text, mut v) = (String::new(), 0);
+        let reached = poll_until(COUNTER_WAIT, || {
+            text = self.scrape();
+            v = sample(&text, name, labels);
+            (v >= at_least).then_some(v)
+        });
+        assert!(
+            reached.is_some(),
+            "{}: {name}{labels:?} is {v}, expected at least {at_least}\n{}\nlog:\n{}",
+            self.agent.name,
+            relevant(&text),
+            self.agent.log_tail()
+        );
+        v
     }
 
     /// Waits until the sample reaches `want`, and checks it went no further.

@@ -18,6 +18,7 @@ use common::{first_rate_limited, free_port, resolve_listener_get, sample, workdi
 use serde_json::Value;
 use themis_core::wire::{Kind, RecordHeader, MAX_RECORD_PAYLOAD};
 use themis_core::PROTOCOL_VERSION;
+use themis_testkit::process::wait_until_or;
 
 const LIMITED: &str = "themis_connections_limited_total";
 const CONNECTIONS: &str = "themis_connections";
@@ -33,13 +34,12 @@ fn agent_limited(a: &Metered, reason: &str) -> u64 {
 
 /// Polls until `check` holds, for at most 30 s (patience, not a speed requirement).
 fn eventually(a: &Metered, what: &str, mut check: impl FnMut(&Metered) -> bool) {
-    for _ in 0..300 {
-        if check(a) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("{what}; metrics:\n{}", a.scrape());
+    wait_until_or(
+        what,
+        Duration::from_secs(30),
+        || check(a).then_some(()),
+        || format!("metrics:\n{}", a.scrape()),
+    );
 }
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -25,6 +25,7 @@ use serde_json::{json, Value};
 use themis_agent::overlay::Frame;
 use themis_core::{Identity, MeshName, PeerId};
 use themis_dht::{distance, Key, Message, Request, Response};
+use themis_testkit::process::{poll_until, wait_until};
 use themis_trust::{
     chain_from_pem, Grant, InstanceValue, Record, Signed, GRANT_LABEL, RECORD_LABEL,
 };
@@ -80,21 +81,9 @@ fn total(nodes: &[&Node], name: &str, labels: &[(&str, &str)]) -> u64 {
 
 /// Waits until the counter, summed over `nodes`, reaches `at_least`; returns it.
 fn wait_total(nodes: &[&Node], name: &str, labels: &[(&str, &str)], at_least: u64) -> u64 {
-    poll(&format!("{name}{labels:?} >= {at_least}"), DEADLINE, || {
+    wait_until(&format!("{name}{labels:?} >= {at_least}"), DEADLINE, || {
         Some(total(nodes, name, labels)).filter(|v| *v >= at_least)
     })
-}
-
-/// Calls `check` every 100 ms until it gives a value; panics after `limit`.
-fn poll<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "no {what} after {limit:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// The printable ids of the instances of `service` the agent resolves (fresh), or
@@ -115,7 +104,7 @@ fn wait_resolved(nodes: &[&Node], service: &str, ids: &[&str]) {
     let mut want: Vec<String> = ids.iter().map(|s| (*s).to_owned()).collect();
     want.sort();
     for n in nodes {
-        poll(
+        wait_until(
             &format!("{}: {service} resolving to {want:?}", n.agent.name),
             DEADLINE,
             || {
@@ -291,18 +280,11 @@ fn refused_start(dir: &Path, extra: &[&str]) -> String {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + DEADLINE;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the agent in {} did not refuse to start", dir.display());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = poll_until(DEADLINE, || child.try_wait().unwrap()).unwrap_or_else(|| {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the agent in {} did not refuse to start", dir.display());
+    });
     let stderr = std::fs::read_to_string(&log).unwrap();
     assert!(
         !status.success(),
@@ -670,7 +652,7 @@ fn a_hostile_replica_holder_cannot_make_resolution_lie() {
     );
     assert_eq!(*response(&answers[0]), Response::Ack);
     let hostile_id = hostile.printable_id();
-    poll("the hostile node in the ring", DEADLINE, || {
+    wait_until("the hostile node in the ring", DEADLINE, || {
         let (_, pr) = p_node.agent.get("/v1/ring")?;
         let (_, qr) = q_node.agent.get("/v1/ring")?;
         (pr["successors"][0]["id"] == hostile_id.as_str()
@@ -1085,7 +1067,7 @@ fn revoke_and_measure(
     let limit = bound + Duration::from_secs(5);
     let mut took = Vec::new();
     for n in watchers {
-        poll(
+        wait_until(
             &format!("{}: {id} dropped from {service}", n.agent.name),
             limit.saturating_sub(started.elapsed()),
             || {
@@ -1210,7 +1192,7 @@ fn e_a_revoked_key_is_refused_everywhere_within_the_bound() {
         .call(Method::PUT, "/v1/services/check/instances/w3", Some(&body));
     println!("the revoked node registering w3: {answer:?}");
     for n in others {
-        let ids = poll("a resolution", DEADLINE, || instance_ids(&n.agent, "check"));
+        let ids = wait_until("a resolution", DEADLINE, || instance_ids(&n.agent, "check"));
         assert_eq!(ids, Vec::<String>::new(), "{}", n.agent.name);
     }
 }
@@ -1247,7 +1229,7 @@ fn f_a_stopped_agents_records_expire() {
     let survivors = [&nodes[0], &nodes[1]];
     let mut last_not_after = 0;
     for n in survivors {
-        poll(
+        wait_until(
             &format!("{}: the killed agent's instance gone", n.agent.name),
             DEADLINE,
             || {
