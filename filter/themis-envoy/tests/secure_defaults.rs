@@ -13,7 +13,7 @@ use themis_testkit as support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::apps::PyServer;
 use support::envoy::{
@@ -22,6 +22,7 @@ use support::envoy::{
 use support::mesh::{closed_port, create_workload, tempdir, Mesh, IP_B};
 use support::module::{filter_pin, ModuleServer};
 use support::pair::Nodes;
+use support::process::wait_until_or;
 use support::require;
 
 /// How long a counter gets to show what just happened.
@@ -29,19 +30,13 @@ const COUNT_LIMIT: Duration = Duration::from_secs(10);
 
 /// Waits (bounded) until `envoy`'s stat `name` reaches `at_least`.
 fn wait_stat(envoy: &Envoy, name: &str, at_least: u64, what: &str) {
-    let deadline = Instant::now() + COUNT_LIMIT;
-    loop {
-        let value = envoy.stats().get(name).copied().unwrap_or(0);
-        if value >= at_least {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: {name} is {value}, not {at_least}\n{}",
-            envoy.log_tail(40)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let value = || envoy.stats().get(name).copied().unwrap_or(0);
+    wait_until_or(
+        &format!("{what}: {name} to reach {at_least}"),
+        COUNT_LIMIT,
+        || (value() >= at_least).then_some(()),
+        || format!("it is {}\n{}", value(), envoy.log_tail(40)),
+    );
 }
 
 /// Issue 21 (4): an authenticated member of the mesh calls a sidecar that has no
@@ -117,9 +112,9 @@ fn a_callers_claim_is_resolved_only_when_the_policy_names_it() {
     let before = resolutions(&mesh);
     let r = mesh.call("GET", "check-by-id", "/by-id", &[], b"");
     assert_eq!(r.status, 200, "{r}\n{}", envoy_id.log_tail(30));
-    // Agent B answers the sidecar's resolutions at once; give a stray one time to
-    // show before counting.
-    std::thread::sleep(Duration::from_millis(500));
+    // No wait: the callee resolves a claim while it holds the caller's bytes (its
+    // connection is `Verifying` until agent B answers), so a resolution made for this
+    // call was counted by agent B before the call was answered.
     let after = resolutions(&mesh);
     assert_eq!(
         after, before,
@@ -142,7 +137,7 @@ fn a_callers_claim_is_resolved_only_when_the_policy_names_it() {
     );
     let r = mesh.call("GET", "check", "/by-service", &[], b"");
     assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
-    std::thread::sleep(Duration::from_millis(500));
+    // No wait, as above: a resolution for the call would have been counted by now.
     assert_eq!(
         resolutions(&mesh),
         after,
@@ -423,16 +418,15 @@ fn a_module_whose_bytes_differ_from_the_pin_is_refused() {
         1,
         "fetching the pinned module",
     );
-    let deadline = Instant::now() + COUNT_LIMIT;
-    while !loaded
-        .log_tail(400)
-        .contains("themis inbound filter for workload check in mesh")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the pinned module did not configure:\n{}",
-            loaded.log_tail(40)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until_or(
+        "the pinned module to configure",
+        COUNT_LIMIT,
+        || {
+            loaded
+                .log_tail(400)
+                .contains("themis inbound filter for workload check in mesh")
+                .then_some(())
+        },
+        || loaded.log_tail(40),
+    );
 }

@@ -20,6 +20,7 @@ use common::{
 use serde_json::Value;
 use themis_core::wire::{Kind, RecordHeader, MAX_RECORD_PAYLOAD};
 use themis_core::PROTOCOL_VERSION;
+use themis_testkit::process::{poll_until, wait_until};
 use themis_testkit::{intruder, require};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -58,14 +59,11 @@ async fn closed(tcp: &mut TcpStream) -> bool {
 /// requirement).
 fn eventually(a: &Metered, what: &str, mut check: impl FnMut(&str) -> bool) {
     let mut text = String::new();
-    for _ in 0..300 {
+    let held = poll_until(Duration::from_secs(30), || {
         text = a.scrape();
-        if check(&text) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("{what}; metrics:\n{text}");
+        check(&text).then_some(())
+    });
+    assert!(held.is_some(), "{what}; metrics:\n{text}");
 }
 
 /// Item 1: twenty sources complete handshakes with self-made keys, four a second
@@ -123,11 +121,13 @@ fn self_made_keys_from_many_sources_cannot_hold_the_slots_an_admitted_agent_need
             }
         }));
     }
-    // The flood holds what it can before the legitimate agent comes.
-    std::thread::sleep(Duration::from_secs(2));
-    assert!(
-        authenticated.load(Ordering::Relaxed) > 64,
-        "the flood never got going"
+    // The flood holds what it can before the legitimate agent comes: more
+    // authenticated connections than the agent has slots (64). Patience, not a rate:
+    // at the flood's 80 a second this takes about a second; 60 s is for a busy host.
+    wait_until(
+        "the flood to authenticate more than 64 connections",
+        Duration::from_secs(60),
+        || (authenticated.load(Ordering::Relaxed) > 64).then_some(()),
     );
 
     let _b = a
@@ -236,14 +236,12 @@ fn one_ipv6_64_with_many_addresses_is_capped_as_one_source() {
                 let from = IpAddr::V6(Ipv6Addr::new(0xfd00, 0x64, 0, 0, 0, 0, 0, i));
                 held.push(rt.block_on(intruder::tcp_from(from, listen)).unwrap());
             }
+            // What was counted within 30 s is checked below (with `refused`).
             let mut text = String::new();
-            for _ in 0..300 {
+            poll_until(Duration::from_secs(30), || {
                 text = scrape(metrics).unwrap_or_default();
-                if agent_limited(&text, "over_source_cap") >= 36 {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
+                (agent_limited(&text, "over_source_cap") >= 36).then_some(())
+            });
             let mut refused = 0;
             for tcp in &mut held {
                 let mut buf = [0u8; 1];
