@@ -13,24 +13,29 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(50);
 
 /// The tests' one wait: polls `check` every 50 ms until it gives a value; panics
-/// after `limit` naming `what`.
+/// after `limit` naming `what` (at the caller's line).
+#[track_caller]
 pub fn wait_until<T>(what: &str, limit: Duration, check: impl FnMut() -> Option<T>) -> T {
     wait_until_or(what, limit, check, String::new)
 }
 
 /// [`wait_until`], whose failure message goes on with what `explain` says at the
 /// time (the last value seen, logs).
+#[track_caller]
 pub fn wait_until_or<T>(
     what: &str,
     limit: Duration,
     check: impl FnMut() -> Option<T>,
     explain: impl FnOnce() -> String,
 ) -> T {
-    poll_until(limit, check).unwrap_or_else(|| {
-        let explained = explain();
-        let sep = if explained.is_empty() { "" } else { ": " };
-        panic!("timed out after {limit:?} waiting for {what}{sep}{explained}")
-    })
+    match poll_until(limit, check) {
+        Some(value) => value,
+        None => {
+            let explained = explain();
+            let sep = if explained.is_empty() { "" } else { ": " };
+            panic!("timed out after {limit:?} waiting for {what}{sep}{explained}")
+        }
+    }
 }
 
 /// [`wait_until`] for a caller that acts on the timeout itself (kills a process,

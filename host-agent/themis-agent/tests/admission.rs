@@ -20,7 +20,7 @@ use common::{
 use serde_json::Value;
 use themis_core::wire::{Kind, RecordHeader, MAX_RECORD_PAYLOAD};
 use themis_core::PROTOCOL_VERSION;
-use themis_testkit::process::{poll_until, wait_until};
+use themis_testkit::process::{poll_until, wait_until_or};
 use themis_testkit::{intruder, require};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -121,13 +121,18 @@ fn self_made_keys_from_many_sources_cannot_hold_the_slots_an_admitted_agent_need
             }
         }));
     }
-    // The flood holds what it can before the legitimate agent comes: more
-    // authenticated connections than the agent has slots (64). Patience, not a rate:
-    // at the flood's 80 a second this takes about a second; 60 s is for a busy host.
-    wait_until(
-        "the flood to authenticate more than 64 connections",
+    // The flood holds what it can before the legitimate agent comes: every one of
+    // the agent's 64 slots, after more handshakes than there are slots. Patience, not
+    // a rate: at the flood's 80 handshakes a second this takes a second or two; 60 s
+    // is for a busy host.
+    wait_until_or(
+        "the flood to hold all 64 of the agent's slots",
         Duration::from_secs(60),
-        || (authenticated.load(Ordering::Relaxed) > 64).then_some(()),
+        || {
+            let held = a.value("themis_connections", &[("listener", "agent")]);
+            (authenticated.load(Ordering::Relaxed) > 64 && held >= 64).then_some(())
+        },
+        || format!("metrics:\n{}", a.scrape()),
     );
 
     let _b = a
