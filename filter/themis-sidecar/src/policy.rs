@@ -168,7 +168,8 @@ pub fn decide_with(
 /// a verified instance of `claim` under `verifier` (the root, now, the revocations in
 /// force): the record names this very id, and its grant chain holds. A node revoked
 /// since makes it fail, so a claim endorsed by a revoked node does not count; an
-/// `allow id` rule does not look at it (see `docs/PROTOCOL.md` §6.12).
+/// `allow id` rule does not look at it (see `docs/PROTOCOL.md` §6.12). A tombstone
+/// (a record with no endpoint: the node withdrew the instance) lists nobody.
 pub fn endorsement_lists(
     verifier: &themis_trust::Verifier<'_>,
     endorsement: &[u8],
@@ -177,7 +178,7 @@ pub fn endorsement_lists(
 ) -> bool {
     verifier
         .instance(endorsement, claim)
-        .is_ok_and(|instance| instance.id == *peer)
+        .is_ok_and(|instance| instance.id == *peer && instance.endpoint.is_some())
 }
 
 #[cfg(test)]
@@ -427,6 +428,77 @@ mod tests {
         assert!(matches!(
             decide_under(&node_revoked, &by_id),
             Verdict::Allow { .. }
+        ));
+    }
+
+    /// A node's tombstone for a workload (its record with no endpoint: withdrawn) is
+    /// signed and granted like a live record, but endorses nobody: carried, it makes
+    /// no claim count.
+    #[test]
+    fn a_tombstone_endorses_nobody() {
+        use themis_core::{Identity, MeshName};
+        use themis_trust::{
+            Grant, InstanceValue, MeshRoot, Record, Revocations, Signed, Verifier, GRANT_LABEL,
+            RECORD_LABEL,
+        };
+        let mesh = MeshName::new("demo").unwrap();
+        let rng = ring::rand::SystemRandom::new();
+        let key = || Identity::generate(mesh.clone(), &rng).unwrap();
+        let (root_key, node, workload) = (key(), key(), key());
+        let root = MeshRoot {
+            mesh: mesh.clone(),
+            key: *root_key.public_key(),
+        };
+        let now = 1_800_000_000_000;
+        let endorsement = |endpoint: Option<std::net::SocketAddr>| {
+            InstanceValue {
+                grants: vec![Signed::sign(
+                    &root_key,
+                    GRANT_LABEL,
+                    &Grant {
+                        mesh: "demo".into(),
+                        service: "handler".into(),
+                        grantee: *node.public_key(),
+                        delegate: false,
+                        issued_at: now,
+                        not_after: None,
+                    },
+                )],
+                record: Signed::sign(
+                    &node,
+                    RECORD_LABEL,
+                    &Record {
+                        mesh: "demo".into(),
+                        service: "handler".into(),
+                        workload_key: *workload.public_key(),
+                        endpoint,
+                        metadata: Default::default(),
+                        issued_at: now,
+                        not_after: now + 60_000,
+                    },
+                ),
+            }
+            .encode()
+        };
+        let revoked = Revocations::new();
+        let verifier = Verifier {
+            root: &root,
+            now_ms: now,
+            revoked: &revoked,
+        };
+        let live = endorsement(Some("127.0.0.1:15006".parse().unwrap()));
+        assert!(endorsement_lists(
+            &verifier,
+            &live,
+            "handler",
+            &workload.id()
+        ));
+        let tombstone = endorsement(None);
+        assert!(!endorsement_lists(
+            &verifier,
+            &tombstone,
+            "handler",
+            &workload.id()
         ));
     }
 }
