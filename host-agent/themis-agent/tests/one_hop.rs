@@ -14,6 +14,7 @@ use common::{Agent, MESH};
 use hyper::Method;
 use serde_json::json;
 use themis_core::{MeshName, PeerId};
+use themis_testkit::process::{poll_until, wait_until};
 use themis_trust::{chain_from_pem, InstanceValue, Record, Signed, RECORD_LABEL};
 
 const AGENTS: usize = 32;
@@ -58,15 +59,15 @@ fn revocation_reach(
     let published = started.elapsed();
     let target = log_size(via);
     let mut reached: Vec<Option<Duration>> = vec![None; agents.len()];
-    let deadline = started + Duration::from_secs(60);
-    while reached.iter().any(Option::is_none) && Instant::now() < deadline {
+    // Who is missing after 60 s is asserted below, by name.
+    poll_until(Duration::from_secs(60), || {
         for (i, agent) in agents.iter().enumerate() {
             if reached[i].is_none() && log_size(agent) >= target {
                 reached[i] = Some(started.elapsed());
             }
         }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        reached.iter().all(Option::is_some).then_some(())
+    });
     let missing: Vec<&str> = agents
         .iter()
         .zip(&reached)
@@ -554,6 +555,8 @@ fn a_stranger_gets_nothing_of_the_roster_and_is_no_member() {
         Err(_) => {} // closed before answering: nothing either
         other => panic!("a stranger without an admission was answered: {other:?}"),
     }
+    // A non-event, so a window: three of the target's pulls (500 ms apart here) in
+    // which nothing the stranger sent may make it a member later.
     std::thread::sleep(Duration::from_millis(1_500));
     assert_eq!(members(target), Some(2), "{}", target.log_tail());
 }
@@ -587,8 +590,6 @@ fn agreeing_agents_send_comparisons_of_under_a_hundred_bytes() {
                 (members(a)? == 4).then_some(())
             });
     }
-    // The news of the joins has been passed on (3 requests each) by now.
-    std::thread::sleep(Duration::from_secs(3));
     let counts = |m: &common::Metered| {
         let text = m.scrape();
         ["request", "answer"].map(|kind| {
@@ -599,9 +600,34 @@ fn agreeing_agents_send_comparisons_of_under_a_hundred_bytes() {
             )
         })
     };
+    let requests = |c: &[[(u64, u64); 2]]| c.iter().map(|c| c[0].0).collect::<Vec<_>>();
+    // The news of the joins is passed on in an agent's next 3 requests: once every
+    // agent sent 3 more than when all knew 4 members, only comparisons are left.
+    let known = requests(&agents.iter().map(counts).collect::<Vec<_>>());
+    wait_until(
+        "every agent to send 3 requests after the joins",
+        Duration::from_secs(30),
+        || {
+            let now = requests(&agents.iter().map(counts).collect::<Vec<_>>());
+            now.iter()
+                .zip(&known)
+                .all(|(n, k)| *n >= k + 3)
+                .then_some(())
+        },
+    );
+    // The quiet window: until 40 requests (about ten pulls each) were sent in it.
     let before: Vec<_> = agents.iter().map(counts).collect();
-    let window = Duration::from_secs(5);
-    std::thread::sleep(window);
+    let began = Instant::now();
+    wait_until(
+        "40 gossip requests in the quiet window",
+        Duration::from_secs(60),
+        || {
+            let now = requests(&agents.iter().map(counts).collect::<Vec<_>>());
+            let sent: u64 = now.iter().zip(requests(&before)).map(|(n, b)| n - b).sum();
+            (sent >= 40).then_some(())
+        },
+    );
+    let window = began.elapsed();
     let after: Vec<_> = agents.iter().map(counts).collect();
     let mut sent = [(0, 0); 2];
     for (b, a) in before.iter().zip(&after) {
