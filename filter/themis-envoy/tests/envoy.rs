@@ -1467,22 +1467,24 @@ fn rotation_under_continuous_calls(runtime: Runtime, rotated: Rotated) {
                 (endpoints == [next.inbound.to_string()]).then_some(())
             },
         );
-        match runtime {
-            // Its module's latest resolution lists the next instance only.
-            Runtime::Native => wait_until(
-                "Envoy A's module to drop the old instance",
-                Duration::from_secs(60),
-                || {
-                    let log = mesh.envoy_a.log_tail(usize::MAX);
-                    let last = log
-                        .lines()
-                        .rfind(|l| l.contains("themis native: check resolves to"))?;
-                    (!last.contains(&format!(" at {old_at}"))).then_some(())
-                },
-            ),
-            // The filter's resolutions live `resolve_ttl_secs` (10 s).
-            Runtime::Wasm => std::thread::sleep(Duration::from_secs(12)),
-        }
+        // Envoy A no longer picks the old instance: on every thread that resolved check
+        // (the native module's one, or each Wasm worker, whose resolutions live
+        // `resolve_ttl_secs`, 10 s), the latest resolution lists the next one only.
+        let old = format!(" at {old_at}");
+        wait_until_or(
+            "Envoy A's resolutions of check to drop the old instance",
+            Duration::from_secs(60),
+            || {
+                let log = mesh.envoy_a.log_tail(usize::MAX);
+                let mut latest = std::collections::BTreeMap::new();
+                for line in log.lines().filter(|l| l.contains(": check resolves to [")) {
+                    let thread = line.split("][").nth(1).unwrap_or("");
+                    latest.insert(thread.to_owned(), line.contains(&old));
+                }
+                (!latest.is_empty() && latest.values().all(|has_old| !has_old)).then_some(())
+            },
+            || mesh.envoy_a.log_tail(30),
+        );
         // Then the old key goes, through the trust log.
         let retired = match rotated {
             Rotated::Workload => mesh.check_id.clone(),
@@ -1499,7 +1501,13 @@ fn rotation_under_continuous_calls(runtime: Runtime, rotated: Rotated) {
                     .any(|r| r["id"] == retired.as_str())
                     .then_some(())
             });
-        std::thread::sleep(Duration::from_secs(3));
+        // Calls go on until ten more were answered, each after the revocation is known.
+        let known_at = answers.lock().unwrap().len();
+        wait_until(
+            "ten calls answered after the revocation",
+            Duration::from_secs(60),
+            || (answers.lock().unwrap().len() >= known_at + 10).then_some(()),
+        );
         stop.store(true, Ordering::Relaxed);
     });
     let answers = answers.into_inner().unwrap();

@@ -13,7 +13,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use log::warn;
+use log::{info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
@@ -141,6 +141,13 @@ pub(super) fn resolved(worker: &Shared, service: &str, status: Option<u16>, body
         let mut w = worker.borrow_mut();
         let instances = w.verified_instances(service, status, body);
         if let Some(instances) = &instances {
+            // Per thread, once a resolution (`resolve_ttl_secs`): which instances this
+            // worker's calls pick from now on (the native module logs the same).
+            let at: Vec<String> = instances
+                .iter()
+                .map(|i| format!("{} at {}", i.id.printable(&w.config.mesh), i.endpoint))
+                .collect();
+            info!("themis: {service} resolves to [{}]", at.join(", "));
             let expires = w.expires(instances.is_empty());
             w.routes.cache(service, instances.clone(), expires);
         }
