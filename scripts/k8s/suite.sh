@@ -143,18 +143,124 @@ check "themis explain check (in the agent pod): check's pod's workload is truste
 step "what the mesh leaves alone, and what it refuses"
 kctl apply -f scripts/k8s/suite-pods.yaml > /dev/null
 kctl -n plain wait pod/outsider pod/intruder --for=condition=Ready --timeout=60s > /dev/null
-outsider() { kctl -n plain exec outsider -- python3 -c "$1"; }
-# Negative checks read the answer whole first: under pipefail, `! cmd | grep -q x` also
-# passes when grep found x and cmd died of SIGPIPE writing the rest.
-unregistered_outsider() { ! grep -q outsider <<< "$(on_agent --json workloads)"; }
-check "a pod of an unlabelled namespace runs, unregistered" unregistered_outsider || true
+# probe HOST PORT connect|send: one TCP attempt from the pod it runs in; prints what
+# happened as one word (and detail): dns-failed, connect-timed-out, connect-refused,
+# connect-failed, connected (connect), or after an HTTP request (send): answered,
+# closed-unanswered, no-answer-open. It exits 0 whatever happened, so a failed exec
+# (kubectl, DNS of the API server, a missing pod) is told apart from the outcome.
+probe_py=$(
+    cat << 'EOF'
+import socket, sys
+host, port, send = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "send"
+try:
+    addr = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)[0][4]
+except OSError as e:
+    sys.exit(print("dns-failed", e))
+try:
+    s = socket.create_connection(addr, timeout=3)
+except socket.timeout:
+    sys.exit(print("connect-timed-out"))
+except ConnectionRefusedError:
+    sys.exit(print("connect-refused"))
+except OSError as e:
+    sys.exit(print("connect-failed", e))
+if not send:
+    sys.exit(print("connected"))
+s.sendall(b"GET /?n=7 HTTP/1.1\r\nHost: " + host.encode() + b"\r\nConnection: close\r\n\r\n")
+try:
+    data = s.recv(100)
+except socket.timeout:
+    sys.exit(print("no-answer-open"))
+except ConnectionResetError:
+    data = b""
+print("answered " + repr(data[:60]) if data else "closed-unanswered")
+EOF
+)
+from_outsider() { kctl -n plain exec outsider -- python3 -c "$probe_py" "$@"; }
+check_pod=$(kctl -n shop get pods -l app=check -o jsonpath='{.items[0].metadata.name}')
 check_ip=$(kctl -n shop get pods -l app=check -o jsonpath='{.items[0].status.podIP}')
-refused_plain() { # an unmeshed pod's plaintext HTTP to check's Service: no answer from check
-    ! outsider "import urllib.request; print(urllib.request.urlopen('http://check.shop/?n=7', timeout=3).read())"
+# Negative checks read the answer whole first: under pipefail, `! cmd | grep -q x` also
+# passes when grep found x and cmd died of SIGPIPE writing the rest. Each has a
+# positive control on the same path (pod, name or address, exec), and passes only on
+# the failure it claims, not on any failure.
+unregistered_outsider() { # by pod uid; the control: check's pod is in the same answer
+    local uids outsider_uid check_uid
+    uids=$(on_agent --json workloads | python3 -c "import json,sys; [print(r['metadata'].get('k8s-pod-uid')) for r in json.load(sys.stdin)['registrations']]") ||
+        { echo "the agent's registrations could not be read"; return 1; }
+    outsider_uid=$(kctl -n plain get pod outsider -o jsonpath='{.metadata.uid}')
+    check_uid=$(kctl -n shop get pod "$check_pod" -o jsonpath='{.metadata.uid}')
+    [[ -n $outsider_uid && -n $check_uid ]] || { echo "no pod uids (outsider '$outsider_uid', check '$check_uid')"; return 1; }
+    grep -qxF "$check_uid" <<< "$uids" || { echo "control: check's pod is not among the registrations read: $uids"; return 1; }
+    if grep -qxF "$outsider_uid" <<< "$uids"; then
+        echo "the outsider ($outsider_uid) is registered"
+        return 1
+    fi
 }
-check "an unmeshed pod's plaintext call to check's Service is refused" refused_plain || true
-app_port_closed() { # the app's own port, straight from another pod: the capture drops it
-    ! outsider "import socket; s=socket.create_connection(('$check_ip', 8080), timeout=3); s.sendall(b'GET / HTTP/1.0\r\n\r\n'); assert s.recv(100)"
+check "a pod of an unlabelled namespace runs, unregistered" unregistered_outsider || true
+inbound_refused_malformed() { # check's sidecar's count of connections refused as not Themis
+    kctl -n shop exec "$check_pod" -c themis-proxy -- python3 -c \
+        "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:15000/stats?filter=themis\\.inbound\\.refused\\.malformed').read().decode())" |
+        python3 -c 'import sys; print(sum(int(l.rsplit(":", 1)[1]) for l in sys.stdin if ":" in l))'
+}
+refused_above() { local n; n=$(inbound_refused_malformed) && ((n > $1)); } # N
+refused_plain() { # an unmeshed pod's plaintext HTTP to check's Service: closed by check's sidecar
+    local reach before answer
+    reach=$(from_outsider check.shop 80 connect) || { echo "exec in the outsider failed: $reach"; return 1; }
+    [[ $reach == connected ]] || { echo "control: the outsider does not reach check.shop:80 at all: $reach"; return 1; }
+    before=$(inbound_refused_malformed) || { echo "check's sidecar's stats could not be read"; return 1; }
+    answer=$(from_outsider check.shop 80 send) || { echo "exec in the outsider failed: $answer"; return 1; }
+    [[ $answer == closed-unanswered ]] || { echo "not closed unanswered: $answer"; return 1; }
+    until_ok 10 refused_above "$before" || { echo "check's sidecar did not count refused.malformed (it was $before)"; return 1; }
+}
+check "an unmeshed pod's plaintext call to check's Service is refused by check's sidecar" refused_plain || true
+# check's app listens on 127.0.0.1:8080 only, where the kernel would refuse another pod
+# whatever the capture did: a listener on the pod's own address, port 8080, in the app
+# container (its cgroup, which the capture guards), is what the capture must protect.
+listener_py=$(
+    cat << 'EOF'
+import socket, sys, time
+s = socket.socket()
+s.bind((sys.argv[1], 8080))
+s.listen(16)
+s.settimeout(1)
+print("listening", flush=True)
+end = time.time() + 90
+while time.time() < end:
+    try:
+        c, _ = s.accept()
+    except socket.timeout:
+        continue
+    c.recv(100)
+    c.sendall(b"app")
+    c.close()
+EOF
+)
+inbound_dropped() { on_agent --json capture | python3 -c 'import json,sys; print(json.load(sys.stdin)["counters"]["inbound_dropped"])'; }
+app_port_closed() { # the app port on the pod's address, from another pod: the capture drops the SYN
+    local listener reach before answer after status=0
+    kctl -n shop exec "$check_pod" -c app -- python3 -c "$listener_py" "$check_ip" > "$work/listener.txt" 2>&1 &
+    listener=$!
+    # (It says so once it listens.)
+    if ! until_ok 20 grep -q '^listening' "$work/listener.txt"; then
+        echo "no listener on $check_ip:8080 in check's app container: $(cat "$work/listener.txt")"
+        status=1
+    # The control: the outsider reaches the same address, on the mesh port.
+    elif ! reach=$(from_outsider "$check_ip" 15006 connect) || [[ $reach != connected ]]; then
+        echo "control: the outsider does not reach $check_ip:15006: $reach"
+        status=1
+    elif ! before=$(inbound_dropped); then
+        echo "the agent's capture counters could not be read"
+        status=1
+    elif ! answer=$(from_outsider "$check_ip" 8080 send) || [[ $answer != connect-timed-out ]]; then
+        echo "not dropped (a dropped SYN times out): $answer"
+        status=1
+    elif ! after=$(inbound_dropped) || ((after <= before)); then
+        echo "the capture did not count the drop (inbound_dropped $before, then ${after:-?})"
+        status=1
+    fi
+    kill "$listener" 2> /dev/null || true
+    wait "$listener" 2> /dev/null || true
+    return "$status"
 }
 check "check's app port ($check_ip:8080) takes nothing from another pod (the capture)" app_port_closed || true
 not_operator() { # root in another pod, through the agent's socket: refused as not the operator
