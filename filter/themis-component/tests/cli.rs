@@ -224,11 +224,11 @@ fn the_wasmtime_tool_resolves_through_an_agent_and_calls_over_themis() {
             .unwrap(),
     );
     let socket = state.join("agent.sock");
-    let started = std::time::Instant::now();
-    while !themis(&socket, &["status"]).status.success() {
-        assert!(started.elapsed().as_secs() < 20, "the agent did not start");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    themis_testkit::process::wait_until(
+        "the agent to start",
+        std::time::Duration::from_secs(20),
+        || themis(&socket, &["status"]).status.success().then_some(()),
+    );
 
     // `check` serves with the identity its agent created; it registers there.
     assert!(themis(&socket, &["workload", "check"]).status.success());

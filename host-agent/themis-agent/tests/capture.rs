@@ -359,12 +359,11 @@ fn envoy_sees_the_original_destination_and_its_upstreams_are_not_looped() {
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("{name}: "))?.trim().parse().ok())
     };
-    let ready = (0..100).any(|_| {
-        std::thread::sleep(Duration::from_millis(100));
-        stats("http.outbound.downstream_rq_total").is_some()
+    let ready = themis_testkit::process::poll_until(Duration::from_secs(10), || {
+        stats("http.outbound.downstream_rq_total")
     });
     assert!(
-        ready,
+        ready.is_some(),
         "Envoy did not start: {}",
         std::fs::read_to_string(work.path().join("envoy.log")).unwrap_or_default()
     );
