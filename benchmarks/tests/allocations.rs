@@ -67,7 +67,12 @@ fn the_in_place_record_path_allocates_nothing() {
             black_box(seal_open_in_place(&mut sender, &mut receiver, &mut record));
         }
         let made = allocations() - before;
-        assert_eq!(made, 0, "{}: {made} allocations in 200 records", size_label(size));
+        assert_eq!(
+            made,
+            0,
+            "{}: {made} allocations in 200 records",
+            size_label(size)
+        );
     }
 }
 
