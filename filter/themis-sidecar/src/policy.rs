@@ -331,48 +331,16 @@ mod tests {
     /// workload key, until that id is revoked too.
     #[test]
     fn a_revoked_nodes_endorsement_no_longer_counts_but_an_allow_id_rule_does() {
-        use themis_core::{Identity, MeshName};
-        use themis_trust::{
-            Grant, InstanceValue, MeshRoot, Record, Revocation, Revocations, Signed, Verifier,
-            GRANT_LABEL, RECORD_LABEL, REVOCATION_LABEL,
-        };
-        let mesh = MeshName::new("demo").unwrap();
-        let rng = ring::rand::SystemRandom::new();
-        let key = || Identity::generate(mesh.clone(), &rng).unwrap();
-        let (root_key, node, workload) = (key(), key(), key());
-        let root = MeshRoot {
-            mesh: mesh.clone(),
-            key: *root_key.public_key(),
-        };
-        let now = 1_800_000_000_000;
-        let endorsement = InstanceValue {
-            grants: vec![Signed::sign(
-                &root_key,
-                GRANT_LABEL,
-                &Grant {
-                    mesh: "demo".into(),
-                    service: "handler".into(),
-                    grantee: *node.public_key(),
-                    delegate: false,
-                    issued_at: now,
-                    not_after: None,
-                },
-            )],
-            record: Signed::sign(
-                &node,
-                RECORD_LABEL,
-                &Record {
-                    mesh: "demo".into(),
-                    service: "handler".into(),
-                    workload_key: *workload.public_key(),
-                    endpoint: Some("127.0.0.1:15006".parse().unwrap()),
-                    metadata: Default::default(),
-                    issued_at: now,
-                    not_after: now + 60_000,
-                },
-            ),
-        }
-        .encode();
+        use themis_trust::{Revocation, Revocations, Signed, Verifier, REVOCATION_LABEL};
+        let Endorsed {
+            root_key,
+            root,
+            node,
+            workload,
+            now,
+            ..
+        } = Endorsed::new();
+        let endorsement = Endorsed::new_value(&root_key, &node, &workload, now, Some(LIVE));
         let caller = Established {
             peer_id: workload.id(),
             meta: Meta {
@@ -436,57 +404,19 @@ mod tests {
     /// no claim count.
     #[test]
     fn a_tombstone_endorses_nobody() {
-        use themis_core::{Identity, MeshName};
-        use themis_trust::{
-            Grant, InstanceValue, MeshRoot, Record, Revocations, Signed, Verifier, GRANT_LABEL,
-            RECORD_LABEL,
-        };
-        let mesh = MeshName::new("demo").unwrap();
-        let rng = ring::rand::SystemRandom::new();
-        let key = || Identity::generate(mesh.clone(), &rng).unwrap();
-        let (root_key, node, workload) = (key(), key(), key());
-        let root = MeshRoot {
-            mesh: mesh.clone(),
-            key: *root_key.public_key(),
-        };
-        let now = 1_800_000_000_000;
-        let endorsement = |endpoint: Option<std::net::SocketAddr>| {
-            InstanceValue {
-                grants: vec![Signed::sign(
-                    &root_key,
-                    GRANT_LABEL,
-                    &Grant {
-                        mesh: "demo".into(),
-                        service: "handler".into(),
-                        grantee: *node.public_key(),
-                        delegate: false,
-                        issued_at: now,
-                        not_after: None,
-                    },
-                )],
-                record: Signed::sign(
-                    &node,
-                    RECORD_LABEL,
-                    &Record {
-                        mesh: "demo".into(),
-                        service: "handler".into(),
-                        workload_key: *workload.public_key(),
-                        endpoint,
-                        metadata: Default::default(),
-                        issued_at: now,
-                        not_after: now + 60_000,
-                    },
-                ),
-            }
-            .encode()
+        use themis_trust::{Revocations, Verifier};
+        let fixture = Endorsed::new();
+        let (root, workload, now) = (&fixture.root, &fixture.workload, fixture.now);
+        let endorsement = |endpoint| {
+            Endorsed::new_value(&fixture.root_key, &fixture.node, workload, now, endpoint)
         };
         let revoked = Revocations::new();
         let verifier = Verifier {
-            root: &root,
+            root,
             now_ms: now,
             revoked: &revoked,
         };
-        let live = endorsement(Some("127.0.0.1:15006".parse().unwrap()));
+        let live = endorsement(Some(LIVE));
         assert!(endorsement_lists(
             &verifier,
             &live,
@@ -500,5 +430,78 @@ mod tests {
             "handler",
             &workload.id()
         ));
+    }
+
+    /// Where a live record's instance listens.
+    const LIVE: std::net::SocketAddr =
+        std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 15006);
+
+    /// A mesh root, a node it granted `handler`, and a workload of that node.
+    struct Endorsed {
+        root_key: themis_core::Identity,
+        root: themis_trust::MeshRoot,
+        node: themis_core::Identity,
+        workload: themis_core::Identity,
+        now: u64,
+    }
+
+    impl Endorsed {
+        fn new() -> Self {
+            let mesh = themis_core::MeshName::new("demo").unwrap();
+            let rng = ring::rand::SystemRandom::new();
+            let key = || themis_core::Identity::generate(mesh.clone(), &rng).unwrap();
+            let (root_key, node, workload) = (key(), key(), key());
+            let root = themis_trust::MeshRoot {
+                mesh: mesh.clone(),
+                key: *root_key.public_key(),
+            };
+            Endorsed {
+                root_key,
+                root,
+                node,
+                workload,
+                now: 1_800_000_000_000,
+            }
+        }
+
+        /// The node's endorsement of `workload` as `handler` at `endpoint` (`None`: a
+        /// tombstone), with the root's grant: an encoded instance value.
+        fn new_value(
+            root_key: &themis_core::Identity,
+            node: &themis_core::Identity,
+            workload: &themis_core::Identity,
+            now: u64,
+            endpoint: Option<std::net::SocketAddr>,
+        ) -> Vec<u8> {
+            use themis_trust::{Grant, InstanceValue, Record, Signed, GRANT_LABEL, RECORD_LABEL};
+            InstanceValue {
+                grants: vec![Signed::sign(
+                    root_key,
+                    GRANT_LABEL,
+                    &Grant {
+                        mesh: "demo".into(),
+                        service: "handler".into(),
+                        grantee: *node.public_key(),
+                        delegate: false,
+                        issued_at: now,
+                        not_after: None,
+                    },
+                )],
+                record: Signed::sign(
+                    node,
+                    RECORD_LABEL,
+                    &Record {
+                        mesh: "demo".into(),
+                        service: "handler".into(),
+                        workload_key: *workload.public_key(),
+                        endpoint,
+                        metadata: Default::default(),
+                        issued_at: now,
+                        not_after: now + 60_000,
+                    },
+                ),
+            }
+            .encode()
+        }
     }
 }
