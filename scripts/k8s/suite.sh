@@ -28,7 +28,7 @@ check() { # NAME CMD...: runs CMD; counts and says the result (its status is CMD
     if out=$("$@" 2>&1); then
         passed=$((passed + 1)) && ok "$name"
     else
-        failed=$((failed + 1)) && echo "    FAIL $name: $(tail -n 5 <<< "$out")"
+        failed=$((failed + 1)) && echo "    FAIL $name: $(tail -n 8 <<< "$out")"
         return 1
     fi
 }
@@ -295,7 +295,8 @@ while time.time() < end:
     try:
         urllib.request.urlopen('http://check/?n=7', timeout=5).read(); ok += 1
     except Exception as e:
-        failed += 1; print(time.strftime('%T'), 'failed:', e)
+        body = e.read()[:160] if hasattr(e, 'read') else b''
+        failed += 1; print(time.strftime('%T'), 'failed:', e, body)
     time.sleep(0.1)
 print('ok', ok, 'failed', failed)"
 }
@@ -305,12 +306,16 @@ no_failed_call() { # CMD...: runs CMD while handler calls check; no call may fai
     sleep 3
     "$@" > /dev/null
     wait "$caller" || true
-    tail -n 3 "$work/calls.txt"
     grep -q "failed 0$" "$work/calls.txt" && grep -q "^ok [1-9]" "$work/calls.txt" && return
-    # Where the failures came from: handler's sidecar (local) or check's (upstream).
-    kctl -n shop exec deploy/handler -c themis-proxy -- python3 -c \
-        "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:15000/stats?filter=themis_to_check.*(rq_5|cx_connect_fail|no_healthy)|themis.outbound').read().decode())" |
-        grep -v ': 0$' | head -n 12
+    # Where the failures came from: handler's sidecar (local) or check's (upstream),
+    # the failed calls last, as check() shows the last lines.
+    local stats
+    for pod in deploy/handler deploy/check; do
+        stats=$(kctl -n shop exec "$pod" -c themis-proxy -- python3 -c \
+            "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:15000/stats?filter=(rq_5|rq_4|cx_connect_fail|no_healthy|reset|retry|refused)').read().decode())" 2>&1)
+        echo "$pod: $(grep -v ': 0$' <<< "$stats" | tr '\n' ' ')"
+    done
+    grep "failed" "$work/calls.txt" | tail -n 4
     return 1
 }
 rollout() { kctl -n shop rollout restart deployment/check && kctl -n shop rollout status deployment/check --timeout=120s; }

@@ -30,8 +30,18 @@ impl Http1Server {
         F: Fn(Request<Incoming>) -> A + Clone + Send + Sync + 'static,
         A: Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send + 'static,
     {
-        let listener = std::net::TcpListener::bind((ip, 0))
-            .unwrap_or_else(|e| panic!("binding an HTTP server on {ip}: {e}"));
+        let ip: std::net::IpAddr = ip.parse().expect("an IP address");
+        Http1Server::start_at(SocketAddr::new(ip, 0), handle)
+    }
+
+    /// [`Http1Server::start`] at `addr`.
+    pub fn start_at<F, A>(addr: SocketAddr, handle: F) -> Http1Server
+    where
+        F: Fn(Request<Incoming>) -> A + Clone + Send + Sync + 'static,
+        A: Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send + 'static,
+    {
+        let listener = std::net::TcpListener::bind(addr)
+            .unwrap_or_else(|e| panic!("binding an HTTP server on {addr}: {e}"));
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -75,10 +85,16 @@ pub struct App {
 impl App {
     /// Listens on `ip` (a free port); `marker` goes into every response body.
     pub fn start(ip: &str, marker: &str) -> App {
+        let ip: std::net::IpAddr = ip.parse().expect("an IP address");
+        App::start_at(SocketAddr::new(ip, 0), marker)
+    }
+
+    /// [`App::start`] at `addr`: an app that starts where its sidecar expects it.
+    pub fn start_at(addr: SocketAddr, marker: &str) -> App {
         let count = Arc::new(AtomicUsize::new(0));
         let marker: Arc<str> = marker.into();
         let counter = count.clone();
-        let server = Http1Server::start(ip, move |request| {
+        let server = Http1Server::start_at(addr, move |request| {
             echo(request, counter.clone(), marker.clone())
         });
         App {

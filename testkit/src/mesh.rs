@@ -242,6 +242,19 @@ impl Mesh {
         )
     }
 
+    /// A sidecar of `check` on node B in front of an app at `app` (which may not be
+    /// listening yet), with its own inbound policy.
+    pub fn start_sidecar_of_app(&self, app: SocketAddr, name: &str, policy: Option<&str>) -> Envoy {
+        start_sidecar(
+            self.runtime_b,
+            self.dir.path(),
+            (&self.b, IP_B, "check"),
+            name,
+            app,
+            policy,
+        )
+    }
+
     /// What `handler`'s app does: calls `http://<host><path>` through Envoy A.
     pub fn call(
         &self,

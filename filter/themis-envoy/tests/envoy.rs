@@ -662,6 +662,41 @@ fn bad_configuration_is_rejected() {
     }
 }
 
+/// A caller may reach a pod whose sidecar is up before its app listens (the node
+/// controller registers a pod once its sidecar has started; an app also restarts):
+/// the inbound sidecar tries the app again rather than answer 503, and the call is
+/// answered once the app listens. The app starts only after the sidecar has seen its
+/// connection refused, so the test fails without the retry.
+fn a_call_that_arrives_before_the_app_listens_is_answered_once_it_does(runtime: Runtime) {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
+    let mesh = Mesh::start_on(runtime, runtime, Some(ALLOW_HANDLER));
+    let app_at = closed_port(IP_B);
+    let starting = mesh.start_sidecar_of_app(app_at, "envoy-b-starting", Some(ALLOW_HANDLER));
+    starting.wait_identity();
+    mesh.register("check", "check", starting.inbound);
+    let refused = || starting.stat("cluster.app.upstream_cx_connect_fail");
+    std::thread::scope(|scope| {
+        let call = scope.spawn(|| mesh.call("GET", "check", "/while-starting", &[], b""));
+        wait_until_or(
+            "the sidecar finds no app yet",
+            COUNT_LIMIT,
+            || (refused() >= 1).then_some(()),
+            || format!("{}\n{}", starting.log_tail(40), mesh.logs()),
+        );
+        assert!(!call.is_finished(), "answered before the app started");
+        let app = support::app::App::start_at(app_at, &mesh.app_marker);
+        let r = call.join().expect("the call");
+        assert_eq!(r.status, 200, "{r}\n{}", starting.log_tail(40));
+        assert!(
+            String::from_utf8_lossy(&r.body).contains(&mesh.app_marker),
+            "{r}"
+        );
+        assert_eq!(app.count(), 1, "the app saw the call once");
+    });
+}
+
 fn unknown_service_and_dead_instance(runtime: Runtime) {
     if !require::filter_in_envoy("runs the filter") {
         return;
@@ -1565,6 +1600,7 @@ themis_testkit::on_both_runtimes!(
     direct_plaintext_request_is_rejected,
     policy_refuses_a_caller_it_does_not_allow,
     unknown_service_and_dead_instance,
+    a_call_that_arrives_before_the_app_listens_is_answered_once_it_does,
     an_admitted_node_without_a_grant_cannot_serve_or_claim_a_name,
     a_revoked_workload_is_refused_by_the_filter_and_the_agents,
     a_revocation_reaches_the_filter_at_once_not_at_its_poll_period,
