@@ -25,9 +25,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hyper::Method;
 use serde_json::{json, Value};
-use themis_agent::client::ApiClient;
+use themis_agent_client::ApiClient;
+use themis_agent_client::Method;
 use themis_core::PeerId;
 use themis_testkit::intruder;
 use tokio::io::AsyncWriteExt;

@@ -19,8 +19,8 @@
 //!   the root's, time bounds, role-specific sections, canary weights, policy ids);
 //! * a pick is one of the cached instances of the service, fresh, avoiding instances
 //!   marked down unless all are, and follows the canary split;
-//! * the native runtime's reader of its agent's HTTP/1.1 answers (`http_body`) takes
-//!   any bytes, and reads a chunked 2xx body back whole.
+//! * the reader of the agent's HTTP/1.1 answers (`themis_agent_client::exchange::answer`,
+//!   every runtime's) takes any bytes, and reads a chunked body back whole.
 #![no_main]
 
 use std::collections::{BTreeMap, HashMap};
@@ -36,7 +36,6 @@ use themis_sidecar::agent::{
 use themis_sidecar::config::{is_name, Canary, Config, Policy, Role, Rule};
 use themis_sidecar::route::{Pick, Routes};
 use themis_fuzz::trust::{trust, SERVICE};
-use themis_native::runtime::http_body;
 use themis_fuzz::{mesh, Edit, MESH};
 
 /// A JSON document: raw bytes, built from fuzzed fields, or built and then edited.
@@ -680,6 +679,12 @@ fn routes(canary: &[(u8, bool, u8)], ops: &[RouteOp]) {
             }
         }
     }
+}
+
+/// The agent's answer, as every runtime's client reads it.
+fn http_body(answer: &[u8]) -> Result<Vec<u8>, themis_agent_client::ClientError> {
+    let (status, body) = themis_agent_client::exchange::answer(answer)?;
+    themis_agent_client::success(status, body)
 }
 
 /// A chunked answer reads back whole when its status is 2xx, and is refused otherwise.

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::Value;
-use themis_agent::client::ApiClient;
+use themis_agent_client::ApiClient;
 
 use crate::build;
 pub use crate::ports::free_port;

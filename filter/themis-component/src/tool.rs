@@ -260,38 +260,11 @@ struct Instance {
     id: PeerId,
 }
 
-/// `GET path` on the agent's read-only HTTP endpoint; the JSON body of a 200.
+/// `GET path` on the agent's read-only HTTP endpoint; the JSON body of a 2xx.
 fn agent_get<T: DeserializeOwned>(agent: SocketAddr, path: &str) -> Result<T, String> {
-    let unreachable = |e: std::io::Error| {
-        format!(
-            "cannot reach the agent at {agent}: {e} (is it running with --resolve-listen {agent}?)"
-        )
-    };
-    let mut stream = TcpStream::connect(agent).map_err(unreachable)?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: themis-agent\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(unreachable)?;
-    let mut raw = Vec::new();
-    stream
-        .take(1 << 20)
-        .read_to_end(&mut raw)
-        .map_err(unreachable)?;
-    let mut headers = [httparse::EMPTY_HEADER; 32];
-    let mut response = httparse::Response::new(&mut headers);
-    let Ok(httparse::Status::Complete(body_at)) = response.parse(&raw) else {
-        return Err(format!("the agent at {agent} did not answer with HTTP"));
-    };
-    let body = &raw[body_at..];
-    if response.code != Some(200) {
-        let error = serde_json::from_slice::<api::ErrorBody>(body).map(|e| e.error);
-        return Err(format!(
-            "the agent refused: {}",
-            error.as_deref().unwrap_or("no details")
-        ));
-    }
-    serde_json::from_slice(body).map_err(|e| format!("the agent's answer does not parse: {e}"))
+    themis_agent_client::Client::tcp(agent)
+        .get(path)
+        .map_err(|e| e.to_string())
 }
 
 fn unix_millis() -> u64 {

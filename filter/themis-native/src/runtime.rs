@@ -6,14 +6,12 @@
 //! in force as soon as the agent has it) and connections read an immutable snapshot.
 
 use std::collections::{BTreeSet, HashMap};
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ring::rand::SystemRandom;
+use themis_agent_client::{Client, Method};
 use themis_contracts::{api, paths};
 use themis_core::delegation::{Credential, DelegatedKey};
 use themis_sidecar::agent::{
@@ -97,7 +95,7 @@ fn supervised(name: String, job: impl Fn() + Send + 'static) -> Result<(), Strin
 pub struct Runtime {
     pub root: MeshRoot,
     workload: String,
-    agent_socket: PathBuf,
+    agent: Client,
     timeout: Duration,
     revocation_poll: Duration,
     resolve_ttl: Duration,
@@ -131,7 +129,7 @@ impl Runtime {
         let runtime = Arc::new(Runtime {
             root: config.mesh_root.clone(),
             workload: config.workload.clone(),
-            agent_socket: PathBuf::from(socket),
+            agent: Client::unix(&socket).timeout(config.timeout),
             timeout: config.timeout,
             revocation_poll: config.revocation_poll,
             resolve_ttl: config.resolve_ttl,
@@ -266,7 +264,11 @@ impl Runtime {
             lifetime_secs: None,
         };
         let body = serde_json::to_vec(&request).map_err(|e| e.to_string())?;
-        let answer = self.call("POST", &paths::workload_delegate(&self.workload), &body)?;
+        let answer = self.call(
+            Method::POST,
+            &paths::workload_delegate(&self.workload),
+            &body,
+        )?;
         let (credential, renew_at) = themis_sidecar::agent::parse_delegated(
             &answer,
             key,
@@ -295,7 +297,7 @@ impl Runtime {
             true => self.timeout + Duration::from_millis(REVOCATIONS_WAIT_MS),
             false => self.timeout,
         };
-        let body = self.call_within("GET", &NextPoll::path(next), b"", timeout)?;
+        let body = self.call_within(Method::GET, &NextPoll::path(next), b"", timeout)?;
         let held = self.snapshot().revocations.len();
         let revocations =
             parse_new_revocations(&body, &self.root, held).map_err(|e| e.to_string())?;
@@ -323,7 +325,7 @@ impl Runtime {
     }
 
     fn resolve(&self, service: &str) -> Result<(), String> {
-        let body = self.call("GET", &paths::resolve(service, false), b"")?;
+        let body = self.call(Method::GET, &paths::resolve(service, false), b"")?;
         let snapshot = self.snapshot();
         let trust = Verifier {
             root: &self.root,
@@ -359,89 +361,24 @@ impl Runtime {
         Ok(())
     }
 
-    /// One HTTP/1.1 exchange with the agent over its Unix socket.
-    fn call(&self, method: &str, path: &str, body: &[u8]) -> Result<Vec<u8>, String> {
+    /// One exchange with the agent over its Unix socket: the body of a 2xx answer.
+    fn call(&self, method: Method, path: &str, body: &[u8]) -> Result<Vec<u8>, String> {
         self.call_within(method, path, body, self.timeout)
     }
 
     /// [`Runtime::call`], answered within `timeout`.
     fn call_within(
         &self,
-        method: &str,
+        method: Method,
         path: &str,
         body: &[u8],
         timeout: Duration,
     ) -> Result<Vec<u8>, String> {
-        let mut stream = UnixStream::connect(&self.agent_socket)
-            .map_err(|e| format!("{}: {e}", self.agent_socket.display()))?;
-        stream.set_read_timeout(Some(timeout)).ok();
-        stream.set_write_timeout(Some(self.timeout)).ok();
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nhost: themis-agent\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-            body.len()
-        );
-        stream
-            .write_all(head.as_bytes())
-            .and_then(|()| stream.write_all(body))
-            .map_err(|e| e.to_string())?;
-        let mut answer = Vec::new();
-        stream
-            .take(1 << 22)
-            .read_to_end(&mut answer)
-            .map_err(|e| e.to_string())?;
-        http_body(&answer).map_err(|e| format!("{method} {path}: {e}"))
-    }
-}
-
-/// The body of the agent's HTTP/1.1 answer `answer` (plain or chunked) if its status
-/// is 2xx; total on any bytes (fuzzed: `fuzz/fuzz_targets/envoy_decoders.rs`).
-pub fn http_body(answer: &[u8]) -> Result<Vec<u8>, String> {
-    let mut headers = [httparse::EMPTY_HEADER; 32];
-    let mut response = httparse::Response::new(&mut headers);
-    let httparse::Status::Complete(at) = response
-        .parse(answer)
-        .map_err(|e| format!("not HTTP: {e}"))?
-    else {
-        return Err("a truncated answer".into());
-    };
-    let status = response.code.unwrap_or(0);
-    let chunked = response.headers.iter().any(|h| {
-        h.name.eq_ignore_ascii_case("transfer-encoding") && h.value.eq_ignore_ascii_case(b"chunked")
-    });
-    let body = &answer[at..];
-    let body = if chunked {
-        dechunk(body)?
-    } else {
-        body.to_vec()
-    };
-    if !(200..300).contains(&status) {
-        return Err(format!(
-            "the agent answered {status}: {}",
-            String::from_utf8_lossy(&body[..body.len().min(300)])
-        ));
-    }
-    Ok(body)
-}
-
-fn dechunk(mut body: &[u8]) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    loop {
-        let httparse::Status::Complete((at, size)) =
-            httparse::parse_chunk_size(body).map_err(|_| "a bad chunk size")?
-        else {
-            return Err("a truncated chunk".into());
-        };
-        let size = usize::try_from(size).map_err(|_| "a chunk too large")?;
-        if size == 0 {
-            return Ok(out);
-        }
-        // A size near usize::MAX must not wrap: checked, then sliced with `get`.
-        let end = at.checked_add(size).ok_or("a chunk too large")?;
-        let chunk = body.get(at..end).ok_or("a truncated chunk")?;
-        out.extend_from_slice(chunk);
-        body = body
-            .get(end.saturating_add(2)..)
-            .ok_or("a truncated chunk")?;
+        let what = format!("{method} {path}");
+        self.agent
+            .call_raw_within(method, path, body, "application/json", timeout)
+            .and_then(|(status, body)| themis_agent_client::success(status, body))
+            .map_err(|e| format!("{what}: {e}"))
     }
 }
 
@@ -493,24 +430,5 @@ mod tests {
         // Nothing more rests on it: nothing else goes.
         assert!(!withdraw(&mut resolutions, &root, &revoked));
         assert_eq!(resolutions.len(), 1);
-    }
-
-    #[test]
-    fn bodies_are_read_plain_and_chunked_and_errors_say_the_status() {
-        assert_eq!(
-            http_body(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi").unwrap(),
-            b"hi"
-        );
-        assert_eq!(
-            http_body(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n1\r\n!\r\n0\r\n\r\n")
-                .unwrap(),
-            b"hi!"
-        );
-        let e = http_body(b"HTTP/1.1 403 Forbidden\r\n\r\nrevoked").unwrap_err();
-        assert!(e.contains("403") && e.contains("revoked"), "{e}");
-        assert!(http_body(b"HTTP/1.1 200").is_err());
-        assert!(http_body(b"\x00\x01").is_err());
-        assert!(dechunk(b"ffffffffffffffffff\r\n").is_err());
-        assert!(dechunk(b"5\r\nab").is_err());
     }
 }

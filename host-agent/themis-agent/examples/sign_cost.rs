@@ -93,10 +93,10 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let api = themis_agent::client::ApiClient::new(socket);
+    let api = themis_agent_client::ApiClient::new(socket);
     let path = format!("/v1/workloads/{workload}/identity");
     let (_, identity) = runtime
-        .block_on(api.call(hyper::Method::GET, &path, None))
+        .block_on(api.call(themis_agent_client::Method::GET, &path, None))
         .unwrap();
     let mut key = [0u8; 32];
     hex::decode_to_slice(identity["public_key"].as_str().unwrap(), &mut key).unwrap();
@@ -109,7 +109,7 @@ fn main() {
     for _ in 0..n {
         let t = Instant::now();
         let (status, _) = runtime
-            .block_on(api.call(hyper::Method::POST, &path, Some(&body)))
+            .block_on(api.call(themis_agent_client::Method::POST, &path, Some(&body)))
             .unwrap();
         rtt.push(t.elapsed());
         assert_eq!(status, 200);

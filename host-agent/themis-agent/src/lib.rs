@@ -17,7 +17,7 @@
 //!   checks on every peer frame and stored value.
 //! * [`signing`]: delegated signing and delegations (a workload's private key never
 //!   leaves the agent).
-//! * [`api`]: the local API; [`client`] calls it; [`caller`]: who calls it (kernel
+//! * [`api`]: the local API (`themis-agent-client` calls it); [`caller`]: who calls it (kernel
 //!   credentials) and what they may do; [`local_socket`]: the API's listener (callers
 //!   read once at accept, connections capped per cgroup).
 //! * [`keystore`]: key files (0600, refused when others can read, write or replace
@@ -36,7 +36,6 @@
 pub mod agent;
 pub mod api;
 pub mod caller;
-pub mod client;
 pub mod config;
 pub mod files;
 pub mod gossip;

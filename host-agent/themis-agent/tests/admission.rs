@@ -280,7 +280,11 @@ fn a_hello_flood_from_one_source_is_cut_to_its_bucket_and_sidecars_still_get_sig
     let (target, peer) = (a.listen(), a.peer_id());
     let (code, _) = a
         .agent
-        .call(hyper::Method::PUT, "/v1/workloads/check", None)
+        .call(
+            themis_agent_client::Method::PUT,
+            "/v1/workloads/check",
+            None,
+        )
         .unwrap();
     assert!(code == 200 || code == 201, "creating the workload: {code}");
     let (_, identity) = a.agent.get("/v1/workloads/check/identity").unwrap();
@@ -304,7 +308,7 @@ fn a_hello_flood_from_one_source_is_cut_to_its_bucket_and_sidecars_still_get_sig
     let (code, answer): (u16, Value) = a
         .agent
         .call(
-            hyper::Method::POST,
+            themis_agent_client::Method::POST,
             "/v1/workloads/check/sign",
             Some(&request),
         )

@@ -109,7 +109,11 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
     // API, and with the tool.
     let owner = json!({"owner": {"cgroup": pods.cgroup("pod-a"), "uid": PROXY_UID}});
     let (code, answer) = agent
-        .call(hyper::Method::PUT, "/v1/workloads/a", Some(&owner))
+        .call(
+            themis_agent_client::Method::PUT,
+            "/v1/workloads/a",
+            Some(&owner),
+        )
         .unwrap();
     assert_eq!(code, 201, "{answer}");
     assert_eq!(answer["owner"]["uid"], PROXY_UID);
@@ -271,7 +275,7 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
     // cannot (by mistake or as a confused deputy) capture another pod for it.
     let (code, answer) = agent
         .call(
-            hyper::Method::PUT,
+            themis_agent_client::Method::PUT,
             "/v1/services/check/instances/a",
             Some(&capture),
         )
@@ -301,7 +305,7 @@ fn a_workload_bound_to_no_pod_is_only_the_operators() {
     open_path_to(&socket);
     let (code, _) = node
         .agent
-        .call(hyper::Method::PUT, "/v1/workloads/a", None)
+        .call(themis_agent_client::Method::PUT, "/v1/workloads/a", None)
         .unwrap();
     assert_eq!(code, 201);
     let (code, answer) = call_as(
@@ -321,7 +325,11 @@ fn a_workload_bound_to_no_pod_is_only_the_operators() {
     let bad = json!({"owner": {"cgroup": "/etc"}});
     let (code, answer) = node
         .agent
-        .call(hyper::Method::PUT, "/v1/workloads/a", Some(&bad))
+        .call(
+            themis_agent_client::Method::PUT,
+            "/v1/workloads/a",
+            Some(&bad),
+        )
         .unwrap();
     assert_eq!(code, 400, "{answer}");
 }
@@ -343,7 +351,11 @@ fn root_in_a_pod_is_not_the_operator_by_default() {
     // The test runs in the agent's own cgroup: it is the operator.
     let owner = json!({"owner": {"cgroup": pods.cgroup("pod-a"), "uid": PROXY_UID}});
     let (code, answer) = agent
-        .call(hyper::Method::PUT, "/v1/workloads/a", Some(&owner))
+        .call(
+            themis_agent_client::Method::PUT,
+            "/v1/workloads/a",
+            Some(&owner),
+        )
         .unwrap();
     assert_eq!(code, 201, "{answer}");
     let (code, _) = agent.get("/v1/workloads/a/key").unwrap();
@@ -367,7 +379,11 @@ fn root_in_a_pod_is_not_the_operator_by_default() {
     // An owner must name the proxy's uid, or say that any uid will do.
     let no_uid = json!({"owner": {"cgroup": pods.cgroup("pod-b")}});
     let (code, answer) = agent
-        .call(hyper::Method::PUT, "/v1/workloads/b", Some(&no_uid))
+        .call(
+            themis_agent_client::Method::PUT,
+            "/v1/workloads/b",
+            Some(&no_uid),
+        )
         .unwrap();
     assert_eq!(code, 400, "{answer}");
     assert!(
@@ -409,7 +425,11 @@ fn a_pod_cannot_hold_every_api_connection() {
     open_path_to(&socket);
     let owner = json!({"owner": {"cgroup": pods.cgroup("pod-b"), "uid": PROXY_UID}});
     let (code, answer) = agent
-        .call(hyper::Method::PUT, "/v1/workloads/b", Some(&owner))
+        .call(
+            themis_agent_client::Method::PUT,
+            "/v1/workloads/b",
+            Some(&owner),
+        )
         .unwrap();
     assert_eq!(code, 201, "{answer}");
 

@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use common::{sample, Agent, Metered, MESH};
-use hyper::Method;
 use ring::digest;
 use ring::rand::{SecureRandom, SystemRandom};
 use ring::signature::{Ed25519KeyPair, KeyPair};
@@ -28,6 +27,7 @@ use serde_json::{json, Value};
 use themis_agent::gossip::RosterFrame;
 use themis_agent::overlay::Frame;
 use themis_agent::roster::Credentials;
+use themis_agent_client::Method;
 use themis_core::handshake::Initiator;
 use themis_core::wire::{
     self, Hello, HelloBody, Kind, RecordHeader, Signature, MAX_RECORD_PAYLOAD, PROTOCOL_VERSION,

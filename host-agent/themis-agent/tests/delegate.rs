@@ -5,9 +5,9 @@
 use themis_testkit::agent as common;
 
 use common::{workdir, Agent, Spawn, MESH};
-use hyper::Method;
 use ring::rand::SystemRandom;
 use serde_json::{json, Value};
+use themis_agent_client::Method;
 use themis_core::handshake::{self, Initiator};
 use themis_core::identity::PublicIdentity;
 use themis_core::{

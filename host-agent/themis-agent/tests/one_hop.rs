@@ -11,8 +11,8 @@ use themis_testkit::agent as common;
 use std::time::{Duration, Instant};
 
 use common::{Agent, MESH};
-use hyper::Method;
 use serde_json::json;
+use themis_agent_client::Method;
 use themis_core::{MeshName, PeerId};
 use themis_testkit::process::{poll_until, wait_until};
 use themis_trust::{chain_from_pem, InstanceValue, Record, Signed, RECORD_LABEL};

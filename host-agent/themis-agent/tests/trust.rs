@@ -19,10 +19,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Agent, Spawn, MESH};
-use hyper::Method;
 use ring::rand::SystemRandom;
 use serde_json::{json, Value};
 use themis_agent::overlay::Frame;
+use themis_agent_client::Method;
 use themis_core::{Identity, MeshName, PeerId};
 use themis_dht::{distance, Key, Message, Request, Response};
 use themis_testkit::process::{poll_until, wait_until};

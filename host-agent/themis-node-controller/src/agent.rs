@@ -3,9 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use hyper::{Method, StatusCode};
 use serde_json::Value;
-use themis_agent::client::ApiClient;
+use themis_agent_client::{ApiClient, ClientError, Method, StatusCode};
 use themis_capture::CaptureSpec;
 use themis_contracts::api::{CreateWorkload, Owner, Registration, Workloads};
 use themis_contracts::paths;
@@ -17,7 +16,7 @@ use crate::plan::{PodPlan, POD_UID_LABEL};
 pub enum AgentError {
     /// No answer (the agent is restarting): nothing changed, try again.
     #[error("{0}")]
-    Unreachable(#[from] themis_agent::client::ClientError),
+    Unreachable(#[from] ClientError),
     /// The agent refused: its status and reason (`not_granted`, `capture_failed`, …) and words.
     #[error("the agent refused ({status}, {reason}): {message}")]
     Refused {

@@ -6,13 +6,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use hyper::{Method, StatusCode};
 use ring::rand::SystemRandom;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use themis_agent::client::ApiClient;
 use themis_agent::config::{AgentArgs, DEFAULT_STATE_DIR};
 use themis_agent::keystore;
+use themis_agent_client::ApiClient;
+use themis_agent_client::{Method, StatusCode};
 use themis_capture::{CaptureSpec, IpNet};
 use themis_contracts::{api as contract, paths};
 use themis_core::{Identity, MeshName, PeerId};

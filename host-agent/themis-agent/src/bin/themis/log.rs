@@ -3,12 +3,12 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use hyper::{Method, StatusCode};
 use serde::Deserialize;
-use themis_agent::client::ApiClient;
 use themis_agent::operator::{MeshDir, OperatorError};
 use themis_agent::trust::load_root;
 use themis_agent::trust_log::status_of;
+use themis_agent_client::ApiClient;
+use themis_agent_client::{Method, StatusCode};
 use themis_contracts::{api as contract, paths};
 use themis_log::{Entry, Kind, Log};
 use themis_trust::{PemKind, Signed};
@@ -183,7 +183,7 @@ fn publish(mesh_dir: &Path, socket: &str, json: bool) -> Result<(), String> {
     let answer = runtime().block_on(ApiClient::new(socket).call_raw(
         Method::POST,
         paths::LOG,
-        copy.into(),
+        &copy,
         "application/octet-stream",
     ));
     let (status, body) = answer.map_err(|e| {
