@@ -234,7 +234,7 @@ modules() {
     echo "    runtime wasm: the sidecars seal in the Wasm filter's internal listener"
 }
 
-# What render-sidecar needs for the runtime: the pinned Wasm module, or the services
+# What `themis sidecar render` needs for the runtime: the pinned Wasm module, or the services
 # the app calls (a sealing cluster each).
 runtime_args() {
     case $runtime in
@@ -260,7 +260,7 @@ start_pod() { # SERVICE WORKLOAD NODE SLOT [POLICY]
     echo "$n $service $workload" >> "$work/registrations"
     echo "$workload $service $n $slot" >> "$work/pods"
     # shellcheck disable=SC2046 # the runtime's arguments, as words
-    scripts/render-sidecar --mesh-root "$work/mesh/mesh.root" --workload "$workload" --service "$service" \
+    "$themis" sidecar render --mesh-root "$work/mesh/mesh.root" --workload "$workload" --service "$service" \
         --agent-socket "$work/n$n/agent.sock" --app "127.0.0.1:$(app_port "$slot")" \
         --outbound "$(outbound_of "$slot")" --inbound "$(ip_of "$n"):$(inbound_port "$slot")" \
         --admin-port "$(admin_port "$slot")" --access-log "$work/n$n/$workload-outbound.access" \

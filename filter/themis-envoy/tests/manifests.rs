@@ -9,7 +9,7 @@
 //! `envoyfilter-native.yaml` does the same for the native runtime's bootstrap,
 //! `deploy/envoy/sidecar-native.yaml`: every configuration parses with the filter's
 //! parser and has the role its place calls for, the module's pieces, routes, clusters
-//! (as `scripts/render-sidecar --runtime native` renders them) and the inbound header
+//! (as `themis sidecar render --runtime native` renders them) and the inbound header
 //! handling are the bootstrap's, the route reads the module's own filter-state keys,
 //! the ProxyConfig and the mounts the header asks for find the module, and the real
 //! Envoy 1.40 loads every patch, with the module.
@@ -847,38 +847,40 @@ fn decoded(v: &Value, socket: &str) -> Value {
     })
 }
 
-/// deploy/envoy/sidecar-native.yaml as `scripts/render-sidecar --runtime native` renders
-/// it for the manifest's workload, policy and agent socket, calling `calls`.
+/// deploy/envoy/sidecar-native.yaml as `themis sidecar render --runtime native` renders
+/// it (`themis-bootstrap`) for the manifest's workload, policy and agent socket,
+/// calling `calls`.
 fn rendered_native(configs: &NativeConfigs, calls: &[String]) -> Value {
-    let python = require::find_tool("python3").expect("python3, gated by the caller");
     let out = &configs.outbound;
     let field = |key: &str| out[key].as_str().expect(key).to_string();
-    let mut command = std::process::Command::new(python);
-    command
-        .arg(workspace().join("scripts/render-sidecar"))
-        .args(["--runtime", "native"])
-        .args(["--mesh-root", &field("mesh_root")])
-        .args(["--workload", &field("workload")])
-        .args(["--service", &field("service")])
-        .args(["--agent-socket", &field("agent_socket")])
-        .args(["--app", "127.0.0.1:8080", "--admin-port", "15000"])
-        .args([
-            "--outbound",
-            "127.0.0.1:15001",
-            "--inbound",
-            "127.0.0.1:15006",
-        ])
-        .args(["--policy", &configs.inbound["policy"].to_string()]);
-    for service in calls {
-        command.args(["--calls", service]);
-    }
-    let done = command.output().unwrap();
-    assert!(
-        done.status.success(),
-        "scripts/render-sidecar: {}",
-        String::from_utf8_lossy(&done.stderr)
-    );
-    serde_yaml::from_slice(&done.stdout).unwrap()
+    let role = |role: &str| {
+        let mut config = serde_json::json!({
+            "role": role,
+            "mesh_root": field("mesh_root"),
+            "workload": field("workload"),
+            "service": field("service"),
+        });
+        if role == "inbound" {
+            config["policy"] = configs.inbound["policy"].clone();
+        }
+        config.to_string()
+    };
+    let sidecar = themis_bootstrap::Sidecar {
+        runtime: themis_bootstrap::Runtime::Native,
+        admin_port: 15000,
+        outbound: "127.0.0.1:15001".parse().unwrap(),
+        inbound: "127.0.0.1:15006".parse().unwrap(),
+        app: "127.0.0.1:8080".parse().unwrap(),
+        app_protocol: themis_bootstrap::AppProtocol::Http1,
+        agent_socket: field("agent_socket").into(),
+        outbound_config: role("outbound"),
+        inbound_config: role("inbound"),
+        filter_code: None,
+        calls: calls.to_vec(),
+        tcp: Vec::new(),
+        access_log: None,
+    };
+    serde_yaml::from_str(&sidecar.render().expect("renders")).unwrap()
 }
 
 /// A `pub const NAME: &str = "...";` of the native module's source (the test cannot
@@ -1031,7 +1033,7 @@ fn native_envoyfilter_configurations_match_where_they_are_patched() {
         "every piece of the module's data path"
     );
 
-    // One sidecar's configurations, as render-sidecar derives them: envoyfilter.yaml's
+    // One sidecar's configurations, as themis sidecar render derives them: envoyfilter.yaml's
     // outbound and inbound ones with the agent's socket, and each sealing cluster's the
     // outbound one as the seal role, for its service.
     let configs = native_configs(&pieces);
@@ -1066,12 +1068,6 @@ fn native_envoyfilter_configurations_match_where_they_are_patched() {
 
 #[test]
 fn native_envoyfilter_rebuilds_the_native_sidecar_data_path() {
-    if !require::tool(
-        "python3",
-        "renders the native bootstrap with scripts/render-sidecar",
-    ) {
-        return;
-    }
     let patches = native_patches();
     let native = native_sidecar();
     let configs = native_configs(&native_pieces(&patches));
@@ -1113,7 +1109,7 @@ fn native_envoyfilter_rebuilds_the_native_sidecar_data_path() {
         http_filter(&outbound_hcm, "envoy.filters.http.set_filter_state")
     );
 
-    // The sealing clusters: render-sidecar's, one per service (nothing else added).
+    // The sealing clusters: the renderer's, one per service (nothing else added).
     for p in patches.iter().filter(|p| p.apply_to == "CLUSTER") {
         let name = str_of(&p.value["name"]);
         assert_eq!(
@@ -1121,16 +1117,16 @@ fn native_envoyfilter_rebuilds_the_native_sidecar_data_path() {
             ("SIDECAR_OUTBOUND", "ADD"),
             "{name}"
         );
-        // render-sidecar writes the socket's path resolved (/var/run is often /run).
+        // the socket is compared by its path alone (/var/run is often /run).
         assert_eq!(
             decoded(&p.value, &socket),
             decoded(&sidecar_cluster(&rendered, name), &socket),
-            "cluster {name} differs from what scripts/render-sidecar renders"
+            "cluster {name} differs from what themis sidecar render renders"
         );
     }
 
     // Outbound routes, in every virtual host of the route configuration of the port:
-    // one per service, to its sealing cluster, as render-sidecar's virtual host of the
+    // one per service, to its sealing cluster, as the renderer's virtual host of the
     // service; behind them the fallback, ahead of Istio's own routes.
     let istio_route: Value =
         serde_yaml::from_str("{name: istio, match: {prefix: /}, route: {cluster: istio}}").unwrap();
@@ -1163,7 +1159,7 @@ fn native_envoyfilter_rebuilds_the_native_sidecar_data_path() {
         let vhost = seq(&rendered_vhosts)
             .iter()
             .find(|v| v["name"] == service)
-            .unwrap_or_else(|| panic!("render-sidecar has no virtual host for {service}"))
+            .unwrap_or_else(|| panic!("the renderer has no virtual host for {service}"))
             .clone();
         // The host the bootstrap's virtual host takes: the service, any port.
         let domains: Vec<&str> = seq(&vhost["domains"]).iter().map(str_of).collect();
@@ -1172,7 +1168,7 @@ fn native_envoyfilter_rebuilds_the_native_sidecar_data_path() {
         let twin = seq(&vhost["routes"])
             .iter()
             .find(|r| r["match"]["prefix"] == "/" && r["route"]["cluster"] == cluster)
-            .unwrap_or_else(|| panic!("render-sidecar has no route to {cluster}"))
+            .unwrap_or_else(|| panic!("the renderer has no route to {cluster}"))
             .clone();
         let headers = seq(&route["match"]["headers"]);
         let (authority, rest) = headers.split_first().expect("a header match");

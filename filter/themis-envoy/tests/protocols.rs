@@ -1,5 +1,5 @@
 //! Real protocols through two sidecar Envoys (`deploy/envoy/sidecar.yaml`, or
-//! `sidecar-native.yaml` for the `native::` cases, rendered as `scripts/render-sidecar`
+//! `sidecar-native.yaml` for the `native::` cases, rendered as `themis sidecar render`
 //! does) with two real `themis` agents:
 //!
 //! * node A (127.0.0.31): agent A, Envoy A, workload `handler` (the caller: the test);

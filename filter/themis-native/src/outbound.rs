@@ -86,7 +86,7 @@ impl Outbound {
                 false => Refusal::new(
                     503,
                     Rejection::NotRouted,
-                    format!("this sidecar has no sealing cluster for {name} (render-sidecar --calls {name})"),
+                    format!("this sidecar has no sealing cluster for {name} (themis sidecar render --calls {name})"),
                 ),
             });
         };

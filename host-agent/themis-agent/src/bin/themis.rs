@@ -19,6 +19,8 @@ use themis_core::{Identity, MeshName, PeerId};
 
 #[path = "themis/log.rs"]
 mod log;
+#[path = "themis/sidecar.rs"]
+mod sidecar;
 
 /// Themis Mesh: CA-less service identities and decentralised discovery.
 ///
@@ -91,6 +93,9 @@ enum Command {
     /// under root-signed checkpoints (docs/PROTOCOL.md §6.13).
     #[command(subcommand)]
     Log(LogCommand),
+    /// A workload's sidecar Envoy (offline: renders, calls no agent).
+    #[command(subcommand)]
+    Sidecar(sidecar::SidecarCommand),
     /// Publish a revocation file through the local agent.
     Publish {
         /// The file `themis revoke --out` wrote.
@@ -452,6 +457,7 @@ fn main() -> ExitCode {
             Err(code) => return code,
         },
         Command::Log(command) => return log::command(command, &cli.socket, cli.json),
+        Command::Sidecar(command) => return sidecar::command(command),
         Command::Delegate {
             workload,
             out,
@@ -627,7 +633,8 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
         | Command::Node(_)
         | Command::Service(_)
         | Command::Revoke { .. }
-        | Command::Log(_) => unreachable!("handled without the agent"),
+        | Command::Log(_)
+        | Command::Sidecar(_) => unreachable!("handled without the agent"),
     };
     let (status, answer) = api
         .call(method, &path, body.as_ref())

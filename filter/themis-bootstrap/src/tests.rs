@@ -1,0 +1,165 @@
+use super::*;
+
+fn sidecar(runtime: Runtime) -> Sidecar {
+    Sidecar {
+        runtime,
+        admin_port: 15000,
+        outbound: "127.0.0.12:15001".parse().unwrap(),
+        inbound: "127.0.0.12:15006".parse().unwrap(),
+        app: "127.0.0.12:8080".parse().unwrap(),
+        app_protocol: AppProtocol::Http1,
+        agent_socket: "/run/themis/agent.sock".into(),
+        outbound_config: r#"{"role":"outbound","mesh_root":"demo:11","workload":"w","canary":[]}"#
+            .into(),
+        inbound_config:
+            r#"{"role":"inbound","mesh_root":"demo:11","workload":"w","policy":{"allow":[]}}"#
+                .into(),
+        filter_code: Some(FilterCode::Fetched {
+            server: "127.0.0.1:8099".parse().unwrap(),
+            path: "/themis_envoy.wasm".into(),
+            sha256: "ab".repeat(32),
+        }),
+        calls: match runtime {
+            Runtime::Wasm => vec![],
+            Runtime::Native => vec!["check".into()],
+        },
+        tcp: vec![],
+        access_log: None,
+    }
+}
+
+/// The JSON configurations in a rendered bootstrap (single-quoted `value: '...'`).
+fn configs(yaml: &str) -> Vec<Value> {
+    yaml.split("value: '")
+        .skip(1)
+        .filter_map(|rest| serde_json::from_str(&rest[..rest.find('\'')?]).ok())
+        .collect()
+}
+
+#[test]
+fn both_templates_are_filled_whole_for_every_app_protocol() {
+    for runtime in [Runtime::Wasm, Runtime::Native] {
+        for protocol in [AppProtocol::Http1, AppProtocol::Http2, AppProtocol::Tcp] {
+            let mut sidecar = sidecar(runtime);
+            sidecar.app_protocol = protocol;
+            let yaml = sidecar.render().unwrap();
+            assert_eq!(placeholder_in(&yaml), None, "{runtime:?} {protocol:?}");
+            assert!(yaml.contains("127.0.0.12"), "{runtime:?}");
+            assert_eq!(
+                yaml.contains("upgrade_configs: [{upgrade_type: CONNECT, connect_config: {}}]"),
+                protocol == AppProtocol::Tcp,
+                "a CONNECT route to the app for a TCP app only"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_agent_socket_is_quoted_whatever_its_path() {
+    let mut odd = sidecar(Runtime::Wasm);
+    odd.agent_socket = "/tmp/a}, b: {c/agent.sock".into();
+    let yaml = odd.render().unwrap();
+    assert!(
+        yaml.contains(r#"{pipe: {path: "/tmp/a}, b: {c/agent.sock"}}"#),
+        "{yaml}"
+    );
+}
+
+#[test]
+fn the_seal_role_is_the_outbound_one_without_routing_and_native_adds_its_socket() {
+    let yaml = sidecar(Runtime::Wasm).render().unwrap();
+    let seal = configs(&yaml)
+        .into_iter()
+        .find(|c| c["role"] == "seal")
+        .unwrap();
+    assert_eq!(seal["workload"], "w");
+    assert!(seal.get("canary").is_none(), "{seal}");
+
+    let yaml = sidecar(Runtime::Native).render().unwrap();
+    let all = configs(&yaml);
+    let seals: Vec<&Value> = all.iter().filter(|c| c["role"] == "seal").collect();
+    assert_eq!(
+        seals.len(),
+        2,
+        "an HTTP/2 and an HTTP/1.1 cluster per called service"
+    );
+    for seal in &seals {
+        assert_eq!(seal["peer_service"], "check");
+        assert_eq!(seal["agent_socket"], "/run/themis/agent.sock");
+        assert!(seal.get("canary").is_none());
+    }
+    assert_eq!(
+        seals.iter().filter(|s| s["carries"] == "http/1.1").count(),
+        1
+    );
+    let inbound = all.iter().find(|c| c["role"] == "inbound").unwrap();
+    assert_eq!(inbound["takes_http1"], true);
+    assert!(yaml.contains("name: themis_to_check_http1"));
+}
+
+#[test]
+fn what_the_runtime_needs_is_asked_for_by_name() {
+    let mut wasm = sidecar(Runtime::Wasm);
+    wasm.filter_code = None;
+    assert_eq!(wasm.render(), Err(RenderError::NoFilterCode));
+    let mut wasm = sidecar(Runtime::Wasm);
+    wasm.calls = vec!["check".into()];
+    assert_eq!(wasm.render(), Err(RenderError::CallsNeedNative));
+}
+
+#[test]
+fn nothing_given_can_rewrite_the_yaml_around_it() {
+    for runtime in [Runtime::Wasm, Runtime::Native] {
+        let mut quoted = sidecar(runtime);
+        quoted.inbound_config =
+            r#"{"role":"inbound","policy":{"allow":[{"service":"a' } evil"}]}}"#.into();
+        assert!(
+            matches!(quoted.render(), Err(RenderError::SingleQuote(_))),
+            "{runtime:?}"
+        );
+    }
+    let mut named = sidecar(Runtime::Native);
+    named.calls = vec!["check}, {name: evil".into()];
+    assert!(matches!(named.render(), Err(RenderError::BadName(_))));
+    let mut tcp = sidecar(Runtime::Native);
+    tcp.tcp = vec![("".into(), "127.0.0.12:6380".parse().unwrap())];
+    assert!(matches!(tcp.render(), Err(RenderError::BadName(_))));
+}
+
+#[test]
+fn a_broken_configuration_stays_as_given_for_the_filter_to_refuse() {
+    let mut broken = sidecar(Runtime::Wasm);
+    broken.outbound_config = "{not json".into();
+    let yaml = broken.render().unwrap();
+    assert_eq!(yaml.matches("{not json").count(), 2, "outbound and seal");
+}
+
+#[test]
+fn tcp_services_get_a_listener_and_a_sealing_cluster_and_the_access_log_one_place() {
+    let mut with_tcp = sidecar(Runtime::Native);
+    with_tcp.tcp = vec![("redis".into(), "127.0.0.12:6380".parse().unwrap())];
+    with_tcp.access_log = Some("/tmp/out.log".into());
+    let yaml = with_tcp.render().unwrap();
+    assert!(yaml.contains("name: themis_tcp_redis"));
+    assert!(yaml.contains(r#"tunneling_config: {hostname: "redis:6380"}"#));
+    assert!(yaml.contains("name: themis_to_redis\n"));
+    assert!(yaml.contains("name: themis_outbound_self"));
+    assert_eq!(yaml.matches("path: \"/tmp/out.log\"").count(), 1);
+    let unmarked = with_tcp.render_template("static_resources: {}\n");
+    assert_eq!(unmarked, Err(RenderError::NoAccessLogMark));
+}
+
+#[test]
+fn an_unpinned_module_is_a_local_file_and_no_module_cluster() {
+    let mut local = sidecar(Runtime::Wasm);
+    local.filter_code = Some(FilterCode::Unpinned("/m/themis_envoy.wasm".into()));
+    let yaml = local.render().unwrap();
+    assert!(yaml.contains(r#"{local: {filename: "/m/themis_envoy.wasm"}}"#));
+    assert!(!yaml.contains("name: themis_module"));
+}
+
+#[test]
+fn a_template_with_a_placeholder_nothing_fills_is_refused() {
+    let r = sidecar(Runtime::Wasm).render_template("a: ${SOMETHING_NEW}\n");
+    assert_eq!(r, Err(RenderError::Unfilled("SOMETHING_NEW".into())));
+}
