@@ -77,12 +77,7 @@ pub fn render(sidecar: &Sidecar<'_>) -> String {
 
 /// [`render`] with the module fetched and pinned as `pin` says.
 pub fn render_pinned(sidecar: &Sidecar<'_>, pin: &Pin) -> String {
-    let code = themis_bootstrap::FilterCode::Fetched {
-        server: pin.server,
-        path: crate::module::PATH.to_owned(),
-        sha256: pin.sha256.clone(),
-    };
-    bootstrap(sidecar, code.into(), &Additions::default())
+    bootstrap(sidecar, Some(pin.filter_code()), &Additions::default())
 }
 
 /// `deploy/envoy/sidecar-native.yaml` for `sidecar`, whose app calls `calls`: the
@@ -121,13 +116,7 @@ pub fn render_on(
 ) -> String {
     match runtime {
         crate::mesh::Runtime::Wasm => {
-            let pin = filter_pin();
-            let code = themis_bootstrap::FilterCode::Fetched {
-                server: pin.server,
-                path: crate::module::PATH.to_owned(),
-                sha256: pin.sha256.clone(),
-            };
-            bootstrap(sidecar, code.into(), additions)
+            bootstrap(sidecar, Some(filter_pin().filter_code()), additions)
         }
         crate::mesh::Runtime::Native => {
             crate::build::native_module();

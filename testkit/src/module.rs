@@ -13,8 +13,7 @@ use std::time::Duration;
 use crate::build::filter_wasm;
 
 /// The module's path on every server.
-/// Where the module server serves the module.
-pub const PATH: &str = "/themis_envoy.wasm";
+const PATH: &str = "/themis_envoy.wasm";
 
 /// The hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -33,6 +32,15 @@ pub struct Pin {
 impl Pin {
     pub fn url(&self) -> String {
         format!("http://{}{PATH}", self.server)
+    }
+
+    /// The filter's code, fetched from the server and pinned to the hash.
+    pub fn filter_code(&self) -> themis_bootstrap::FilterCode {
+        themis_bootstrap::FilterCode::Fetched {
+            server: self.server,
+            path: PATH.to_owned(),
+            sha256: self.sha256.clone(),
+        }
     }
 }
 

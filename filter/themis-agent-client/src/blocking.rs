@@ -79,11 +79,6 @@ impl Client {
         self
     }
 
-    /// Where it calls.
-    pub fn endpoint(&self) -> &Endpoint {
-        &self.at
-    }
-
     /// Sends `method path` with `body` of `content_type`; the status and the answer's
     /// bytes, whatever the status. A read waits at most `wait` (a long poll waits
     /// longer than the client's timeout).

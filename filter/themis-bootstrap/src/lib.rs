@@ -323,6 +323,28 @@ impl Sidecar {
     }
 }
 
+/// A role's plugin configuration (JSON): its `role`, the mesh root, the workload and
+/// its service, and one more field (`canary` outbound, `policy` inbound) if given.
+pub fn role_config(
+    role: &str,
+    mesh_root: &str,
+    workload: &str,
+    service: Option<&str>,
+    extra: Option<(&str, &Value)>,
+) -> String {
+    let mut config = Map::new();
+    config.insert("role".into(), role.into());
+    config.insert("mesh_root".into(), mesh_root.into());
+    config.insert("workload".into(), workload.into());
+    if let Some(service) = service {
+        config.insert("service".into(), service.into());
+    }
+    if let Some((key, value)) = extra {
+        config.insert(key.into(), value.clone());
+    }
+    Value::Object(config).to_string()
+}
+
 /// `config` (JSON) changed by `edit`; a deliberately broken one stays broken.
 fn edit_json(config: &str, edit: impl FnOnce(&mut Map<String, Value>)) -> String {
     let Ok(mut value) = serde_json::from_str::<Value>(config) else {

@@ -853,17 +853,9 @@ fn decoded(v: &Value, socket: &str) -> Value {
 fn rendered_native(configs: &NativeConfigs, calls: &[String]) -> Value {
     let out = &configs.outbound;
     let field = |key: &str| out[key].as_str().expect(key).to_string();
-    let role = |role: &str| {
-        let mut config = serde_json::json!({
-            "role": role,
-            "mesh_root": field("mesh_root"),
-            "workload": field("workload"),
-            "service": field("service"),
-        });
-        if role == "inbound" {
-            config["policy"] = configs.inbound["policy"].clone();
-        }
-        config.to_string()
+    let (root, workload, service) = (field("mesh_root"), field("workload"), field("service"));
+    let role = |role: &str, extra| {
+        themis_bootstrap::role_config(role, &root, &workload, Some(&service), extra)
     };
     let sidecar = themis_bootstrap::Sidecar {
         runtime: themis_bootstrap::Runtime::Native,
@@ -873,8 +865,8 @@ fn rendered_native(configs: &NativeConfigs, calls: &[String]) -> Value {
         app: "127.0.0.1:8080".parse().unwrap(),
         app_protocol: themis_bootstrap::AppProtocol::Http1,
         agent_socket: field("agent_socket").into(),
-        outbound_config: role("outbound"),
-        inbound_config: role("inbound"),
+        outbound_config: role("outbound", None),
+        inbound_config: role("inbound", Some(("policy", &configs.inbound["policy"]))),
         filter_code: None,
         calls: calls.to_vec(),
         tcp: Vec::new(),

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand, ValueEnum};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use themis_bootstrap::{AppProtocol, FilterCode, Runtime, Sidecar};
 
 /// `themis sidecar ...`.
@@ -159,17 +159,7 @@ fn render(args: RenderArgs) -> Result<String, String> {
             .to_owned(),
     };
     let role = |role: &str, extra: Option<(&str, &Value)>| {
-        let mut config = Map::new();
-        config.insert("role".into(), role.into());
-        config.insert("mesh_root".into(), root.clone().into());
-        config.insert("workload".into(), args.workload.clone().into());
-        if let Some(service) = &args.service {
-            config.insert("service".into(), service.clone().into());
-        }
-        if let Some((key, value)) = extra {
-            config.insert(key.into(), value.clone());
-        }
-        Value::Object(config).to_string()
+        themis_bootstrap::role_config(role, &root, &args.workload, args.service.as_deref(), extra)
     };
     if args.policy.is_none() {
         eprintln!("themis sidecar render: no --policy: the sidecar refuses every caller (no policy: deny by default)");
