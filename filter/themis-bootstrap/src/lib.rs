@@ -293,6 +293,10 @@ impl Sidecar {
                         }),
                     ),
                     ("SEAL_CLUSTERS", clusters),
+                    (
+                        "HANDSHAKE_TIMEOUT",
+                        format!("{}s", handshake_timeout_secs(&self.inbound_config)),
+                    ),
                     ("OUTBOUND_VHOSTS", vhosts),
                 ]);
             }
@@ -346,6 +350,15 @@ pub fn role_config(
 }
 
 /// `config` (JSON) changed by `edit`; a deliberately broken one stays broken.
+/// The inbound configuration's `handshake_timeout_secs`: the native listener closes a
+/// caller not allowed by then, and the module counts that close as the deadline's.
+fn handshake_timeout_secs(inbound_config: &str) -> u64 {
+    serde_json::from_str::<Value>(inbound_config)
+        .ok()
+        .and_then(|config| config.get("handshake_timeout_secs")?.as_u64())
+        .unwrap_or(themis_sidecar::config::DEFAULT_HANDSHAKE_TIMEOUT_SECS)
+}
+
 fn edit_json(config: &str, edit: impl FnOnce(&mut Map<String, Value>)) -> String {
     let Ok(mut value) = serde_json::from_str::<Value>(config) else {
         return config.to_owned();

@@ -163,3 +163,21 @@ fn a_template_with_a_placeholder_nothing_fills_is_refused() {
     let r = sidecar(Runtime::Wasm).render_template("a: ${SOMETHING_NEW}\n");
     assert_eq!(r, Err(RenderError::Unfilled("SOMETHING_NEW".into())));
 }
+
+#[test]
+fn the_native_listener_closes_a_stalled_caller_at_the_configured_deadline() {
+    let mut native = sidecar(Runtime::Native);
+    let default = format!(
+        "transport_socket_connect_timeout: {}s",
+        themis_sidecar::config::DEFAULT_HANDSHAKE_TIMEOUT_SECS
+    );
+    assert!(native.render().unwrap().contains(&default));
+    native.inbound_config =
+        r#"{"role":"inbound","mesh_root":"demo:11","workload":"w","handshake_timeout_secs":3}"#
+            .into();
+    let yaml = native.render().unwrap();
+    assert!(
+        yaml.contains("transport_socket_connect_timeout: 3s"),
+        "{yaml}"
+    );
+}

@@ -19,6 +19,7 @@ use themis_core::{Carries, HandshakeConfig, HandshakeSigner, PeerId, StreamOptio
 use themis_sidecar::config::{Config, Policy, Role};
 use themis_sidecar::conn::callee::{self, Callee, Gates};
 use themis_sidecar::conn::caller::{Caller, Start};
+use themis_sidecar::conn::deadline::Deadline;
 use themis_sidecar::conn::{Close, Event, Step};
 use themis_sidecar::reason::Reason;
 use themis_trust::Verifier;
@@ -209,6 +210,7 @@ impl Factory {
             id: None,
             remote: None,
             active: false,
+            deadline: None,
             rng: SystemRandom::new(),
         }
     }
@@ -238,12 +240,14 @@ pub struct Connection {
     remote: Option<SocketAddr>,
     /// Counted in the role's `active` gauge (taken back when it closes).
     active: bool,
+    /// Inbound, until the caller is allowed or refused: its handshake deadline.
+    deadline: Option<Deadline>,
     rng: SystemRandom,
 }
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        self.closed();
+        self.closed(false);
     }
 }
 
@@ -253,6 +257,7 @@ impl Connection {
         self.remote = io.remote();
         if let Side::Inbound(callee) = &mut self.side {
             *callee = Callee::new(b"", self.remote.map(|r| r.ip()));
+            self.deadline = Some(Deadline::starting(now_ms(), self.config.handshake_timeout));
         }
         let role = self.config.role.as_str();
         metrics::count(role, "connections");
@@ -282,7 +287,15 @@ impl Connection {
         self.config.role.as_str()
     }
 
-    pub fn closed(&mut self) {
+    /// Envoy closed the connection (`by_envoy`: on its own, not asked by a hook's
+    /// answer). A caller still not allowed near its deadline was closed by the
+    /// listener's `transport_socket_connect_timeout`: counted as the deadline's.
+    pub fn closed(&mut self, by_envoy: bool) {
+        if let Some(mut deadline) = self.deadline.take() {
+            if let Some(close) = deadline.closed_by_host(now_ms()).filter(|_| by_envoy) {
+                self.fail(close);
+            }
+        }
         if std::mem::take(&mut self.active) {
             metrics::gauge(self.config.role.as_str(), "active", -1);
         }
@@ -301,6 +314,7 @@ impl Connection {
     }
 
     fn fail(&mut self, Close { reason, detail }: Close) -> Outcome {
+        self.deadline = None;
         let role = self.config.role.as_str();
         metrics::count(role, &reason.counter());
         crate::ffi::log(
@@ -409,6 +423,7 @@ impl Connection {
                 );
             }
             self.peer = Some(peer);
+            self.deadline = None;
             self.generation = generation.unwrap_or_default();
             if let Some(id) = self.id {
                 let proven = ProvenPeer {
@@ -494,6 +509,11 @@ impl Connection {
     /// The peer's bytes through the stream; returns the plaintext for Envoy.
     fn open_from_peer(&mut self, data: &[u8], io: &mut dyn Io) -> Result<Vec<u8>, Close> {
         let now = now_ms();
+        // Envoy's listener closes a caller late to be allowed; should its timeout be
+        // longer than the configuration's, the caller's next bytes find it late here.
+        if let Some(close) = self.deadline.as_mut().and_then(|d| d.handle_timeout(now)) {
+            return Err(close);
+        }
         match &mut self.side {
             Side::Inbound(_) => self.open_inbound(data, now, io),
             Side::Outbound(caller) => {

@@ -87,7 +87,7 @@ struct Raw {
     /// Inbound: message 1s remembered per worker for replay refusal.
     #[serde(default = "defaults::replay_cache_entries")]
     replay_cache_entries: usize,
-    /// Inbound (Wasm): how long a caller has to prove itself and be allowed.
+    /// Inbound: how long a caller has to prove itself and be allowed.
     #[serde(default = "defaults::handshake_timeout_secs")]
     handshake_timeout_secs: u64,
     /// Inbound: fresh Hellos answered per worker, every source together (token
@@ -138,6 +138,10 @@ struct RawRule {
     id: Option<String>,
 }
 
+/// A caller's time to prove itself and be allowed, unless `handshake_timeout_secs`
+/// says otherwise (the native listener's deadline is rendered from the same).
+pub const DEFAULT_HANDSHAKE_TIMEOUT_SECS: u64 = 10;
+
 mod defaults {
     pub fn agent_cluster() -> String {
         "themis_agent".into()
@@ -171,9 +175,8 @@ mod defaults {
     pub fn replay_cache_entries() -> usize {
         themis_core::guard::DEFAULT_REPLAY_CACHE_ENTRIES
     }
-    /// As the native template's listener deadline (`transport_socket_connect_timeout`).
     pub fn handshake_timeout_secs() -> u64 {
-        10
+        super::DEFAULT_HANDSHAKE_TIMEOUT_SECS
     }
     /// Per worker: far above the handshakes pooled connections need (a handful per
     /// peer per minute), and a bound on what a flood from many addresses costs.
@@ -240,10 +243,11 @@ pub struct Config {
     pub hello_window: Duration,
     /// Inbound: message 1s remembered per worker within the window (`refused.replay`).
     pub replay_cache_entries: usize,
-    /// Inbound, Wasm runtime: a connection whose caller is not allowed this long
-    /// after it opened is closed (`refused.handshake_timeout`), so a caller that
-    /// stalls in the handshake holds no connection. The native runtime takes its
-    /// deadline from the listener (`transport_socket_connect_timeout`).
+    /// Inbound: a connection whose caller is not allowed this long after it opened
+    /// is closed (`refused.handshake_timeout`), so a caller that stalls in the
+    /// handshake holds no connection (`conn::deadline`). The native runtime's close
+    /// is its listener's `transport_socket_connect_timeout`, which `themis sidecar
+    /// render` sets to this.
     pub handshake_timeout: Duration,
     /// Inbound: the budget of fresh Hellos answered per worker, with its share
     /// reserved for known-good sources (`refused.busy` over it).

@@ -26,7 +26,6 @@ use themis_trust::Verifier;
 use super::{ask_agent, now_ms, take_answer, Answer, Call, Deadline, Shared};
 use themis_sidecar::conn::callee::{self, Callee};
 use themis_sidecar::conn::{Close, Event, Step};
-use themis_sidecar::reason::Reason;
 
 pub struct Inbound {
     worker: Shared,
@@ -44,8 +43,8 @@ impl Inbound {
             let mut w = worker.borrow_mut();
             w.metrics.count("connections");
             w.metrics.gauge("active", 1);
-            let deadline = now_ms() + w.config.handshake_timeout.as_millis() as u64;
-            w.handshaking.insert(context_id, Deadline::At(deadline));
+            let deadline = Deadline::starting(now_ms(), w.config.handshake_timeout);
+            w.handshaking.insert(context_id, deadline);
         }
         Inbound {
             worker,
@@ -172,8 +171,8 @@ impl Inbound {
     /// Whether the root closed this connection at its deadline: then it is closed
     /// here too, whatever the agent answers or the peer sends from now on.
     fn closed_late(&mut self) -> bool {
-        let late =
-            self.worker.borrow().handshaking.get(&self.context_id) == Some(&Deadline::Passed);
+        let late = (self.worker.borrow().handshaking.get(&self.context_id))
+            .is_some_and(Deadline::is_passed);
         if late {
             self.call = None;
             if let Some(callee) = &mut self.callee {
@@ -283,15 +282,12 @@ impl Drop for Inbound {
 /// Closes the connection of context `context_id`, whose caller was not allowed by
 /// its deadline (`handshake_timeout`): silent, stalled inside a message, or waiting
 /// on an agent that does not answer. Called by the root, acting as that context.
-pub(super) fn close_late(worker: &Shared, context_id: u32) {
-    {
-        let w = worker.borrow();
-        w.metrics.count(&Reason::HandshakeTimeout.counter());
-        warn!(
-            "themis inbound: closing the connection (handshake_timeout): the caller was not allowed within {:?}",
-            w.config.handshake_timeout
-        );
-    }
+pub(super) fn close_late(worker: &Shared, context_id: u32, close: &Close) {
+    worker.borrow().metrics.count(&close.reason.counter());
+    warn!(
+        "themis inbound: closing the connection ({}): {}",
+        close.reason, close.detail
+    );
     if hostcalls::set_effective_context(context_id).is_ok() {
         let _ = hostcalls::close_downstream();
     }

@@ -29,6 +29,7 @@ use themis_trust::{Revocations, Verifier};
 use themis_sidecar::agent::{self, Instance};
 use themis_sidecar::config::{Config, Policy, Role};
 use themis_sidecar::conn::callee::Gates;
+use themis_sidecar::conn::deadline::Deadline;
 use themis_sidecar::conn::{Ask, Close};
 use themis_sidecar::policy::Callers;
 use themis_sidecar::reason::Reason;
@@ -82,16 +83,6 @@ struct Worker {
 }
 
 type Shared = Rc<RefCell<Worker>>;
-
-/// An inbound connection's handshake deadline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Deadline {
-    /// Unix ms.
-    At(u64),
-    /// Passed: the root closed the connection (Envoy may not have carried the close
-    /// out yet), and nothing more of it is decided or passed on.
-    Passed,
-}
 
 impl Worker {
     /// The delegated credential, while it is valid at `now`.
@@ -179,16 +170,13 @@ impl Worker {
         now_ms() + ttl.as_millis() as u64
     }
 
-    /// The connections still handshaking at their deadline, marked as passed it.
-    fn handshakes_past_deadline(&mut self, now: u64) -> Vec<u32> {
-        let mut late = Vec::new();
-        for (id, deadline) in &mut self.handshaking {
-            if matches!(deadline, Deadline::At(at) if *at <= now) {
-                *deadline = Deadline::Passed;
-                late.push(*id);
-            }
-        }
-        late
+    /// The connections still handshaking at their deadline, marked as passed it
+    /// (Envoy may not carry the close out at once), each with its close.
+    fn handshakes_past_deadline(&mut self, now: u64) -> Vec<(u32, Close)> {
+        self.handshaking
+            .iter_mut()
+            .filter_map(|(id, deadline)| Some((*id, deadline.handle_timeout(now)?)))
+            .collect()
     }
 }
 
@@ -627,8 +615,8 @@ impl RootContext for Root {
             drop(w);
             self.ask_for_orphaned_resolutions(worker);
             // Last in the tick: each close acts as that connection's context.
-            for context_id in late {
-                inbound::close_late(worker, context_id);
+            for (context_id, close) in late {
+                inbound::close_late(worker, context_id, &close);
             }
         }
     }

@@ -65,6 +65,9 @@ enum State {
 pub struct Slot {
     connection: UnsafeCell<Option<Connection>>,
     state: Cell<State>,
+    /// Envoy's close came while a hook held the connection: whether it was Envoy's
+    /// own (`LocalClose`), for the deferred bookkeeping.
+    closed_by_envoy: Cell<bool>,
 }
 
 /// What [`Slot::enter`] came to.
@@ -79,6 +82,7 @@ impl Slot {
         Slot {
             connection: UnsafeCell::new(Some(connection)),
             state: Cell::new(State::Idle),
+            closed_by_envoy: Cell::new(false),
         }
     }
 
@@ -88,6 +92,7 @@ impl Slot {
         Slot {
             connection: UnsafeCell::new(None),
             state: Cell::new(State::Poisoned),
+            closed_by_envoy: Cell::new(false),
         }
     }
 
@@ -133,7 +138,7 @@ impl Slot {
                 let closed = self.state.get() == State::BusyClosed;
                 self.state.set(State::Idle);
                 if closed {
-                    self.close();
+                    self.close(self.closed_by_envoy.get());
                 }
                 Entered::Ran(value)
             }
@@ -152,20 +157,24 @@ impl Slot {
         }
     }
 
-    /// Envoy closed the connection: its bookkeeping (gauges, the worker's tables) runs
-    /// now, after the hook that holds it returns, or (poisoned) once, guarded.
-    pub fn close(&self) {
+    /// Envoy closed the connection (`by_envoy`: a `LocalClose` of its own): its
+    /// bookkeeping (gauges, the worker's tables) runs now, after the hook that holds
+    /// it returns, or (poisoned) once, guarded.
+    pub fn close(&self, by_envoy: bool) {
         match self.state.get() {
-            State::Busy => self.state.set(State::BusyClosed),
+            State::Busy => {
+                self.closed_by_envoy.set(by_envoy);
+                self.state.set(State::BusyClosed);
+            }
             State::BusyClosed => {}
             State::Idle => {
-                let _ = self.enter("close", |c| c.closed());
+                let _ = self.enter("close", |c| c.closed(by_envoy));
             }
             State::Poisoned => {
                 // SAFETY: no hook holds a poisoned slot's connection (enter refuses).
                 let connection = unsafe { &mut *self.connection.get() };
                 if let Some(mut connection) = connection.take() {
-                    hook("close", (), move || connection.closed());
+                    hook("close", (), move || connection.closed(by_envoy));
                 }
             }
         }

@@ -83,7 +83,8 @@ const IO_AGAIN: u32 = 1;
 const NETWORK_CONTINUE: u32 = 0;
 const NETWORK_STOP: u32 = 1;
 
-/// `envoy_dynamic_module_type_network_connection_event_Connected`.
+/// `envoy_dynamic_module_type_network_connection_event_LocalClose`, `_Connected`.
+const EVENT_LOCAL_CLOSE: u32 = 1;
 const EVENT_CONNECTED: u32 = 2;
 
 type SocketPtr = *mut c_void;
@@ -494,11 +495,11 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_do_write(
 pub unsafe extern "C" fn envoy_dynamic_module_on_transport_socket_close(
     _socket: SocketPtr,
     conn: *const c_void,
-    _event: u32,
+    event: u32,
     _abort_reset: bool,
 ) {
     // Deferred while another hook of the connection holds it (a write that failed).
-    slot(conn).close();
+    slot(conn).close(event == EVENT_LOCAL_CLOSE);
 }
 
 /// # Safety

@@ -14,10 +14,11 @@
 //! ```
 //!
 //! [`callee::Callee`] answers (the inbound side), [`caller::Caller`] calls (the
-//! seal side).
+//! seal side); [`deadline::Deadline`] is the callee's handshake deadline.
 
 pub mod callee;
 pub mod caller;
+pub mod deadline;
 
 use themis_core::handshake::ToSign;
 use themis_core::stream::Refusal;
