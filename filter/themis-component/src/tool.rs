@@ -14,14 +14,14 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use ring::rand::SecureRandom;
 use ring::rand::SystemRandom;
-use serde::de::DeserializeOwned;
 use themis_contracts::{api, paths, ServiceName};
 use themis_core::delegation::{Credential, DelegatedKey, Delegation, HandshakeSigner};
 use themis_core::handshake::Initiator;
 use themis_core::identity::PublicIdentity;
 use themis_core::stream::{Meta, StreamInitiator};
 use themis_core::{wire, HandshakeConfig, Identity, MeshName, PeerId, Session};
-use themis_trust::{MeshRoot, Revocations, Verifier};
+use themis_sidecar::agent::{self, Instance};
+use themis_trust::{MeshRoot, Verifier};
 
 /// Themis identities, from the portable component (`wasmtime run themis_component.wasm …`).
 ///
@@ -254,17 +254,19 @@ fn run(command: Command) -> Result<(), String> {
     Ok(())
 }
 
-/// An instance of a service, as the agent resolves it.
-struct Instance {
-    endpoint: SocketAddr,
-    id: PeerId,
-}
-
 /// `GET path` on the agent's read-only HTTP endpoint; the JSON body of a 2xx.
-fn agent_get<T: DeserializeOwned>(agent: SocketAddr, path: &str) -> Result<T, String> {
-    themis_agent_client::Client::tcp(agent)
-        .get(path)
-        .map_err(|e| e.to_string())
+/// The body of the agent's 2xx answer to `GET path`.
+fn agent_get(agent: SocketAddr, path: &str) -> Result<Vec<u8>, String> {
+    let client = themis_agent_client::Client::tcp(agent);
+    client
+        .call_raw(
+            themis_agent_client::Method::GET,
+            path,
+            b"",
+            "application/json",
+        )
+        .and_then(|(status, body)| themis_agent_client::success(status, body))
+        .map_err(|e| format!("GET {path}: {e}"))
 }
 
 fn unix_millis() -> u64 {
@@ -293,41 +295,28 @@ fn resolve_shuffled(
 }
 
 /// Resolves `service` through the agent and keeps the instances whose records the
-/// mesh root endorses (checked here, not taken on the agent's word), minus revoked
-/// keys (revocations fetched from the agent and checked against the root too).
+/// mesh root endorses, minus those a revocation withdraws (their key, or one their
+/// endorsement rests on): checked here by the sidecar's own readers, as the filter
+/// checks them, not taken on the agent's word.
 fn resolve(agent: SocketAddr, service: &str, root: &MeshRoot) -> Result<Vec<Instance>, String> {
     ServiceName::check(service).map_err(|e| e.to_string())?;
-    let mut revoked = Revocations::new();
-    let listed: api::Revocations = agent_get(agent, paths::REVOCATIONS)?;
-    for r in &listed.revocations {
-        let bytes = hex::decode(&r.revocation).map_err(|_| "a revocation that is not hex")?;
-        revoked
-            .add(root, &bytes)
-            .map_err(|e| format!("a revocation the mesh root did not sign: {e}"))?;
-    }
+    let revoked = agent::parse_revocations(&agent_get(agent, paths::REVOCATIONS)?, root)
+        .map_err(|e| e.to_string())?;
     let verifier = Verifier {
         root,
         now_ms: unix_millis(),
         revoked: &revoked,
     };
-    let resolution: api::Resolution = agent_get(agent, &paths::service(service))?;
-    let mut endorsed = Vec::new();
-    for i in &resolution.instances {
-        let value = hex::decode(&i.record).map_err(|_| "an instance without a record")?;
-        match verifier.instance(&value, service) {
-            Ok(instance) if instance.id.printable(&root.mesh) == i.id => {
-                if let Some(endpoint) = instance.endpoint {
-                    endorsed.push(Instance {
-                        endpoint,
-                        id: instance.id,
-                    });
-                }
-            }
-            Ok(_) => eprintln!("skipping an instance whose id is not its record's"),
-            Err(e) => eprintln!("skipping an instance the mesh root does not endorse: {e}"),
-        }
+    let body = agent_get(agent, &paths::service(service))?;
+    let results = agent::parse_instances(&body, service, &verifier).map_err(|e| e.to_string())?;
+    let (endorsed, refused) = agent::endorsed(results);
+    for e in refused {
+        eprintln!("skipping an instance of {service} the mesh root does not endorse: {e}");
     }
-    Ok(endorsed)
+    Ok(endorsed
+        .into_iter()
+        .filter(|i| !i.is_revoked(root, &revoked))
+        .collect())
 }
 
 /// Reads one complete Themis message from `stream`, keeping what follows in `buf`.

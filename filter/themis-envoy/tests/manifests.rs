@@ -1212,9 +1212,23 @@ fn native_envoyfilter_rebuilds_the_native_sidecar_data_path() {
         keys,
         ["transport_socket", "transport_socket_connect_timeout"]
     );
+    // The template's deadline is rendered from the configuration's
+    // handshake_timeout_secs; the EnvoyFilter's configuration leaves it at its default.
+    assert_eq!(
+        twin_chain["transport_socket_connect_timeout"], 0,
+        "a placeholder"
+    );
+    assert!(
+        configs.inbound.get("handshake_timeout_secs").is_none(),
+        "the EnvoyFilter's listener says the default deadline: so must its configuration"
+    );
     assert_eq!(
         chain.value["transport_socket_connect_timeout"],
-        twin_chain["transport_socket_connect_timeout"]
+        format!(
+            "{}s",
+            themis_sidecar::config::DEFAULT_HANDSHAKE_TIMEOUT_SECS
+        )
+        .as_str()
     );
     let peer = the_patch(&patches, "themis.peer", |p| {
         p.value["name"] == "themis.peer"
