@@ -7,6 +7,8 @@
 //! The component is built by [`crate::build::component_wasm`] (which needs
 //! [`crate::require::cargo_build`]).
 
+use std::sync::OnceLock;
+
 use ring::rand::SystemRandom;
 use themis_core::{Identity, MeshName};
 use wasmtime::component::{Component, Linker, ResourceAny, ResourceTable};
@@ -32,11 +34,23 @@ impl WasiView for Host {
     }
 }
 
-/// Builds the component (once per process; release, wasm32-wasip2), compiles it with
-/// a default `Engine` and instantiates it in a new store.
+/// Builds the component (release, wasm32-wasip2) and compiles it with a default
+/// `Engine`, once per process: Cranelift, built unoptimised in test builds, took
+/// about 40 s a compile here, and every test of a binary paid it again.
+fn compiled() -> (Engine, Component) {
+    static COMPILED: OnceLock<(Engine, Component)> = OnceLock::new();
+    COMPILED
+        .get_or_init(|| {
+            let engine = Engine::default();
+            let component = Component::from_file(&engine, component_wasm()).unwrap();
+            (engine, component)
+        })
+        .clone()
+}
+
+/// The component (compiled once per process) instantiated in a new store.
 pub fn instantiate() -> (Store<Host>, Themis, Engine, Component) {
-    let engine = Engine::default();
-    let component = Component::from_file(&engine, component_wasm()).unwrap();
+    let (engine, component) = compiled();
     let mut linker = Linker::new(&engine);
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker).unwrap();
     let host = Host {
