@@ -4,6 +4,7 @@
 //! connection just failed (the fallback) unless none is left.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use themis_core::PeerId;
 
@@ -18,6 +19,17 @@ pub const PEER_HEADER: &str = "x-themis-expect-peer";
 /// At most this many services are remembered per worker (an app calling many
 /// names must not grow the cache without bound).
 pub const MAX_SERVICES: usize = 1024;
+
+/// How long a resolution is kept: `resolve_ttl`, or a second at most for an `empty`
+/// one. No instance may be the moment a node's revocation took the replicas it held,
+/// or the records lapsed while their node was stalled: an empty answer is asked again
+/// soon, not pinned for the whole TTL (both runtimes).
+pub fn kept_for(resolve_ttl: Duration, empty: bool) -> Duration {
+    match empty {
+        true => resolve_ttl.min(Duration::from_secs(1)),
+        false => resolve_ttl,
+    }
+}
 
 /// The random numbers of picks: routing, not secrecy, so an xorshift per worker,
 /// seeded once from the system (a system draw per request showed in the benchmark).
@@ -198,6 +210,15 @@ mod tests {
             matches: BTreeMap::from([("version".to_string(), "v2".to_string())]),
             weight_percent,
         }])
+    }
+
+    #[test]
+    fn an_empty_resolution_is_kept_a_second_at_most() {
+        let ttl = Duration::from_secs(10);
+        assert_eq!(kept_for(ttl, false), ttl);
+        assert_eq!(kept_for(ttl, true), Duration::from_secs(1));
+        let short = Duration::from_millis(300);
+        assert_eq!(kept_for(short, true), short, "never longer than the TTL");
     }
 
     #[test]

@@ -33,7 +33,7 @@ use themis_sidecar::conn::deadline::Deadline;
 use themis_sidecar::conn::{Ask, Close};
 use themis_sidecar::policy::Callers;
 use themis_sidecar::reason::Reason;
-use themis_sidecar::route::{PickRandom, Routes};
+use themis_sidecar::route::{kept_for, PickRandom, Routes};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -159,15 +159,9 @@ impl Worker {
         n
     }
 
-    /// When a resolution made now expires: after `resolve_ttl`, or a second at most
-    /// for an `empty` one (no instance may be the moment a node's revocation took
-    /// the replicas it held: not pinned for the whole TTL).
+    /// When a resolution made now expires (`route::kept_for`).
     fn expires(&self, empty: bool) -> u64 {
-        let ttl = match empty {
-            true => self.config.resolve_ttl.min(Duration::from_secs(1)),
-            false => self.config.resolve_ttl,
-        };
-        now_ms() + ttl.as_millis() as u64
+        now_ms() + kept_for(self.config.resolve_ttl, empty).as_millis() as u64
     }
 
     /// The connections still handshaking at their deadline, marked as passed it
