@@ -291,10 +291,9 @@ impl Connection {
     /// answer). A caller still not allowed near its deadline was closed by the
     /// listener's `transport_socket_connect_timeout`: counted as the deadline's.
     pub fn closed(&mut self, by_envoy: bool) {
-        if let Some(mut deadline) = self.deadline.take() {
-            if let Some(close) = deadline.closed_by_host(now_ms()).filter(|_| by_envoy) {
-                self.fail(close);
-            }
+        let deadline = self.deadline.take().filter(|_| by_envoy);
+        if let Some(close) = deadline.and_then(|mut d| d.closed_by_host(now_ms())) {
+            self.fail(close);
         }
         if std::mem::take(&mut self.active) {
             metrics::gauge(self.config.role.as_str(), "active", -1);
