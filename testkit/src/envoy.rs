@@ -354,6 +354,32 @@ impl Envoy {
         });
     }
 
+    /// Waits until its sealing side signs with a delegation that carries the
+    /// workload's endorsement: the last delegation of every VM of the sealing role
+    /// (each worker's and the main thread's) on Wasm, of the module on native. They
+    /// are logged when one starts and when the endorsement comes or goes; a sidecar
+    /// started before its workload was registered carries one from its next.
+    pub fn wait_seal_carries_endorsement(&self) {
+        let what = format!("{}'s seal to carry its endorsement", self.name());
+        let (marker, vms) = match self.native {
+            true => ("themis native: workload", 1),
+            false => ("themis-seal", 3),
+        };
+        wait_until(&what, READY_LIMIT, || {
+            let log = std::fs::read_to_string(self.log_path()).ok()?;
+            let mut last = std::collections::BTreeMap::new();
+            for line in log.lines() {
+                if line.contains(marker) && line.contains("with a delegated key") {
+                    // Envoy's thread, in its second bracket: one VM's lines (the
+                    // module's runtime thread on native).
+                    let thread = line.split("][").nth(1).unwrap_or_default().to_owned();
+                    last.insert(thread, line.contains("carrying its endorsement"));
+                }
+            }
+            (last.len() >= vms && last.values().all(|&carries| carries)).then_some(())
+        });
+    }
+
     /// Waits until its native module resolves `service` to an instance at `endpoint`.
     pub fn wait_native_resolves(&self, service: &str, endpoint: SocketAddr) {
         wait_native_resolves_in(self.process.log_path(), service, endpoint);

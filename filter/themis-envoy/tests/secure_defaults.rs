@@ -130,11 +130,7 @@ fn a_callers_claim_is_resolved_only_when_the_policy_names_it() {
     // key the agent delegated): offline, no resolution either. The caller's sidecar
     // started before `handler` was registered: its next delegation (5 s later)
     // brings the endorsement.
-    support::process::wait_until(
-        "the caller's seal to carry its endorsement",
-        Duration::from_secs(30),
-        || every_seal_carries_its_endorsement(&mesh.envoy_a).then_some(()),
-    );
+    mesh.envoy_a.wait_seal_carries_endorsement();
     let r = mesh.call("GET", "check", "/by-service", &[], b"");
     assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
     // No wait, as above: a resolution for the call would have been counted by now.
@@ -186,21 +182,6 @@ fn wasm_sidecars_sign_their_handshakes_with_a_delegated_key() {
         "{}",
         mesh.logs()
     );
-}
-
-/// Whether every VM of `envoy`'s sealing role (each worker's, the main thread's)
-/// last took a delegation that carries the workload's endorsement (they are logged
-/// when they start and when the endorsement comes or goes).
-fn every_seal_carries_its_endorsement(envoy: &Envoy) -> bool {
-    let log = std::fs::read_to_string(envoy.log_path()).unwrap_or_default();
-    let mut last = std::collections::BTreeMap::new();
-    for line in log.lines() {
-        if line.contains("themis-seal") && line.contains("with a delegated key") {
-            let thread = line.split("][").nth(1).unwrap_or_default().to_owned();
-            last.insert(thread, line.contains("carrying its endorsement"));
-        }
-    }
-    last.len() >= 3 && last.values().all(|&carries| carries)
 }
 
 /// A sidecar kept keyless (`"delegated_keys": false`, and how every sidecar runs

@@ -2,8 +2,11 @@
 //! delegated key with the agent's delegation and the workload's endorsement), the
 //! mesh's revocations and the verified resolutions of the services its clusters
 //! reach. A transport socket cannot wait on a call, so two threads per workload keep
-//! them fresh from the local agent (one long-polls the revocations, so a new one is
-//! in force as soon as the agent has it) and connections read an immutable snapshot.
+//! them fresh from the local agent and connections read an immutable snapshot. When
+//! to ask the agent what is [`themis_sidecar::upkeep`]'s to say, as in the Wasm filter:
+//! one thread drives its delegation lane (and the resolutions), the other its
+//! revocations lane (a long poll, so a new revocation is in force as soon as the agent
+//! has it).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,12 +15,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ring::rand::SystemRandom;
 use themis_agent_client::{Client, Method};
-use themis_contracts::{api, paths};
-use themis_core::delegation::{Credential, DelegatedKey};
-use themis_sidecar::agent::{
-    endorsed, parse_instances, parse_new_revocations, Instance, NextPoll, REVOCATIONS_WAIT_MS,
-};
+use themis_contracts::paths;
+use themis_core::delegation::Credential;
+use themis_sidecar::agent::{endorsed, parse_instances, Instance};
 use themis_sidecar::config::Config;
+use themis_sidecar::route::kept_for;
+use themis_sidecar::upkeep::{self, Lane, Learned, Upkeep};
 
 use crate::metrics;
 use themis_trust::{MeshRoot, Revocations, Verifier};
@@ -97,8 +100,9 @@ pub struct Runtime {
     workload: String,
     agent: Client,
     timeout: Duration,
-    revocation_poll: Duration,
     resolve_ttl: Duration,
+    /// When to ask the agent for a delegation and for the revocations.
+    upkeep: Mutex<Upkeep>,
     snapshot: RwLock<Arc<Snapshot>>,
     wanted: Mutex<BTreeSet<String>>,
     /// A connection found no endorsed instance where it connected: resolve again
@@ -131,8 +135,10 @@ impl Runtime {
             workload: config.workload.clone(),
             agent: Client::unix(&socket).timeout(config.timeout),
             timeout: config.timeout,
-            revocation_poll: config.revocation_poll,
             resolve_ttl: config.resolve_ttl,
+            // No identity lane: a delegation answer carries the identity, and a
+            // transport socket cannot have the agent sign without a delegated key.
+            upkeep: Mutex::new(Upkeep::new(config, &[Lane::Delegation, Lane::Revocations])),
             snapshot: RwLock::new(Arc::new(Snapshot::default())),
             wanted: Mutex::new(BTreeSet::new()),
             stale: AtomicBool::new(false),
@@ -191,141 +197,129 @@ impl Runtime {
         *slot = Arc::new(next);
     }
 
-    /// The revocations' thread: a long poll the agent answers as soon as it learns a
-    /// revocation, asked again at once (an agent that does not hold long polls is
-    /// asked every `revocation_poll`); a failure is logged and retried a second later.
-    fn watch_revocations(self: Arc<Self>) {
-        let mut next = None;
-        loop {
-            let asked = std::time::Instant::now();
-            match self.poll_revocations(next) {
-                Ok((answer, changed)) => {
-                    next = answer;
-                    if !next.is_some_and(|n: NextPoll| n.long_poll) {
-                        std::thread::sleep(self.revocation_poll);
-                    } else if !changed && asked.elapsed() < Duration::from_secs(1) {
-                        // Answered at once with nothing new: never a loop.
-                        std::thread::sleep(Duration::from_secs(1));
-                    }
+    fn upkeep(&self) -> std::sync::MutexGuard<'_, Upkeep> {
+        self.upkeep.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes `lane`'s call if it is due (with the upkeep let go meanwhile) and acts on
+    /// what the answer taught; returns when the lane wants to ask again.
+    fn keep_up(&self, lane: Lane, rng: &SystemRandom) -> Option<u64> {
+        let request = self.upkeep().poll_request(lane, now_ms(), rng);
+        if let Some(request) = request {
+            let (method, body) = match &request.json {
+                Some(json) => (Method::POST, json.as_slice()),
+                None => (Method::GET, &b""[..]),
+            };
+            let answer = self.agent.call_raw_within(
+                method,
+                &request.path,
+                body,
+                "application/json",
+                request.timeout,
+            );
+            let (status, body) = match answer {
+                Ok((status, body)) => (Some(status.as_u16()), body),
+                Err(e) => (None, e.to_string().into_bytes()),
+            };
+            let learned = self.upkeep().handle_answer(lane, status, &body, now_ms());
+            self.take_in(learned);
+        }
+        self.upkeep().poll_timeout(lane)
+    }
+
+    /// Acts on what the upkeep learned.
+    fn take_in(&self, learned: Learned) {
+        match learned {
+            Learned::Nothing | Learned::Identity(_) => {}
+            Learned::Credential {
+                credential,
+                renew_at,
+                news,
+            } => {
+                let line = upkeep::credential_line(&self.workload, &credential, renew_at);
+                self.publish(|s| s.credential = Some(Arc::new(credential)));
+                crate::metrics::identity_held();
+                // Info when it starts or its endorsement comes or goes; debug else.
+                crate::ffi::log(if news { 2 } else { 1 }, &format!("themis native: {line}"));
+            }
+            Learned::NoCredential { refused, why } => {
+                if refused {
+                    // The workload revoked, or this proxy no longer its owner: the
+                    // key delegated before stops speaking for the workload.
+                    self.publish(|s| s.credential = None);
                 }
-                Err(e) => {
-                    crate::ffi::log(3, &format!("themis native: revocations: {e}"));
-                    next = None;
-                    std::thread::sleep(Duration::from_secs(1));
+                crate::ffi::log(3, &format!("themis native: {why}"));
+            }
+            Learned::Revocations(list) => {
+                crate::ffi::log(
+                    2,
+                    &format!(
+                        "themis native: {} revocations ({} proven by the trust log's checkpoint)",
+                        list.revocations.len(),
+                        list.proven
+                    ),
+                );
+                let mut emptied = false;
+                self.publish(|s| {
+                    s.revocations = list.revocations;
+                    s.revocation_generation += 1;
+                    emptied = withdraw(&mut s.resolutions, &self.root, &s.revocations);
+                });
+                if emptied {
+                    self.refresh();
                 }
             }
+            Learned::Failed(why) => crate::ffi::log(3, &format!("themis native: {why}")),
         }
     }
 
-    /// The thread: renews the credential at half its life and re-resolves the wanted
-    /// services, each on its own period; failures are logged and retried a second
+    /// The revocations' thread: asks when the upkeep says (at once after a long poll
+    /// the agent held).
+    fn watch_revocations(self: Arc<Self>) {
+        let rng = SystemRandom::new();
+        loop {
+            let at = self.keep_up(Lane::Revocations, &rng);
+            let wait = at.map_or(1_000, |at| at.saturating_sub(now_ms()));
+            std::thread::sleep(Duration::from_millis(wait));
+        }
+    }
+
+    /// The thread: renews the credential when the upkeep says and re-resolves the
+    /// wanted services as `route::kept_for` says (an empty resolution soon, so an
+    /// instance that registers is found); failures are logged and retried a second
     /// later.
     fn run(self: Arc<Self>) {
         let rng = SystemRandom::new();
-        let (mut renew_at, mut resolve_at) = (0u64, 0u64);
+        let mut resolve_at = 0u64;
         let mut resolved: BTreeSet<String> = BTreeSet::new();
         loop {
             #[cfg(feature = "fault-injection")]
             crate::faults::maybe_panic(crate::faults::Point::Runtime);
+            self.keep_up(Lane::Delegation, &rng);
             let now = now_ms();
-            if now >= renew_at {
-                renew_at = match self.delegate(&rng, now) {
-                    Ok(at) => at,
-                    Err(e) => {
-                        crate::ffi::log(
-                            3,
-                            &format!("themis native: delegation for {}: {e}", self.workload),
-                        );
-                        now + 1_000
-                    }
-                };
-            }
             let wanted = self.wanted.lock().map(|w| w.clone()).unwrap_or_default();
             let stale = self.stale.swap(false, Ordering::Relaxed);
             if now >= resolve_at || wanted != resolved || stale {
-                resolve_at = now + self.resolve_ttl.as_millis() as u64;
+                let mut kept = self.resolve_ttl;
                 for service in &wanted {
-                    if let Err(e) = self.resolve(service) {
-                        crate::ffi::log(3, &format!("themis native: resolving {service}: {e}"));
-                        resolve_at = now + 1_000;
+                    match self.resolve(service) {
+                        Ok(empty) => kept = kept.min(kept_for(self.resolve_ttl, empty)),
+                        Err(e) => {
+                            crate::ffi::log(3, &format!("themis native: resolving {service}: {e}"));
+                            kept = kept.min(Duration::from_secs(1));
+                        }
                     }
                 }
+                resolve_at = now + kept.as_millis() as u64;
                 resolved = wanted;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
-    /// Asks the agent to delegate a fresh key; returns when to renew.
-    fn delegate(&self, rng: &SystemRandom, now: u64) -> Result<u64, String> {
-        let key = DelegatedKey::generate(rng).map_err(|e| e.to_string())?;
-        let request = api::DelegateRequest {
-            delegated_key: hex::encode(key.public_key()),
-            lifetime_secs: None,
-        };
-        let body = serde_json::to_vec(&request).map_err(|e| e.to_string())?;
-        let answer = self.call(
-            Method::POST,
-            &paths::workload_delegate(&self.workload),
-            &body,
-        )?;
-        let (credential, renew_at) = themis_sidecar::agent::parse_delegated(
-            &answer,
-            key,
-            &self.workload,
-            &self.root.mesh,
-            now,
-        )
-        .map_err(|e| e.to_string())?;
-        let not_after = credential.delegation().not_after_ms;
-        self.publish(|s| s.credential = Some(Arc::new(credential)));
-        crate::metrics::identity_held();
-        crate::ffi::log(
-            2,
-            &format!(
-                "themis native: {} holds a delegated key until {}",
-                self.workload, not_after
-            ),
-        );
-        Ok(renew_at)
-    }
-
-    /// One poll (long if `next` says the agent holds them); returns what the answer
-    /// says of the next, and whether it brought a new list.
-    fn poll_revocations(&self, next: Option<NextPoll>) -> Result<(Option<NextPoll>, bool), String> {
-        let timeout = match next.is_some_and(|n| n.long_poll) {
-            true => self.timeout + Duration::from_millis(REVOCATIONS_WAIT_MS),
-            false => self.timeout,
-        };
-        let body = self.call_within(Method::GET, &NextPoll::path(next), b"", timeout)?;
-        let held = self.snapshot().revocations.len();
-        let revocations =
-            parse_new_revocations(&body, &self.root, held).map_err(|e| e.to_string())?;
-        let changed = revocations.is_some();
-        if let Some(list) = revocations {
-            crate::ffi::log(
-                2,
-                &format!(
-                    "themis native: {} revocations ({} proven by the trust log's checkpoint)",
-                    list.revocations.len(),
-                    list.proven
-                ),
-            );
-            let mut emptied = false;
-            self.publish(|s| {
-                s.revocations = list.revocations;
-                s.revocation_generation += 1;
-                emptied = withdraw(&mut s.resolutions, &self.root, &s.revocations);
-            });
-            if emptied {
-                self.refresh();
-            }
-        }
-        Ok((NextPoll::of(&body), changed))
-    }
-
-    fn resolve(&self, service: &str) -> Result<(), String> {
-        let body = self.call(Method::GET, &paths::resolve(service, false), b"")?;
+    /// Resolves `service` again; `true` if it has no endorsed instance.
+    fn resolve(&self, service: &str) -> Result<bool, String> {
+        let body = self.get(&paths::resolve(service, false))?;
         let snapshot = self.snapshot();
         let trust = Verifier {
             root: &self.root,
@@ -358,27 +352,19 @@ impl Runtime {
                 s.resolutions.insert(service.to_owned(), live.collect());
             });
         }
-        Ok(())
+        Ok(self
+            .snapshot()
+            .resolutions
+            .get(service)
+            .is_none_or(Vec::is_empty))
     }
 
-    /// One exchange with the agent over its Unix socket: the body of a 2xx answer.
-    fn call(&self, method: Method, path: &str, body: &[u8]) -> Result<Vec<u8>, String> {
-        self.call_within(method, path, body, self.timeout)
-    }
-
-    /// [`Runtime::call`], answered within `timeout`.
-    fn call_within(
-        &self,
-        method: Method,
-        path: &str,
-        body: &[u8],
-        timeout: Duration,
-    ) -> Result<Vec<u8>, String> {
-        let what = format!("{method} {path}");
+    /// A GET to the agent over its Unix socket: the body of a 2xx answer.
+    fn get(&self, path: &str) -> Result<Vec<u8>, String> {
         self.agent
-            .call_raw_within(method, path, body, "application/json", timeout)
+            .call_raw_within(Method::GET, path, b"", "application/json", self.timeout)
             .and_then(|(status, body)| themis_agent_client::success(status, body))
-            .map_err(|e| format!("{what}: {e}"))
+            .map_err(|e| format!("GET {path}: {e}"))
     }
 }
 

@@ -161,6 +161,8 @@ fn a_native_caller_reaches_a_wasm_callee() {
         return;
     }
     let mesh = mesh(Runtime::Native, Runtime::Wasm);
+    // Its first delegation came before `handler` was registered.
+    mesh.envoy_a.wait_seal_carries_endorsement();
     call_is_sealed_and_attributed(&mesh);
     mesh.assert_claim_checked_by_the_carried_endorsement();
     // A Wasm callee takes HTTP/2 only and never says otherwise: the native caller

@@ -12,7 +12,9 @@
 //!   failed);
 //! * [`policy`]: the callee's decision once the caller has proved its id;
 //! * [`conn`]: one connection machine per side, the caller's and the callee's;
-//! * [`reason`]: every reason either refuses for, the one table both runtimes count.
+//! * [`reason`]: every reason either refuses for, the one table both runtimes count;
+//! * [`upkeep`]: what is kept from the agent between connections (identity,
+//!   delegation, revocations) and when each is asked again.
 //!
 //! `docs/FILTER.md` is the operator's guide to what these decide.
 
@@ -23,3 +25,4 @@ pub mod outbound;
 pub mod policy;
 pub mod reason;
 pub mod route;
+pub mod upkeep;

@@ -20,7 +20,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext, StreamContext};
 use proxy_wasm::types::{ContextType, LogLevel, MetricType};
 use ring::rand::SystemRandom;
-use themis_core::delegation::{Credential, DelegatedKey, HandshakeSigner};
+use themis_core::delegation::{Credential, HandshakeSigner};
 use themis_core::handshake::ToSign;
 use themis_core::identity::PublicIdentity;
 use themis_core::wire::Kind;
@@ -34,6 +34,7 @@ use themis_sidecar::conn::{Ask, Close};
 use themis_sidecar::policy::Callers;
 use themis_sidecar::reason::Reason;
 use themis_sidecar::route::{kept_for, PickRandom, Routes};
+use themis_sidecar::upkeep::{self, Lane, Learned, Upkeep};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -64,8 +65,10 @@ struct Worker {
     routes: Routes,
     /// Inbound: callers' services, verified.
     callers: Callers,
-    /// Root-signed revocations, fetched from the agent every `revocation_poll`.
+    /// Root-signed revocations, kept by the upkeep's revocations lane.
     revoked: Revocations,
+    /// What is kept from the agent between connections, and when it is asked again.
+    upkeep: Upkeep,
     /// Inbound: the connections whose caller is not allowed yet, by context id, with
     /// their deadline (`handshake_timeout`; the root closes them on a tick).
     handshaking: BTreeMap<u32, Deadline>,
@@ -245,227 +248,98 @@ struct Root {
     /// The resolutions this root asks for (of requests whose own call ended with
     /// them), by call token.
     resolve_calls: HashMap<u32, String>,
-    identity_call: Option<u32>,
-    revocations_call: Option<u32>,
-    /// What the last revocations answer said about the next poll (a long poll when
-    /// the agent holds them: a new revocation arrives as soon as the agent has it).
-    next_poll: Option<agent::NextPoll>,
-    /// When the revocations were last asked for (ms).
-    revocations_asked: u64,
-    /// The delegation asked for, with the key it is for.
-    delegate_call: Option<(u32, DelegatedKey)>,
-    /// When to ask for a delegation next (Unix ms; 0: at the first tick).
-    delegate_at: u64,
+    /// The upkeep's calls in flight, by token.
+    upkeep_calls: HashMap<u32, Lane>,
+    /// Ticking once a second (the identity is known).
+    slow_ticks: bool,
 }
 
-/// How long a sidecar waits before asking again for a delegation the agent did not
-/// give (an agent older than delegation answers 404 every time: the agent signs).
-const DELEGATE_RETRY_MS: u64 = 30_000;
-
 impl Root {
-    fn fetch_identity(&mut self) {
-        let Some(worker) = &self.worker else { return };
-        let w = worker.borrow();
-        if self.identity_call.is_some() || w.identity.is_some() || w.config.role == Role::Outbound {
-            return;
-        }
-        self.identity_call = call_agent_for_identity(self, &w.config);
-    }
-
-    /// Asks the agent to delegate a fresh handshake key to this worker: at start, then
-    /// when the agent said to renew (half the delegation's lifetime, or when the
-    /// workload's record is renewed, so the endorsement carried stays current).
-    fn delegate(&mut self) {
-        let Some(worker) = &self.worker else { return };
+    /// Makes `lane`'s call to the agent if it is due.
+    fn ask(&mut self, worker: &Shared, lane: Lane) {
         let now = now_ms();
-        let w = worker.borrow();
-        if self.delegate_call.is_some() || w.config.role == Role::Outbound || now < self.delegate_at
-        {
-            return;
-        }
-        if !w.config.delegated_keys {
-            // Kept keyless by configuration: the agent signs every message.
-            self.delegate_at = u64::MAX;
-            drop(w);
-            return Root::delegation_answered(worker);
-        }
-        self.delegate_at = now + DELEGATE_RETRY_MS;
-        let key = match DelegatedKey::generate(&w.rng) {
-            Ok(key) => key,
-            Err(e) => {
-                drop(w);
-                Root::delegation_answered(worker);
-                return warn!("themis: no delegated key: {e}");
-            }
-        };
-        let body = serde_json::to_string(&themis_contracts::api::DelegateRequest {
-            delegated_key: hex::encode(key.public_key()),
-            lifetime_secs: None,
-        })
-        .expect("serialises");
-        let path = themis_contracts::paths::workload_delegate(&w.config.workload);
-        let call = call_agent_with(
-            self,
-            &w.config,
-            &path,
-            Some(body.as_bytes()),
-            w.config.timeout,
-        );
-        drop(w);
-        match call {
-            Some(token) => self.delegate_call = Some((token, key)),
-            None => Root::delegation_answered(worker),
-        }
-    }
-
-    /// The delegation is answered, or none will be this time (the agent signs each
-    /// handshake until one is): the worker may count as ready.
-    fn delegation_answered(worker: &Shared) {
         let mut w = worker.borrow_mut();
-        w.delegation_answered = true;
-        w.count_if_ready();
-    }
-
-    /// The agent's delegation: handshakes are signed here from now on. Returns when
-    /// to renew it. A 403 (the workload revoked, or this proxy no longer its owner)
-    /// drops the credential held; any other failure keeps it until it expires. Either
-    /// way the agent signs each handshake meanwhile.
-    fn install_credential(
-        worker: &Shared,
-        key: DelegatedKey,
-        status: Option<u16>,
-        body: &[u8],
-    ) -> Option<u64> {
-        Root::delegation_answered(worker);
-        let mut w = worker.borrow_mut();
-        if status == Some(403) {
-            // Refused (the workload revoked, or this proxy no longer its owner): the
-            // key delegated before stops speaking for the workload here too.
-            w.credential = None;
-        }
-        if status != Some(200) {
-            warn!(
-                "themis: the agent delegated no handshake key to workload {} (status {status:?}: {}); \
-                 it signs each handshake",
-                w.config.workload,
-                String::from_utf8_lossy(body)
-            );
-            return None;
-        }
-        let now = now_ms();
-        let parsed = agent::parse_delegated(body, key, &w.config.workload, &w.config.mesh, now);
-        match parsed {
-            Ok((credential, _))
-                if w.identity.as_ref().is_some_and(|known| {
-                    known.public_key() != credential.identity().public_key()
-                }) =>
-            {
-                error!(
-                    "themis: the agent delegated for another key than workload {}'s; not taken",
-                    w.config.workload
-                );
-                None
-            }
-            Ok((credential, renew_at)) => {
-                w.learn_identity(credential.identity());
-                // Logged when it starts and when its endorsement comes or goes (a
-                // caller of no service is delegated a key again every few seconds).
-                let carries = !credential.endorsement().is_empty();
-                let news = w
-                    .credential
-                    .as_ref()
-                    .is_none_or(|held| held.endorsement().is_empty() == carries);
-                let level = match news {
-                    true => log::Level::Info,
-                    false => log::Level::Debug,
-                };
-                log::log!(
-                    level,
-                    "themis: workload {} signs its handshakes with a delegated key until {} \
-                     (renewed at {renew_at}){}",
-                    w.config.workload,
-                    credential.delegation().not_after_ms,
-                    match carries {
-                        true => ", carrying its endorsement",
-                        false => ", carrying no endorsement",
-                    }
-                );
-                w.credential = Some(Rc::new(credential));
-                Some(renew_at)
-            }
-            Err(e) => {
-                error!("themis: {e}");
-                None
-            }
-        }
-    }
-
-    /// Asks the agent for the revocations it knows: a long poll held until the agent
-    /// learns one, asked again as soon as it is answered, where the agent holds them;
-    /// else every `revocation_poll`.
-    fn poll_revocations(&mut self) {
-        let Some(worker) = &self.worker else { return };
-        let now = now_ms();
-        let every = worker.borrow().config.revocation_poll.as_millis() as u64;
-        let long_poll = self.next_poll.is_some_and(|n| n.long_poll);
-        if self.revocations_call.is_some() || (!long_poll && now < self.revocations_asked + every) {
-            return;
-        }
-        self.revocations_asked = now;
-        let w = worker.borrow();
-        let timeout = match long_poll {
-            true => w.config.timeout + Duration::from_millis(agent::REVOCATIONS_WAIT_MS),
-            false => w.config.timeout,
-        };
-        let path = agent::NextPoll::path(self.next_poll);
-        self.revocations_call = call_agent_with(self, &w.config, &path, None, timeout);
-    }
-
-    /// Installs a fresh revocation list; a new revocation withdraws the instances it
-    /// revokes from the cached resolutions and drops the caller checks, so the
-    /// revoked key is not used from a cache either.
-    fn install_revocations(worker: &Shared, status: Option<u16>, body: &[u8]) {
-        let mut w = worker.borrow_mut();
-        if status != Some(200) {
-            return;
-        }
         let w = &mut *w;
-        let held = w.revoked.len();
-        match agent::parse_new_revocations(body, &w.config.mesh_root, held) {
-            Ok(None) => {}
-            Ok(Some(list)) => {
-                info!(
-                    "themis: {} revocation(s) in force ({} proven by the trust log's checkpoint)",
-                    list.revocations.len(),
-                    list.proven
-                );
-                let root = &w.config.mesh_root;
-                w.routes.withdraw(|i| i.is_revoked(root, &list.revocations));
-                w.callers.clear();
-                w.revoked = list.revocations;
+        let Some(request) = w.upkeep.poll_request(lane, now, &w.rng) else {
+            return;
+        };
+        let json = request.json.as_deref();
+        match call_agent_with(self, &w.config, &request.path, json, request.timeout) {
+            Some(token) => {
+                self.upkeep_calls.insert(token, lane);
             }
-            Err(e) => warn!("themis: unusable revocations from the agent: {e}"),
+            None => {
+                let learned = w
+                    .upkeep
+                    .handle_answer(lane, None, b"Envoy refused the call", now);
+                take_in(w, lane, learned);
+            }
         }
     }
 
-    fn install_identity(worker: &Shared, status: Option<u16>, body: &[u8]) {
-        let mut w = worker.borrow_mut();
-        if w.identity.is_some() {
-            return;
+    /// Makes every lane's call that is due.
+    fn keep_up(&mut self, worker: &Shared) {
+        for lane in [Lane::Delegation, Lane::Identity, Lane::Revocations] {
+            self.ask(worker, lane);
         }
-        if status != Some(200) {
-            warn!(
-                "themis: the agent has no identity for workload {} (status {status:?}: {})",
-                w.config.workload,
-                String::from_utf8_lossy(body)
-            );
-            return;
-        }
-        match agent::parse_public_identity(body, &w.config.workload, &w.config.mesh) {
-            Ok(identity) => w.learn_identity(&identity),
-            Err(e) => error!("themis: {e}"),
+        if !self.slow_ticks && worker.borrow().identity.is_some() {
+            self.slow_ticks = true;
+            self.set_tick_period(Duration::from_secs(1));
         }
     }
+}
+
+/// Acts on what the upkeep learned from one of `lane`'s answers.
+fn take_in(w: &mut Worker, lane: Lane, learned: Learned) {
+    if lane == Lane::Delegation {
+        // Answered (granted or not): the worker may count as ready, the agent
+        // signing each handshake until a delegation comes.
+        w.delegation_answered = true;
+    }
+    match learned {
+        Learned::Nothing => {}
+        Learned::Identity(identity) => w.learn_identity(&identity),
+        Learned::Credential {
+            credential,
+            renew_at,
+            news,
+        } => {
+            w.learn_identity(credential.identity());
+            // Logged when it starts and when its endorsement comes or goes (a caller
+            // of no service is delegated a key again every few seconds).
+            let level = match news {
+                true => log::Level::Info,
+                false => log::Level::Debug,
+            };
+            let line = upkeep::credential_line(&w.config.workload, &credential, renew_at);
+            log::log!(level, "themis: {line}");
+            w.credential = Some(Rc::new(credential));
+        }
+        Learned::NoCredential { refused, why } => {
+            if refused {
+                // The workload revoked, or this proxy no longer its owner: the key
+                // delegated before stops speaking for the workload here too.
+                w.credential = None;
+            }
+            warn!("themis: {why}; it signs each handshake");
+        }
+        Learned::Revocations(list) => {
+            info!(
+                "themis: {} revocation(s) in force ({} proven by the trust log's checkpoint)",
+                list.revocations.len(),
+                list.proven
+            );
+            // A new revocation withdraws the instances it revokes from the cached
+            // resolutions and drops the caller checks: the revoked key is not used
+            // from a cache either.
+            let root = &w.config.mesh_root;
+            w.routes.withdraw(|i| i.is_revoked(root, &list.revocations));
+            w.callers.clear();
+            w.revoked = list.revocations;
+        }
+        Learned::Failed(why) => warn!("themis: {why}"),
+    }
+    w.count_if_ready();
 }
 
 impl Root {
@@ -506,46 +380,13 @@ impl Context for Root {
         let (status, body) = call_response(self, body_size);
         if let Some(service) = self.resolve_calls.remove(&token) {
             outbound::resolved(&worker, &service, status, &body);
-        } else if self.identity_call == Some(token) {
-            self.identity_call = None;
-            Root::install_identity(&worker, status, &body);
-            if worker.borrow().identity.is_some() {
-                self.set_tick_period(Duration::from_secs(1));
-                // A delegation refused while the agent did not know the workload yet
-                // is asked for again now, not after the retry interval.
-                let w = worker.borrow();
-                if w.credential.is_none() && w.config.delegated_keys {
-                    self.delegate_at = 0;
-                }
-            }
-        } else if self
-            .delegate_call
-            .as_ref()
-            .is_some_and(|(t, _)| *t == token)
-        {
-            let (_, key) = self.delegate_call.take().expect("checked");
-            if let Some(renew_at) = Root::install_credential(&worker, key, status, &body) {
-                self.delegate_at = renew_at;
-            }
-            if worker.borrow().identity.is_some() {
-                self.set_tick_period(Duration::from_secs(1));
-            }
-        } else if self.revocations_call == Some(token) {
-            self.revocations_call = None;
-            let before = worker.borrow().revoked.len();
-            Root::install_revocations(&worker, status, &body);
-            let changed = worker.borrow().revoked.len() != before;
-            // A failed call falls back to the period (no loop against a failing agent).
-            self.next_poll = (status == Some(200))
-                .then(|| agent::NextPoll::of(&body))
-                .flatten();
-            // Asked again at once when the agent held the call or it brought news;
-            // an answer that came back at once with nothing is asked again at the
-            // next tick (a second), never in a loop.
-            let held = now_ms().saturating_sub(self.revocations_asked) >= 1_000;
-            if held || changed {
-                self.poll_revocations();
-            }
+        } else if let Some(lane) = self.upkeep_calls.remove(&token) {
+            let mut w = worker.borrow_mut();
+            let learned = w.upkeep.handle_answer(lane, status, &body, now_ms());
+            take_in(&mut w, lane, learned);
+            drop(w);
+            // Asked again at once where the lane says so (a long poll held, news).
+            self.keep_up(&worker);
         }
     }
 }
@@ -571,14 +412,24 @@ impl RootContext for Root {
         if config.role == Role::Inbound {
             announce_policy(&config, &metrics);
         }
+        let mut lanes = vec![Lane::Revocations];
+        if config.role != Role::Outbound {
+            lanes.push(Lane::Identity);
+            if config.delegated_keys {
+                lanes.push(Lane::Delegation);
+            }
+        }
+        let upkeep = Upkeep::new(&config, &lanes);
         self.worker = Some(Rc::new(RefCell::new(Worker {
+            // Kept keyless by configuration: the agent signs every message.
+            delegation_answered: !upkeep.keeps(Lane::Delegation),
+            upkeep,
             metrics,
             routes: Routes::new(config.canary.clone()),
             gates: Gates::new(&config),
             config,
             identity: None,
             credential: None,
-            delegation_answered: false,
             ready: false,
             callers: Callers::default(),
             revoked: Revocations::new(),
@@ -594,11 +445,9 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        self.delegate();
-        self.fetch_identity();
-        self.poll_revocations();
         if let Some(worker) = self.worker.clone() {
             let worker = &worker;
+            self.keep_up(worker);
             let mut w = worker.borrow_mut();
             let now = now_ms();
             w.tick_ms = now;
@@ -692,7 +541,7 @@ fn call_agent_with(
 }
 
 /// Asks the agent for the workload's public identity (answered by
-/// [`Root::install_identity`]).
+/// [`Upkeep::identity_answered`]).
 fn call_agent_for_identity(ctx: &dyn Context, config: &Config) -> Option<u32> {
     call_agent(
         ctx,
@@ -793,7 +642,9 @@ fn take_answer(ctx: &dyn Context, worker: &Shared, call: Call, body_size: usize)
     let (status, body) = call_response(ctx, body_size);
     match call {
         Call::Identity => {
-            Root::install_identity(worker, status, &body);
+            let mut w = worker.borrow_mut();
+            let learned = w.upkeep.identity_answered(status, &body, now_ms());
+            take_in(&mut w, Lane::Identity, learned);
             Answer::Identity
         }
         Call::Sign => Answer::Signature(signature(status, &body)),
