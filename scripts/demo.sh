@@ -140,7 +140,7 @@ set_up_machine() {
 
 build() {
     section "building the agent (with the eBPF capture) and the Envoy filter, release (about 5 minutes the first time)"
-    cargo build --release -p themis-agent --bins
+    cargo build --release -p themis-agent -p themis-cli --bins
     cargo build --release -p themis-envoy --target wasm32-wasip1
     cargo build --release -p themis-native
 }

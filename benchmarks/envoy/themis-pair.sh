@@ -28,7 +28,7 @@ A=127.0.0.11 B=127.0.0.12
 
 case "${1:-}" in
 build)
-    cargo build -q --release -p themis-agent --bin themis
+    cargo build -q --release -p themis-cli --bin themis
     cargo build -q --release -p themis-envoy --target wasm32-wasip1
     cargo build -q --release -p themis-native
     ;;

@@ -13,7 +13,7 @@
 #                                   pod's environment and starts Envoy as uid 1337
 #   localhost/themis/demo-app:dev   scripts/demo-app.py with Python
 #
-# Needs the release builds (cargo build --release -p themis-agent --bins -p
+# Needs the release builds (cargo build --release -p themis-agent -p themis-cli --bins -p
 # themis-node-controller -p themis-native; cargo build --release -p themis-envoy
 # --target wasm32-wasip1) and the Envoy that scripts/setup.sh installs.
 set -euo pipefail

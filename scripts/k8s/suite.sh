@@ -72,7 +72,7 @@ stop_here() {
 
 step "release builds: the agent (with the eBPF capture), the node controller, the native and Wasm filters"
 export THEMIS_EBPF=required
-cargo build -q --release -p themis-agent --bins -p themis-node-controller -p themis-native
+cargo build -q --release -p themis-agent -p themis-cli --bins -p themis-node-controller -p themis-native
 cargo build -q --release -p themis-envoy --target wasm32-wasip1
 
 step "images (scripts/k8s/images.sh): agent + controller, sidecar, demo app; imported, nothing pulled"

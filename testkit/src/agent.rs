@@ -106,10 +106,10 @@ pub fn routing_flag(routing: Routing) -> &'static str {
 
 /// The `themis` binary (agent and tool) the harness runs.
 ///
-/// For themis-agent's own tests, Cargo builds it with them, into the profile
+/// For themis-cli's own tests, Cargo builds it with them, into the profile
 /// directory the test executable's `deps/` is in (`target/debug/themis` beside
-/// `target/debug/deps/ring-…`): that one. The tests of other crates (themis-envoy,
-/// themis-component) run under Cargo with their own `CARGO_PKG_NAME`: Cargo does not
+/// `target/debug/deps/ring-…`): that one. The tests of other crates (themis-agent,
+/// themis-envoy, themis-component) run under Cargo with their own `CARGO_PKG_NAME`: Cargo does not
 /// build another package's binaries for them, so it is built here
 /// ([`build::themis_binary`], which needs [`crate::require::cargo_build`]). A test
 /// executable run by hand (no `CARGO_PKG_NAME`) takes the one beside it.
@@ -117,7 +117,7 @@ pub fn themis_binary() -> &'static str {
     static PATH: OnceLock<String> = OnceLock::new();
     PATH.get_or_init(|| {
         let package = std::env::var("CARGO_PKG_NAME").ok();
-        if package.as_deref().is_some_and(|p| p != "themis-agent") {
+        if package.as_deref().is_some_and(|p| p != "themis-cli") {
             return build::themis_binary().to_owned();
         }
         let exe = std::env::current_exe().expect("the test executable's path");
@@ -128,7 +128,7 @@ pub fn themis_binary() -> &'static str {
         let binary = profile.join("themis");
         assert!(
             binary.is_file(),
-            "{} is missing: themis-agent's tests build it (cargo test -p themis-agent)",
+            "{} is missing: themis-cli's tests build it (cargo test -p themis-cli)",
             binary.display()
         );
         binary

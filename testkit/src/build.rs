@@ -88,11 +88,11 @@ pub fn component_wasm() -> &'static Path {
 }
 
 /// The `themis` binary (agent and tool), built once (for the tests of other crates
-/// than themis-agent: see [`crate::agent::themis_binary`]).
+/// than themis-cli: see [`crate::agent::themis_binary`]).
 pub fn themis_binary() -> &'static str {
     static PATH: OnceLock<String> = OnceLock::new();
     PATH.get_or_init(|| {
-        cargo_build(&["-p", "themis-agent", "--bin", "themis"]);
+        cargo_build(&["-p", "themis-cli", "--bin", "themis"]);
         let path = present(target_dir().join("debug/themis"), " after the build");
         path.to_str().expect("a UTF-8 target directory").to_owned()
     })

@@ -1,8 +1,9 @@
 //! The crates' layering, read from `cargo metadata` and `cargo tree`: each runtime (the
 //! Wasm filter, the native module, the wasmtime component) is a driver of the shared
 //! sans-IO crates and depends on no other runtime; the node controller calls the agent
-//! through the client, not by linking the daemon; the native module's `.so` brings no
-//! async runtime, HTTP stack or proxy-wasm.
+//! through the client, not by linking the daemon; the daemon links none of the
+//! operator's tooling; the native module's `.so` brings no async runtime, HTTP stack
+//! or proxy-wasm.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -77,7 +78,7 @@ fn closure(graph: &BTreeMap<String, BTreeSet<String>>, of: &str) -> BTreeSet<Str
 }
 
 #[test]
-fn no_runtime_depends_on_another_runtime_or_on_the_daemon() {
+fn no_runtime_depends_on_another_runtime_or_on_the_daemon_and_the_daemon_not_on_the_tool() {
     if !themis_testkit::require::cargo_build("reads the workspace's crates with cargo metadata") {
         return;
     }
@@ -109,6 +110,14 @@ fn no_runtime_depends_on_another_runtime_or_on_the_daemon() {
         "the node controller links the whole agent daemon to call its API: {controller:?}"
     );
     assert!(controller.contains("themis-agent-client"));
+    // The daemon runs on every node: the code that signs with the mesh root (and the
+    // tool for people) stays out of it, a dev-dependency of its tests at most.
+    let daemon = closure(&graph, "themis-agent");
+    assert!(
+        !daemon.contains("themis-cli"),
+        "the agent daemon links the operator's tooling: {daemon:?}"
+    );
+    assert!(closure(&graph, "themis-cli").contains("themis-agent"));
 }
 
 #[test]

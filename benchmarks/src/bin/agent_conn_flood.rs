@@ -9,7 +9,7 @@
 //! stopped by its pid.
 //!
 //! ```text
-//! cargo build --release -p themis-agent -p themis-benchmarks --bin themis --bin agent_conn_flood
+//! cargo build --release -p themis-cli -p themis-benchmarks --bin themis --bin agent_conn_flood
 //! target/release/agent_conn_flood --connections 4000 --sources 200
 //! ```
 //!

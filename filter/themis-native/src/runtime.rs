@@ -237,7 +237,7 @@ impl Runtime {
                 news,
             } => {
                 let line = upkeep::credential_line(&self.workload, &credential, renew_at);
-                self.publish(|s| s.credential = Some(Arc::new(credential)));
+                self.publish(|s| s.credential = Some(Arc::new(*credential)));
                 crate::metrics::identity_held();
                 // Info when it starts or its endorsement comes or goes; debug else.
                 crate::ffi::log(if news { 2 } else { 1 }, &format!("themis native: {line}"));

@@ -54,7 +54,7 @@ pub enum Learned {
     /// A delegated credential to sign handshakes with from now on. `news` when one
     /// starts, or its endorsement comes or goes: worth a log line at info.
     Credential {
-        credential: Credential,
+        credential: Box<Credential>,
         renew_at: u64,
         news: bool,
     },
@@ -376,7 +376,7 @@ impl Upkeep {
         let news = self.carries_endorsement != Some(carries);
         self.carries_endorsement = Some(carries);
         Learned::Credential {
-            credential,
+            credential: Box::new(credential),
             renew_at,
             news,
         }

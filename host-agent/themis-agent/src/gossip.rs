@@ -986,9 +986,9 @@ fn announce(node: &Identity, listen: SocketAddr, trust: &MeshTrust, leaving: boo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operator::{self, MeshDir};
     use crate::roster::LogMembership;
     use ring::rand::SystemRandom;
+    use themis_cli::operator::{self, MeshDir};
     use themis_trust::{Admission, ADMISSION_LABEL};
 
     struct Node {
@@ -1270,7 +1270,8 @@ mod tests {
 
         // The log's growth by one admission: fetched once (the request carries this
         // node's admission; the answer the checkpoint and the leaf), pushed to 3.
-        let copy = std::fs::read(dir.path().join("mesh").join(crate::operator::LOG_FILE)).unwrap();
+        let copy =
+            std::fs::read(dir.path().join("mesh").join(themis_cli::operator::LOG_FILE)).unwrap();
         let mesh_log = themis_log::Log::from_copy(mesh.root.clone(), &copy).unwrap();
         let fetch = Frame::LogRequest {
             admission: a.state.trust.own_admission().to_vec(),

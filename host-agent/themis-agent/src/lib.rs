@@ -24,10 +24,11 @@
 //!   them); [`files`]: files replaced whole (a crash leaves the old or the new);
 //!   [`names`]: the names people give; [`sys`]: the system calls std does not wrap.
 //! * [`metrics`]: Prometheus metrics.
-//! * [`operator`]: the mesh operator's offline commands (create, admit, grant, revoke).
 //! * [`agent`]: the daemon that wires them; [`config`]: its settings.
 //!
-//! `docs/AGENT.md` explains the design; the `themis` binary is the tool for people.
+//! `docs/AGENT.md` explains the design. The daemon is the binary `themis-agent`; the
+//! tool for people, `themis` (which also runs the daemon as `themis agent`), and the
+//! operator's offline signing are the crate `themis-cli`.
 
 // Only `sys` may use unsafe code (three system calls std does not wrap).
 #![deny(unsafe_code)]
@@ -45,7 +46,6 @@ pub mod local_socket;
 pub mod log_sync;
 pub mod metrics;
 pub mod names;
-pub mod operator;
 pub mod overlay;
 pub mod registry;
 pub mod roster;

@@ -13,8 +13,11 @@ use themis_log::{Audit, Fork, Kind, Log, LogError, SignedCheckpoint, Statement};
 use themis_trust::MeshRoot;
 use tracing::{error, info, warn};
 
-use crate::operator::LOG_FILE;
 use crate::roster::{LogMembership, RangeGrant};
+
+/// The trust log's copy in an agent's state directory (and in the operator's mesh
+/// directory).
+pub const LOG_FILE: &str = "trust-log.bin";
 
 /// Each revocation in the log (by its encoded `Signed`): its leaf index and inclusion
 /// proof.

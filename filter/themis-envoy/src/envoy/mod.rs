@@ -313,7 +313,7 @@ fn take_in(w: &mut Worker, lane: Lane, learned: Learned) {
             };
             let line = upkeep::credential_line(&w.config.workload, &credential, renew_at);
             log::log!(level, "themis: {line}");
-            w.credential = Some(Rc::new(credential));
+            w.credential = Some(Rc::new(*credential));
         }
         Learned::NoCredential { refused, why } => {
             if refused {

@@ -132,9 +132,9 @@ impl Endorser {
 pub(super) mod tests {
     use super::*;
     use crate::metrics::Metrics;
-    use crate::operator::{self, MeshDir};
     use crate::trust::unix_millis;
     use ring::rand::SystemRandom;
+    use themis_cli::operator::{self, MeshDir};
     use themis_trust::PemKind;
 
     const TTL: Duration = Duration::from_secs(60);

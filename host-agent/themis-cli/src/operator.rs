@@ -31,9 +31,9 @@ use themis_trust::{
     MAX_REASON_LEN, REVOCATION_LABEL,
 };
 
-use crate::keystore;
-use crate::names::ServiceName;
-use crate::trust::{
+use themis_agent::keystore;
+use themis_agent::names::ServiceName;
+use themis_agent::trust::{
     load_root, unix_millis, ADDRESS_RANGE_FILE, ADMISSION_FILE, GRANTS_DIR, ROOT_FILE,
 };
 
@@ -62,7 +62,7 @@ pub enum OperatorError {
     Key(#[from] keystore::KeyError),
     /// The mesh root could not be read.
     #[error("{0}")]
-    Root(#[from] crate::trust::TrustSetupError),
+    Root(#[from] themis_agent::trust::TrustSetupError),
     /// A credential file is not valid.
     #[error("{path}: {error}")]
     Credential {
@@ -104,7 +104,7 @@ fn write_new(path: &Path, text: &str) -> Result<(), OperatorError> {
 
 /// Writes a public file, replacing what was there (a renewed grant, say).
 fn write_replace(path: &Path, text: &str) -> Result<(), OperatorError> {
-    crate::files::replace(path, text.as_bytes()).map_err(io(path))
+    themis_agent::files::replace(path, text.as_bytes()).map_err(io(path))
 }
 
 /// A mesh directory: the root key, its public form and the trust log.
@@ -117,8 +117,7 @@ pub struct MeshDir {
     pub dir: PathBuf,
 }
 
-/// The trust log's copy in a mesh directory (and in an agent's state directory).
-pub const LOG_FILE: &str = "trust-log.bin";
+pub use themis_agent::trust_log::LOG_FILE;
 
 impl MeshDir {
     /// The mesh's trust log as this directory holds it, verified from its first
@@ -165,7 +164,7 @@ impl MeshDir {
         let bytes = log
             .to_copy()
             .ok_or_else(|| OperatorError::Refused("the log has no checkpoint yet".into()))?;
-        crate::files::replace(&path, &bytes).map_err(io(&path))?;
+        themis_agent::files::replace(&path, &bytes).map_err(io(&path))?;
         Ok(path)
     }
 

@@ -816,7 +816,7 @@ fn identity(command: IdCommand, json: bool) -> ExitCode {
 
 /// The operator's offline commands: they read and write files, never the agent.
 fn offline(command: Command, json: bool) -> ExitCode {
-    use themis_agent::operator::{self, MeshDir};
+    use themis_cli::operator::{self, MeshDir};
     let service = |name: &str| {
         themis_agent::names::ServiceName::new(name)
             .map_err(|e| operator::OperatorError::Refused(e.to_string()))
@@ -867,7 +867,7 @@ fn offline(command: Command, json: bool) -> ExitCode {
     }
 }
 
-fn print_written(written: &themis_agent::operator::Written, json: bool) {
+fn print_written(written: &themis_cli::operator::Written, json: bool) {
     if json {
         println!("{}", serde_json::to_string_pretty(written).expect("JSON"));
         return;
@@ -889,7 +889,7 @@ fn revocation(
     out: Option<&std::path::Path>,
     json: bool,
 ) -> Result<String, ExitCode> {
-    use themis_agent::operator::{self, MeshDir};
+    use themis_cli::operator::{self, MeshDir};
     let signed = MeshDir::open(mesh_dir).and_then(|mesh| operator::revoke(&mesh, ids, reason));
     let (pem, mut written) = signed.map_err(|error| {
         eprintln!("error: {error}");

@@ -4,11 +4,11 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use serde::Deserialize;
-use themis_agent::operator::{MeshDir, OperatorError};
 use themis_agent::trust::load_root;
 use themis_agent::trust_log::status_of;
 use themis_agent_client::ApiClient;
 use themis_agent_client::{Method, StatusCode};
+use themis_cli::operator::{MeshDir, OperatorError};
 use themis_contracts::{api as contract, paths};
 use themis_log::{Entry, Kind, Log};
 use themis_trust::{PemKind, Signed};
