@@ -679,11 +679,9 @@ mod tests {
 #[cfg(test)]
 mod delegated_tests {
     use super::*;
+    use crate::testing::{delegated, HOUR, NOW};
     use themis_core::delegation::HandshakeSigner;
     use themis_core::Identity;
-
-    const NOW: u64 = 1_800_000_000_000;
-    const HOUR: u64 = 3_600_000;
 
     struct Case {
         mesh: MeshName,
@@ -709,20 +707,8 @@ mod delegated_tests {
         /// The agent's answer delegating `to` (this case's key, by default) as
         /// `signer`, named `workload`, edited by `edit`.
         fn answer(&self, edit: impl FnOnce(&mut api::Delegated)) -> Vec<u8> {
-            let d = Delegation::issue(&self.workload, *self.key().public_key(), NOW, HOUR);
-            let mut answer = api::Delegated {
-                identity: api::PublicIdentity {
-                    workload: "check".parse().unwrap(),
-                    mesh: "demo".into(),
-                    id: self.workload.printable_id(),
-                    public_key: hex::encode(self.workload.public_key()),
-                },
-                delegation: hex::encode(d.encode()),
-                not_after_ms: d.not_after_ms,
-                renew_at_ms: d.renew_at_ms(),
-                service: None,
-                endorsement: Some(hex::encode(b"an endorsement")),
-            };
+            let key = *self.key().public_key();
+            let mut answer = delegated(&self.workload, key, Some(b"an endorsement"));
             edit(&mut answer);
             serde_json::to_vec(&answer).unwrap()
         }

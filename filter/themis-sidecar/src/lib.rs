@@ -26,3 +26,6 @@ pub mod policy;
 pub mod reason;
 pub mod route;
 pub mod upkeep;
+
+#[cfg(test)]
+mod testing;

@@ -442,13 +442,10 @@ fn answered(status: Option<u16>, body: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{delegated, public_identity, HOUR, NOW};
     use ring::rand::SystemRandom;
-    use themis_core::delegation::Delegation;
     use themis_core::Identity;
     use themis_trust::{Revocation, Signed, REVOCATION_LABEL};
-
-    const NOW: u64 = 1_800_000_000_000;
-    const HOUR: u64 = 3_600_000;
 
     struct Agent {
         rng: SystemRandom,
@@ -481,25 +478,8 @@ mod tests {
                 serde_json::from_slice(request.json.as_ref().unwrap()).unwrap();
             let mut key = [0; 32];
             hex::decode_to_slice(&asked.delegated_key, &mut key).unwrap();
-            let d = Delegation::issue(&self.workload, key, NOW, HOUR);
-            serde_json::to_vec(&api::Delegated {
-                identity: self.identity(&self.workload),
-                delegation: hex::encode(d.encode()),
-                not_after_ms: d.not_after_ms,
-                renew_at_ms: d.renew_at_ms(),
-                service: None,
-                endorsement: endorsed.then(|| hex::encode(b"an endorsement")),
-            })
-            .unwrap()
-        }
-
-        fn identity(&self, of: &Identity) -> api::PublicIdentity {
-            api::PublicIdentity {
-                workload: "check".parse().unwrap(),
-                mesh: "demo".into(),
-                id: of.printable_id(),
-                public_key: hex::encode(of.public_key()),
-            }
+            let endorsement = endorsed.then_some(&b"an endorsement"[..]);
+            serde_json::to_vec(&delegated(&self.workload, key, endorsement)).unwrap()
         }
 
         /// A revocations answer listing `n` root-signed revocations.
@@ -652,7 +632,7 @@ mod tests {
         upkeep
             .poll_request(Lane::Identity, NOW + 100, &agent.rng)
             .unwrap();
-        let body = serde_json::to_vec(&agent.identity(&agent.workload)).unwrap();
+        let body = serde_json::to_vec(&public_identity(&agent.workload)).unwrap();
         assert!(matches!(
             upkeep.handle_answer(Lane::Identity, Some(200), &body, NOW + 100),
             Learned::Identity(_)
