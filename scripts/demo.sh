@@ -140,7 +140,9 @@ set_up_machine() {
 
 build() {
     section "building the agent (with the eBPF capture) and the Envoy filter, release (about 5 minutes the first time)"
-    cargo build --release -p themis-agent -p themis-cli --bins
+    # The same three builds as the Kubernetes suite's and the tests' (the node
+    # controller with the agent: one set of features, so each is built once).
+    cargo build --release -p themis-agent -p themis-cli -p themis-node-controller --bins
     cargo build --release -p themis-envoy --target wasm32-wasip1
     cargo build --release -p themis-native
 }

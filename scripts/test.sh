@@ -65,7 +65,10 @@ cargo clippy -q -p themis-envoy --target wasm32-wasip1 -- -D warnings        # s
 cargo clippy -q -p themis-native --all-targets --features fault-injection -- -D warnings   # the test-only faults
 
 section "native tests (core: vectors, attacks, properties, identities; DHT simulation; agents as processes, on loopback and in network namespaces; eBPF capture on the real kernel with cgroups, Envoy and namespaces; the WIT component embedded in wasmtime; benchmark drivers)"
-THEMIS_REQUIRE_ALL=1 cargo test --workspace   # a test that lacks root, Envoy... fails, never skips
+# THEMIS_TOOL: the `themis` this build makes for themis-cli's tests serves every
+# package's (built again with one package's features, it would compile twice).
+THEMIS_TOOL="$PWD/target/debug/themis" THEMIS_REQUIRE_ALL=1 \
+    cargo test --workspace   # a test that lacks root, Envoy... fails, never skips
 
 section "the same tests as an unprivileged user: root/Envoy/kernel tests skip with their reason"
 scripts/test-unprivileged.sh

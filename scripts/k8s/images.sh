@@ -13,9 +13,10 @@
 #                                   pod's environment and starts Envoy as uid 1337
 #   localhost/themis/demo-app:dev   scripts/demo-app.py with Python
 #
-# Needs the release builds (cargo build --release -p themis-agent -p themis-cli --bins -p
-# themis-node-controller -p themis-native; cargo build --release -p themis-envoy
-# --target wasm32-wasip1) and the Envoy that scripts/setup.sh installs.
+# Needs the release builds (cargo build --release -p themis-agent -p themis-cli
+# -p themis-node-controller --bins; -p themis-native; -p themis-envoy --target
+# wasm32-wasip1, as scripts/k8s/suite.sh runs them) and the Envoy that
+# scripts/setup.sh installs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/k8s/oci-image.sh

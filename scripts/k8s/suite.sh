@@ -72,7 +72,10 @@ stop_here() {
 
 step "release builds: the agent (with the eBPF capture), the node controller, the native and Wasm filters"
 export THEMIS_EBPF=required
-cargo build -q --release -p themis-agent -p themis-cli --bins -p themis-node-controller -p themis-native
+# As scripts/demo.sh builds them, invocation for invocation: Cargo unifies features
+# per invocation, so another grouping would build every crate again.
+cargo build -q --release -p themis-agent -p themis-cli -p themis-node-controller --bins
+cargo build -q --release -p themis-native
 cargo build -q --release -p themis-envoy --target wasm32-wasip1
 
 step "images (scripts/k8s/images.sh): agent + controller, sidecar, demo app; imported, nothing pulled"

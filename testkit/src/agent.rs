@@ -104,6 +104,9 @@ pub fn routing_flag(routing: Routing) -> &'static str {
     }
 }
 
+/// The environment variable naming a prebuilt `themis` ([`themis_binary`]).
+pub const TOOL: &str = "THEMIS_TOOL";
+
 /// The `themis` binary (agent and tool) the harness runs.
 ///
 /// For themis-cli's own tests, Cargo builds it with them, into the profile
@@ -113,9 +116,19 @@ pub fn routing_flag(routing: Routing) -> &'static str {
 /// build another package's binaries for them, so it is built here
 /// ([`build::themis_binary`], which needs [`crate::require::cargo_build`]). A test
 /// executable run by hand (no `CARGO_PKG_NAME`) takes the one beside it.
+///
+/// `THEMIS_TOOL` names one to take instead: `scripts/test.sh` sets it to the `themis`
+/// its `cargo test --workspace` built (for themis-cli's tests, with the workspace's
+/// features), since a build here, with one package's features, compiles every
+/// dependency a second time.
 pub fn themis_binary() -> &'static str {
     static PATH: OnceLock<String> = OnceLock::new();
     PATH.get_or_init(|| {
+        if let Some(tool) = std::env::var_os(TOOL) {
+            let tool = PathBuf::from(tool);
+            assert!(tool.is_file(), "{TOOL}={} is not a file", tool.display());
+            return tool.to_str().expect("a UTF-8 path").to_owned();
+        }
         let package = std::env::var("CARGO_PKG_NAME").ok();
         if package.as_deref().is_some_and(|p| p != "themis-cli") {
             return build::themis_binary().to_owned();
