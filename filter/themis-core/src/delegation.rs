@@ -25,6 +25,28 @@ use crate::wire::Signature;
 /// The statement label a delegation is signed under (domain-separated from every
 /// other statement and from handshake digests, see [`Identity::sign_statement`]).
 pub const LABEL: &str = "themis/3 delegation";
+/// The label of a delegation to a TLS certificate's key (docs/PROTOCOL.md §8): its
+/// `delegated_key` is the SHA-256 of the certificate's SubjectPublicKeyInfo, so a
+/// delegation of one kind never counts as the other.
+pub const TLS_KEY_LABEL: &str = "themis/3 tls key";
+
+/// What a delegation delegates, each under its own label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// An Ed25519 key that signs the paper's handshake messages (wire v3).
+    Handshake,
+    /// A TLS certificate's key, named by the SHA-256 of its SubjectPublicKeyInfo.
+    TlsKey,
+}
+
+impl Purpose {
+    fn label(self) -> &'static str {
+        match self {
+            Purpose::Handshake => LABEL,
+            Purpose::TlsKey => TLS_KEY_LABEL,
+        }
+    }
+}
 /// The longest lifetime a delegation may have: one day.
 pub const MAX_LIFETIME_MS: u64 = 24 * 3600 * 1000;
 /// The lifetime the agent grants when none is asked for: one hour (renewed at half).
@@ -102,20 +124,47 @@ impl Delegation {
         now_ms: u64,
         lifetime_ms: u64,
     ) -> Delegation {
+        Delegation::issue_for(
+            Purpose::Handshake,
+            workload,
+            delegated_key,
+            now_ms,
+            lifetime_ms,
+        )
+    }
+
+    /// [`Delegation::issue`] for `purpose`.
+    pub fn issue_for(
+        purpose: Purpose,
+        workload: &Identity,
+        delegated_key: [u8; 32],
+        now_ms: u64,
+        lifetime_ms: u64,
+    ) -> Delegation {
         let mut d = Delegation {
             delegated_key,
             not_before_ms: now_ms,
             not_after_ms: now_ms.saturating_add(lifetime_ms.clamp(1, MAX_LIFETIME_MS)),
             signature: Signature([0; 64]),
         };
-        d.signature =
-            Signature(workload.sign_statement(LABEL, &statement_bytes(workload.public(), &d)));
+        let statement = statement_bytes(workload.public(), &d);
+        d.signature = Signature(workload.sign_statement(purpose.label(), &statement));
         d
     }
 
     /// Checks the delegation for `workload` at `now_ms`: signed by the workload key for
     /// this delegated key and mesh, within its lifetime (give or take clock skew).
     pub fn verify(&self, workload: &PublicIdentity, now_ms: u64) -> Result<(), DelegationError> {
+        self.verify_for(Purpose::Handshake, workload, now_ms)
+    }
+
+    /// [`Delegation::verify`] for `purpose`.
+    pub fn verify_for(
+        &self,
+        purpose: Purpose,
+        workload: &PublicIdentity,
+        now_ms: u64,
+    ) -> Result<(), DelegationError> {
         if self.not_after_ms <= self.not_before_ms
             || self.not_after_ms - self.not_before_ms > MAX_LIFETIME_MS
         {
@@ -129,7 +178,7 @@ impl Delegation {
         }
         if !verify_statement(
             workload.public_key(),
-            LABEL,
+            purpose.label(),
             &statement_bytes(workload, self),
             &self.signature.0,
         ) {

@@ -297,3 +297,28 @@ fn a_v2_peer_is_refused_by_its_first_byte() {
         Err(wire::WireError::UnsupportedVersion(2))
     );
 }
+
+/// A delegation is for one purpose: a handshake key's never counts for a TLS
+/// certificate's key (docs/PROTOCOL.md §8) and the other way round, though both
+/// delegate 32 bytes under the same workload key.
+#[test]
+fn a_delegation_counts_only_for_its_purpose() {
+    use themis_core::delegation::Purpose;
+    let workload = identity(MESH, 1);
+    let key = [7u8; 32];
+    let handshake = Delegation::issue(&workload, key, NOW_MS, HOUR);
+    let tls = Delegation::issue_for(Purpose::TlsKey, &workload, key, NOW_MS, HOUR);
+    assert_eq!(handshake.verify(workload.public(), NOW_MS), Ok(()));
+    assert_eq!(
+        tls.verify_for(Purpose::TlsKey, workload.public(), NOW_MS),
+        Ok(())
+    );
+    assert_eq!(
+        handshake.verify_for(Purpose::TlsKey, workload.public(), NOW_MS),
+        Err(DelegationError::BadSignature)
+    );
+    assert_eq!(
+        tls.verify(workload.public(), NOW_MS),
+        Err(DelegationError::BadSignature)
+    );
+}
