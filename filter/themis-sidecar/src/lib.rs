@@ -13,6 +13,8 @@
 //! * [`policy`]: the callee's decision once the caller has proved its id;
 //! * [`conn`]: one connection machine per side, the caller's and the callee's;
 //! * [`reason`]: every reason either refuses for, the one table both runtimes count;
+//! * `tls` (feature `tls`): the TLS binding's decision on a peer past its
+//!   certificate (docs/PROTOCOL.md §8.3);
 //! * [`upkeep`]: what is kept from the agent between connections (identity,
 //!   delegation, revocations) and when each is asked again.
 //!
@@ -25,6 +27,8 @@ pub mod outbound;
 pub mod policy;
 pub mod reason;
 pub mod route;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod upkeep;
 
 #[cfg(test)]

@@ -331,47 +331,22 @@ mod tests {
     /// workload key, until that id is revoked too.
     #[test]
     fn a_revoked_nodes_endorsement_no_longer_counts_but_an_allow_id_rule_does() {
-        use themis_trust::{Revocation, Revocations, Signed, Verifier, REVOCATION_LABEL};
-        let Endorsed {
-            root_key,
-            root,
-            node,
-            workload,
-            now,
-            ..
-        } = Endorsed::new();
-        let endorsement = Endorsed::new_value(&root_key, &node, &workload, now, Some(LIVE));
+        use crate::testing::Trusted;
+        use themis_trust::Revocations;
+        let mesh = Trusted::new();
+        let workload = mesh.workload();
         let caller = Established {
             peer_id: workload.id(),
             meta: Meta {
                 service: Some("handler".into()),
             },
-            peer_endorsement: endorsement.clone(),
+            peer_endorsement: mesh.endorsement(&workload, "handler", true),
             carries: themis_core::Carries::HTTP2,
         };
         let by_service = Policy::Allow(vec![Rule::Service("handler".into())]);
         let by_id = Policy::Allow(vec![Rule::Id(workload.id())]);
-        let revoke = |id: PeerId| {
-            let mut revoked = Revocations::new();
-            let signed = Signed::sign(
-                &root_key,
-                REVOCATION_LABEL,
-                &Revocation {
-                    mesh: "demo".into(),
-                    id: id.0,
-                    issued_at: now,
-                    reason: String::new(),
-                },
-            );
-            revoked.add(&root, &signed.encode()).unwrap();
-            revoked
-        };
         let decide_under = |revoked: &Revocations, policy: &Policy| {
-            let verifier = Verifier {
-                root: &root,
-                now_ms: now,
-                revoked,
-            };
+            let verifier = mesh.verifier(revoked);
             decide_with(Some(policy), &caller, |claim, peer| {
                 Some(endorsement_lists(
                     &verifier,
@@ -384,10 +359,9 @@ mod tests {
         let allowed = Verdict::Allow {
             service: Some("handler".into()),
         };
-        let none = Revocations::new();
-        assert_eq!(decide_under(&none, &by_service), allowed);
+        assert_eq!(decide_under(&Revocations::new(), &by_service), allowed);
         // The node revoked: its endorsement counts no more.
-        let node_revoked = revoke(node.id());
+        let node_revoked = mesh.revoking(&[mesh.node.id()]);
         assert!(matches!(
             decide_under(&node_revoked, &by_service),
             Verdict::Deny { service: None, .. }
@@ -397,6 +371,8 @@ mod tests {
             decide_under(&node_revoked, &by_id),
             Verdict::Allow { .. }
         ));
+        // (The id's own revocation is the handshake's refusal, `revoked`, before any
+        // policy.)
     }
 
     /// A node's tombstone for a workload (its record with no endpoint: withdrawn) is
@@ -404,104 +380,23 @@ mod tests {
     /// no claim count.
     #[test]
     fn a_tombstone_endorses_nobody() {
-        use themis_trust::{Revocations, Verifier};
-        let fixture = Endorsed::new();
-        let (root, workload, now) = (&fixture.root, &fixture.workload, fixture.now);
-        let endorsement = |endpoint| {
-            Endorsed::new_value(&fixture.root_key, &fixture.node, workload, now, endpoint)
-        };
-        let revoked = Revocations::new();
-        let verifier = Verifier {
-            root,
-            now_ms: now,
-            revoked: &revoked,
-        };
-        let live = endorsement(Some(LIVE));
+        let mesh = crate::testing::Trusted::new();
+        let workload = mesh.workload();
+        let revoked = themis_trust::Revocations::new();
+        let verifier = mesh.verifier(&revoked);
+        let live = mesh.endorsement(&workload, "handler", true);
         assert!(endorsement_lists(
             &verifier,
             &live,
             "handler",
             &workload.id()
         ));
-        let tombstone = endorsement(None);
+        let tombstone = mesh.endorsement(&workload, "handler", false);
         assert!(!endorsement_lists(
             &verifier,
             &tombstone,
             "handler",
             &workload.id()
         ));
-    }
-
-    /// Where a live record's instance listens.
-    const LIVE: std::net::SocketAddr =
-        std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 15006);
-
-    /// A mesh root, a node it granted `handler`, and a workload of that node.
-    struct Endorsed {
-        root_key: themis_core::Identity,
-        root: themis_trust::MeshRoot,
-        node: themis_core::Identity,
-        workload: themis_core::Identity,
-        now: u64,
-    }
-
-    impl Endorsed {
-        fn new() -> Self {
-            let mesh = themis_core::MeshName::new("demo").unwrap();
-            let rng = ring::rand::SystemRandom::new();
-            let key = || themis_core::Identity::generate(mesh.clone(), &rng).unwrap();
-            let (root_key, node, workload) = (key(), key(), key());
-            let root = themis_trust::MeshRoot {
-                mesh: mesh.clone(),
-                key: *root_key.public_key(),
-            };
-            Endorsed {
-                root_key,
-                root,
-                node,
-                workload,
-                now: 1_800_000_000_000,
-            }
-        }
-
-        /// The node's endorsement of `workload` as `handler` at `endpoint` (`None`: a
-        /// tombstone), with the root's grant: an encoded instance value.
-        fn new_value(
-            root_key: &themis_core::Identity,
-            node: &themis_core::Identity,
-            workload: &themis_core::Identity,
-            now: u64,
-            endpoint: Option<std::net::SocketAddr>,
-        ) -> Vec<u8> {
-            use themis_trust::{Grant, InstanceValue, Record, Signed, GRANT_LABEL, RECORD_LABEL};
-            InstanceValue {
-                grants: vec![Signed::sign(
-                    root_key,
-                    GRANT_LABEL,
-                    &Grant {
-                        mesh: "demo".into(),
-                        service: "handler".into(),
-                        grantee: *node.public_key(),
-                        delegate: false,
-                        issued_at: now,
-                        not_after: None,
-                    },
-                )],
-                record: Signed::sign(
-                    node,
-                    RECORD_LABEL,
-                    &Record {
-                        mesh: "demo".into(),
-                        service: "handler".into(),
-                        workload_key: *workload.public_key(),
-                        endpoint,
-                        metadata: Default::default(),
-                        issued_at: now,
-                        not_after: now + 60_000,
-                    },
-                ),
-            }
-            .encode()
-        }
     }
 }

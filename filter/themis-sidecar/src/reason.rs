@@ -91,6 +91,13 @@ named! {
         ResolveFailed = "resolve_failed",
         /// The caller was not allowed within the handshake deadline.
         HandshakeTimeout = "handshake_timeout",
+        /// TLS binding: the peer's certificate is not a Themis one, or does not prove
+        /// its id.
+        Certificate = "certificate",
+        /// TLS binding: the certificate's principal is not what its endorsement proves.
+        Principal = "principal",
+        /// TLS binding: the peer proved another id than the SNI named.
+        WrongPeer = "wrong_peer",
         /// A driver was asked for what it cannot do (a bug, never expected).
         Internal = "internal",
         /// The sidecar's own code panicked on this connection (native: the hook was

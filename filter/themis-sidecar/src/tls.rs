@@ -1,0 +1,171 @@
+//! The TLS binding's decision on a peer (docs/PROTOCOL.md §8.3), past its certificate:
+//! a runtime's TLS validator hands over the peer's DER certificate (and, on the
+//! caller's side, the SNI it sent); this says who the peer is — its id, the service its
+//! endorsement proves, its principal — or why it is refused, with the reason both
+//! runtimes count. The callee's policy then decides on what this proved
+//! ([`Proven::established`]), as it does on the paper's channel.
+
+use themis_core::PeerId;
+use themis_trust::{InstanceValue, Record, Verifier};
+
+use crate::conn::Close;
+use crate::policy::endorsement_lists;
+use crate::reason::Reason;
+
+/// A peer whose certificate, endorsement and names held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proven {
+    pub id: PeerId,
+    /// The service its endorsement proves (`None`: a workload of no service).
+    pub service: Option<String>,
+    /// Its URI SAN, which Envoy's RBAC and access logs read: the principal the
+    /// endorsement proves ([`themis_x509::principal`]).
+    pub principal: String,
+    /// Unix ms: when its certificate's delegation ends.
+    pub not_after_ms: u64,
+}
+
+/// Checks a peer's certificate `der` under `verifier` (the mesh root, now, the
+/// revocations in force). `sni`: on the caller's side, the name it sent, which names
+/// the one id it may reach; `None` on the callee's side.
+pub fn check(der: &[u8], sni: Option<&str>, verifier: &Verifier<'_>) -> Result<Proven, Close> {
+    let mesh = &verifier.root.mesh;
+    let peer = themis_x509::verify(der, mesh, verifier.now_ms)
+        .map_err(|e| Close::new(Reason::Certificate, e.to_string()))?;
+    if verifier.revoked.contains(&peer.id) {
+        return Err(Close::new(Reason::Revoked, "the peer's id is revoked"));
+    }
+    if let Some(sni) = sni {
+        let named = themis_x509::id_of_sni_name(sni);
+        if named.as_ref().map(|(m, id)| (m, id)) != Some((mesh, &peer.id)) {
+            return Err(Close::new(
+                Reason::WrongPeer,
+                format!("the peer proved another id than the SNI {sni:?} names"),
+            ));
+        }
+    }
+    let service = match peer.endorsement.as_slice() {
+        [] => None,
+        endorsement => {
+            let claimed = claimed_service(endorsement)
+                .ok_or_else(|| Close::new(Reason::Principal, "the endorsement does not decode"))?;
+            if !endorsement_lists(verifier, endorsement, &claimed, &peer.id) {
+                return Err(Close::new(
+                    Reason::Principal,
+                    format!("the endorsement does not prove the peer an instance of {claimed}"),
+                ));
+            }
+            Some(claimed)
+        }
+    };
+    let principal = themis_x509::principal(mesh, &peer.id, service.as_deref());
+    if peer.principal != principal {
+        return Err(Close::new(
+            Reason::Principal,
+            format!(
+                "the certificate names {:?}; its endorsement proves {principal:?}",
+                peer.principal
+            ),
+        ));
+    }
+    Ok(Proven {
+        id: peer.id,
+        service,
+        principal,
+        not_after_ms: peer.not_after_ms,
+    })
+}
+
+/// The service an endorsement's record names, unverified: what to verify it for.
+fn claimed_service(endorsement: &[u8]) -> Option<String> {
+    let value = InstanceValue::decode(endorsement).ok()?;
+    let record: Record = postcard::from_bytes(&value.record.body).ok()?;
+    Some(record.service)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{Trusted, NOW};
+    use ring::rand::SystemRandom;
+    use themis_core::Identity;
+    use themis_trust::Revocations;
+    use themis_x509::{delegate, issue, principal, sni_name, Proof, TlsKey, PROOF_VERSION};
+
+    const HOUR: u64 = 3_600_000;
+
+    /// `workload`'s certificate with `endorsement`, naming `principal`.
+    fn certificate(workload: &Identity, endorsement: Vec<u8>, principal: &str) -> Vec<u8> {
+        let rng = SystemRandom::new();
+        let key = TlsKey::generate(&rng).unwrap();
+        let proof = Proof {
+            version: PROOF_VERSION,
+            mesh: "demo".into(),
+            workload_key: *workload.public_key(),
+            delegation: delegate(workload, &key, NOW, HOUR),
+            endorsement,
+        };
+        issue(&key, &proof, principal, &rng).unwrap()
+    }
+
+    #[test]
+    fn a_peer_is_what_its_certificate_and_endorsement_prove() {
+        let mesh = Trusted::new();
+        let revoked = Revocations::new();
+        let verifier = mesh.verifier(&revoked);
+        let check_ = mesh.workload();
+        let endorsed = mesh.endorsement(&check_, "check", true);
+        let svc = principal(&mesh.root.mesh, &check_.id(), Some("check"));
+        let der = certificate(&check_, endorsed.clone(), &svc);
+        let sni = sni_name(&check_.id(), &mesh.root.mesh);
+        let proven = check(&der, Some(&sni), &verifier).unwrap();
+        assert_eq!(proven.id, check_.id());
+        assert_eq!(proven.service.as_deref(), Some("check"));
+        assert_eq!(proven.principal, "spiffe://demo/svc/check");
+        // A caller of no service: named by its id.
+        let caller = mesh.workload();
+        let by_id = principal(&mesh.root.mesh, &caller.id(), None);
+        let proven = check(&certificate(&caller, Vec::new(), &by_id), None, &verifier).unwrap();
+        assert_eq!(proven.service, None);
+        assert!(proven.principal.starts_with("spiffe://demo/id/demo1"));
+
+        let refused = |der: &[u8], sni: Option<&str>, verifier: &Verifier<'_>| {
+            check(der, sni, verifier).unwrap_err().reason
+        };
+        // Reached under another id's SNI (a pool of another peer, a misdirected pick).
+        let other = sni_name(&caller.id(), &mesh.root.mesh);
+        assert_eq!(refused(&der, Some(&other), &verifier), Reason::WrongPeer);
+        assert_eq!(
+            refused(&der, Some("check.demo"), &verifier),
+            Reason::WrongPeer
+        );
+        // A principal its endorsement does not prove: another service's, or the id's
+        // form while it is endorsed, or a service with no endorsement at all.
+        for lie in [
+            "spiffe://demo/svc/payments".to_owned(),
+            by_id.clone(),
+            "spiffe://other/svc/check".to_owned(),
+        ] {
+            let der = certificate(&check_, endorsed.clone(), &lie);
+            assert_eq!(refused(&der, None, &verifier), Reason::Principal, "{lie}");
+        }
+        let bare = certificate(&check_, Vec::new(), &svc);
+        assert_eq!(refused(&bare, None, &verifier), Reason::Principal);
+        // Another workload's endorsement, a tombstone, a forged one (not the root's
+        // grant), garbage: each proves nothing of this peer.
+        let others = mesh.endorsement(&caller, "check", true);
+        let tombstone = mesh.endorsement(&check_, "check", false);
+        let forged = Trusted::new().endorsement(&check_, "check", true);
+        for endorsement in [others, tombstone, forged, b"garbage".to_vec()] {
+            let der = certificate(&check_, endorsement, &svc);
+            assert_eq!(refused(&der, None, &verifier), Reason::Principal);
+        }
+        // Not a Themis certificate at all.
+        assert_eq!(refused(b"\x30\x00", None, &verifier), Reason::Certificate);
+        // Revoked: the id, or the node its endorsement rests on.
+        for (key, expected) in [(&check_, Reason::Revoked), (&mesh.node, Reason::Principal)] {
+            let revoked = mesh.revoking(&[key.id()]);
+            assert_eq!(refused(&der, None, &mesh.verifier(&revoked)), expected);
+        }
+    }
+}
