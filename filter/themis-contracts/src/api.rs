@@ -547,6 +547,54 @@ impl core::fmt::Debug for DelegatedCredential {
     }
 }
 
+/// `POST /v1/workloads/{workload}/certificate`: a TLS certificate for the workload's
+/// proxy (docs/PROTOCOL.md §8). The agent refuses a revoked workload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateRequest {
+    /// The lifetime asked for, seconds (default one hour, at most one day).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifetime_secs: Option<u64>,
+}
+
+/// The answer to a [`CertificateRequest`]: the certificate and its private key, for
+/// the proxy's TLS context. Whoever holds the key speaks as the workload until
+/// `not_after_ms`, and no longer; the workload's own key never leaves the agent.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IssuedCertificate {
+    /// The workload's public identity.
+    pub identity: PublicIdentity,
+    /// The certificate, DER, hex.
+    pub certificate: String,
+    /// Its ECDSA P-256 private key, PKCS#8 DER, hex.
+    pub private_key: String,
+    /// Its URI SAN: the principal Envoy's RBAC and access logs read.
+    pub principal: String,
+    /// Its DNS SAN, the name a caller sends as SNI to reach this workload.
+    pub sni_name: String,
+    /// When it expires (its delegation's end), Unix ms.
+    pub not_after_ms: u64,
+    /// When to ask for the next, Unix ms: half its life, or sooner when the
+    /// endorsement's record is renewed first (the certificate carries it).
+    pub renew_at_ms: u64,
+    /// The service its endorsement is for, if the workload is registered.
+    #[serde(default)]
+    pub service: Option<ServiceName>,
+}
+
+/// Without the private key: a certificate in a log or a panic message gives nothing
+/// away.
+impl core::fmt::Debug for IssuedCertificate {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("IssuedCertificate")
+            .field("identity", &self.identity)
+            .field("principal", &self.principal)
+            .field("not_after_ms", &self.not_after_ms)
+            .field("private_key", &"<redacted>")
+            .finish()
+    }
+}
+
 /// The answer to a [`SignRequest`]: an Ed25519 signature.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SignResponse {

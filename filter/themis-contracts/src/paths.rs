@@ -97,6 +97,13 @@ pub fn workload_delegate(workload: impl AsRef<str>) -> String {
     format!("/v1/workloads/{}/delegate", workload.as_ref())
 }
 
+/// `POST`: the agent makes a TLS certificate for the workload's proxy: a fresh ECDSA
+/// P-256 key and its certificate, the key delegated by the workload key
+/// ([`api::CertificateRequest`](crate::api::CertificateRequest); docs/PROTOCOL.md §8).
+pub fn workload_certificate(workload: impl AsRef<str>) -> String {
+    format!("/v1/workloads/{}/certificate", workload.as_ref())
+}
+
 /// `GET`: raw `find` of a 64-hex-digit key.
 pub fn debug_find(key: impl AsRef<str>) -> String {
     format!("/v1/debug/find/{}", key.as_ref())
@@ -126,6 +133,8 @@ pub mod route {
     pub const WORKLOAD_SIGN: &str = "/v1/workloads/{workload}/sign";
     /// [`workload_delegate`](super::workload_delegate).
     pub const WORKLOAD_DELEGATE: &str = "/v1/workloads/{workload}/delegate";
+    /// [`workload_certificate`](super::workload_certificate).
+    pub const WORKLOAD_CERTIFICATE: &str = "/v1/workloads/{workload}/certificate";
     /// [`debug_find`](super::debug_find).
     pub const DEBUG_FIND: &str = "/v1/debug/find/{key}";
     /// [`debug_values`](super::debug_values).
@@ -147,6 +156,10 @@ mod tests {
         assert_eq!(workload_identity("{workload}"), route::WORKLOAD_IDENTITY);
         assert_eq!(workload_sign("{workload}"), route::WORKLOAD_SIGN);
         assert_eq!(workload_delegate("{workload}"), route::WORKLOAD_DELEGATE);
+        assert_eq!(
+            workload_certificate("{workload}"),
+            route::WORKLOAD_CERTIFICATE
+        );
         assert_eq!(debug_find("{key}"), route::DEBUG_FIND);
         assert_eq!(
             debug_values("{name}", 2),

@@ -448,6 +448,9 @@ pub struct Peer {
     pub endorsement: Vec<u8>,
     /// Unix ms: the delegation's end, after which the certificate counts for nothing.
     pub not_after_ms: u64,
+    /// The SHA-256 of the certificate's SubjectPublicKeyInfo: the key the delegation
+    /// names ([`TlsKey::spki_sha256`]).
+    pub key_sha256: [u8; 32],
 }
 
 /// Checks a peer's DER certificate for `mesh` at `now_ms`: one self-signed ECDSA
@@ -511,7 +514,8 @@ pub fn verify(der: &[u8], mesh: &MeshName, now_ms: u64) -> Result<Peer, CertErro
     if proof.endorsement.len() > MAX_ENDORSEMENT_LEN {
         return Err(CertError::EndorsementTooLong(proof.endorsement.len()));
     }
-    if proof.delegation.delegated_key != sha256(key.raw) {
+    let key_sha256 = sha256(key.raw);
+    if proof.delegation.delegated_key != key_sha256 {
         return Err(CertError::KeyMismatch);
     }
     let identity = PublicIdentity::new(proof.workload_key, mesh.clone());
@@ -578,6 +582,7 @@ pub fn verify(der: &[u8], mesh: &MeshName, now_ms: u64) -> Result<Peer, CertErro
         principal: (*uri).to_owned(),
         endorsement: proof.endorsement,
         not_after_ms: proof.delegation.not_after_ms,
+        key_sha256,
     })
 }
 

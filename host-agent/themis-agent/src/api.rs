@@ -16,6 +16,7 @@
 //! | `GET /v1/workloads/{workload}/identity` | the workload's public identity, for its proxy |
 //! | `POST /v1/workloads/{workload}/sign` | sign one of the workload's handshake messages, for its proxy |
 //! | `POST /v1/workloads/{workload}/delegate` | delegate handshake signing to the proxy's short-lived key (wire v3), with the workload's endorsement |
+//! | `POST /v1/workloads/{workload}/certificate` | a TLS certificate for the proxy (docs/PROTOCOL.md §8): a fresh P-256 key the workload key delegates, with the endorsement |
 //! | `GET /v1/workloads/{workload}/key` | the workload's private key (operator only) |
 //! | `GET /v1/debug/find/{key}` | raw `find` of a 64-hex-digit key |
 //! | `POST /v1/debug/store` | raw `store` `{"name", "value", "hex", "replicas", "ttl_ms"}` (the ring still verifies what it keeps) |
@@ -209,6 +210,10 @@ pub fn router(registry: Arc<Registry>) -> Router {
         .route(
             "/v1/workloads/{workload}/delegate",
             post(crate::signing::delegate_route),
+        )
+        .route(
+            "/v1/workloads/{workload}/certificate",
+            post(crate::signing::certificate_route),
         )
         .route("/v1/debug/find/{key}", get(debug_find))
         .route("/v1/debug/store", post(debug_store))

@@ -147,7 +147,9 @@ impl Need {
                 Need::Anyone
             }
             "/v1/workloads/{workload}/identity" if read => Need::Owner,
-            "/v1/workloads/{workload}/sign" | "/v1/workloads/{workload}/delegate"
+            "/v1/workloads/{workload}/sign"
+            | "/v1/workloads/{workload}/delegate"
+            | "/v1/workloads/{workload}/certificate"
                 if method == Method::POST =>
             {
                 Need::Owner
@@ -500,6 +502,14 @@ mod tests {
         );
         assert_eq!(
             Need::of(&Method::GET, "/v1/workloads/{workload}/delegate"),
+            Need::Operator
+        );
+        assert_eq!(
+            Need::of(&Method::POST, "/v1/workloads/{workload}/certificate"),
+            Need::Owner
+        );
+        assert_eq!(
+            Need::of(&Method::GET, "/v1/workloads/{workload}/certificate"),
             Need::Operator
         );
         assert_eq!(

@@ -46,7 +46,9 @@ use crate::names::{NameError, WorkloadName};
 use crate::registry::{Registry, RegistryError};
 use crate::trust::unix_millis;
 
-pub use themis_contracts::api::{DelegateRequest, Delegated, SignRequest, SignResponse};
+pub use themis_contracts::api::{
+    CertificateRequest, DelegateRequest, Delegated, IssuedCertificate, SignRequest, SignResponse,
+};
 
 /// Why the agent did not sign.
 #[derive(Debug, thiserror::Error)]
@@ -229,6 +231,9 @@ pub enum DelegateError {
     /// The mesh root revoked the workload: no new delegation.
     #[error("the workload {0} is revoked")]
     Revoked(String),
+    /// The TLS certificate could not be made.
+    #[error("no certificate: {0}")]
+    Certificate(#[from] themis_x509::IssueError),
 }
 
 impl DelegateError {
@@ -238,6 +243,7 @@ impl DelegateError {
             DelegateError::Workload(e) => e.reason(),
             DelegateError::Key => "bad_hex",
             DelegateError::Revoked(_) => "revoked",
+            DelegateError::Certificate(_) => "certificate",
         }
     }
 
@@ -246,6 +252,7 @@ impl DelegateError {
             DelegateError::Workload(e) => e.status(),
             DelegateError::Key => StatusCode::BAD_REQUEST,
             DelegateError::Revoked(_) => StatusCode::FORBIDDEN,
+            DelegateError::Certificate(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }
@@ -280,38 +287,139 @@ pub async fn delegate_for(
     request: &DelegateRequest,
     now_ms: u64,
 ) -> Result<Delegated, DelegateError> {
-    let workload = WorkloadName::new(workload).map_err(SignError::from)?;
-    let identity = registry
-        .workload_identity(&workload)
-        .map_err(SignError::from)?;
     let mut key = [0u8; 32];
     hex::decode_to_slice(&request.delegated_key, &mut key).map_err(|_| DelegateError::Key)?;
-    if registry.trust().revocations().contains(&identity.id()) {
-        return Err(DelegateError::Revoked(identity.printable_id()));
-    }
-    let lifetime_ms = request
-        .lifetime_secs
-        .map_or(delegation::DEFAULT_LIFETIME_MS, |s| s.saturating_mul(1000));
-    let d = Delegation::issue(&identity, key, now_ms, lifetime_ms);
-    let endorsement = registry.endorsement_of(&workload).await;
-    // Ask again at half the delegation's life, or once the record was renewed (the
-    // agent re-signs it at half its life), whichever is first; a workload with no
-    // record yet (its sidecar started before it registered) soon, so that its
-    // handshakes carry the endorsement within seconds of the registration.
-    let renew_at_ms = endorsement
-        .as_ref()
-        .map_or(now_ms + UNENDORSED_RENEW_MS, |(_, _, signed)| {
-            (signed + registry.record_ttl_ms() * 3 / 4).max(now_ms + 1000)
-        })
-        .min(d.renew_at_ms());
+    let asked = Delegating::of(registry, workload, request.lifetime_secs).await?;
+    let d = Delegation::issue(&asked.identity, key, now_ms, asked.lifetime_ms);
+    let renew_at_ms = asked.renew_at(registry, now_ms, &d);
     Ok(Delegated {
-        identity: public_identity(workload, &identity),
+        identity: public_identity(asked.workload, &asked.identity),
         delegation: hex::encode(d.encode()),
         not_after_ms: d.not_after_ms,
         renew_at_ms,
-        service: endorsement.as_ref().map(|(s, _, _)| s.clone()),
-        endorsement: endorsement.map(|(_, value, _)| hex::encode(value)),
+        service: asked.endorsement.as_ref().map(|(s, _, _)| s.clone()),
+        endorsement: asked.endorsement.map(|(_, value, _)| hex::encode(value)),
     })
+}
+
+/// What a delegation of either purpose rests on: the workload, its key (not revoked),
+/// the lifetime asked for, and its current endorsement (service, value, when signed).
+struct Delegating {
+    workload: WorkloadName,
+    identity: Identity,
+    lifetime_ms: u64,
+    endorsement: Option<(themis_contracts::ServiceName, Vec<u8>, u64)>,
+}
+
+impl Delegating {
+    async fn of(
+        registry: &Registry,
+        workload: &str,
+        lifetime_secs: Option<u64>,
+    ) -> Result<Delegating, DelegateError> {
+        let workload = WorkloadName::new(workload).map_err(SignError::from)?;
+        let identity = registry
+            .workload_identity(&workload)
+            .map_err(SignError::from)?;
+        if registry.trust().revocations().contains(&identity.id()) {
+            return Err(DelegateError::Revoked(identity.printable_id()));
+        }
+        let lifetime_ms =
+            lifetime_secs.map_or(delegation::DEFAULT_LIFETIME_MS, |s| s.saturating_mul(1000));
+        let endorsement = registry.endorsement_of(&workload).await;
+        Ok(Delegating {
+            workload,
+            identity,
+            lifetime_ms,
+            endorsement,
+        })
+    }
+
+    /// When to ask again: at half the delegation's life, or once the record was
+    /// renewed (the agent re-signs it at half its life), whichever is first; a
+    /// workload with no record yet (its sidecar started before it registered) soon,
+    /// so that what it presents carries the endorsement within seconds of the
+    /// registration.
+    fn renew_at(&self, registry: &Registry, now_ms: u64, d: &Delegation) -> u64 {
+        self.endorsement
+            .as_ref()
+            .map_or(now_ms + UNENDORSED_RENEW_MS, |(_, _, signed)| {
+                (signed + registry.record_ttl_ms() * 3 / 4).max(now_ms + 1000)
+            })
+            .min(d.renew_at_ms())
+    }
+}
+
+/// A TLS certificate for the workload's proxy (docs/PROTOCOL.md §8): a fresh ECDSA
+/// P-256 key, delegated by the workload key (`Purpose::TlsKey`), in a certificate
+/// that carries the delegation and the workload's endorsement and names its
+/// principal and SNI name.
+pub async fn certificate_for(
+    registry: &Registry,
+    workload: &str,
+    request: &CertificateRequest,
+    now_ms: u64,
+) -> Result<IssuedCertificate, DelegateError> {
+    let asked = Delegating::of(registry, workload, request.lifetime_secs).await?;
+    let rng = ring::rand::SystemRandom::new();
+    let key = themis_x509::TlsKey::generate(&rng)?;
+    let d = themis_x509::delegate(&asked.identity, &key, now_ms, asked.lifetime_ms);
+    let mesh = asked.identity.mesh();
+    let id = asked.identity.id();
+    let service = asked.endorsement.as_ref().map(|(s, _, _)| s.clone());
+    let principal = themis_x509::principal(mesh, &id, service.as_ref().map(|s| s.as_str()));
+    let proof = themis_x509::Proof {
+        version: themis_x509::PROOF_VERSION,
+        mesh: mesh.as_str().to_owned(),
+        workload_key: *asked.identity.public_key(),
+        delegation: d,
+        endorsement: asked
+            .endorsement
+            .as_ref()
+            .map(|(_, value, _)| value.clone())
+            .unwrap_or_default(),
+    };
+    let certificate = themis_x509::issue(&key, &proof, &principal, &rng)?;
+    Ok(IssuedCertificate {
+        renew_at_ms: asked.renew_at(registry, now_ms, &d),
+        identity: public_identity(asked.workload, &asked.identity),
+        certificate: hex::encode(certificate),
+        private_key: hex::encode(key.pkcs8_der()),
+        principal,
+        sni_name: themis_x509::sni_name(&id, mesh),
+        not_after_ms: d.not_after_ms,
+        service,
+    })
+}
+
+/// `POST /v1/workloads/{workload}/certificate`: as `/delegate`, for a TLS key the
+/// agent makes (the proxy's TLS context takes key and certificate together); counted
+/// `themis_handshake_signatures{kind="certificate"}`.
+pub async fn certificate_route(
+    State(r): State<Arc<Registry>>,
+    Path(workload): Path<String>,
+    body: Result<Json<CertificateRequest>, JsonRejection>,
+) -> Response {
+    let request = match body {
+        Ok(Json(request)) => request,
+        Err(e) => {
+            r.metrics().sign_refused("bad_request");
+            return refusal(e.status(), e.body_text(), "bad_request");
+        }
+    };
+    match certificate_for(&r, &workload, &request, unix_millis()).await {
+        Ok(issued) => {
+            r.metrics().signed("certificate");
+            tracing::info!(%workload, not_after_ms = issued.not_after_ms,
+                principal = %issued.principal, "made a TLS certificate for the proxy");
+            Json(issued).into_response()
+        }
+        Err(error) => {
+            r.metrics().sign_refused(error.reason());
+            tracing::warn!(%workload, reason = error.reason(), %error, "refused a certificate");
+            error.into_response()
+        }
+    }
 }
 
 /// `POST /v1/workloads/{workload}/delegate`. Who may call it is the API's caller

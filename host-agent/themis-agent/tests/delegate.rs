@@ -162,3 +162,96 @@ fn the_agent_delegates_to_the_proxys_key_with_the_endorsement_and_stops_at_revoc
         "{answer}"
     );
 }
+
+fn certificate(agent: &Agent, workload: &str, body: &Value) -> (u16, Value) {
+    agent
+        .call(
+            Method::POST,
+            &themis_contracts::paths::workload_certificate(workload),
+            Some(body),
+        )
+        .expect("the agent answers")
+}
+
+/// The TLS binding through a real agent (docs/PROTOCOL.md §8):
+/// `POST /v1/workloads/{workload}/certificate` makes a P-256 key and its certificate,
+/// which the sidecar's check takes as the workload, endorsed for its service, under
+/// the mesh root, and by its SNI name only; the key is the certificate's; once the
+/// root revoked the workload, none is made.
+#[test]
+fn the_agent_makes_the_proxys_tls_certificate_and_stops_at_revocation() {
+    let root = workdir();
+    let agent = Agent::spawn(root.path(), "a", Spawn::default());
+    themis_testkit::mesh::create_workload(&agent, "check-1");
+    agent.register("check", "check-1", "127.0.0.1:15001");
+    let (code, issued) = certificate(&agent, "check-1", &json!({ "lifetime_secs": 600 }));
+    assert_eq!(code, 200, "{issued}");
+    let der = hex::decode(issued["certificate"].as_str().unwrap()).unwrap();
+    let mesh_root: MeshRoot =
+        std::fs::read_to_string(common::mesh_dir(root.path()).join("mesh.root"))
+            .unwrap()
+            .trim()
+            .parse()
+            .expect("the mesh root");
+    let revoked = Revocations::new();
+    let verifier = Verifier {
+        root: &mesh_root,
+        now_ms: now_ms(),
+        revoked: &revoked,
+    };
+    let sni = issued["sni_name"].as_str().unwrap();
+    let proven = themis_sidecar::tls::check(&der, Some(sni), &verifier).expect("a peer as check");
+    assert_eq!(
+        proven.id.printable(&mesh_root.mesh),
+        issued["identity"]["id"]
+    );
+    assert_eq!(proven.service.as_deref(), Some("check"));
+    assert_eq!(proven.principal, format!("spiffe://{MESH}/svc/check"));
+    assert_eq!(issued["principal"], proven.principal.as_str());
+    assert_eq!(
+        proven.not_after_ms,
+        issued["not_after_ms"].as_u64().unwrap()
+    );
+    assert!(issued["renew_at_ms"].as_u64().unwrap() < proven.not_after_ms);
+    // The private key is the certificate's: the key the delegation names.
+    let key = hex::decode(issued["private_key"].as_str().unwrap()).unwrap();
+    let key = themis_x509::TlsKey::from_pkcs8(&key, &SystemRandom::new()).unwrap();
+    let peer = themis_x509::verify(&der, &mesh_root.mesh, now_ms()).unwrap();
+    assert_eq!(peer.key_sha256, key.spki_sha256());
+    // Asked under another peer's SNI name: refused.
+    let stranger = Identity::generate(mesh_root.mesh.clone(), &SystemRandom::new()).unwrap();
+    let elsewhere = themis_x509::sni_name(&stranger.id(), &mesh_root.mesh);
+    assert!(themis_sidecar::tls::check(&der, Some(&elsewhere), &verifier).is_err());
+    // Bad input: a clear refusal.
+    let (code, _) = certificate(&agent, "check-1", &json!({ "extra": 1 }));
+    assert_eq!(code, 422);
+    let (code, answer) = certificate(&agent, "nobody", &json!({}));
+    assert_eq!(code, 404, "{answer}");
+
+    // Revoked by the mesh root: no new certificate.
+    let mesh_arg = common::mesh_dir(root.path()).display().to_string();
+    let id = issued["identity"]["id"].as_str().unwrap().to_owned();
+    let (code, stdout, stderr) = agent.cli(&[
+        "revoke",
+        &id,
+        "--mesh-dir",
+        &mesh_arg,
+        "--reason",
+        "stolen",
+        "--publish",
+    ]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let (code, answer) = agent.wait_for(
+        "the revocation to be known",
+        std::time::Duration::from_secs(30),
+        |agent| {
+            let (code, answer) = certificate(agent, "check-1", &json!({}));
+            (code != 200).then_some((code, answer))
+        },
+    );
+    assert_eq!(
+        (code, answer["reason"].as_str()),
+        (403, Some("revoked")),
+        "{answer}"
+    );
+}
