@@ -400,26 +400,15 @@ pub async fn certificate_route(
     Path(workload): Path<String>,
     body: Result<Json<CertificateRequest>, JsonRejection>,
 ) -> Response {
-    let request = match body {
-        Ok(Json(request)) => request,
-        Err(e) => {
-            r.metrics().sign_refused("bad_request");
-            return refusal(e.status(), e.body_text(), "bad_request");
-        }
+    let result = match body {
+        Ok(Json(request)) => certificate_for(&r, &workload, &request, unix_millis()).await,
+        Err(e) => return bad_request(&r, e),
     };
-    match certificate_for(&r, &workload, &request, unix_millis()).await {
-        Ok(issued) => {
-            r.metrics().signed("certificate");
-            tracing::info!(%workload, not_after_ms = issued.not_after_ms,
-                principal = %issued.principal, "made a TLS certificate for the proxy");
-            Json(issued).into_response()
-        }
-        Err(error) => {
-            r.metrics().sign_refused(error.reason());
-            tracing::warn!(%workload, reason = error.reason(), %error, "refused a certificate");
-            error.into_response()
-        }
+    if let Ok(issued) = &result {
+        tracing::info!(%workload, not_after_ms = issued.not_after_ms,
+            principal = %issued.principal, "made a TLS certificate for the proxy");
     }
+    answer(&r, &workload, "certificate", result)
 }
 
 /// `POST /v1/workloads/{workload}/delegate`. Who may call it is the API's caller
@@ -431,23 +420,39 @@ pub async fn delegate_route(
     Path(workload): Path<String>,
     body: Result<Json<DelegateRequest>, JsonRejection>,
 ) -> Response {
-    let request = match body {
-        Ok(Json(request)) => request,
-        Err(e) => {
-            r.metrics().sign_refused("bad_request");
-            return refusal(e.status(), e.body_text(), "bad_request");
-        }
+    let result = match body {
+        Ok(Json(request)) => delegate_for(&r, &workload, &request, unix_millis()).await,
+        Err(e) => return bad_request(&r, e),
     };
-    match delegate_for(&r, &workload, &request, unix_millis()).await {
-        Ok(delegated) => {
-            r.metrics().signed("delegation");
-            tracing::info!(%workload, not_after_ms = delegated.not_after_ms,
-                service = ?delegated.service, "delegated handshake signing to the proxy's key");
-            Json(delegated).into_response()
+    if let Ok(delegated) = &result {
+        tracing::info!(%workload, not_after_ms = delegated.not_after_ms,
+            service = ?delegated.service, "delegated handshake signing to the proxy's key");
+    }
+    answer(&r, &workload, "delegation", result)
+}
+
+/// A body that does not parse: counted and refused.
+fn bad_request(r: &Registry, e: JsonRejection) -> Response {
+    r.metrics().sign_refused("bad_request");
+    refusal(e.status(), e.body_text(), "bad_request")
+}
+
+/// A delegation's answer (of `kind`, the metric's label), or its refusal: counted,
+/// and a refusal logged.
+fn answer<T: serde::Serialize>(
+    r: &Registry,
+    workload: &str,
+    kind: &'static str,
+    result: Result<T, DelegateError>,
+) -> Response {
+    match result {
+        Ok(answer) => {
+            r.metrics().signed(kind);
+            Json(answer).into_response()
         }
         Err(error) => {
             r.metrics().sign_refused(error.reason());
-            tracing::warn!(%workload, reason = error.reason(), %error, "refused to delegate");
+            tracing::warn!(%workload, kind, reason = error.reason(), %error, "refused");
             error.into_response()
         }
     }

@@ -23,13 +23,63 @@ fn now_ms() -> u64 {
 }
 
 fn delegate(agent: &Agent, workload: &str, body: &Value) -> (u16, Value) {
+    post(
+        agent,
+        &themis_contracts::paths::workload_delegate(workload),
+        body,
+    )
+}
+
+fn certificate(agent: &Agent, workload: &str, body: &Value) -> (u16, Value) {
+    post(
+        agent,
+        &themis_contracts::paths::workload_certificate(workload),
+        body,
+    )
+}
+
+/// The mesh root of the test's mesh directory.
+fn mesh_root(root: &std::path::Path) -> MeshRoot {
+    std::fs::read_to_string(common::mesh_dir(root).join("mesh.root"))
+        .unwrap()
+        .trim()
+        .parse()
+        .expect("the mesh root")
+}
+
+fn post(agent: &Agent, path: &str, body: &Value) -> (u16, Value) {
     agent
-        .call(
-            Method::POST,
-            &format!("/v1/workloads/{workload}/delegate"),
-            Some(body),
-        )
+        .call(Method::POST, path, Some(body))
         .expect("the agent answers")
+}
+
+/// Revokes `id` with the mesh root and waits until `ask` is refused for it: the
+/// refusal's status and answer.
+fn revoke_until_refused(
+    agent: &Agent,
+    root: &std::path::Path,
+    id: &str,
+    ask: impl Fn(&Agent) -> (u16, Value),
+) -> (u16, Value) {
+    let mesh_arg = common::mesh_dir(root).display().to_string();
+    let (code, stdout, stderr) = agent.cli(&[
+        "revoke",
+        id,
+        "--mesh-dir",
+        &mesh_arg,
+        "--reason",
+        "stolen",
+        "--publish",
+    ]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    agent.wait_for(
+        "the revocation to be known",
+        std::time::Duration::from_secs(30),
+        |agent| {
+            let (code, answer) = ask(agent);
+            (code != 200).then_some((code, answer))
+        },
+    )
 }
 
 #[test]
@@ -75,12 +125,7 @@ fn the_agent_delegates_to_the_proxys_key_with_the_endorsement_and_stops_at_revoc
     let endorsement = hex::decode(answer["endorsement"].as_str().unwrap()).unwrap();
 
     // The endorsement is the record a peer checks offline: check, for this very key.
-    let mesh_root: MeshRoot =
-        std::fs::read_to_string(common::mesh_dir(root.path()).join("mesh.root"))
-            .unwrap()
-            .trim()
-            .parse()
-            .expect("the mesh root");
+    let mesh_root = mesh_root(root.path());
     let revoked = Revocations::new();
     let verifier = Verifier {
         root: &mesh_root,
@@ -136,41 +181,14 @@ fn the_agent_delegates_to_the_proxys_key_with_the_endorsement_and_stops_at_revoc
     assert_eq!(code, 404, "{answer}");
 
     // Revoked by the mesh root: no new delegation.
-    let mesh_arg = common::mesh_dir(root.path()).display().to_string();
-    let id = me.printable_id();
-    let (code, stdout, stderr) = agent.cli(&[
-        "revoke",
-        &id,
-        "--mesh-dir",
-        &mesh_arg,
-        "--reason",
-        "stolen",
-        "--publish",
-    ]);
-    assert_eq!(code, 0, "{stdout}{stderr}");
-    let (code, answer) = agent.wait_for(
-        "the revocation to be known",
-        std::time::Duration::from_secs(30),
-        |agent| {
-            let (code, answer) = delegate(agent, "check-1", &request);
-            (code != 200).then_some((code, answer))
-        },
-    );
+    let (code, answer) = revoke_until_refused(&agent, root.path(), &me.printable_id(), |agent| {
+        delegate(agent, "check-1", &request)
+    });
     assert_eq!(
         (code, answer["reason"].as_str()),
         (403, Some("revoked")),
         "{answer}"
     );
-}
-
-fn certificate(agent: &Agent, workload: &str, body: &Value) -> (u16, Value) {
-    agent
-        .call(
-            Method::POST,
-            &themis_contracts::paths::workload_certificate(workload),
-            Some(body),
-        )
-        .expect("the agent answers")
 }
 
 /// The TLS binding through a real agent (docs/PROTOCOL.md §8):
@@ -187,12 +205,7 @@ fn the_agent_makes_the_proxys_tls_certificate_and_stops_at_revocation() {
     let (code, issued) = certificate(&agent, "check-1", &json!({ "lifetime_secs": 600 }));
     assert_eq!(code, 200, "{issued}");
     let der = hex::decode(issued["certificate"].as_str().unwrap()).unwrap();
-    let mesh_root: MeshRoot =
-        std::fs::read_to_string(common::mesh_dir(root.path()).join("mesh.root"))
-            .unwrap()
-            .trim()
-            .parse()
-            .expect("the mesh root");
+    let mesh_root = mesh_root(root.path());
     let revoked = Revocations::new();
     let verifier = Verifier {
         root: &mesh_root,
@@ -229,26 +242,10 @@ fn the_agent_makes_the_proxys_tls_certificate_and_stops_at_revocation() {
     assert_eq!(code, 404, "{answer}");
 
     // Revoked by the mesh root: no new certificate.
-    let mesh_arg = common::mesh_dir(root.path()).display().to_string();
-    let id = issued["identity"]["id"].as_str().unwrap().to_owned();
-    let (code, stdout, stderr) = agent.cli(&[
-        "revoke",
-        &id,
-        "--mesh-dir",
-        &mesh_arg,
-        "--reason",
-        "stolen",
-        "--publish",
-    ]);
-    assert_eq!(code, 0, "{stdout}{stderr}");
-    let (code, answer) = agent.wait_for(
-        "the revocation to be known",
-        std::time::Duration::from_secs(30),
-        |agent| {
-            let (code, answer) = certificate(agent, "check-1", &json!({}));
-            (code != 200).then_some((code, answer))
-        },
-    );
+    let id = issued["identity"]["id"].as_str().unwrap();
+    let (code, answer) = revoke_until_refused(&agent, root.path(), id, |agent| {
+        certificate(agent, "check-1", &json!({}))
+    });
     assert_eq!(
         (code, answer["reason"].as_str()),
         (403, Some("revoked")),
