@@ -85,12 +85,17 @@ while IFS=$'\t' read -r exe package _ _; do
         fail "nobody cannot run $exe in $package: the checkout and target/ must be readable and searchable by other users (clone with umask 022, outside /root)"
 done <"$work/tests.tsv"
 
+# The `themis` the build above made (for themis-cli's tests) serves every package's, as
+# in scripts/test.sh: nobody cannot build it again (testkit::agent::themis_binary).
+tool="${CARGO_TARGET_DIR:-$PWD/target}/debug/themis"
+as_nobody test -x "$tool" || fail "nobody cannot run $tool"
+
 failed=()
 while IFS=$'\t' read -r exe package name target; do
     log="$work/$name-$target.log"
     printf '    %-20s %-22s ' "$name" "$target"
     if (cd "$package" && env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" TMPDIR="$home" \
-        USER=nobody LANG=C.UTF-8 CARGO_MANIFEST_DIR="$package" CARGO_PKG_NAME="$name" \
+        USER=nobody LANG=C.UTF-8 CARGO_MANIFEST_DIR="$package" CARGO_PKG_NAME="$name" THEMIS_TOOL="$tool" \
         setpriv --reuid=$USER_ID --regid=$USER_ID --clear-groups "$exe") </dev/null >"$log" 2>&1; then
         grep -h '^test result:' "$log" | sed -E 's/^test result: //; s/; 0 measured; 0 filtered out//' || echo ok
     else
