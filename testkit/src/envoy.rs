@@ -94,6 +94,52 @@ pub fn render_native(sidecar: &Sidecar<'_>, calls: &[&str]) -> String {
     )
 }
 
+/// `deploy/envoy/sidecar-tls.yaml` for `sidecar`, whose app calls `calls`, its
+/// certificate in `certificate_dir` ([`certificate_for`]).
+pub fn render_tls(sidecar: &Sidecar<'_>, calls: &[&str], certificate_dir: &Path) -> String {
+    crate::build::native_module();
+    bootstrap_on(
+        sidecar,
+        Runtime::Tls,
+        None,
+        &Additions {
+            calls,
+            ..Additions::default()
+        },
+        Some(certificate_dir),
+    )
+}
+
+/// The certificate of `sidecar`'s workload, from its agent by `themis sidecar
+/// certificate` (as a user runs it), in a directory of its own under `root`: once,
+/// so that Envoy finds it at start, then `--watch` in the background (renewed as the
+/// agent says: within seconds once the workload registers, for its endorsement).
+pub fn certificate_for(root: &Path, name: &str, sidecar: &Sidecar<'_>) -> (PathBuf, Process) {
+    let config: serde_json::Value =
+        serde_json::from_str(sidecar.outbound_config).expect("the outbound configuration");
+    let workload = config["workload"].as_str().expect("a workload");
+    let dir = root.join(format!("{name}-tls"));
+    let args: [&std::ffi::OsStr; 8] = [
+        "sidecar".as_ref(),
+        "certificate".as_ref(),
+        "--agent-socket".as_ref(),
+        sidecar.agent_socket.as_os_str(),
+        "--workload".as_ref(),
+        workload.as_ref(),
+        "--out".as_ref(),
+        dir.as_os_str(),
+    ];
+    crate::agent::operator(&args);
+    let mut watch = Command::new(crate::agent::themis_binary());
+    watch.args(args).arg("--watch");
+    let keeper = Process::spawn(
+        &format!("{name}-certificate"),
+        watch,
+        &root.join(format!("{name}-certificate.log")),
+    );
+    (dir, keeper)
+}
+
 /// What a rendering adds to a sidecar, as `themis sidecar render`'s `--calls` and
 /// `--tcp` do.
 #[derive(Default)]
@@ -122,6 +168,9 @@ pub fn render_on(
             crate::build::native_module();
             bootstrap(sidecar, None, additions)
         }
+        crate::mesh::Runtime::Tls => {
+            panic!("the TLS binding renders with its certificate: render_tls")
+        }
     }
 }
 
@@ -133,12 +182,22 @@ fn bootstrap(
     filter_code: Option<themis_bootstrap::FilterCode>,
     additions: &Additions<'_>,
 ) -> String {
-    let ip: std::net::IpAddr = sidecar.ip.parse().expect("an IP address");
-    let any_port = SocketAddr::new(ip, 0);
     let runtime = match filter_code {
         Some(_) => Runtime::Wasm,
         None => Runtime::Native,
     };
+    bootstrap_on(sidecar, runtime, filter_code, additions, None)
+}
+
+fn bootstrap_on(
+    sidecar: &Sidecar<'_>,
+    runtime: Runtime,
+    filter_code: Option<themis_bootstrap::FilterCode>,
+    additions: &Additions<'_>,
+    certificate_dir: Option<&Path>,
+) -> String {
+    let ip: std::net::IpAddr = sidecar.ip.parse().expect("an IP address");
+    let any_port = SocketAddr::new(ip, 0);
     let rendered = themis_bootstrap::Sidecar {
         runtime,
         admin_port: 0,
@@ -152,7 +211,9 @@ fn bootstrap(
         filter_code,
         calls: match runtime {
             Runtime::Wasm => Vec::new(),
-            Runtime::Native => additions.calls.iter().map(|c| (*c).to_owned()).collect(),
+            Runtime::Native | Runtime::Tls => {
+                additions.calls.iter().map(|c| (*c).to_owned()).collect()
+            }
         },
         tcp: additions
             .tcp
@@ -160,6 +221,7 @@ fn bootstrap(
             .map(|(s, at)| ((*s).to_owned(), *at))
             .collect(),
         access_log: None,
+        certificate_dir: certificate_dir.map(Path::to_owned),
     };
     rendered
         .render()
@@ -185,6 +247,8 @@ pub struct Envoy {
     pub listeners: BTreeMap<String, SocketAddr>,
     /// It runs the native module (its configuration loads it).
     native: bool,
+    /// What keeps its TLS certificate fresh (`themis sidecar certificate --watch`).
+    keeper: Option<Process>,
     process: Process,
 }
 
@@ -254,8 +318,35 @@ impl Envoy {
             inbound,
             listeners,
             native: yaml.contains("themis_native"),
+            keeper: None,
             process,
         }
+    }
+
+    /// The same Envoy, with the process that keeps its certificate (stopped with it).
+    pub fn kept_by(mut self, keeper: Process) -> Envoy {
+        self.keeper = Some(keeper);
+        self
+    }
+
+    /// Waits until the certificate Envoy serves names `principal` (its admin `/certs`:
+    /// the file was renewed, and Envoy loaded it).
+    pub fn wait_certificate_names(&self, principal: &str) {
+        let admin = self.admin;
+        wait_until(
+            &format!("{} to serve a certificate naming {principal}", self.name()),
+            READY_LIMIT,
+            || {
+                let certs = http::exchange(
+                    admin,
+                    b"GET /certs HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n",
+                )
+                .ok()?;
+                String::from_utf8_lossy(&certs.body)
+                    .contains(principal)
+                    .then_some(())
+            },
+        );
     }
 
     /// Starts Envoy on a filter configuration it must refuse and waits (bounded)

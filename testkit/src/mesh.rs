@@ -188,7 +188,7 @@ impl Mesh {
         let endpoint_text = endpoint.to_string();
         self.b.register(service, workload, &endpoint_text);
         self.wait_resolves(&self.a, service, &[&endpoint_text]);
-        if self.runtime_a == Runtime::Native {
+        if self.runtime_a.is_native() {
             self.envoy_a.wait_native_resolves(service, endpoint);
         }
     }
@@ -360,9 +360,18 @@ pub enum Runtime {
     /// The native module's transport sockets (`deploy/envoy/sidecar-native.yaml`),
     /// sealing toward the services of the two-node tests.
     Native,
+    /// The TLS binding (`deploy/envoy/sidecar-tls.yaml`): Envoy's TLS 1.3 with the
+    /// native module as its validator, the certificate from the agent by `themis
+    /// sidecar certificate`.
+    Tls,
 }
 
 impl Runtime {
+    /// The native module runs it (the Themis channel's sockets, or TLS's validator).
+    pub fn is_native(self) -> bool {
+        matches!(self, Runtime::Native | Runtime::Tls)
+    }
+
     /// Starts Envoy on `sidecar` with this runtime and waits until it is ready.
     pub fn start(self, root: &Path, name: &str, sidecar: &Sidecar<'_>) -> Envoy {
         match self {
@@ -372,6 +381,15 @@ impl Runtime {
                 name,
                 &crate::envoy::render_native(sidecar, NATIVE_CALLS),
             ),
+            Runtime::Tls => {
+                let (dir, keeper) = crate::envoy::certificate_for(root, name, sidecar);
+                Envoy::start_yaml(
+                    root,
+                    name,
+                    &crate::envoy::render_tls(sidecar, NATIVE_CALLS, &dir),
+                )
+                .kept_by(keeper)
+            }
         }
     }
 }

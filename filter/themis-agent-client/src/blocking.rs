@@ -118,6 +118,17 @@ impl Client {
         Ok(serde_json::from_slice(&crate::success(status, body)?)?)
     }
 
+    /// `POST path` with `body` as JSON, the answer read as `T` if the agent answered 2xx.
+    pub fn post<B: serde::Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        let body = serde_json::to_vec(body)?;
+        let (status, answer) = self.call_raw(Method::POST, path, &body, "application/json")?;
+        Ok(serde_json::from_slice(&crate::success(status, answer)?)?)
+    }
+
     fn connect(&self) -> Result<Box<dyn Stream>, ClientError> {
         let unreachable = |at: String, hint: &'static str| {
             move |source| ClientError::Connect { at, source, hint }

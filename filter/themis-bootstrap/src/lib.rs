@@ -19,6 +19,12 @@ use serde_json::{Map, Value};
 pub const WASM_TEMPLATE: &str = include_str!("../../../deploy/envoy/sidecar.yaml");
 /// The native module's template.
 pub const NATIVE_TEMPLATE: &str = include_str!("../../../deploy/envoy/sidecar-native.yaml");
+/// The TLS binding's template (the native module as Envoy's certificate validator).
+pub const TLS_TEMPLATE: &str = include_str!("../../../deploy/envoy/sidecar-tls.yaml");
+
+/// The file Envoy reads the workload's certificate from, in the certificate directory
+/// (`themis sidecar certificate` writes it; Envoy reloads it when it changes).
+pub const CERTIFICATE_FILE: &str = "certificate.json";
 
 /// Where a template's outbound HTTP connection manager takes an access log.
 const ACCESS_LOG_MARK: &str =
@@ -32,6 +38,9 @@ pub enum Runtime {
     /// The Envoy 1.40 dynamic module (`libthemis_native.so`): transport sockets on a
     /// sealing cluster per called service.
     Native,
+    /// The TLS binding: Envoy's TLS 1.3 socket, the native module its certificate
+    /// validator, one cluster for every called service.
+    Tls,
 }
 
 impl Runtime {
@@ -40,6 +49,7 @@ impl Runtime {
         match self {
             Runtime::Wasm => WASM_TEMPLATE,
             Runtime::Native => NATIVE_TEMPLATE,
+            Runtime::Tls => TLS_TEMPLATE,
         }
     }
 }
@@ -175,6 +185,9 @@ pub struct Sidecar {
     pub tcp: Vec<(String, SocketAddr)>,
     /// The outbound listener's access log; none by default (a line per request costs).
     pub access_log: Option<PathBuf>,
+    /// The TLS binding: the directory of the workload's certificate file
+    /// ([`CERTIFICATE_FILE`]).
+    pub certificate_dir: Option<PathBuf>,
 }
 
 /// Why a bootstrap was not rendered.
@@ -195,6 +208,9 @@ pub enum RenderError {
     /// The template has a placeholder this renderer does not fill.
     #[error("the template has a placeholder nothing fills: ${{{0}}}")]
     Unfilled(String),
+    /// The TLS binding reads its certificate from a directory.
+    #[error("the TLS binding needs the directory of its certificate (themis sidecar certificate --out DIR)")]
+    NoCertificateDir,
     /// `access_log` given, and the template has no single place for it.
     #[error("the template has no single '{}' for the access log", ACCESS_LOG_MARK.trim())]
     NoAccessLogMark,
@@ -250,6 +266,45 @@ impl Sidecar {
                     ("OUTBOUND_CONFIG", self.outbound_config.clone()),
                     ("SEAL_CONFIG", seal),
                     ("INBOUND_CONFIG", self.inbound_config.clone()),
+                ]);
+            }
+            Runtime::Tls => {
+                let dir = self
+                    .certificate_dir
+                    .as_ref()
+                    .ok_or(RenderError::NoCertificateDir)?;
+                let tls = |config: &str| {
+                    edit_json(config, |map| {
+                        map.insert("agent_socket".into(), agent_socket.clone().into());
+                        map.insert("transport".into(), "tls".into());
+                    })
+                };
+                let mut calls: Vec<&str> = Vec::new();
+                for service in self.calls.iter().chain(self.tcp.iter().map(|(s, _)| s)) {
+                    if !calls.contains(&service.as_str()) {
+                        calls.push(service);
+                    }
+                }
+                let vhosts: Vec<String> = calls.iter().map(|s| tls_outbound_vhost(s)).collect();
+                let vhosts = match vhosts.is_empty() {
+                    true => "[]".to_owned(),
+                    false => vhosts.join("\n            "),
+                };
+                let quoted = |path: PathBuf| Value::from(path.display().to_string()).to_string();
+                let outbound = edit_json(&tls(&self.outbound_config), |map| {
+                    map.insert("calls".into(), calls.clone().into());
+                });
+                values.extend([
+                    ("OUTBOUND_CONFIG", outbound),
+                    ("SEAL_CONFIG", tls(&seal)),
+                    ("INBOUND_CONFIG", tls(&self.inbound_config)),
+                    (
+                        "HANDSHAKE_TIMEOUT",
+                        format!("{}s", handshake_timeout_secs(&self.inbound_config)),
+                    ),
+                    ("OUTBOUND_VHOSTS", vhosts),
+                    ("CERTIFICATE_FILE", quoted(dir.join(CERTIFICATE_FILE))),
+                    ("CERTIFICATE_DIR", quoted(dir.clone())),
                 ]);
             }
             Runtime::Native => {
@@ -425,6 +480,13 @@ fn outbound_vhost(service: &str) -> String {
     )
 }
 
+/// The TLS binding's outbound virtual host of `service`: the one TLS cluster.
+fn tls_outbound_vhost(service: &str) -> String {
+    format!(
+        "- {{name: {service}, domains: [\"{service}\", \"{service}:*\"], routes: [{{match: {{connect_matcher: {{}}}}, route: {{cluster: themis_tls, timeout: 0s}}, request_headers_to_remove: [x-themis-destination, x-themis-expect-peer, x-themis-carry]}}, {{match: {{prefix: \"/\"}}, route: {{cluster: themis_tls, timeout: 0s}}, request_headers_to_remove: [x-themis-destination, x-themis-expect-peer, x-themis-carry]}}]}}"
+    )
+}
+
 /// A listener per TCP service: tcp_proxy tunnels each connection as an HTTP/2 CONNECT
 /// to `<service>:<port>` through the outbound listener (so the same pick, sealing and
 /// policy apply), and a cluster that reaches that listener.
@@ -485,6 +547,50 @@ fn access_log(path: &str) -> String {
                   inline_string: "[%START_TIME%] outbound %REQ(:METHOD)% http://%REQ(:AUTHORITY)%%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% original_dst=%DOWNSTREAM_LOCAL_ADDRESS% from=%DOWNSTREAM_REMOTE_ADDRESS% -> %RESPONSE_CODE% %RESPONSE_FLAGS% %DURATION%ms\n"
 "#
     )
+}
+
+/// Why a certificate from the agent cannot be written for Envoy.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CertificateFileError {
+    #[error("the agent's {0} is not hex")]
+    NotHex(&'static str),
+}
+
+/// The file Envoy reads the workload's certificate from ([`CERTIFICATE_FILE`]): one SDS
+/// secret, `themis_workload`, the certificate and its key as PEM (Envoy watches the
+/// directory and loads a new file when it is moved in).
+pub fn certificate_file(
+    issued: &themis_contracts::api::IssuedCertificate,
+) -> Result<String, CertificateFileError> {
+    let der = |hex_text: &str, what| {
+        hex::decode(hex_text).map_err(|_| CertificateFileError::NotHex(what))
+    };
+    let certificate = pem("CERTIFICATE", &der(&issued.certificate, "certificate")?);
+    let private_key = pem("PRIVATE KEY", &der(&issued.private_key, "private key")?);
+    let secret = serde_json::json!({
+        "resources": [{
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret",
+            "name": "themis_workload",
+            "tls_certificate": {
+                "certificate_chain": {"inline_string": certificate},
+                "private_key": {"inline_string": private_key},
+            }
+        }]
+    });
+    Ok(secret.to_string())
+}
+
+/// `der` as a PEM block labelled `label` (RFC 7468).
+fn pem(label: &str, der: &[u8]) -> String {
+    use base64::Engine;
+    let text = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in text.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
 }
 
 /// The first `${NAME}` (upper case, digits, `_`) left in `text`.

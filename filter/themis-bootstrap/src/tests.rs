@@ -21,10 +21,11 @@ fn sidecar(runtime: Runtime) -> Sidecar {
         }),
         calls: match runtime {
             Runtime::Wasm => vec![],
-            Runtime::Native => vec!["check".into()],
+            Runtime::Native | Runtime::Tls => vec!["check".into()],
         },
         tcp: vec![],
         access_log: None,
+        certificate_dir: (runtime == Runtime::Tls).then(|| "/run/themis/w-tls".into()),
     }
 }
 
@@ -38,7 +39,7 @@ fn configs(yaml: &str) -> Vec<Value> {
 
 #[test]
 fn both_templates_are_filled_whole_for_every_app_protocol() {
-    for runtime in [Runtime::Wasm, Runtime::Native] {
+    for runtime in [Runtime::Wasm, Runtime::Native, Runtime::Tls] {
         for protocol in [AppProtocol::Http1, AppProtocol::Http2, AppProtocol::Tcp] {
             let mut sidecar = sidecar(runtime);
             sidecar.app_protocol = protocol;
@@ -179,5 +180,70 @@ fn the_native_listener_closes_a_stalled_caller_at_the_configured_deadline() {
     assert!(
         yaml.contains("transport_socket_connect_timeout: 3s"),
         "{yaml}"
+    );
+}
+
+#[test]
+fn the_tls_binding_says_tls_everywhere_and_needs_its_certificate() {
+    let yaml = sidecar(Runtime::Tls).render().unwrap();
+    let configs = configs(&yaml);
+    assert_eq!(
+        configs.len(),
+        3,
+        "outbound, inbound validator, outbound validator"
+    );
+    for config in &configs {
+        assert_eq!(config["transport"], "tls", "{config}");
+        assert_eq!(config["agent_socket"], "/run/themis/agent.sock", "{config}");
+    }
+    // The outbound role keeps the called services resolved; one cluster for all.
+    assert!(configs
+        .iter()
+        .any(|c| c["role"] == "outbound" && c["calls"] == serde_json::json!(["check"])));
+    assert_eq!(yaml.matches("cluster: themis_tls").count(), 2, "{yaml}");
+    assert!(
+        yaml.contains(r#"path: "/run/themis/w-tls/certificate.json""#),
+        "{yaml}"
+    );
+    // Session resumption off on both sides (a resumed session skips the validator).
+    assert!(yaml.contains("disable_stateless_session_resumption: true"));
+    assert!(yaml.contains("disable_stateful_session_resumption: true"));
+    assert!(yaml.contains("max_session_keys: 0"));
+    let mut none = sidecar(Runtime::Tls);
+    none.certificate_dir = None;
+    assert_eq!(none.render(), Err(RenderError::NoCertificateDir));
+}
+
+#[test]
+fn a_certificate_file_is_one_sds_secret_of_pem() {
+    let issued = themis_contracts::api::IssuedCertificate {
+        identity: serde_json::from_value(serde_json::json!({
+            "workload": "w", "mesh": "demo", "id": "demo1x", "public_key": "11".repeat(32)
+        }))
+        .unwrap_or_else(|_| panic!("a public identity")),
+        certificate: "3003020101".into(),
+        private_key: "3000".into(),
+        principal: "spiffe://demo/svc/check".into(),
+        sni_name: "x.demo.themis.invalid".into(),
+        not_after_ms: 2,
+        renew_at_ms: 1,
+        service: None,
+    };
+    let file: Value = serde_json::from_str(&certificate_file(&issued).unwrap()).unwrap();
+    let secret = &file["resources"][0];
+    assert_eq!(secret["name"], "themis_workload");
+    assert_eq!(
+        secret["tls_certificate"]["certificate_chain"]["inline_string"],
+        "-----BEGIN CERTIFICATE-----\nMAMCAQE=\n-----END CERTIFICATE-----\n"
+    );
+    assert_eq!(
+        secret["tls_certificate"]["private_key"]["inline_string"],
+        "-----BEGIN PRIVATE KEY-----\nMAA=\n-----END PRIVATE KEY-----\n"
+    );
+    let mut bad = issued;
+    bad.private_key = "not hex".into();
+    assert_eq!(
+        certificate_file(&bad),
+        Err(CertificateFileError::NotHex("private key"))
     );
 }

@@ -5,6 +5,7 @@
 //! id without asking a certificate authority, and the mesh name keeps the ids of two
 //! meshes apart even when they share a key.
 
+use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use core::fmt;
@@ -126,6 +127,28 @@ pub enum PeerIdError {
     /// The data part does not hold exactly 32 bytes.
     #[error("the id holds {0} bytes, not 32")]
     WrongLength(usize),
+}
+
+/// What every SNI name ends in: a reserved name (RFC 2606), never resolved.
+pub const SNI_SUFFIX: &str = ".themis.invalid";
+
+/// The name a caller puts in its SNI for the peer it must reach, and the DNS SAN of
+/// that peer's certificate: `<the printable id past its mesh>.<mesh>.themis.invalid`
+/// (a DNS label holds the 58 characters of the id and its checksum; a printable id
+/// with its mesh would not fit one). An upstream pool is kept per SNI, so a pool
+/// never carries a call to another id.
+pub fn sni_name(id: &PeerId, mesh: &MeshName) -> String {
+    let printable = id.printable(mesh);
+    let tail = &printable[mesh.as_str().len() + 1..];
+    format!("{tail}.{mesh}{SNI_SUFFIX}")
+}
+
+/// The id an SNI name names, checksum checked; `None` for any other name.
+pub fn id_of_sni_name(name: &str) -> Option<(MeshName, PeerId)> {
+    let rest = name.strip_suffix(SNI_SUFFIX)?;
+    let (tail, mesh) = rest.split_once('.')?;
+    let (parsed_mesh, id) = PeerId::parse(&format!("{mesh}1{tail}")).ok()?;
+    (parsed_mesh.as_str() == mesh).then_some((parsed_mesh, id))
 }
 
 impl PeerId {

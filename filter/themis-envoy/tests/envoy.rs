@@ -231,7 +231,8 @@ fn concurrent_first_calls_share_one_resolution(runtime: Runtime) {
 fn http1_agreements(runtime: Runtime) -> u64 {
     match runtime {
         Runtime::Native => 2,
-        Runtime::Wasm => 1,
+        // One HTTP/2 connection over TLS.
+        Runtime::Wasm | Runtime::Tls => 1,
     }
 }
 
@@ -974,7 +975,7 @@ fn wait_holds_revocation(envoy: &Envoy, runtime: Runtime, count: usize) {
         || {
             let held = match runtime {
                 Runtime::Wasm => threads_holding_revocations(envoy, "themis-inbound", count) >= 3,
-                Runtime::Native => envoy.log_tail(usize::MAX).contains(&native_said),
+                Runtime::Native | Runtime::Tls => envoy.log_tail(usize::MAX).contains(&native_said),
             };
             held.then_some(())
         },

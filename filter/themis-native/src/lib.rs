@@ -31,3 +31,4 @@ pub mod metrics;
 pub mod outbound;
 pub mod runtime;
 pub mod socket;
+pub mod validator;

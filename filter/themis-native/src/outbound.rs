@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use ring::rand::SystemRandom;
 use themis_core::PeerId;
-use themis_sidecar::config::{Config, Role};
+use themis_sidecar::config::{Config, Role, Transport};
 use themis_sidecar::outbound::{pick_headers, service_of, upstream_failed, Refusal, CARRY_HEADER};
 use themis_sidecar::reason::Rejection;
 use themis_sidecar::route::{Pick, PickRandom, Routes};
@@ -49,6 +49,8 @@ pub struct Outbound {
     /// How long an instance whose connection failed is avoided.
     down: Duration,
     runtime: Arc<Runtime>,
+    /// How the pick is named: its SNI name when the cluster speaks TLS.
+    transport: Transport,
     routes: Mutex<Routes>,
     rng: SystemRandom,
 }
@@ -64,9 +66,13 @@ impl Outbound {
             ));
         }
         let runtime = Runtime::of(&config)?;
+        for service in &config.calls {
+            runtime.want(service);
+        }
         Ok(Outbound {
             routes: Mutex::new(Routes::new(config.canary.clone())),
             down: config.down,
+            transport: config.transport,
             runtime,
             rng: SystemRandom::new(),
         })
@@ -97,7 +103,7 @@ impl Outbound {
             .pick_from(name, instances, now_ms(), self.random());
         match pick {
             Pick::Instance(instance) => Ok(Route {
-                pick: pick_headers(&instance),
+                pick: pick_headers(&instance, self.transport, &self.runtime.root.mesh),
                 picked: instance.id,
                 carries_http1: http1 && takes_http1(&instance.id),
             }),
@@ -136,10 +142,18 @@ impl Outbound {
                 routes.mark_down(picked, now + self.down.as_millis() as u64);
             }
         }
-        Answered {
-            peer: upstream_connection.and_then(proven_peer),
-            unreachable,
-        }
+        let peer = match self.transport {
+            Transport::Themis => upstream_connection.and_then(proven_peer),
+            // The connection's SNI named the pick, and the validator held the callee
+            // to it: who answered over it is the pick.
+            Transport::Tls => upstream_connection
+                .and_then(|_| crate::validator::proven_service(&picked))
+                .map(|service| ProvenPeer {
+                    id: picked.printable(&self.runtime.root.mesh),
+                    service,
+                }),
+        };
+        Answered { peer, unreachable }
     }
 }
 

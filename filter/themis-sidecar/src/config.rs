@@ -35,6 +35,19 @@ impl Role {
     }
 }
 
+/// How peers' bytes are protected (docs/PROTOCOL.md §8): the paper's channel, or
+/// Envoy's own TLS 1.3 with a self-certifying certificate that the native module's
+/// validator checks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// The Themis channel (both runtimes; the Wasm filter speaks only this).
+    #[default]
+    Themis,
+    /// TLS 1.3 (native runtime): the pick names the peer by its SNI name.
+    Tls,
+}
+
 /// The configuration as written (see `docs/FILTER.md`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -64,6 +77,13 @@ struct Raw {
     /// (`codec_type: AUTO`), so callers may carry HTTP/1.1 as is.
     #[serde(default)]
     takes_http1: bool,
+    /// Native runtime: the transport this sidecar's peers speak (`themis` default).
+    #[serde(default)]
+    transport: Transport,
+    /// Native runtime, outbound on TLS: the services the app calls, kept resolved
+    /// (on the Themis channel each has a sealing cluster that says so).
+    #[serde(default)]
+    calls: Vec<String>,
     #[serde(default = "defaults::timeout_ms")]
     timeout_ms: u64,
     /// Seal and inbound, Wasm runtime: sign handshakes with a key the agent delegated.
@@ -225,6 +245,10 @@ pub struct Config {
     /// Native runtime, inbound: takes HTTP/1.1 as is (its HCM is `codec_type: AUTO`),
     /// and says so to callers.
     pub takes_http1: bool,
+    /// Native runtime: the Themis channel or TLS 1.3 (docs/PROTOCOL.md §8).
+    pub transport: Transport,
+    /// Native runtime, outbound on TLS: the services the app calls, kept resolved.
+    pub calls: Vec<String>,
     /// Limit on every call to the agent.
     pub timeout: Duration,
     /// How long a resolution (and a verified caller service) is reused.
@@ -409,6 +433,22 @@ impl Config {
                 "says that a native inbound socket's HCM takes HTTP/1.1 (role inbound, with agent_socket); a Wasm callee takes HTTP/2 only",
             ));
         }
+        if raw.transport == Transport::Tls && raw.agent_socket.is_none() {
+            return Err(invalid(
+                "transport",
+                "tls is the native runtime's (with agent_socket): Envoy's TLS socket and the module's validator; the Wasm filter speaks the Themis channel",
+            ));
+        }
+        if !raw.calls.is_empty() && (raw.role != Role::Outbound || raw.transport != Transport::Tls)
+        {
+            return Err(invalid(
+                "calls",
+                "lists the services a TLS sidecar's app calls (role outbound, transport tls); on the Themis channel each has its sealing cluster",
+            ));
+        }
+        if let Some(bad) = raw.calls.iter().find(|c| !is_name(c)) {
+            return Err(invalid("calls", format!("{bad:?} is not a service name")));
+        }
         if raw.role != Role::Inbound && raw.policy.is_some() {
             return Err(invalid(
                 "policy",
@@ -512,6 +552,8 @@ impl Config {
             peer_service: raw.peer_service,
             carries,
             takes_http1: raw.takes_http1,
+            transport: raw.transport,
+            calls: raw.calls,
             workload: raw.workload,
             service: raw.service,
             agent_cluster: raw.agent_cluster,

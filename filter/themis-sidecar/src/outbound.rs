@@ -5,9 +5,10 @@
 //! (an agent call per worker on Wasm, the runtime's snapshot natively).
 
 use crate::agent::Instance;
-use crate::config::is_name;
+use crate::config::{is_name, Transport};
 use crate::reason::Rejection;
 use crate::route::{DESTINATION_HEADER, PEER_HEADER};
+use themis_core::MeshName;
 
 /// Set (to `http/1.1`) on a request carried as HTTP/1.1 (native): the outbound virtual
 /// host routes it to the service's HTTP/1.1 sealing cluster, and removes it there.
@@ -84,11 +85,21 @@ pub fn service_of(authority: &str) -> Result<&str, Refusal> {
 }
 
 /// The request headers that name the pick to the router's `set_filter_state`: the
-/// destination `ip:port` and the id (hex) that must answer there.
-pub fn pick_headers(instance: &Instance) -> [(&'static str, String); 2] {
+/// destination `ip:port` and the id that must answer there — hex for the Themis
+/// channel's socket, its SNI name for TLS (`envoy.network.upstream_server_name` is
+/// the SNI then, and the validator holds the peer to the id it names).
+pub fn pick_headers(
+    instance: &Instance,
+    transport: Transport,
+    mesh: &MeshName,
+) -> [(&'static str, String); 2] {
+    let peer = match transport {
+        Transport::Themis => hex::encode(instance.id.0),
+        Transport::Tls => themis_core::identity::sni_name(&instance.id, mesh),
+    };
     [
         (DESTINATION_HEADER, instance.endpoint.to_string()),
-        (PEER_HEADER, hex::encode(instance.id.0)),
+        (PEER_HEADER, peer),
     ]
 }
 
@@ -125,12 +136,19 @@ mod tests {
             metadata: Default::default(),
             vouched_by: Vec::new(),
         };
-        let [(d, destination), (p, peer)] = pick_headers(&instance);
+        let mesh = MeshName::new("demo").unwrap();
+        let [(d, destination), (p, peer)] = pick_headers(&instance, Transport::Themis, &mesh);
         assert_eq!(
             (d, destination.as_str()),
             (DESTINATION_HEADER, "127.0.0.2:15006")
         );
         assert_eq!((p, peer), (PEER_HEADER, "ab".repeat(32)));
+        // TLS: the SNI name, which names the same id.
+        let [_, (_, sni)] = pick_headers(&instance, Transport::Tls, &mesh);
+        assert_eq!(
+            themis_core::identity::id_of_sni_name(&sni),
+            Some((mesh, instance.id))
+        );
     }
 
     #[test]

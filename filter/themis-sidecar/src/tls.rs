@@ -8,8 +8,9 @@
 use themis_core::PeerId;
 use themis_trust::{InstanceValue, Record, Verifier};
 
+use crate::config::Policy;
 use crate::conn::Close;
-use crate::policy::endorsement_lists;
+use crate::policy::{endorsement_lists, Denial};
 use crate::reason::Reason;
 
 /// A peer whose certificate, endorsement and names held.
@@ -74,6 +75,21 @@ pub fn check(der: &[u8], sni: Option<&str>, verifier: &Verifier<'_>) -> Result<P
         principal,
         not_after_ms: peer.not_after_ms,
     })
+}
+
+/// The callee's policy on a caller its certificate proved: the service counts as
+/// its endorsement proved it (no lookup: the certificate carries the proof), `allow
+/// id` rules match the id. No policy: nobody (`refused.no_policy`).
+pub fn admit(policy: Option<&Policy>, caller: &Proven) -> Result<(), Close> {
+    let denial = match policy {
+        None => Denial::NoPolicy,
+        Some(policy) if policy.allows(&caller.id, caller.service.as_deref()) => return Ok(()),
+        Some(_) => Denial::NotAllowed,
+    };
+    Err(Close::new(
+        denial.reason(),
+        format!("{}: {}", caller.principal, denial.explain()),
+    ))
 }
 
 /// The service an endorsement's record names, unverified: what to verify it for.
@@ -167,5 +183,46 @@ mod tests {
             let revoked = mesh.revoking(&[key.id()]);
             assert_eq!(refused(&der, None, &mesh.verifier(&revoked)), expected);
         }
+    }
+
+    #[test]
+    fn the_callee_admits_by_what_the_certificate_proved() {
+        let mesh = Trusted::new();
+        let revoked = Revocations::new();
+        let verifier = mesh.verifier(&revoked);
+        let handler = mesh.workload();
+        let svc = principal(&mesh.root.mesh, &handler.id(), Some("handler"));
+        let der = certificate(&handler, mesh.endorsement(&handler, "handler", true), &svc);
+        let caller = check(&der, None, &verifier).unwrap();
+        let config = |policy: &str| {
+            crate::config::Config::parse(
+                format!(
+                    r#"{{"role":"inbound","mesh_root":"{}","workload":"w","policy":{policy}}}"#,
+                    mesh.root
+                )
+                .as_bytes(),
+            )
+            .unwrap()
+            .policy
+        };
+        assert_eq!(
+            admit(
+                config(r#"{"allow":[{"service":"handler"}]}"#).as_ref(),
+                &caller
+            ),
+            Ok(())
+        );
+        let by_id = format!(
+            r#"{{"allow":[{{"id":"{}"}}]}}"#,
+            handler.id().printable(&mesh.root.mesh)
+        );
+        assert_eq!(admit(config(&by_id).as_ref(), &caller), Ok(()));
+        let refused = |policy: Option<Policy>| admit(policy.as_ref(), &caller).unwrap_err().reason;
+        assert_eq!(
+            refused(config(r#"{"allow":[{"service":"check"}]}"#)),
+            Reason::Policy
+        );
+        assert_eq!(refused(config(r#"{"allow":[]}"#)), Reason::Policy);
+        assert_eq!(refused(None), Reason::NoPolicy);
     }
 }

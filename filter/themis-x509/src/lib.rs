@@ -46,8 +46,9 @@ pub const PROOF_VERSION: u8 = 1;
 pub const MAX_PROOF_LEN: usize = MAX_ENDORSEMENT_LEN + 512;
 /// The longest certificate accepted, before any parsing.
 pub const MAX_CERTIFICATE_LEN: usize = MAX_PROOF_LEN + 2048;
-/// What every SNI name ends in: a reserved name (RFC 2606), never resolved.
-pub const SNI_SUFFIX: &str = ".themis.invalid";
+// The SNI names live in the core: the outbound pick names a TLS peer by one, and the
+// Wasm build of the sidecar has no X.509.
+pub use themis_core::identity::{id_of_sni_name, sni_name, SNI_SUFFIX};
 
 /// id-ecPublicKey (RFC 5480), and its DER content octets.
 const EC_PUBLIC_KEY: &[u64] = &[1, 2, 840, 10045, 2, 1];
@@ -97,25 +98,6 @@ impl Proof {
             _ => None,
         }
     }
-}
-
-/// The name a caller puts in its SNI for the peer it must reach, and the DNS SAN of
-/// that peer's certificate: `<the printable id past its mesh>.<mesh>.themis.invalid`
-/// (a DNS label holds the 58 characters of the id and its checksum; a printable id
-/// with its mesh would not fit one). An upstream pool is kept per SNI, so a pool
-/// never carries a call to another id.
-pub fn sni_name(id: &PeerId, mesh: &MeshName) -> String {
-    let printable = id.printable(mesh);
-    let tail = &printable[mesh.as_str().len() + 1..];
-    format!("{tail}.{mesh}{SNI_SUFFIX}")
-}
-
-/// The id an SNI name names, checksum checked; `None` for any other name.
-pub fn id_of_sni_name(name: &str) -> Option<(MeshName, PeerId)> {
-    let rest = name.strip_suffix(SNI_SUFFIX)?;
-    let (tail, mesh) = rest.split_once('.')?;
-    let (parsed_mesh, id) = PeerId::parse(&format!("{mesh}1{tail}")).ok()?;
-    (parsed_mesh.as_str() == mesh).then_some((parsed_mesh, id))
 }
 
 /// The URI SAN a certificate must carry (SPIFFE's form, which Envoy's RBAC principals

@@ -20,6 +20,7 @@ use proxy_wasm::types::{Action, MapType};
 
 use super::{call_agent, call_response, now_ms, Shared};
 use themis_sidecar::agent::Instance;
+use themis_sidecar::config::Transport;
 use themis_sidecar::outbound::{pick_headers, service_of, upstream_failed, Refusal};
 use themis_sidecar::route::Pick;
 
@@ -111,7 +112,9 @@ fn route(worker: &Shared, service: &str, picked: &Picked) -> Routed {
     };
     match pick {
         Pick::Instance(instance) => {
-            for (key, value) in pick_headers(&instance) {
+            // The Wasm filter speaks the Themis channel only.
+            let mesh = worker.borrow().config.mesh.clone();
+            for (key, value) in pick_headers(&instance, Transport::Themis, &mesh) {
                 let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, key, Some(&value));
             }
             *picked.borrow_mut() = Some(instance);

@@ -13,6 +13,7 @@ use std::ffi::{c_char, c_void};
 
 mod guard;
 mod http;
+mod validator;
 
 use crate::filter::{InboundFilter, InboundFilterConfig};
 use crate::socket::{Factory, Io, IoStatus};
@@ -136,6 +137,18 @@ extern "C" {
     ) -> bool;
 
     fn envoy_dynamic_module_callback_network_filter_get_connection_id(f: FilterPtr) -> u64;
+    // 1.40's pair: the count, then Envoy fills an array of that many (checked in the
+    // stock binary: `_size` takes only the filter and returns the span's length).
+    fn envoy_dynamic_module_callback_network_filter_get_ssl_dns_sans_size(f: FilterPtr) -> usize;
+    fn envoy_dynamic_module_callback_network_filter_get_ssl_dns_sans(
+        f: FilterPtr,
+        sans: *mut EnvoyBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_network_filter_get_ssl_uri_sans_size(f: FilterPtr) -> usize;
+    fn envoy_dynamic_module_callback_network_filter_get_ssl_uri_sans(
+        f: FilterPtr,
+        sans: *mut EnvoyBuffer,
+    ) -> bool;
     fn envoy_dynamic_module_callback_network_set_filter_state_bytes(
         f: FilterPtr,
         key: ModuleBuffer,
@@ -622,7 +635,25 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_read(
     let module = &mut *module.cast_mut().cast::<InboundFilter>();
     // A bug, caught: no byte goes on to the connection manager (StopIteration).
     hook("network_filter_read", NETWORK_STOP, || {
-        module.on_read(&mut |key: &str, value: &str| {
+        let sans = || crate::filter::Sans {
+            // SAFETY: the filter pointer is valid during the hook.
+            dns: unsafe {
+                ssl_sans(
+                    filter,
+                    envoy_dynamic_module_callback_network_filter_get_ssl_dns_sans_size,
+                    envoy_dynamic_module_callback_network_filter_get_ssl_dns_sans,
+                )
+            },
+            // SAFETY: as above.
+            uri: unsafe {
+                ssl_sans(
+                    filter,
+                    envoy_dynamic_module_callback_network_filter_get_ssl_uri_sans_size,
+                    envoy_dynamic_module_callback_network_filter_get_ssl_uri_sans,
+                )
+            },
+        };
+        module.on_read(&sans, &mut |key: &str, value: &str| {
             // SAFETY: buffers valid for the call; Envoy copies them.
             unsafe {
                 envoy_dynamic_module_callback_network_set_filter_state_bytes(
@@ -634,6 +665,28 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_read(
         });
         NETWORK_CONTINUE
     })
+}
+
+/// The peer certificate's SANs of one kind, copied (none without TLS).
+///
+/// # Safety
+/// `filter` is valid for the hook.
+unsafe fn ssl_sans(
+    filter: FilterPtr,
+    size: unsafe extern "C" fn(FilterPtr) -> usize,
+    fill: unsafe extern "C" fn(FilterPtr, *mut EnvoyBuffer) -> bool,
+) -> Vec<String> {
+    let count = size(filter);
+    if count == 0 {
+        return Vec::new();
+    }
+    let mut sans = vec![EnvoyBuffer::empty(); count];
+    if !fill(filter, sans.as_mut_ptr()) {
+        return Vec::new();
+    }
+    sans.iter()
+        .map(|san| String::from_utf8_lossy(san.as_bytes()).into_owned())
+        .collect()
 }
 
 /// # Safety

@@ -30,7 +30,16 @@ pub enum SidecarCommand {
     /// --outbound 127.0.0.12:15001 --inbound 127.0.0.12:15006 --admin-port 15000
     /// --wasm themis_envoy.wasm --wasm-url http://127.0.0.1:8099/themis_envoy.wasm
     /// --policy '{"allow":[{"service":"handler"}]}' > envoy.yaml
-    Render(RenderArgs),
+    Render(Box<RenderArgs>),
+    /// Ask the local agent for the workload's TLS certificate (--runtime tls) and
+    /// write it where Envoy reads it: DIR/certificate.json, moved in whole, so Envoy
+    /// (which watches DIR) loads each new one with no failed call. Its key is
+    /// delegated and short-lived; the workload's own key never leaves the agent.
+    /// --watch keeps it fresh: a new one at half its life, until stopped.
+    ///
+    /// Example: themis sidecar certificate --agent-socket /run/themis/agent.sock
+    /// --workload check --out /run/themis/check-tls --watch
+    Certificate(CertificateArgs),
 }
 
 /// Who seals.
@@ -38,8 +47,11 @@ pub enum SidecarCommand {
 pub enum RuntimeArg {
     /// The proxy-wasm filter.
     Wasm,
-    /// The Envoy 1.40 dynamic module.
+    /// The Envoy 1.40 dynamic module, on the Themis channel.
     Native,
+    /// The Envoy 1.40 dynamic module as the validator of Envoy's own TLS 1.3
+    /// (docs/PROTOCOL.md §8; needs --certificate-dir).
+    Tls,
 }
 
 /// What the local app speaks.
@@ -121,6 +133,31 @@ pub struct RenderArgs {
     /// default none.
     #[arg(long, value_name = "PATH")]
     access_log: Option<PathBuf>,
+    /// --runtime tls: the directory of the workload's certificate file, which
+    /// `themis sidecar certificate --out DIR` keeps fresh.
+    #[arg(long, value_name = "DIR")]
+    certificate_dir: Option<PathBuf>,
+}
+
+/// `themis sidecar certificate`'s arguments.
+#[derive(Args)]
+pub struct CertificateArgs {
+    /// The local agent's Unix socket.
+    #[arg(long, value_name = "PATH")]
+    agent_socket: PathBuf,
+    /// The workload whose key the agent holds.
+    #[arg(long)]
+    workload: String,
+    /// The directory Envoy watches (the rendered sidecar's --certificate-dir).
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// The certificate's lifetime asked for, seconds (the agent's default: an hour).
+    #[arg(long)]
+    lifetime_secs: Option<u64>,
+    /// Keep renewing it (at the agent's renew_at, retrying a failed call with
+    /// back-off) until stopped.
+    #[arg(long)]
+    watch: bool,
 }
 
 fn tcp_service(spec: &str) -> Result<(String, SocketAddr), String> {
@@ -137,7 +174,10 @@ fn json_value(text: &str) -> Result<Value, String> {
 
 /// Runs one `themis sidecar` command.
 pub fn command(command: SidecarCommand) -> ExitCode {
-    let SidecarCommand::Render(args) = command;
+    let args = match command {
+        SidecarCommand::Render(args) => *args,
+        SidecarCommand::Certificate(args) => return certificate(args),
+    };
     match render(args) {
         Ok(yaml) => {
             print!("{yaml}");
@@ -167,10 +207,11 @@ fn render(args: RenderArgs) -> Result<String, String> {
     let runtime = match args.runtime {
         RuntimeArg::Wasm => Runtime::Wasm,
         RuntimeArg::Native => Runtime::Native,
+        RuntimeArg::Tls => Runtime::Tls,
     };
     let filter_code = match runtime {
         Runtime::Wasm => Some(filter_code(&args)?),
-        Runtime::Native => None,
+        Runtime::Native | Runtime::Tls => None,
     };
     let template = match &args.template {
         Some(path) => Some(
@@ -197,6 +238,7 @@ fn render(args: RenderArgs) -> Result<String, String> {
         calls: args.calls.clone(),
         tcp: args.tcp.clone(),
         access_log: args.access_log.as_deref().map(absolute).transpose()?,
+        certificate_dir: args.certificate_dir.as_deref().map(absolute).transpose()?,
     };
     let rendered = match &template {
         Some(text) => sidecar.render_template(text),
@@ -246,4 +288,84 @@ fn filter_code(args: &RenderArgs) -> Result<FilterCode, String> {
 
 fn absolute(path: &Path) -> Result<PathBuf, String> {
     std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// `themis sidecar certificate`: once, or (--watch) for as long as it runs.
+fn certificate(args: CertificateArgs) -> ExitCode {
+    let client = themis_agent_client::Client::unix(&args.agent_socket);
+    let request = themis_contracts::api::CertificateRequest {
+        lifetime_secs: args.lifetime_secs,
+    };
+    let path = themis_contracts::paths::workload_certificate(&args.workload);
+    let mut retry = std::time::Duration::from_secs(1);
+    loop {
+        let wait = match renew(&client, &path, &request, &args.out) {
+            Ok(issued) => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
+                eprintln!(
+                    "themis sidecar certificate: {} ({}) for {} s more, in {}; the next in {} s",
+                    issued.principal,
+                    issued.sni_name,
+                    issued.not_after_ms.saturating_sub(now) / 1000,
+                    args.out.join(themis_bootstrap::CERTIFICATE_FILE).display(),
+                    issued.renew_at_ms.saturating_sub(now) / 1000,
+                );
+                retry = std::time::Duration::from_secs(1);
+                std::time::Duration::from_millis(issued.renew_at_ms.saturating_sub(now).max(1000))
+            }
+            Err(message) if args.watch => {
+                eprintln!(
+                    "themis sidecar certificate: {message}; again in {}s",
+                    retry.as_secs()
+                );
+                let wait = retry;
+                retry = (retry * 2).min(std::time::Duration::from_secs(30));
+                wait
+            }
+            Err(message) => {
+                eprintln!("error: {message}");
+                return ExitCode::from(2);
+            }
+        };
+        if !args.watch {
+            return ExitCode::SUCCESS;
+        }
+        std::thread::sleep(wait);
+    }
+}
+
+/// Asks for a certificate and moves it into `dir` whole (a rename in the directory
+/// Envoy watches: it never reads half a file).
+fn renew(
+    client: &themis_agent_client::Client,
+    path: &str,
+    request: &themis_contracts::api::CertificateRequest,
+    dir: &std::path::Path,
+) -> Result<themis_contracts::api::IssuedCertificate, String> {
+    let issued: themis_contracts::api::IssuedCertificate = client
+        .post(path, request)
+        .map_err(|e| format!("the agent gave no certificate: {e}"))?;
+    let text = themis_bootstrap::certificate_file(&issued).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let staged = dir.join(".certificate.json.new");
+    write_private(&staged, text.as_bytes()).map_err(|e| format!("{}: {e}", staged.display()))?;
+    let target = dir.join(themis_bootstrap::CERTIFICATE_FILE);
+    std::fs::rename(&staged, &target).map_err(|e| format!("{}: {e}", target.display()))?;
+    Ok(issued)
+}
+
+/// Writes `bytes` to a new file only its owner may read (it holds a private key).
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
 }
