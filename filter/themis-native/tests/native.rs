@@ -333,3 +333,245 @@ fn tls_sidecars_call_each_other() {
         "{log}"
     );
 }
+
+/// `openssl s_client` to `at` with TLS 1.3, presenting `cert` (certificate, key, and
+/// any chain after it) or none, then one HTTP/1.1 request: what it printed.
+fn tls_client(at: std::net::SocketAddr, cert: Option<&[&std::path::Path]>) -> String {
+    let mut command = std::process::Command::new("openssl");
+    command.args([
+        "s_client",
+        "-connect",
+        &at.to_string(),
+        "-tls1_3",
+        "-alpn",
+        "http/1.1",
+    ]);
+    command.args([
+        "-servername",
+        "check.test.themis.invalid",
+        "-ign_eof",
+        "-quiet",
+    ]);
+    if let Some(files) = cert {
+        command.arg("-cert").arg(files[0]).arg("-key").arg(files[1]);
+        if let Some(chain) = files.get(2) {
+            command.arg("-cert_chain").arg(chain);
+        }
+    }
+    let mut child = command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("openssl");
+    use std::io::Write;
+    let _ = child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"GET /check?n=7 HTTP/1.1\r\nhost: check\r\nconnection: close\r\n\r\n");
+    // s_client ends when the server closes; bounded in case it does not.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Runs `openssl` with `args`; panics with its output if it fails.
+fn openssl(args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The certificate and key of a `themis sidecar certificate` file, as PEM files.
+fn pem_files(certificate_json: &std::path::Path, dir: &std::path::Path) -> [std::path::PathBuf; 2] {
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(certificate_json).unwrap()).unwrap();
+    let tls = &file["resources"][0]["tls_certificate"];
+    let cert = dir.join("intruder.pem");
+    let key = dir.join("intruder.key");
+    std::fs::write(
+        &cert,
+        tls["certificate_chain"]["inline_string"].as_str().unwrap(),
+    )
+    .unwrap();
+    std::fs::write(&key, tls["private_key"]["inline_string"].as_str().unwrap()).unwrap();
+    [cert, key]
+}
+
+/// What a TLS callee refuses in the handshake, each counted, none reaching its app: a
+/// caller with no certificate, one with a CA-signed certificate (the mTLS pair's
+/// kind), one with a CA chain, and a real Themis certificate of a member the policy
+/// does not allow (its workload's, from the agent). A revoked caller is refused from
+/// its next handshake on.
+#[test]
+fn a_tls_callee_refuses_in_the_handshake() {
+    if !require::filter_in_envoy("runs the native module in Envoy") {
+        return;
+    }
+    let mesh = mesh(Runtime::Tls, Runtime::Tls);
+    let b = &mesh.envoy_b;
+    let dir = mesh.dir.path();
+    let app_before = mesh.app.count();
+    let answered = |out: &str| out.contains("HTTP/1.1 ");
+
+    // No certificate: BoringSSL refuses before the validator runs.
+    let out = tls_client(b.inbound, None);
+    assert!(!answered(&out), "{out}");
+
+    // A CA-signed certificate naming an allowed caller's principal, alone and with
+    // its CA.
+    let p = |name: &str| dir.join(name).display().to_string();
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        &p("ca.key"),
+        "-out",
+        &p("ca.pem"),
+        "-subj",
+        "/CN=mesh ca",
+        "-days",
+        "1",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        &p("leaf.key"),
+        "-out",
+        &p("leaf.csr"),
+        "-subj",
+        "/CN=themis",
+    ]);
+    std::fs::write(
+        dir.join("leaf.ext"),
+        "subjectAltName=URI:spiffe://test/svc/handler\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &p("leaf.csr"),
+        "-CA",
+        &p("ca.pem"),
+        "-CAkey",
+        &p("ca.key"),
+        "-CAcreateserial",
+        "-out",
+        &p("leaf.pem"),
+        "-days",
+        "1",
+        "-extfile",
+        &p("leaf.ext"),
+    ]);
+    let before = counter(b, "inbound.refused.certificate");
+    let (leaf, key, ca) = (
+        dir.join("leaf.pem"),
+        dir.join("leaf.key"),
+        dir.join("ca.pem"),
+    );
+    let out = tls_client(b.inbound, Some(&[&leaf, &key]));
+    assert!(!answered(&out), "{out}");
+    let out = tls_client(b.inbound, Some(&[&leaf, &key, &ca]));
+    assert!(!answered(&out), "{out}");
+    assert_eq!(
+        counter(b, "inbound.refused.certificate"),
+        before + 2,
+        "{}",
+        mesh.logs()
+    );
+
+    // A member's own Themis certificate, which proves it, but of no allowed service.
+    support::mesh::create_workload(&mesh.a, "intruder");
+    let out_dir = dir.join("intruder-tls");
+    let socket = mesh.a.dir.join("agent.sock");
+    support::agent::operator(&[
+        "sidecar".as_ref(),
+        "certificate".as_ref(),
+        "--agent-socket".as_ref(),
+        socket.as_os_str(),
+        "--workload".as_ref(),
+        "intruder".as_ref(),
+        "--out".as_ref(),
+        out_dir.as_os_str(),
+    ]);
+    let [cert, key] = pem_files(&out_dir.join("certificate.json"), dir);
+    let before = counter(b, "inbound.refused.policy");
+    let out = tls_client(b.inbound, Some(&[&cert, &key]));
+    assert!(!answered(&out), "{out}");
+    assert_eq!(
+        counter(b, "inbound.refused.policy"),
+        before + 1,
+        "{}",
+        mesh.logs()
+    );
+    assert!(b
+        .log_tail(usize::MAX)
+        .contains("refused.policy: spiffe://test/id/test1"));
+
+    assert_eq!(
+        mesh.app.count(),
+        app_before,
+        "a refused caller reached the app"
+    );
+    // The positive control: the same client with the allowed caller's own
+    // certificate (its sidecar's) is answered by the app.
+    let [cert, key] = pem_files(&dir.join("envoy-a-tls").join("certificate.json"), dir);
+    let out = tls_client(b.inbound, Some(&[&cert, &key]));
+    assert!(out.contains("HTTP/1.1 200"), "{out}\n{}", mesh.logs());
+    assert_eq!(mesh.app.count(), app_before + 1);
+    // The no-certificate handshake was Envoy's own refusal.
+    let no_cert: u64 = b
+        .stats()
+        .iter()
+        .filter(|(n, _)| n.ends_with("ssl.fail_verify_no_cert"))
+        .map(|(_, v)| *v)
+        .sum();
+    assert_eq!(no_cert, 1, "{:?}", b.stats());
+
+    // Revoked: its next handshakes are refused (the same certificate, within its
+    // lifetime), once the callee's module holds the revocation.
+    mesh.b.revoke(&mesh.handler_id, &dir.join("mesh"));
+    let served = mesh.app.count();
+    support::process::wait_until(
+        "the revoked caller's handshake to be refused",
+        std::time::Duration::from_secs(30),
+        || {
+            let out = tls_client(b.inbound, Some(&[&cert, &key]));
+            (counter(b, "inbound.refused.revoked") >= 1 && !answered(&out)).then_some(())
+        },
+    );
+    assert!(
+        mesh.app.count() <= served + 1,
+        "answered only before the revocation held"
+    );
+    let served = mesh.app.count();
+    let out = tls_client(b.inbound, Some(&[&cert, &key]));
+    assert!(!answered(&out), "{out}");
+    assert_eq!(mesh.app.count(), served);
+}
