@@ -575,3 +575,56 @@ fn a_tls_callee_refuses_in_the_handshake() {
     assert!(!answered(&out), "{out}");
     assert_eq!(mesh.app.count(), served);
 }
+
+/// Envoy's own features see a TLS peer: a stock `envoy.filters.network.rbac` on the
+/// callee's inbound chain, by the URI SAN, admits the caller it names and refuses
+/// one it does not (Envoy's RBAC counts both), with no Themis code in the decision.
+#[test]
+fn envoys_own_rbac_decides_on_a_tls_peer_by_its_uri_san() {
+    if !require::filter_in_envoy("runs the native module in Envoy") {
+        return;
+    }
+    let mesh = mesh(Runtime::Tls, Runtime::Tls);
+    let dir = mesh.dir.path();
+    let rendered = std::fs::read_to_string(dir.join("envoy-b.yaml")).unwrap();
+    let with_rbac = |principal: &str| {
+        let rbac = format!(
+            r#"      - name: envoy.filters.network.rbac
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC
+          stat_prefix: themis_rbac
+          rules:
+            action: ALLOW
+            policies:
+              callers:
+                permissions: [{{any: true}}]
+                principals: [{{authenticated: {{principal_name: {{exact: "{principal}"}}}}}}]
+"#
+        );
+        let marked = "      - name: themis.peer\n";
+        assert_eq!(rendered.matches(marked).count(), 1);
+        rendered.replacen(marked, &format!("{rbac}{marked}"), 1)
+    };
+    for (service, principal, admitted) in [
+        ("check-open", "spiffe://test/svc/handler", true),
+        ("check-limited", "spiffe://test/svc/payments", false),
+    ] {
+        let envoy = support::envoy::Envoy::start_yaml(dir, service, &with_rbac(principal));
+        mesh.register(service, "check", envoy.inbound);
+        let served = mesh.app.count();
+        let r = mesh.call("GET", service, "/check?n=7", &[], b"");
+        let rbac = |name: &str| stat(&envoy, &format!("themis_rbac.rbac.{name}"));
+        match admitted {
+            true => {
+                assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
+                assert_eq!(rbac("allowed"), 1, "{:?}", envoy.stats());
+                assert_eq!(mesh.app.count(), served + 1);
+            }
+            false => {
+                assert_ne!(r.status, 200, "{r}");
+                assert!(rbac("denied") >= 1, "{:?}", envoy.stats());
+                assert_eq!(mesh.app.count(), served, "a denied caller reached the app");
+            }
+        }
+    }
+}
