@@ -189,8 +189,8 @@ fn the_tls_binding_says_tls_everywhere_and_needs_its_certificate() {
     let configs = configs(&yaml);
     assert_eq!(
         configs.len(),
-        3,
-        "outbound, inbound validator, outbound validator"
+        4,
+        "outbound, inbound validator and peer filter, outbound validator"
     );
     for config in &configs {
         assert_eq!(config["transport"], "tls", "{config}");

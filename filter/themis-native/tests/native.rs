@@ -554,10 +554,13 @@ fn a_tls_callee_refuses_in_the_handshake() {
         .sum();
     assert_eq!(no_cert, 1, "{:?}", b.stats());
 
-    // Revoked: its next handshakes are refused (the same certificate, within its
-    // lifetime), once the callee's module holds the revocation.
+    // Revoked: its established (pooled) connection ends on its next bytes, and its
+    // next handshakes are refused (the same certificate, within its lifetime), once
+    // the callee's module holds the revocation.
+    let mut kept = support::http::KeepAlive::connect(mesh.envoy_a.outbound);
+    let r = kept.post("check", "/before", b"").unwrap();
+    assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
     mesh.b.revoke(&mesh.handler_id, &dir.join("mesh"));
-    let served = mesh.app.count();
     support::process::wait_until(
         "the revoked caller's handshake to be refused",
         std::time::Duration::from_secs(30),
@@ -566,14 +569,24 @@ fn a_tls_callee_refuses_in_the_handshake() {
             (counter(b, "inbound.refused.revoked") >= 1 && !answered(&out)).then_some(())
         },
     );
-    assert!(
-        mesh.app.count() <= served + 1,
-        "answered only before the revocation held"
-    );
     let served = mesh.app.count();
     let out = tls_client(b.inbound, Some(&[&cert, &key]));
     assert!(!answered(&out), "{out}");
-    assert_eq!(mesh.app.count(), served);
+    let r = kept
+        .post("check", "/kept", b"")
+        .unwrap_or_else(|e| panic!("the kept connection: {e}\n{}", mesh.logs()));
+    assert_ne!(r.status, 200, "the pooled TLS connection still serves: {r}");
+    assert_eq!(
+        mesh.app.count(),
+        served,
+        "a revoked caller's request reached the app"
+    );
+    assert!(
+        b.log_tail(usize::MAX)
+            .contains("was revoked; its connection ends"),
+        "{}",
+        mesh.logs()
+    );
 }
 
 /// Envoy's own features see a TLS peer: a stock `envoy.filters.network.rbac` on the

@@ -84,6 +84,10 @@ const IO_AGAIN: u32 = 1;
 const NETWORK_CONTINUE: u32 = 0;
 const NETWORK_STOP: u32 = 1;
 
+/// `envoy_dynamic_module_type_network_connection_close_type_NoFlush`: nothing more is
+/// written to a connection cut for its peer's revocation.
+const CLOSE_NO_FLUSH: u32 = 1;
+
 /// `envoy_dynamic_module_type_network_connection_event_LocalClose`, `_Connected`.
 const EVENT_LOCAL_CLOSE: u32 = 1;
 const EVENT_CONNECTED: u32 = 2;
@@ -139,6 +143,7 @@ extern "C" {
     fn envoy_dynamic_module_callback_network_filter_get_connection_id(f: FilterPtr) -> u64;
     // 1.40's pair: the count, then Envoy fills an array of that many (checked in the
     // stock binary: `_size` takes only the filter and returns the span's length).
+    fn envoy_dynamic_module_callback_network_filter_close(f: FilterPtr, close_type: u32);
     fn envoy_dynamic_module_callback_network_filter_get_ssl_dns_sans_size(f: FilterPtr) -> usize;
     fn envoy_dynamic_module_callback_network_filter_get_ssl_dns_sans(
         f: FilterPtr,
@@ -653,7 +658,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_read(
                 )
             },
         };
-        module.on_read(&sans, &mut |key: &str, value: &str| {
+        let read = module.on_read(&sans, &mut |key: &str, value: &str| {
             // SAFETY: buffers valid for the call; Envoy copies them.
             unsafe {
                 envoy_dynamic_module_callback_network_set_filter_state_bytes(
@@ -663,7 +668,16 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_read(
                 )
             }
         });
-        NETWORK_CONTINUE
+        match read {
+            crate::filter::Read::Continue => NETWORK_CONTINUE,
+            crate::filter::Read::Close => {
+                // SAFETY: the filter pointer is valid during the hook.
+                unsafe {
+                    envoy_dynamic_module_callback_network_filter_close(filter, CLOSE_NO_FLUSH)
+                };
+                NETWORK_STOP
+            }
+        }
     })
 }
 
