@@ -35,6 +35,11 @@ fn mesh(a: Runtime, b: Runtime) -> Mesh {
     mesh
 }
 
+/// [`mesh`], if this machine runs the native module in Envoy.
+fn started(a: Runtime, b: Runtime) -> Option<Mesh> {
+    require::filter_in_envoy("runs the native module in Envoy").then(|| mesh(a, b))
+}
+
 /// The native module's counter `themis.<name>` on `envoy` (Envoy prefixes a dynamic
 /// module's counters; the name after it is the Wasm filter's).
 fn counter(envoy: &support::envoy::Envoy, name: &str) -> u64 {
@@ -130,10 +135,9 @@ fn call_is_sealed_and_attributed(mesh: &Mesh) {
 
 #[test]
 fn native_sidecars_call_each_other() {
-    if !require::filter_in_envoy("runs the native module in Envoy") {
+    let Some(mesh) = started(Runtime::Native, Runtime::Native) else {
         return;
-    }
-    let mesh = mesh(Runtime::Native, Runtime::Native);
+    };
     call_is_sealed_and_attributed(&mesh);
 
     // A name this sidecar has no sealing cluster for is answered here, and counted
@@ -167,10 +171,9 @@ fn native_sidecars_call_each_other() {
 
 #[test]
 fn a_native_caller_reaches_a_wasm_callee() {
-    if !require::filter_in_envoy("runs the native module in Envoy") {
+    let Some(mesh) = started(Runtime::Native, Runtime::Wasm) else {
         return;
-    }
-    let mesh = mesh(Runtime::Native, Runtime::Wasm);
+    };
     // Its first delegation came before `handler` was registered.
     mesh.envoy_a.wait_seal_carries_endorsement();
     call_is_sealed_and_attributed(&mesh);
@@ -257,10 +260,9 @@ fn a_caller_that_stalls_in_the_handshake_is_closed_by_a_wasm_callee() {
 /// rather than authenticate whichever answers.
 #[test]
 fn two_identities_at_one_address_are_refused_by_a_native_caller() {
-    if !require::filter_in_envoy("runs the native module in Envoy") {
+    let Some(mesh) = started(Runtime::Native, Runtime::Native) else {
         return;
-    }
-    let mesh = mesh(Runtime::Native, Runtime::Native);
+    };
     let r = mesh.call("GET", "check", "/before", &[], b"");
     assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
     support::mesh::create_workload(&mesh.b, "check-twin");
@@ -299,10 +301,9 @@ fn two_identities_at_one_address_are_refused_by_a_native_caller() {
 /// callee's access log names the caller by the URI SAN TLS proved.
 #[test]
 fn tls_sidecars_call_each_other() {
-    if !require::filter_in_envoy("runs the native module in Envoy") {
+    let Some(mesh) = started(Runtime::Tls, Runtime::Tls) else {
         return;
-    }
-    let mesh = mesh(Runtime::Tls, Runtime::Tls);
+    };
     call_is_sealed_and_attributed(&mesh);
     let (a, b) = (&mesh.envoy_a, &mesh.envoy_b);
     assert!(counter(a, "seal.established") >= 1);
@@ -384,15 +385,15 @@ fn tls_client(at: std::net::SocketAddr, cert: Option<&[&std::path::Path]>) -> St
     )
 }
 
-/// Runs `openssl` with `args`; panics with its output if it fails.
-fn openssl(args: &[&str]) {
+/// Runs `openssl` with `line`'s words; panics with its output if it fails.
+fn openssl(line: &str) {
     let out = std::process::Command::new("openssl")
-        .args(args)
+        .args(line.split_whitespace())
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "openssl {args:?}: {}",
+        "openssl {line}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
@@ -420,10 +421,9 @@ fn pem_files(certificate_json: &std::path::Path, dir: &std::path::Path) -> [std:
 /// its next handshake on.
 #[test]
 fn a_tls_callee_refuses_in_the_handshake() {
-    if !require::filter_in_envoy("runs the native module in Envoy") {
+    let Some(mesh) = started(Runtime::Tls, Runtime::Tls) else {
         return;
-    }
-    let mesh = mesh(Runtime::Tls, Runtime::Tls);
+    };
     let b = &mesh.envoy_b;
     let dir = mesh.dir.path();
     let app_before = mesh.app.count();
@@ -436,59 +436,30 @@ fn a_tls_callee_refuses_in_the_handshake() {
     // A CA-signed certificate naming an allowed caller's principal, alone and with
     // its CA.
     let p = |name: &str| dir.join(name).display().to_string();
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-        "-keyout",
-        &p("ca.key"),
-        "-out",
-        &p("ca.pem"),
-        "-subj",
-        "/CN=mesh ca",
-        "-days",
-        "1",
-    ]);
-    openssl(&[
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-        "-keyout",
-        &p("leaf.key"),
-        "-out",
-        &p("leaf.csr"),
-        "-subj",
-        "/CN=themis",
-    ]);
+    let p256 = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
+    openssl(&format!(
+        "req -x509 {p256} -keyout {} -out {} -subj /CN=mesh-ca -days 1",
+        p("ca.key"),
+        p("ca.pem")
+    ));
+    openssl(&format!(
+        "req {p256} -keyout {} -out {} -subj /CN=themis",
+        p("leaf.key"),
+        p("leaf.csr")
+    ));
     std::fs::write(
         dir.join("leaf.ext"),
         "subjectAltName=URI:spiffe://test/svc/handler\n",
     )
     .unwrap();
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        &p("leaf.csr"),
-        "-CA",
-        &p("ca.pem"),
-        "-CAkey",
-        &p("ca.key"),
-        "-CAcreateserial",
-        "-out",
-        &p("leaf.pem"),
-        "-days",
-        "1",
-        "-extfile",
-        &p("leaf.ext"),
-    ]);
+    openssl(&format!(
+        "x509 -req -in {} -CA {} -CAkey {} -CAcreateserial -out {} -days 1 -extfile {}",
+        p("leaf.csr"),
+        p("ca.pem"),
+        p("ca.key"),
+        p("leaf.pem"),
+        p("leaf.ext")
+    ));
     let before = counter(b, "inbound.refused.certificate");
     let (leaf, key, ca) = (
         dir.join("leaf.pem"),
@@ -594,10 +565,9 @@ fn a_tls_callee_refuses_in_the_handshake() {
 /// one it does not (Envoy's RBAC counts both), with no Themis code in the decision.
 #[test]
 fn envoys_own_rbac_decides_on_a_tls_peer_by_its_uri_san() {
-    if !require::filter_in_envoy("runs the native module in Envoy") {
+    let Some(mesh) = started(Runtime::Tls, Runtime::Tls) else {
         return;
-    }
-    let mesh = mesh(Runtime::Tls, Runtime::Tls);
+    };
     let dir = mesh.dir.path();
     let rendered = std::fs::read_to_string(dir.join("envoy-b.yaml")).unwrap();
     let with_rbac = |principal: &str| {
