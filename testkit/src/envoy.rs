@@ -120,10 +120,10 @@ pub fn certificate_for(root: &Path, name: &str, sidecar: &Sidecar<'_>) -> (PathB
     let workload = config["workload"].as_str().expect("a workload");
     let dir = root.join(format!("{name}-tls"));
     let args: [&std::ffi::OsStr; 8] = [
+        "--socket".as_ref(),
+        sidecar.agent_socket.as_os_str(),
         "sidecar".as_ref(),
         "certificate".as_ref(),
-        "--agent-socket".as_ref(),
-        sidecar.agent_socket.as_os_str(),
         "--workload".as_ref(),
         workload.as_ref(),
         "--out".as_ref(),

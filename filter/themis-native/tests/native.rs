@@ -482,10 +482,10 @@ fn a_tls_callee_refuses_in_the_handshake() {
     let out_dir = dir.join("intruder-tls");
     let socket = mesh.a.dir.join("agent.sock");
     support::agent::operator(&[
+        "--socket".as_ref(),
+        socket.as_os_str(),
         "sidecar".as_ref(),
         "certificate".as_ref(),
-        "--agent-socket".as_ref(),
-        socket.as_os_str(),
         "--workload".as_ref(),
         "intruder".as_ref(),
         "--out".as_ref(),

@@ -457,7 +457,7 @@ fn main() -> ExitCode {
             Err(code) => return code,
         },
         Command::Log(command) => return log::command(command, &cli.socket, cli.json),
-        Command::Sidecar(command) => return sidecar::command(command),
+        Command::Sidecar(command) => return sidecar::command(command, &cli.socket),
         Command::Delegate {
             workload,
             out,

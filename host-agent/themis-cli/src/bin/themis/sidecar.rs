@@ -37,7 +37,7 @@ pub enum SidecarCommand {
     /// delegated and short-lived; the workload's own key never leaves the agent.
     /// --watch keeps it fresh: a new one at half its life, until stopped.
     ///
-    /// Example: themis sidecar certificate --agent-socket /run/themis/agent.sock
+    /// Example: themis --socket /run/themis/agent.sock sidecar certificate
     /// --workload check --out /run/themis/check-tls --watch
     Certificate(CertificateArgs),
 }
@@ -142,9 +142,6 @@ pub struct RenderArgs {
 /// `themis sidecar certificate`'s arguments.
 #[derive(Args)]
 pub struct CertificateArgs {
-    /// The local agent's Unix socket.
-    #[arg(long, value_name = "PATH")]
-    agent_socket: PathBuf,
     /// The workload whose key the agent holds.
     #[arg(long)]
     workload: String,
@@ -173,10 +170,11 @@ fn json_value(text: &str) -> Result<Value, String> {
 }
 
 /// Runs one `themis sidecar` command.
-pub fn command(command: SidecarCommand) -> ExitCode {
+/// `socket`: the local agent's (`--socket`), which `certificate` asks.
+pub fn command(command: SidecarCommand, socket: &str) -> ExitCode {
     let args = match command {
         SidecarCommand::Render(args) => *args,
-        SidecarCommand::Certificate(args) => return certificate(args),
+        SidecarCommand::Certificate(args) => return certificate(args, socket),
     };
     match render(args) {
         Ok(yaml) => {
@@ -291,8 +289,8 @@ fn absolute(path: &Path) -> Result<PathBuf, String> {
 }
 
 /// `themis sidecar certificate`: once, or (--watch) for as long as it runs.
-fn certificate(args: CertificateArgs) -> ExitCode {
-    let client = themis_agent_client::Client::unix(&args.agent_socket);
+fn certificate(args: CertificateArgs, socket: &str) -> ExitCode {
+    let client = themis_agent_client::Client::unix(socket);
     let request = themis_contracts::api::CertificateRequest {
         lifetime_secs: args.lifetime_secs,
     };
