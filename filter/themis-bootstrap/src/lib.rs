@@ -217,6 +217,17 @@ pub enum RenderError {
 }
 
 impl Sidecar {
+    /// The services the app calls, HTTP and TCP, each once.
+    fn called(&self) -> Vec<&str> {
+        let mut calls: Vec<&str> = Vec::new();
+        for service in self.calls.iter().chain(self.tcp.iter().map(|(s, _)| s)) {
+            if !calls.contains(&service.as_str()) {
+                calls.push(service);
+            }
+        }
+        calls
+    }
+
     /// The bootstrap, from the runtime's built-in template.
     pub fn render(&self) -> Result<String, RenderError> {
         self.render_template(self.runtime.template())
@@ -279,17 +290,8 @@ impl Sidecar {
                         map.insert("transport".into(), "tls".into());
                     })
                 };
-                let mut calls: Vec<&str> = Vec::new();
-                for service in self.calls.iter().chain(self.tcp.iter().map(|(s, _)| s)) {
-                    if !calls.contains(&service.as_str()) {
-                        calls.push(service);
-                    }
-                }
-                let vhosts: Vec<String> = calls.iter().map(|s| tls_outbound_vhost(s)).collect();
-                let vhosts = match vhosts.is_empty() {
-                    true => "[]".to_owned(),
-                    false => vhosts.join("\n            "),
-                };
+                let calls = self.called();
+                let vhosts = vhost_list(&calls, tls_outbound_vhost);
                 let quoted = |path: PathBuf| Value::from(path.display().to_string()).to_string();
                 let outbound = edit_json(&tls(&self.outbound_config), |map| {
                     map.insert("calls".into(), calls.clone().into());
@@ -313,12 +315,7 @@ impl Sidecar {
                         map.insert("agent_socket".into(), agent_socket.clone().into());
                     })
                 };
-                let mut calls: Vec<&str> = Vec::new();
-                for service in self.calls.iter().chain(self.tcp.iter().map(|(s, _)| s)) {
-                    if !calls.contains(&service.as_str()) {
-                        calls.push(service);
-                    }
-                }
+                let calls = self.called();
                 let mut clusters = String::new();
                 for service in &calls {
                     for http1 in [false, true] {
@@ -332,11 +329,7 @@ impl Sidecar {
                     }
                 }
                 // No calls: the app calls no mesh service (each call answered 404).
-                let vhosts: Vec<String> = calls.iter().map(|s| outbound_vhost(s)).collect();
-                let vhosts = match vhosts.is_empty() {
-                    true => "[]".to_owned(),
-                    false => vhosts.join("\n            "),
-                };
+                let vhosts = vhost_list(&calls, outbound_vhost);
                 values.extend([
                     ("OUTBOUND_CONFIG", with_socket(&self.outbound_config)),
                     // The template's inbound HCM detects its codec: callers may carry
@@ -469,9 +462,6 @@ fn seal_cluster(service: &str, config: &str, http1: bool) -> Result<String, Rend
 /// The outbound virtual host of `service` (by the call's host): its sealing cluster,
 /// or its HTTP/1.1 one for a request the pick marked `x-themis-carry: http/1.1`.
 fn outbound_vhost(service: &str) -> String {
-    let route = |cluster: &str| {
-        format!("route: {{cluster: {cluster}, timeout: 0s}}, request_headers_to_remove: [x-themis-destination, x-themis-expect-peer, x-themis-carry]")
-    };
     format!(
         "- {{name: {service}, domains: [\"{service}\", \"{service}:*\"], routes: [{{match: {{prefix: \"/\", headers: [{{name: x-themis-carry, string_match: {{exact: \"http/1.1\"}}}}]}}, {}}}, {{match: {{connect_matcher: {{}}}}, {}}}, {{match: {{prefix: \"/\"}}, {}}}]}}",
         route(&format!("themis_to_{service}_http1")),
@@ -483,8 +473,27 @@ fn outbound_vhost(service: &str) -> String {
 /// The TLS binding's outbound virtual host of `service`: the one TLS cluster.
 fn tls_outbound_vhost(service: &str) -> String {
     format!(
-        "- {{name: {service}, domains: [\"{service}\", \"{service}:*\"], routes: [{{match: {{connect_matcher: {{}}}}, route: {{cluster: themis_tls, timeout: 0s}}, request_headers_to_remove: [x-themis-destination, x-themis-expect-peer, x-themis-carry]}}, {{match: {{prefix: \"/\"}}, route: {{cluster: themis_tls, timeout: 0s}}, request_headers_to_remove: [x-themis-destination, x-themis-expect-peer, x-themis-carry]}}]}}"
+        "- {{name: {service}, domains: [\"{service}\", \"{service}:*\"], routes: [{{match: {{connect_matcher: {{}}}}, {}}}, {{match: {{prefix: \"/\"}}, {}}}]}}",
+        route("themis_tls"),
+        route("themis_tls"),
     )
+}
+
+/// A route to `cluster`, the pick's headers removed on the way.
+fn route(cluster: &str) -> String {
+    format!("route: {{cluster: {cluster}, timeout: 0s}}, request_headers_to_remove: [x-themis-destination, x-themis-expect-peer, x-themis-carry]")
+}
+
+/// The outbound virtual hosts of `calls`, as YAML list items (`[]` for none).
+fn vhost_list(calls: &[&str], vhost: fn(&str) -> String) -> String {
+    match calls.is_empty() {
+        true => "[]".to_owned(),
+        false => calls
+            .iter()
+            .map(|s| vhost(s))
+            .collect::<Vec<_>>()
+            .join("\n            "),
+    }
 }
 
 /// A listener per TCP service: tcp_proxy tunnels each connection as an HTTP/2 CONNECT

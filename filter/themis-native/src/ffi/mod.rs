@@ -141,9 +141,9 @@ extern "C" {
     ) -> bool;
 
     fn envoy_dynamic_module_callback_network_filter_get_connection_id(f: FilterPtr) -> u64;
+    fn envoy_dynamic_module_callback_network_filter_close(f: FilterPtr, close_type: u32);
     // 1.40's pair: the count, then Envoy fills an array of that many (checked in the
     // stock binary: `_size` takes only the filter and returns the span's length).
-    fn envoy_dynamic_module_callback_network_filter_close(f: FilterPtr, close_type: u32);
     fn envoy_dynamic_module_callback_network_filter_get_ssl_dns_sans_size(f: FilterPtr) -> usize;
     fn envoy_dynamic_module_callback_network_filter_get_ssl_dns_sans(
         f: FilterPtr,
