@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::build::venv_binary;
 use crate::http;
 use crate::module::{filter_pin, Pin};
-use crate::process::{poll_until, wait_until, Process};
+use crate::process::{poll_until, wait_until, wait_until_or, Process};
 use themis_bootstrap::Runtime;
 
 /// How long Envoy gets to become ready (the filter is compiled by V8 per worker).
@@ -94,9 +94,9 @@ pub fn render_native(sidecar: &Sidecar<'_>, calls: &[&str]) -> String {
     )
 }
 
-/// `deploy/envoy/sidecar-tls.yaml` for `sidecar`, whose app calls `calls`, its
-/// certificate in `certificate_dir` ([`certificate_for`]).
-pub fn render_tls(sidecar: &Sidecar<'_>, calls: &[&str], certificate_dir: &Path) -> String {
+/// `deploy/envoy/sidecar-tls.yaml` for `sidecar`, whose app calls `calls`; Envoy gets
+/// its certificate from the agent's SDS.
+pub fn render_tls(sidecar: &Sidecar<'_>, calls: &[&str]) -> String {
     crate::build::native_module();
     bootstrap_on(
         sidecar,
@@ -106,38 +106,23 @@ pub fn render_tls(sidecar: &Sidecar<'_>, calls: &[&str], certificate_dir: &Path)
             calls,
             ..Additions::default()
         },
-        Some(certificate_dir),
     )
 }
 
-/// The certificate of `sidecar`'s workload, from its agent by `themis sidecar
-/// certificate` (as a user runs it), in a directory of its own under `root`: once,
-/// so that Envoy finds it at start, then `--watch` in the background (renewed as the
-/// agent says: within seconds once the workload registers, for its endorsement).
-pub fn certificate_for(root: &Path, name: &str, sidecar: &Sidecar<'_>) -> (PathBuf, Process) {
-    let config: serde_json::Value =
-        serde_json::from_str(sidecar.outbound_config).expect("the outbound configuration");
-    let workload = config["workload"].as_str().expect("a workload");
-    let dir = root.join(format!("{name}-tls"));
-    let args: [&std::ffi::OsStr; 8] = [
+/// One TLS certificate of `workload`, from the agent at `socket` by `themis sidecar
+/// certificate` (as a user runs it), as PEM files in `out`: certificate and key.
+pub fn certificate_files(socket: &Path, workload: &str, out: &Path) -> [PathBuf; 2] {
+    crate::agent::operator(&[
         "--socket".as_ref(),
-        sidecar.agent_socket.as_os_str(),
+        socket.as_os_str(),
         "sidecar".as_ref(),
         "certificate".as_ref(),
         "--workload".as_ref(),
         workload.as_ref(),
         "--out".as_ref(),
-        dir.as_os_str(),
-    ];
-    crate::agent::operator(&args);
-    let mut watch = Command::new(crate::agent::themis_binary());
-    watch.args(args).arg("--watch");
-    let keeper = Process::spawn(
-        &format!("{name}-certificate"),
-        watch,
-        &root.join(format!("{name}-certificate.log")),
-    );
-    (dir, keeper)
+        out.as_os_str(),
+    ]);
+    [out.join("certificate.pem"), out.join("key.pem")]
 }
 
 /// What a rendering adds to a sidecar, as `themis sidecar render`'s `--calls` and
@@ -169,7 +154,8 @@ pub fn render_on(
             bootstrap(sidecar, None, additions)
         }
         crate::mesh::Runtime::Tls => {
-            panic!("the TLS binding renders with its certificate: render_tls")
+            crate::build::native_module();
+            bootstrap_on(sidecar, Runtime::Tls, None, additions)
         }
     }
 }
@@ -186,7 +172,7 @@ fn bootstrap(
         Some(_) => Runtime::Wasm,
         None => Runtime::Native,
     };
-    bootstrap_on(sidecar, runtime, filter_code, additions, None)
+    bootstrap_on(sidecar, runtime, filter_code, additions)
 }
 
 fn bootstrap_on(
@@ -194,7 +180,6 @@ fn bootstrap_on(
     runtime: Runtime,
     filter_code: Option<themis_bootstrap::FilterCode>,
     additions: &Additions<'_>,
-    certificate_dir: Option<&Path>,
 ) -> String {
     let ip: std::net::IpAddr = sidecar.ip.parse().expect("an IP address");
     let any_port = SocketAddr::new(ip, 0);
@@ -221,7 +206,6 @@ fn bootstrap_on(
             .map(|(s, at)| ((*s).to_owned(), *at))
             .collect(),
         access_log: None,
-        certificate_dir: certificate_dir.map(Path::to_owned),
     };
     rendered
         .render()
@@ -247,8 +231,6 @@ pub struct Envoy {
     pub listeners: BTreeMap<String, SocketAddr>,
     /// It runs the native module (its configuration loads it).
     native: bool,
-    /// What keeps its TLS certificate fresh (`themis sidecar certificate --watch`).
-    keeper: Option<Process>,
     process: Process,
 }
 
@@ -318,19 +300,12 @@ impl Envoy {
             inbound,
             listeners,
             native: yaml.contains("themis_native"),
-            keeper: None,
             process,
         }
     }
 
-    /// The same Envoy, with the process that keeps its certificate (stopped with it).
-    pub fn kept_by(mut self, keeper: Process) -> Envoy {
-        self.keeper = Some(keeper);
-        self
-    }
-
     /// Waits until the certificate Envoy serves names `principal` (its admin `/certs`:
-    /// the file was renewed, and Envoy loaded it).
+    /// the agent's SDS pushed a renewed one, and Envoy loaded it).
     pub fn wait_certificate_names(&self, principal: &str) {
         let admin = self.admin;
         wait_until(
@@ -503,6 +478,20 @@ impl Envoy {
     /// The last lines of its log.
     pub fn log_tail(&self, n: usize) -> String {
         self.process.log_tail(n)
+    }
+
+    /// Waits until its log holds `text` (an access log line: Envoy writes those out
+    /// every `--file-flush-interval-msec`, 10 s by default); its whole log.
+    pub fn wait_log(&self, text: &str) -> String {
+        wait_until_or(
+            &format!("{} to log {text:?}", self.name()),
+            Duration::from_secs(20),
+            || {
+                let log = self.log_tail(usize::MAX);
+                log.contains(text).then_some(log)
+            },
+            || self.log_tail(40),
+        )
     }
 }
 

@@ -382,13 +382,7 @@ impl Runtime {
                 &crate::envoy::render_native(sidecar, NATIVE_CALLS),
             ),
             Runtime::Tls => {
-                let (dir, keeper) = crate::envoy::certificate_for(root, name, sidecar);
-                Envoy::start_yaml(
-                    root,
-                    name,
-                    &crate::envoy::render_tls(sidecar, NATIVE_CALLS, &dir),
-                )
-                .kept_by(keeper)
+                Envoy::start_yaml(root, name, &crate::envoy::render_tls(sidecar, NATIVE_CALLS))
             }
         }
     }

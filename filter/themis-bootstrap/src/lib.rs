@@ -22,10 +22,6 @@ pub const NATIVE_TEMPLATE: &str = include_str!("../../../deploy/envoy/sidecar-na
 /// The TLS binding's template (the native module as Envoy's certificate validator).
 pub const TLS_TEMPLATE: &str = include_str!("../../../deploy/envoy/sidecar-tls.yaml");
 
-/// The file Envoy reads the workload's certificate from, in the certificate directory
-/// (`themis sidecar certificate` writes it; Envoy reloads it when it changes).
-pub const CERTIFICATE_FILE: &str = "certificate.json";
-
 /// Where a template's outbound HTTP connection manager takes an access log.
 const ACCESS_LOG_MARK: &str =
     "          # No access log: `themis sidecar render --access-log PATH` adds one here.\n";
@@ -185,9 +181,6 @@ pub struct Sidecar {
     pub tcp: Vec<(String, SocketAddr)>,
     /// The outbound listener's access log; none by default (a line per request costs).
     pub access_log: Option<PathBuf>,
-    /// The TLS binding: the directory of the workload's certificate file
-    /// ([`CERTIFICATE_FILE`]).
-    pub certificate_dir: Option<PathBuf>,
 }
 
 /// Why a bootstrap was not rendered.
@@ -208,9 +201,9 @@ pub enum RenderError {
     /// The template has a placeholder this renderer does not fill.
     #[error("the template has a placeholder nothing fills: ${{{0}}}")]
     Unfilled(String),
-    /// The TLS binding reads its certificate from a directory.
-    #[error("the TLS binding needs the directory of its certificate (themis sidecar certificate --out DIR)")]
-    NoCertificateDir,
+    /// The TLS binding asks the agent for the workload's certificate by its name.
+    #[error("the outbound configuration names no workload (its \"workload\"): the TLS binding's certificate is the workload's")]
+    NoWorkload,
     /// `access_log` given, and the template has no single place for it.
     #[error("the template has no single '{}' for the access log", ACCESS_LOG_MARK.trim())]
     NoAccessLogMark,
@@ -280,10 +273,10 @@ impl Sidecar {
                 ]);
             }
             Runtime::Tls => {
-                let dir = self
-                    .certificate_dir
-                    .as_ref()
-                    .ok_or(RenderError::NoCertificateDir)?;
+                let workload = serde_json::from_str::<Value>(&self.outbound_config)
+                    .ok()
+                    .and_then(|c| c.get("workload")?.as_str().map(str::to_owned))
+                    .ok_or(RenderError::NoWorkload)?;
                 let tls = |config: &str| {
                     edit_json(config, |map| {
                         map.insert("agent_socket".into(), agent_socket.clone().into());
@@ -292,7 +285,6 @@ impl Sidecar {
                 };
                 let calls = self.called();
                 let vhosts = vhost_list(&calls, tls_outbound_vhost);
-                let quoted = |path: PathBuf| Value::from(path.display().to_string()).to_string();
                 let outbound = edit_json(&tls(&self.outbound_config), |map| {
                     map.insert("calls".into(), calls.clone().into());
                 });
@@ -305,8 +297,12 @@ impl Sidecar {
                         format!("{}s", handshake_timeout_secs(&self.inbound_config)),
                     ),
                     ("OUTBOUND_VHOSTS", vhosts),
-                    ("CERTIFICATE_FILE", quoted(dir.join(CERTIFICATE_FILE))),
-                    ("CERTIFICATE_DIR", quoted(dir.clone())),
+                    // Quoted (JSON is YAML): a path may hold what YAML reads as syntax.
+                    (
+                        "AGENT_SOCKET",
+                        Value::from(agent_socket.clone()).to_string(),
+                    ),
+                    ("WORKLOAD", Value::from(workload).to_string()),
                 ]);
             }
             Runtime::Native => {
@@ -556,50 +552,6 @@ fn access_log(path: &str) -> String {
                   inline_string: "[%START_TIME%] outbound %REQ(:METHOD)% http://%REQ(:AUTHORITY)%%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% original_dst=%DOWNSTREAM_LOCAL_ADDRESS% from=%DOWNSTREAM_REMOTE_ADDRESS% -> %RESPONSE_CODE% %RESPONSE_FLAGS% %DURATION%ms\n"
 "#
     )
-}
-
-/// Why a certificate from the agent cannot be written for Envoy.
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum CertificateFileError {
-    #[error("the agent's {0} is not hex")]
-    NotHex(&'static str),
-}
-
-/// The file Envoy reads the workload's certificate from ([`CERTIFICATE_FILE`]): one SDS
-/// secret, `themis_workload`, the certificate and its key as PEM (Envoy watches the
-/// directory and loads a new file when it is moved in).
-pub fn certificate_file(
-    issued: &themis_contracts::api::IssuedCertificate,
-) -> Result<String, CertificateFileError> {
-    let der = |hex_text: &str, what| {
-        hex::decode(hex_text).map_err(|_| CertificateFileError::NotHex(what))
-    };
-    let certificate = pem("CERTIFICATE", &der(&issued.certificate, "certificate")?);
-    let private_key = pem("PRIVATE KEY", &der(&issued.private_key, "private key")?);
-    let secret = serde_json::json!({
-        "resources": [{
-            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret",
-            "name": "themis_workload",
-            "tls_certificate": {
-                "certificate_chain": {"inline_string": certificate},
-                "private_key": {"inline_string": private_key},
-            }
-        }]
-    });
-    Ok(secret.to_string())
-}
-
-/// `der` as a PEM block labelled `label` (RFC 7468).
-fn pem(label: &str, der: &[u8]) -> String {
-    use base64::Engine;
-    let text = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = format!("-----BEGIN {label}-----\n");
-    for line in text.as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(line).unwrap_or_default());
-        out.push('\n');
-    }
-    out.push_str(&format!("-----END {label}-----\n"));
-    out
 }
 
 /// The first `${NAME}` (upper case, digits, `_`) left in `text`.

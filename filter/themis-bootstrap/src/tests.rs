@@ -25,7 +25,6 @@ fn sidecar(runtime: Runtime) -> Sidecar {
         },
         tcp: vec![],
         access_log: None,
-        certificate_dir: (runtime == Runtime::Tls).then(|| "/run/themis/w-tls".into()),
     }
 }
 
@@ -201,8 +200,15 @@ fn the_tls_binding_says_tls_everywhere_and_needs_its_certificate() {
         .iter()
         .any(|c| c["role"] == "outbound" && c["calls"] == serde_json::json!(["check"])));
     assert_eq!(yaml.matches("cluster: themis_tls").count(), 2, "{yaml}");
+    // The certificate: the workload's, from the agent's SDS on its API socket.
+    assert_eq!(yaml.matches(r#"- name: "w""#).count(), 2, "{yaml}");
+    assert_eq!(
+        yaml.matches("cluster_name: themis_sds}").count(),
+        2,
+        "{yaml}"
+    );
     assert!(
-        yaml.contains(r#"path: "/run/themis/w-tls/certificate.json""#),
+        yaml.contains(r#"{pipe: {path: "/run/themis/agent.sock"}}"#),
         "{yaml}"
     );
     // Session resumption off on both sides (a resumed session skips the validator).
@@ -210,40 +216,6 @@ fn the_tls_binding_says_tls_everywhere_and_needs_its_certificate() {
     assert!(yaml.contains("disable_stateful_session_resumption: true"));
     assert!(yaml.contains("max_session_keys: 0"));
     let mut none = sidecar(Runtime::Tls);
-    none.certificate_dir = None;
-    assert_eq!(none.render(), Err(RenderError::NoCertificateDir));
-}
-
-#[test]
-fn a_certificate_file_is_one_sds_secret_of_pem() {
-    let issued = themis_contracts::api::IssuedCertificate {
-        identity: serde_json::from_value(serde_json::json!({
-            "workload": "w", "mesh": "demo", "id": "demo1x", "public_key": "11".repeat(32)
-        }))
-        .unwrap_or_else(|_| panic!("a public identity")),
-        certificate: "3003020101".into(),
-        private_key: "3000".into(),
-        principal: "spiffe://demo/svc/check".into(),
-        sni_name: "x.demo.themis.invalid".into(),
-        not_after_ms: 2,
-        renew_at_ms: 1,
-        service: None,
-    };
-    let file: Value = serde_json::from_str(&certificate_file(&issued).unwrap()).unwrap();
-    let secret = &file["resources"][0];
-    assert_eq!(secret["name"], "themis_workload");
-    assert_eq!(
-        secret["tls_certificate"]["certificate_chain"]["inline_string"],
-        "-----BEGIN CERTIFICATE-----\nMAMCAQE=\n-----END CERTIFICATE-----\n"
-    );
-    assert_eq!(
-        secret["tls_certificate"]["private_key"]["inline_string"],
-        "-----BEGIN PRIVATE KEY-----\nMAA=\n-----END PRIVATE KEY-----\n"
-    );
-    let mut bad = issued;
-    bad.private_key = "not hex".into();
-    assert_eq!(
-        certificate_file(&bad),
-        Err(CertificateFileError::NotHex("private key"))
-    );
+    none.outbound_config = r#"{"role":"outbound","mesh_root":"demo:11"}"#.into();
+    assert_eq!(none.render(), Err(RenderError::NoWorkload));
 }

@@ -871,7 +871,6 @@ fn rendered_native(configs: &NativeConfigs, calls: &[String]) -> Value {
         calls: calls.to_vec(),
         tcp: Vec::new(),
         access_log: None,
-        certificate_dir: None,
     };
     serde_yaml::from_str(&sidecar.render().expect("renders")).unwrap()
 }

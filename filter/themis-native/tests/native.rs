@@ -296,7 +296,7 @@ fn two_identities_at_one_address_are_refused_by_a_native_caller() {
 }
 
 /// The TLS binding end to end (docs/PROTOCOL.md §8): Envoy's own TLS 1.3 on both
-/// sides, the certificate from the agent (`themis sidecar certificate`), the module
+/// sides, the certificate from the agent's SDS, the module
 /// as Envoy's validator; the call is attributed as on the Themis channel, and the
 /// callee's access log names the caller by the URI SAN TLS proved.
 #[test]
@@ -328,11 +328,7 @@ fn tls_sidecars_call_each_other() {
         "{:?}",
         a.stats()
     );
-    let log = b.log_tail(usize::MAX);
-    assert!(
-        log.contains("inbound POST /check?n=7 peer=spiffe://test/svc/handler -> 200"),
-        "{log}"
-    );
+    b.wait_log("inbound POST /check?n=7 peer=spiffe://test/svc/handler -> 200");
 }
 
 /// `openssl s_client` to `at` with TLS 1.3, presenting `cert` (certificate, key, and
@@ -396,22 +392,6 @@ fn openssl(line: &str) {
         "openssl {line}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// The certificate and key of a `themis sidecar certificate` file, as PEM files.
-fn pem_files(certificate_json: &std::path::Path, dir: &std::path::Path) -> [std::path::PathBuf; 2] {
-    let file: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(certificate_json).unwrap()).unwrap();
-    let tls = &file["resources"][0]["tls_certificate"];
-    let cert = dir.join("intruder.pem");
-    let key = dir.join("intruder.key");
-    std::fs::write(
-        &cert,
-        tls["certificate_chain"]["inline_string"].as_str().unwrap(),
-    )
-    .unwrap();
-    std::fs::write(&key, tls["private_key"]["inline_string"].as_str().unwrap()).unwrap();
-    [cert, key]
 }
 
 /// What a TLS callee refuses in the handshake, each counted, none reaching its app: a
@@ -479,19 +459,9 @@ fn a_tls_callee_refuses_in_the_handshake() {
 
     // A member's own Themis certificate, which proves it, but of no allowed service.
     support::mesh::create_workload(&mesh.a, "intruder");
-    let out_dir = dir.join("intruder-tls");
     let socket = mesh.a.dir.join("agent.sock");
-    support::agent::operator(&[
-        "--socket".as_ref(),
-        socket.as_os_str(),
-        "sidecar".as_ref(),
-        "certificate".as_ref(),
-        "--workload".as_ref(),
-        "intruder".as_ref(),
-        "--out".as_ref(),
-        out_dir.as_os_str(),
-    ]);
-    let [cert, key] = pem_files(&out_dir.join("certificate.json"), dir);
+    let [cert, key] =
+        support::envoy::certificate_files(&socket, "intruder", &dir.join("intruder-tls"));
     let before = counter(b, "inbound.refused.policy");
     let out = tls_client(b.inbound, Some(&[&cert, &key]));
     assert!(!answered(&out), "{out}");
@@ -510,9 +480,10 @@ fn a_tls_callee_refuses_in_the_handshake() {
         app_before,
         "a refused caller reached the app"
     );
-    // The positive control: the same client with the allowed caller's own
-    // certificate (its sidecar's) is answered by the app.
-    let [cert, key] = pem_files(&dir.join("envoy-a-tls").join("certificate.json"), dir);
+    // The positive control: the same client with a certificate of the allowed
+    // caller (handler's, as its sidecar gets them) is answered by the app.
+    let [cert, key] =
+        support::envoy::certificate_files(&socket, "handler", &dir.join("handler-tls"));
     let out = tls_client(b.inbound, Some(&[&cert, &key]));
     assert!(out.contains("HTTP/1.1 200"), "{out}\n{}", mesh.logs());
     assert_eq!(mesh.app.count(), app_before + 1);

@@ -585,5 +585,20 @@ pub fn delegate(
     )
 }
 
+/// `der` as a PEM block labelled `label` (RFC 7468): how Envoy's TLS context takes a
+/// certificate (`CERTIFICATE`) and its key (`PRIVATE KEY`, PKCS#8).
+pub fn pem(label: &str, der: &[u8]) -> String {
+    use base64::Engine;
+    let text = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in text.as_bytes().chunks(64) {
+        // Base64 is ASCII: every chunk is UTF-8.
+        out.push_str(std::str::from_utf8(line).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
+}
+
 #[cfg(test)]
 mod tests;

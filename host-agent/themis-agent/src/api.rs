@@ -18,6 +18,7 @@
 //! | `POST /v1/workloads/{workload}/delegate` | delegate handshake signing to the proxy's short-lived key (wire v3), with the workload's endorsement |
 //! | `POST /v1/workloads/{workload}/certificate` | a TLS certificate for the proxy (docs/PROTOCOL.md §8): a fresh P-256 key the workload key delegates, with the endorsement |
 //! | `GET /v1/workloads/{workload}/key` | the workload's private key (operator only) |
+//! | `POST /envoy.service.secret.v3.SecretDiscoveryService/StreamSecrets` | Envoy's SDS (gRPC, HTTP/2): the proxy's TLS certificate, renewed and pushed before it expires ([`crate::sds`]) |
 //! | `GET /v1/debug/find/{key}` | raw `find` of a 64-hex-digit key |
 //! | `POST /v1/debug/store` | raw `store` `{"name", "value", "hex", "replicas", "ttl_ms"}` (the ring still verifies what it keeps) |
 //! | `GET /v1/debug/values/{name}` | raw `resolve` (`?replicas=k`) |
@@ -222,7 +223,12 @@ pub fn router(registry: Arc<Registry>) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(
             registry.clone(),
             authorize,
-        ));
+        ))
+        // gRPC (HTTP/2): it authorises each stream by the secrets it asks for.
+        .route_service(
+            crate::sds::STREAM_SECRETS_PATH,
+            crate::sds::Sds::service(registry.clone()),
+        );
     finish(full, registry)
 }
 

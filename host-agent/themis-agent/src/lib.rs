@@ -16,7 +16,7 @@
 //! * [`trust`]: the mesh root, this node's admission and grants, revocations, and the
 //!   checks on every peer frame and stored value.
 //! * [`signing`]: delegated signing and delegations (a workload's private key never
-//!   leaves the agent).
+//!   leaves the agent); [`sds`]: the proxies' TLS certificates over Envoy's SDS.
 //! * [`api`]: the local API (`themis-agent-client` calls it); [`caller`]: who calls it (kernel
 //!   credentials) and what they may do; [`local_socket`]: the API's listener (callers
 //!   read once at accept, connections capped per cgroup).
@@ -49,6 +49,7 @@ pub mod names;
 pub mod overlay;
 pub mod registry;
 pub mod roster;
+pub mod sds;
 pub mod signing;
 pub mod sys;
 pub mod trust;

@@ -74,6 +74,89 @@ fn call_as(
     (code, serde_json::from_str(body).unwrap_or(Value::Null))
 }
 
+/// One SDS stream by a real process in `cgroup` (as `uid`): `curl` over HTTP/2 on
+/// the API socket, asking for `workload`'s secret and half-closing. Returns the
+/// grpc-status and the secrets' names and certificate PEMs that came back.
+fn sds_as(
+    socket: &Path,
+    cgroup: &Path,
+    uid: Option<u32>,
+    workload: &str,
+    scratch: &Path,
+) -> (Option<u32>, Vec<(String, String)>) {
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{secret, Secret};
+    use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+    use prost::Message;
+    let request = DiscoveryRequest {
+        resource_names: vec![workload.to_owned()],
+        type_url: themis_agent::sds::SECRET_TYPE.to_owned(),
+        ..DiscoveryRequest::default()
+    }
+    .encode_to_vec();
+    // gRPC's framing: uncompressed, a 4-byte length, the message.
+    let mut body = vec![0u8];
+    body.extend((request.len() as u32).to_be_bytes());
+    body.extend(request);
+    let body_file = scratch.join(format!("sds-{workload}.in"));
+    std::fs::write(&body_file, body).unwrap();
+    std::fs::set_permissions(&body_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let drop_privileges = match uid {
+        Some(uid) => format!("setpriv --reuid={uid} --regid={uid} --clear-groups "),
+        None => String::new(),
+    };
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec {drop_privileges}\"$0\" \"$@\"",
+            cgroup.display()
+        ))
+        .args(["curl", "-sS", "--max-time", "10", "--http2-prior-knowledge"])
+        .args(["-D", "-"])
+        .arg("--unix-socket")
+        .arg(socket)
+        .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
+        .arg("--data-binary")
+        .arg(format!("@{}", body_file.display()))
+        .arg(format!(
+            "http://agent{}",
+            themis_agent::sds::STREAM_SECRETS_PATH
+        ))
+        .output()
+        .unwrap();
+    let raw = out.stdout;
+    // Headers, then the body's frames, then the trailers: the status is in either.
+    let text = String::from_utf8_lossy(&raw);
+    let status = text
+        .rsplit_once("grpc-status: ")
+        .and_then(|(_, v)| v.split_whitespace().next()?.parse().ok());
+    let mut secrets = Vec::new();
+    if let Some(start) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+        let mut frames = &raw[start + 4..];
+        while frames.len() >= 5 && frames[0] == 0 {
+            let len = u32::from_be_bytes(frames[1..5].try_into().unwrap()) as usize;
+            let Some(message) = frames.get(5..5 + len) else {
+                break;
+            };
+            let response = DiscoveryResponse::decode(message).expect("a DiscoveryResponse");
+            for any in response.resources {
+                let secret = Secret::decode(any.value.as_slice()).expect("a Secret");
+                let Some(secret::Type::TlsCertificate(tls)) = secret.r#type else {
+                    panic!("a TLS certificate")
+                };
+                let pem = match tls.certificate_chain.and_then(|d| d.specifier) {
+                    Some(envoy_types::pb::envoy::config::core::v3::data_source::Specifier::InlineBytes(b)) => {
+                        String::from_utf8(b).unwrap()
+                    }
+                    other => panic!("inline PEM, not {other:?}"),
+                };
+                secrets.push((secret.name, pem));
+            }
+            frames = &frames[5 + len..];
+        }
+    }
+    (status, secrets)
+}
+
 /// The socket's directories must be passable for a non-root caller (the agent's
 /// state dir is only the test's temporary directory here).
 fn open_path_to(socket: &Path) {
@@ -206,6 +289,22 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
             assert!(answer.get("private_key_pem").is_none());
         }
     }
+    // The same over SDS (gRPC on the same socket): each sidecar gets its own
+    // workload's TLS certificate, and a stream asking for the other's ends with
+    // PERMISSION_DENIED and nothing in it.
+    for (who, mine, other) in [(&sidecar_a, "a", "b"), (&sidecar_b, "b", "a")] {
+        let (status, secrets) = sds_as(&socket, &who.0, who.1, mine, work.path());
+        assert_eq!(status, Some(0), "{mine}: {secrets:?}");
+        assert_eq!(secrets.len(), 1, "{mine}");
+        assert_eq!(secrets[0].0, mine);
+        assert!(secrets[0].1.starts_with("-----BEGIN CERTIFICATE-----\n"));
+        let (status, secrets) = sds_as(&socket, &who.0, who.1, other, work.path());
+        assert_eq!(
+            (status, secrets.len()),
+            (Some(7), 0),
+            "{other} to {mine}'s sidecar"
+        );
+    }
     // The app beside the sidecar (another uid, same pod) is not the sidecar.
     let app_a = (pods.cgroup("pod-a/app"), Some(1000));
     let (code, _) = call(&app_a, "POST", "/v1/workloads/a/sign", Some(&hellos["a"]));
@@ -217,6 +316,12 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
         Some(&delegate_request),
     );
     assert_eq!(code, 403);
+    let (status, secrets) = sds_as(&socket, &app_a.0, app_a.1, "a", work.path());
+    assert_eq!(
+        (status, secrets.len()),
+        (Some(7), 0),
+        "the app asked for a's certificate"
+    );
 
     // Everything of the operator's is refused to a sidecar — and to root in a pod.
     let root_in_pod = (pods.cgroup("pod-a/app"), None);
@@ -289,7 +394,8 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
     // Every refusal is counted by reason.
     let text = scrape(node.metrics).unwrap();
     let refused = |reason| sample(&text, "themis_api_refused_total", &[("reason", reason)]);
-    assert_eq!(refused("not_owner"), 8, "{text}"); // 5, and the three /delegate calls above
+    // 5, the three /delegate calls above, and the three SDS streams.
+    assert_eq!(refused("not_owner"), 11, "{text}");
     assert_eq!(refused("not_operator"), 24, "{text}");
 }
 

@@ -31,14 +31,15 @@ pub enum SidecarCommand {
     /// --wasm themis_envoy.wasm --wasm-url http://127.0.0.1:8099/themis_envoy.wasm
     /// --policy '{"allow":[{"service":"handler"}]}' > envoy.yaml
     Render(Box<RenderArgs>),
-    /// Ask the local agent for the workload's TLS certificate (--runtime tls) and
-    /// write it where Envoy reads it: DIR/certificate.json, moved in whole, so Envoy
-    /// (which watches DIR) loads each new one with no failed call. Its key is
-    /// delegated and short-lived; the workload's own key never leaves the agent.
-    /// --watch keeps it fresh: a new one at half its life, until stopped.
+    /// Ask the local agent for one TLS certificate of the workload (the TLS binding's,
+    /// as its sidecar gets them over SDS) and write it as DIR/certificate.pem and
+    /// DIR/key.pem (0600): to look at (openssl x509 -text) or to call a TLS sidecar
+    /// with (curl, openssl s_client). A sidecar needs none of this: the agent serves
+    /// it its certificates and renews them. The key is delegated and short-lived; the
+    /// workload's own key never leaves the agent.
     ///
     /// Example: themis --socket /run/themis/agent.sock sidecar certificate
-    /// --workload check --out /run/themis/check-tls --watch
+    /// --workload check --out ./check-tls
     Certificate(CertificateArgs),
 }
 
@@ -50,7 +51,8 @@ pub enum RuntimeArg {
     /// The Envoy 1.40 dynamic module, on the Themis channel.
     Native,
     /// The Envoy 1.40 dynamic module as the validator of Envoy's own TLS 1.3
-    /// (docs/PROTOCOL.md §8; needs --certificate-dir).
+    /// (docs/PROTOCOL.md §8): the certificate comes from the agent's SDS on
+    /// --agent-socket.
     Tls,
 }
 
@@ -133,10 +135,6 @@ pub struct RenderArgs {
     /// default none.
     #[arg(long, value_name = "PATH")]
     access_log: Option<PathBuf>,
-    /// --runtime tls: the directory of the workload's certificate file, which
-    /// `themis sidecar certificate --out DIR` keeps fresh.
-    #[arg(long, value_name = "DIR")]
-    certificate_dir: Option<PathBuf>,
 }
 
 /// `themis sidecar certificate`'s arguments.
@@ -145,16 +143,12 @@ pub struct CertificateArgs {
     /// The workload whose key the agent holds.
     #[arg(long)]
     workload: String,
-    /// The directory Envoy watches (the rendered sidecar's --certificate-dir).
+    /// The directory to write certificate.pem and key.pem in (made if missing).
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
     /// The certificate's lifetime asked for, seconds (the agent's default: an hour).
     #[arg(long)]
     lifetime_secs: Option<u64>,
-    /// Keep renewing it (at the agent's renew_at, retrying a failed call with
-    /// back-off) until stopped.
-    #[arg(long)]
-    watch: bool,
 }
 
 fn tcp_service(spec: &str) -> Result<(String, SocketAddr), String> {
@@ -236,7 +230,6 @@ fn render(args: RenderArgs) -> Result<String, String> {
         calls: args.calls.clone(),
         tcp: args.tcp.clone(),
         access_log: args.access_log.as_deref().map(absolute).transpose()?,
-        certificate_dir: args.certificate_dir.as_deref().map(absolute).transpose()?,
     };
     let rendered = match &template {
         Some(text) => sidecar.render_template(text),
@@ -288,55 +281,36 @@ fn absolute(path: &Path) -> Result<PathBuf, String> {
     std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// `themis sidecar certificate`: once, or (--watch) for as long as it runs.
+/// `themis sidecar certificate`: one certificate, as PEM files.
 fn certificate(args: CertificateArgs, socket: &str) -> ExitCode {
     let client = themis_agent_client::Client::unix(socket);
     let request = themis_contracts::api::CertificateRequest {
         lifetime_secs: args.lifetime_secs,
     };
     let path = themis_contracts::paths::workload_certificate(&args.workload);
-    let mut retry = std::time::Duration::from_secs(1);
-    loop {
-        let wait = match renew(&client, &path, &request, &args.out) {
-            Ok(issued) => {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as u64);
-                eprintln!(
-                    "themis sidecar certificate: {} ({}) for {} s more, in {}; the next in {} s",
-                    issued.principal,
-                    issued.sni_name,
-                    issued.not_after_ms.saturating_sub(now) / 1000,
-                    args.out.join(themis_bootstrap::CERTIFICATE_FILE).display(),
-                    issued.renew_at_ms.saturating_sub(now) / 1000,
-                );
-                retry = std::time::Duration::from_secs(1);
-                std::time::Duration::from_millis(issued.renew_at_ms.saturating_sub(now).max(1000))
-            }
-            Err(message) if args.watch => {
-                eprintln!(
-                    "themis sidecar certificate: {message}; again in {}s",
-                    retry.as_secs()
-                );
-                let wait = retry;
-                retry = (retry * 2).min(std::time::Duration::from_secs(30));
-                wait
-            }
-            Err(message) => {
-                eprintln!("error: {message}");
-                return ExitCode::from(2);
-            }
-        };
-        if !args.watch {
-            return ExitCode::SUCCESS;
+    match write_certificate(&client, &path, &request, &args.out) {
+        Ok(issued) => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            eprintln!(
+                "themis sidecar certificate: {} ({}) for {} s, in {}",
+                issued.principal,
+                issued.sni_name,
+                issued.not_after_ms.saturating_sub(now) / 1000,
+                args.out.display(),
+            );
+            ExitCode::SUCCESS
         }
-        std::thread::sleep(wait);
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::from(2)
+        }
     }
 }
 
-/// Asks for a certificate and moves it into `dir` whole (a rename in the directory
-/// Envoy watches: it never reads half a file).
-fn renew(
+/// Asks for a certificate and writes it into `dir`: `certificate.pem`, `key.pem`.
+fn write_certificate(
     client: &themis_agent_client::Client,
     path: &str,
     request: &themis_contracts::api::CertificateRequest,
@@ -345,12 +319,22 @@ fn renew(
     let issued: themis_contracts::api::IssuedCertificate = client
         .post(path, request)
         .map_err(|e| format!("the agent gave no certificate: {e}"))?;
-    let text = themis_bootstrap::certificate_file(&issued).map_err(|e| e.to_string())?;
+    let der = |text: &str, what: &str| {
+        hex::decode(text).map_err(|_| format!("the agent's {what} is not hex"))
+    };
+    let certificate = themis_x509::pem("CERTIFICATE", &der(&issued.certificate, "certificate")?);
+    let key = zeroize::Zeroizing::new(themis_x509::pem(
+        "PRIVATE KEY",
+        &der(&issued.private_key, "private key")?,
+    ));
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let staged = dir.join(".certificate.json.new");
-    write_private(&staged, text.as_bytes()).map_err(|e| format!("{}: {e}", staged.display()))?;
-    let target = dir.join(themis_bootstrap::CERTIFICATE_FILE);
-    std::fs::rename(&staged, &target).map_err(|e| format!("{}: {e}", target.display()))?;
+    for (name, text) in [
+        ("certificate.pem", certificate.as_str()),
+        ("key.pem", key.as_str()),
+    ] {
+        let file = dir.join(name);
+        write_private(&file, text.as_bytes()).map_err(|e| format!("{}: {e}", file.display()))?;
+    }
     Ok(issued)
 }
 
