@@ -32,9 +32,9 @@ K8S_PACKAGES=(
 # Istio's control plane, built from source (scripts/k8s/build-istio.sh). istio.io/istio
 # has no semver tags on the module proxy: the newest pseudo-version of its main branch
 # (2026-08-27; go.mod: go 1.26.0, no replace directives). ISTIO_TAG is what the binaries
-# report and the images' tag.
+# report and the images' tag (its VERSION file says 1.31).
 ISTIO_VERSION=v0.0.0-20260827124520-eed52ebb66ad
-ISTIO_TAG=1.29-dev-eed52ebb
+ISTIO_TAG=1.31-dev-eed52ebb
 ISTIO_CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/themis-mesh/istio/$ISTIO_VERSION
 ISTIO_BIN=$ISTIO_CACHE/bin
 ISTIO_BINARIES=(pilot-discovery pilot-agent istioctl)

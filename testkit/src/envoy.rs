@@ -304,6 +304,13 @@ impl Envoy {
         }
     }
 
+    /// On the TLS binding: waits until Envoy serves a certificate that carries its
+    /// workload's endorsement as an instance of `service` (the agent's SDS pushes one
+    /// soon after the registration; until then the callee's policy refuses it).
+    pub fn wait_endorsed_certificate(&self, service: &str) {
+        self.wait_certificate_names(&format!("spiffe://{}/svc/{service}", crate::agent::MESH));
+    }
+
     /// Waits until the certificate Envoy serves names `principal` (its admin `/certs`:
     /// the agent's SDS pushed a renewed one, and Envoy loaded it).
     pub fn wait_certificate_names(&self, principal: &str) {

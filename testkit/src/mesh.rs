@@ -148,6 +148,9 @@ impl Mesh {
         envoy_a.wait_identity();
         envoy_b.wait_identity();
         a.register("handler", "handler", &envoy_a.inbound.to_string());
+        if a_runtime == Runtime::Tls {
+            envoy_a.wait_endorsed_certificate("handler");
+        }
         let mesh = Mesh {
             envoy_a,
             envoy_b,
@@ -190,6 +193,9 @@ impl Mesh {
         self.wait_resolves(&self.a, service, &[&endpoint_text]);
         if self.runtime_a.is_native() {
             self.envoy_a.wait_native_resolves(service, endpoint);
+        }
+        if self.runtime_b == Runtime::Tls && endpoint == self.envoy_b.inbound {
+            self.envoy_b.wait_endorsed_certificate(service);
         }
     }
 
@@ -399,6 +405,18 @@ macro_rules! on_both_runtimes {
         }
         mod native {
             $(#[test] fn $test() { super::$test($crate::mesh::Runtime::Native) })*
+        }
+    };
+}
+
+/// Runs each named test function (`fn name(runtime: Runtime)`) on the TLS binding too:
+/// `tls::<name>` (`deploy/envoy/sidecar-tls.yaml`). The suite's time budget keeps this
+/// to the data-path cases that matter most on it.
+#[macro_export]
+macro_rules! on_the_tls_binding {
+    ($($test:ident),* $(,)?) => {
+        mod tls {
+            $(#[test] fn $test() { super::$test($crate::mesh::Runtime::Tls) })*
         }
     };
 }

@@ -60,6 +60,8 @@ pub struct Proxy {
     /// The TCP services' listeners, by service.
     pub tcp: BTreeMap<String, SocketAddr>,
     envoy: Envoy,
+    /// Its configuration makes the module Envoy's TLS validator (the TLS binding).
+    tls: bool,
 }
 
 impl Proxy {
@@ -81,6 +83,7 @@ impl Proxy {
             inbound: envoy.inbound,
             tcp,
             envoy,
+            tls: yaml.contains("envoy.tls.cert_validator.dynamic_modules"),
         }
     }
 
@@ -129,9 +132,18 @@ impl Proxy {
     /// first call).
     /// The runtime its sidecar runs.
     pub fn runtime(&self) -> Runtime {
-        match self.envoy.is_native() {
-            true => Runtime::Native,
-            false => Runtime::Wasm,
+        match (self.tls, self.envoy.is_native()) {
+            (true, _) => Runtime::Tls,
+            (false, true) => Runtime::Native,
+            (false, false) => Runtime::Wasm,
+        }
+    }
+
+    /// On the TLS binding, waits until its certificate carries its endorsement as an
+    /// instance of `service` (the callee's policy refuses it until then).
+    fn wait_endorsed(&self, service: &str) {
+        if self.tls {
+            self.envoy.wait_endorsed_certificate(service);
         }
     }
 
@@ -341,7 +353,8 @@ impl Nodes {
         proxy.wait_identity();
         register(&self.a, "handler", "handler", proxy.inbound, None);
         self.wait_resolves(&self.b, "handler", &[proxy.inbound]);
-        if self.runtime == Runtime::Native {
+        proxy.wait_endorsed("handler");
+        if self.runtime.is_native() {
             *self.caller_log.borrow_mut() = Some(proxy.envoy.log_path().to_owned());
         }
         self.caller_inbound.set(Some(proxy.inbound));
@@ -422,6 +435,7 @@ impl Nodes {
             metadata,
         );
         self.wait_resolves(&self.a, spec.service, &[proxy.inbound]);
+        proxy.wait_endorsed(spec.service);
         (proxy, id)
     }
 

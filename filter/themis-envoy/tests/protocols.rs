@@ -805,7 +805,15 @@ fn a_silent_party_that_is_revoked_stops_receiving(runtime: Runtime) {
     use std::net::{TcpListener, TcpStream};
 
     let _serial = serial();
-    for revoke_callee in [false, true] {
+    // On the TLS binding only the callee's side can cut (its `peer` network filter,
+    // on the bytes it sends): Envoy runs no dynamic-module network filter on an
+    // upstream connection, so a revoked callee's open stream to a silent caller goes
+    // on (new calls no longer pick it). docs/PROTOCOL.md §8.7 says so.
+    let revoked_sides: &[bool] = match runtime {
+        Runtime::Tls => &[false],
+        _ => &[false, true],
+    };
+    for &revoke_callee in revoked_sides {
         let nodes = Nodes::start_on(runtime);
         let server = TcpListener::bind((IP_B, 0)).unwrap();
         let app = server.local_addr().unwrap();
@@ -1021,6 +1029,19 @@ themis_testkit::on_both_runtimes!(
     a_silent_party_that_is_revoked_stops_receiving,
     a_server_that_speaks_first_is_heard,
     an_http_app_takes_no_tunnel,
+);
+
+// The data-path cases that matter most on the TLS binding (docs/PROTOCOL.md §8) too:
+// `tls::<test>`.
+themis_testkit::on_the_tls_binding!(
+    grpc_unary_streams_and_trailers,
+    websocket_echo,
+    upload_256_mib_streams_in_flat_memory,
+    redis_over_a_tcp_tunnel,
+    canary_gets_its_share,
+    a_silent_party_that_is_revoked_stops_receiving,
+    a_server_that_speaks_first_is_heard,
+    memory_stays_flat_over_many_short_connections,
 );
 
 /// A native and a Wasm sidecar agree on what the sealed stream carries, either way

@@ -151,6 +151,15 @@ impl InboundFilter {
         }
     }
 
+    /// Bytes go to the caller: behind TLS, a caller revoked since is cut here too, so
+    /// that one that only listens (a stream the app pushes) stops receiving.
+    pub fn on_write(&mut self) -> Read {
+        match self.handed {
+            Some(Some(id)) => self.recheck(&id),
+            _ => Read::Continue,
+        }
+    }
+
     /// A revocation arrived since the caller was last checked: a revoked one's
     /// connection ends.
     fn recheck(&mut self, id: &PeerId) -> Read {

@@ -22,16 +22,6 @@ fn mesh(a: Runtime, b: Runtime) -> Mesh {
         let handler_at = mesh.envoy_a.inbound;
         mesh.envoy_b.wait_native_resolves("handler", handler_at);
     }
-    // A TLS sidecar presents its endorsement once its certificate was renewed after
-    // the registration.
-    if a == Runtime::Tls {
-        mesh.envoy_a
-            .wait_certificate_names("spiffe://test/svc/handler");
-    }
-    if b == Runtime::Tls {
-        mesh.envoy_b
-            .wait_certificate_names("spiffe://test/svc/check");
-    }
     mesh
 }
 

@@ -668,17 +668,20 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_read(
                 )
             }
         });
-        match read {
-            crate::filter::Read::Continue => NETWORK_CONTINUE,
-            crate::filter::Read::Close => {
-                // SAFETY: the filter pointer is valid during the hook.
-                unsafe {
-                    envoy_dynamic_module_callback_network_filter_close(filter, CLOSE_NO_FLUSH)
-                };
-                NETWORK_STOP
-            }
-        }
+        network_verdict(filter, read)
     })
+}
+
+/// Continue, or close the connection now (a revoked peer).
+fn network_verdict(filter: FilterPtr, read: crate::filter::Read) -> u32 {
+    match read {
+        crate::filter::Read::Continue => NETWORK_CONTINUE,
+        crate::filter::Read::Close => {
+            // SAFETY: the filter pointer is valid during the hook.
+            unsafe { envoy_dynamic_module_callback_network_filter_close(filter, CLOSE_NO_FLUSH) };
+            NETWORK_STOP
+        }
+    }
 }
 
 /// The peer certificate's SANs of one kind, copied (none without TLS).
@@ -707,12 +710,16 @@ unsafe fn ssl_sans(
 /// Envoy's pointers, valid for the hook.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_network_filter_write(
-    _filter: FilterPtr,
-    _module: *const c_void,
+    filter: FilterPtr,
+    module: *const c_void,
     _length: usize,
     _end_stream: bool,
 ) -> u32 {
-    0
+    let module = &mut *module.cast_mut().cast::<InboundFilter>();
+    // A bug, caught: nothing more goes to the caller (StopIteration).
+    hook("network_filter_write", NETWORK_STOP, || {
+        network_verdict(filter, module.on_write())
+    })
 }
 
 /// # Safety
