@@ -1626,6 +1626,7 @@ themis_testkit::on_both_runtimes!(
     keep_alive_calls_share_one_handshake,
     forged_themis_headers_never_reach_the_callee,
     capture_holds_no_plaintext,
+    mitm_tampering_is_rejected,
     direct_plaintext_request_is_rejected,
     policy_refuses_a_caller_it_does_not_allow,
     unknown_service_and_dead_instance,
