@@ -21,6 +21,8 @@ Runs, back to back in one invocation, Fortio against:
   themis     a Themis pair started by benchmarks/envoy/themis-pair.sh (skipped if absent),
              sealed by the Wasm filter
   themis-native  the same pair sealed by the native module (libthemis_native.so)
+  themis-tls the same pair on Envoy's own TLS 1.3, the native module as its certificate
+             validator (docs/PROTOCOL.md §8), certificates from the agents' SDS
 
 For each scenario, body size (1 KB, 64 KB), pacing (Fortio's default and -uniform) and
 connection count (16 and 64), over HTTP/1.1 and gRPC: a latency run at 1000 requests/s (p50/p90/p99) and a
@@ -39,8 +41,9 @@ Options:
                      for N > 1, the median over rounds (default 1)
   --warmup D         length of the discarded warm-up before every measured run (default 2s)
   --scenarios LIST   comma-separated subset, in the order to run
-                     (default direct,plaintext,mtls,themis,themis-native; themis is
-                     the Wasm filter, themis-native the Envoy dynamic module)
+                     (default direct,plaintext,mtls,themis,themis-native,themis-tls;
+                     themis is the Wasm filter, themis-native the Envoy dynamic module
+                     on the paper's channel, themis-tls the module as TLS's validator)
   --connections LIST comma-separated connection counts (default 16,64)
   --protocols LIST   comma-separated: http1, grpc (default both)
   --body-sizes LIST  comma-separated request body sizes in bytes (default 1024,65536)
@@ -71,7 +74,7 @@ EOF
 DURATION=10s
 WARMUP=2s
 ROUNDS=1
-SCENARIOS=direct,plaintext,mtls,themis,themis-native
+SCENARIOS=direct,plaintext,mtls,themis,themis-native,themis-tls
 CONNECTIONS=16,64
 FORTIO_EXTRA=()
 BODY_SIZES=1024,65536
@@ -122,7 +125,7 @@ done
 IFS=, read -r -a SCENARIO_LIST <<<"$SCENARIOS"
 IFS=, read -r -a CONN_LIST <<<"$CONNECTIONS"
 for s in "${SCENARIO_LIST[@]}"; do
-    case "$s" in direct|plaintext|mtls|themis|themis-native) ;; *) echo "run.sh: unknown scenario: $s" >&2; exit 2 ;; esac
+    case "$s" in direct|plaintext|mtls|themis|themis-native|themis-tls) ;; *) echo "run.sh: unknown scenario: $s" >&2; exit 2 ;; esac
 done
 for c in "${CONN_LIST[@]}"; do
     [[ "$c" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: bad connection count: $c" >&2; exit 2; }
@@ -526,9 +529,14 @@ for ((round = 1; round <= ROUNDS; round++)); do
                 pair_stats "$scen"
                 stop_pair
                 ;;
-            themis|themis-native)
-                # The same pair, sealed by the Wasm filter or by the native module.
-                THEMIS_RUNTIME=wasm; [[ $scen == themis-native ]] && THEMIS_RUNTIME=native
+            themis|themis-native|themis-tls)
+                # The same pair, sealed by the Wasm filter or by the native module, or
+                # on Envoy's TLS with the module as its validator.
+                case $scen in
+                    themis) THEMIS_RUNTIME=wasm ;;
+                    themis-native) THEMIS_RUNTIME=native ;;
+                    themis-tls) THEMIS_RUNTIME=tls ;;
+                esac
                 if [[ ! -f "$THEMIS_SCRIPT" ]]; then
                     log "$scen: skipped (benchmarks/envoy/themis-pair.sh not present)"
                     echo "$round $scen skipped (benchmarks/envoy/themis-pair.sh not present)" >>"$TMP/results/status"

@@ -10,8 +10,9 @@
 #   themis-pair.sh stop    stop what start started, by PID
 #
 # Environment (set by run.sh): THEMIS_BENCH_DIR, APP_ADDR, APP_GRPC_ADDR, ENVOY,
-# ENVOY_CONCURRENCY, REPO_ROOT, THEMIS_RUNTIME (wasm, the default, or native: the
-# sidecars seal with the Envoy dynamic module), THEMIS_SIDECAR_TEMPLATE (optional: a
+# ENVOY_CONCURRENCY, REPO_ROOT, THEMIS_RUNTIME (wasm, the default; native: the
+# sidecars seal with the Envoy dynamic module; tls: Envoy's own TLS 1.3 with the module
+# as its certificate validator, certificates from the agent's SDS), THEMIS_SIDECAR_TEMPLATE (optional: a
 # template to render instead of the runtime's own; benchmarks/envoy/ab.sh). gRPC calls go to service `ping`
 # (fortio's gRPC port).
 set -euo pipefail
@@ -35,7 +36,7 @@ build)
 start)
     [[ -x $THEMIS && -f $WASM && -f $NATIVE ]] || { echo "run: $0 build" >&2; exit 1; }
     native=()
-    [[ $RUNTIME == native ]] && native=(--runtime native --calls check --calls ping)
+    [[ $RUNTIME == native || $RUNTIME == tls ]] && native=(--runtime "$RUNTIME" --calls check --calls ping)
     # A fresh mesh each start (run.sh starts the pair once per round in the same DIR).
     rm -rf "$DIR/mesh" "$DIR/a" "$DIR/b" "$DIR"/*.log "$DIR"/*.yaml
     mkdir -p "$DIR"
@@ -91,7 +92,7 @@ stats)
     for side in a:15301 b:15302 b-ping:15303; do
         printf 'envoy %s: ' "${side%:*}"
         # The filter's counters (Wasm or native) and what each sealing cluster carried.
-        { curl -s -m 2 "127.0.0.1:${side#*:}/stats?filter=^(wasm|dynamicmodules)custom\\.themis\\.|^cluster\\.themis_(seal|to_).*\\.upstream_(rq|cx)_total" \
+        { curl -s -m 2 "127.0.0.1:${side#*:}/stats?filter=^(wasm|dynamicmodules)custom\\.themis\\.|^cluster\\.themis_(seal|to_|tls).*\\.upstream_(rq|cx)_total" \
             | sed -E 's/^(wasm|dynamicmodules)custom\.themis\.//' | grep -v ': 0$' || true; } | tr '\n' ' '
         echo
     done

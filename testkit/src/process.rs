@@ -82,7 +82,12 @@ pub struct Process {
 impl Process {
     /// Starts `command` with stdout and stderr going to `log`.
     pub fn spawn(name: &str, mut command: Command, log: &Path) -> Process {
-        let out = File::create(log).unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
+        // Appending: a process that opens its own stdout again (Envoy's access log at
+        // /dev/stdout) writes through another file offset, and without O_APPEND its
+        // stderr's next line would overwrite what that one wrote.
+        let out = File::create(log)
+            .and_then(|_| std::fs::OpenOptions::new().append(true).open(log))
+            .unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
         let err = out.try_clone().unwrap();
         let child = command
             .stdin(Stdio::null())
