@@ -141,10 +141,13 @@ impl InboundFilter {
                         "themis native: data on a connection with no proven peer (is the `inbound` transport socket, or Envoy's TLS with the `inbound` validator, on this listener?)",
                     ),
                 }
-                if let Some(runtime) = &self.tls {
-                    self.generation = runtime.snapshot().revocation_generation;
+                match (self.tls.clone(), id) {
+                    // This first look covers a handshake that did not run the
+                    // validator (a resumed session, were resumption ever turned on);
+                    // after it, only a revocation learnt since is looked up.
+                    (Some(runtime), Some(id)) => self.check(&id, &runtime.snapshot()),
+                    _ => Read::Continue,
                 }
-                Read::Continue
             }
             Some(Some(id)) => self.recheck(&id),
             Some(None) => Read::Continue,
@@ -170,16 +173,23 @@ impl InboundFilter {
         if snapshot.revocation_generation == self.generation {
             return Read::Continue;
         }
+        self.check(id, &snapshot)
+    }
+
+    /// Whether the caller is revoked in `snapshot` (remembered as checked): a revoked
+    /// one's connection ends, counted and logged.
+    fn check(&mut self, id: &PeerId, snapshot: &crate::runtime::Snapshot) -> Read {
         self.generation = snapshot.revocation_generation;
         if !snapshot.revocations.contains(id) {
             return Read::Continue;
         }
         metrics::count(Role::Inbound.as_str(), &Reason::Revoked.counter());
+        let mesh = self.tls.as_ref().map(|runtime| &runtime.root.mesh);
         crate::ffi::log(
             3,
             &format!(
                 "themis native inbound (tls): refused.revoked: peer {} was revoked; its connection ends",
-                id.printable(&runtime.root.mesh)
+                mesh.map_or_else(|| id.to_string(), |mesh| id.printable(mesh))
             ),
         );
         Read::Close

@@ -324,6 +324,15 @@ fn tls_sidecars_call_each_other() {
 /// `openssl s_client` to `at` with TLS 1.3, presenting `cert` (certificate, key, and
 /// any chain after it) or none, then one HTTP/1.1 request: what it printed.
 fn tls_client(at: std::net::SocketAddr, cert: Option<&[&std::path::Path]>) -> String {
+    tls_client_with(at, cert, &[])
+}
+
+/// [`tls_client`] with more of s_client's arguments (`-sess_out FILE`, say).
+fn tls_client_with(
+    at: std::net::SocketAddr,
+    cert: Option<&[&std::path::Path]>,
+    more: &[&std::ffi::OsStr],
+) -> String {
     let mut command = std::process::Command::new("openssl");
     command.args([
         "s_client",
@@ -339,6 +348,7 @@ fn tls_client(at: std::net::SocketAddr, cert: Option<&[&std::path::Path]>) -> St
         "-ign_eof",
         "-quiet",
     ]);
+    command.args(more);
     if let Some(files) = cert {
         command.arg("-cert").arg(files[0]).arg("-key").arg(files[1]);
         if let Some(chain) = files.get(2) {
@@ -472,9 +482,15 @@ fn a_tls_callee_refuses_in_the_handshake() {
     );
     // The positive control: the same client with a certificate of the allowed
     // caller (handler's, as its sidecar gets them) is answered by the app.
+    // It keeps any session the callee would let it resume.
     let [cert, key] =
         support::envoy::certificate_files(&socket, "handler", &dir.join("handler-tls"));
-    let out = tls_client(b.inbound, Some(&[&cert, &key]));
+    let session = dir.join("handler.tls-session");
+    let out = tls_client_with(
+        b.inbound,
+        Some(&[&cert, &key]),
+        &["-sess_out".as_ref(), session.as_os_str()],
+    );
     assert!(out.contains("HTTP/1.1 200"), "{out}\n{}", mesh.logs());
     assert_eq!(mesh.app.count(), app_before + 1);
     // The no-certificate handshake was Envoy's own refusal.
@@ -504,6 +520,30 @@ fn a_tls_callee_refuses_in_the_handshake() {
     let served = mesh.app.count();
     let out = tls_client(b.inbound, Some(&[&cert, &key]));
     assert!(!answered(&out), "{out}");
+    // A resumed session would skip the validator: resumption is off, so the callee
+    // issued no ticket to resume with; were one issued, offering it is refused too.
+    if session.exists() {
+        let out = tls_client_with(
+            b.inbound,
+            Some(&[&cert, &key]),
+            &["-sess_in".as_ref(), session.as_os_str()],
+        );
+        assert!(
+            !answered(&out),
+            "a revoked caller resumed its session: {out}"
+        );
+    }
+    let ssl: Vec<(String, u64)> = b
+        .stats()
+        .into_iter()
+        .filter(|(n, _)| n.contains(".ssl."))
+        .collect();
+    let reused: u64 = ssl
+        .iter()
+        .filter(|(n, _)| n.ends_with("ssl.session_reused"))
+        .map(|(_, v)| *v)
+        .sum();
+    assert_eq!(reused, 0, "the callee resumed a session: {ssl:?}");
     let r = kept
         .post("check", "/kept", b"")
         .unwrap_or_else(|e| panic!("the kept connection: {e}\n{}", mesh.logs()));
