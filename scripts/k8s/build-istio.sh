@@ -53,17 +53,7 @@ if have_all; then
     exit 0
 fi
 
-mkdir -p "$ISTIO_BIN"
-free_gb=$(df --output=avail -BG "$ISTIO_BIN" | tail -n1 | tr -dc 0-9)
-((free_gb >= 8)) || fail "only ${free_gb} GB free under $ISTIO_BIN: building needs about 6 GB (see --help)"
-
-go_toolchain "$GO_MIN" "$GO_TOOLCHAIN" "Istio" # sets go
-ok "Go $(go_version "$go") ($go)"
-
-export GOMODCACHE=$GO_CACHE/mod GOCACHE=$GO_CACHE/istio-build GOPATH=$GO_CACHE/path
-export GOFLAGS="-modcacherw -buildvcs=false" GOTOOLCHAIN=local CGO_ENABLED=0
-export GOMAXPROCS=${GOMAXPROCS:-1}
-quiet() { nice -n 19 ionice -c3 "$@"; }
+go_build_setup "$ISTIO_BIN" 6 "Istio" istio-build # sets go, the caches, quiet
 
 # What `istioctl version` and istiod report; istioctl compares it with the images' tag.
 ldflags="-s -w"

@@ -77,22 +77,7 @@ if have_all; then
     exit 0
 fi
 
-# A build that fills the disk breaks every other job on the machine: refuse first.
-mkdir -p "$K8S_BIN"
-free_gb=$(df --output=avail -BG "$K8S_BIN" | tail -n1 | tr -dc 0-9)
-((free_gb >= 8)) || fail "only ${free_gb} GB free under $K8S_BIN: building needs about 7 GB (see --help)"
-
-go_toolchain "$GO_MIN" "$GO_TOOLCHAIN" "Kubernetes" # sets go
-ok "Go $(go_version "$go") ($go)"
-
-# The module cache and build cache are this project's own (and deletable: -modcacherw),
-# so a cold build is a cold build and nothing lands in ~/go.
-export GOMODCACHE=$GO_CACHE/mod GOCACHE=$GO_CACHE/build GOPATH=$GO_CACHE/path
-export GOFLAGS="-modcacherw -buildvcs=false" GOTOOLCHAIN=local CGO_ENABLED=0
-# The machine has two cores and other builds run beside this one: one package at a
-# time, at the lowest priority. GOMAXPROCS=1 for the go command and the compiler.
-export GOMAXPROCS=${GOMAXPROCS:-1}
-quiet() { nice -n 19 ionice -c3 "$@"; }
+go_build_setup "$K8S_BIN" 7 "Kubernetes" build # sets go, the caches, quiet
 
 if [[ ! -s $ISTIO_CRDS ]]; then
     step "Istio's CRDs (istio.io/api@$ISTIO_API_VERSION, from the Go module proxy)"

@@ -47,3 +47,24 @@ go_toolchain() { # MIN FETCH FOR
     go=$dir/bin/go
     go_at_least "$min" "$(go_version "$go")" || fail "the fetched $go does not run"
 }
+
+# go_build_setup BIN NEED_GB FOR GOCACHE_NAME: what a build of Go binaries into BIN
+# does first (scripts/k8s/build.sh, build-istio.sh): refuse with less than 8 GB free
+# (a build that fills the disk breaks every other job on the machine; it needs about
+# NEED_GB), set `go` (>= $GO_MIN, fetching $GO_TOOLCHAIN if need be), and build with
+# this project's own module and build caches (GOCACHE=$GO_CACHE/GOCACHE_NAME; nothing
+# lands in ~/go), one package at a time, at the lowest priority (`quiet CMD...`): the
+# machine has two cores and other builds run beside this one.
+go_build_setup() { # BIN NEED_GB FOR GOCACHE_NAME
+    local bin=$1 need=$2 for=$3 free_gb
+    mkdir -p "$bin"
+    free_gb=$(df --output=avail -BG "$bin" | tail -n1 | tr -dc 0-9)
+    ((free_gb >= 8)) || fail "only ${free_gb} GB free under $bin: building needs about $need GB (see --help)"
+    go_toolchain "$GO_MIN" "$GO_TOOLCHAIN" "$for" # sets go
+    ok "Go $(go_version "$go") ($go)"
+    export GOMODCACHE=$GO_CACHE/mod GOCACHE=$GO_CACHE/$4 GOPATH=$GO_CACHE/path
+    export GOFLAGS="-modcacherw -buildvcs=false" GOTOOLCHAIN=local CGO_ENABLED=0
+    export GOMAXPROCS=${GOMAXPROCS:-1}
+}
+quiet() { nice -n 19 ionice -c3 "$@"; }
+

@@ -32,6 +32,21 @@ fn attested(why: &str) -> bool {
         && require::tool("curl", "calls the API from a process in a cgroup")
 }
 
+/// A command that runs what is appended to it (program, then arguments) as a real
+/// process moved into `cgroup` and then, with `uid`, running as that uid.
+fn in_cgroup_as(cgroup: &Path, uid: Option<u32>) -> Command {
+    let drop_privileges = match uid {
+        Some(uid) => format!("setpriv --reuid={uid} --regid={uid} --clear-groups "),
+        None => String::new(),
+    };
+    let mut command = Command::new("sh");
+    command.arg("-c").arg(format!(
+        "echo $$ > {}/cgroup.procs && exec {drop_privileges}\"$0\" \"$@\"",
+        cgroup.display()
+    ));
+    command
+}
+
 /// One API call by a real process: moved into `cgroup`, then (with `uid`) running as
 /// that uid, `curl` over the socket. Returns the status and the JSON answer.
 fn call_as(
@@ -42,16 +57,7 @@ fn call_as(
     path: &str,
     body: Option<&Value>,
 ) -> (u16, Value) {
-    let drop_privileges = match uid {
-        Some(uid) => format!("setpriv --reuid={uid} --regid={uid} --clear-groups "),
-        None => String::new(),
-    };
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "echo $$ > {}/cgroup.procs && exec {drop_privileges}\"$0\" \"$@\"",
-            cgroup.display()
-        ))
+    let out = in_cgroup_as(cgroup, uid)
         .args(["curl", "-sS", "--max-time", "10", "-w", "\n%{http_code}"])
         .arg("--unix-socket")
         .arg(socket)
@@ -100,16 +106,7 @@ fn sds_as(
     let body_file = scratch.join(format!("sds-{workload}.in"));
     std::fs::write(&body_file, body).unwrap();
     std::fs::set_permissions(&body_file, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let drop_privileges = match uid {
-        Some(uid) => format!("setpriv --reuid={uid} --regid={uid} --clear-groups "),
-        None => String::new(),
-    };
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "echo $$ > {}/cgroup.procs && exec {drop_privileges}\"$0\" \"$@\"",
-            cgroup.display()
-        ))
+    let out = in_cgroup_as(cgroup, uid)
         .args(["curl", "-sS", "--max-time", "10", "--http2-prior-knowledge"])
         .args(["-D", "-"])
         .arg("--unix-socket")
