@@ -225,9 +225,9 @@ pub fn router(registry: Arc<Registry>) -> Router {
             authorize,
         ))
         // gRPC (HTTP/2): it authorises each stream by the secrets it asks for.
-        .route_service(
+        .route(
             crate::sds::STREAM_SECRETS_PATH,
-            crate::sds::Sds::service(registry.clone()),
+            post(crate::sds::stream_secrets),
         );
     finish(full, registry)
 }

@@ -17,22 +17,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ConnectInfo;
-use envoy_types::pb::envoy::config::core::v3::{data_source::Specifier, DataSource};
-use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
-    secret, Secret, TlsCertificate,
-};
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-};
-use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_server::{
-    SecretDiscoveryService, SecretDiscoveryServiceServer,
-};
-use envoy_types::pb::google::protobuf::Any;
+use axum::extract::{ConnectInfo, State};
+use axum::response::{IntoResponse, Response};
 use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Status, Streaming};
+
+pub use xds::{Any, DataSource, DiscoveryRequest, DiscoveryResponse, Secret, TlsCertificate};
 
 use crate::caller::{Caller, Need, Peer};
 use crate::names::WorkloadName;
@@ -135,71 +127,52 @@ impl Subscription {
 /// The secret Envoy loads for `workload`: its certificate and key, PEM.
 pub fn tls_secret(workload: &WorkloadName, certificate_der: &[u8], key_pkcs8: &[u8]) -> Secret {
     let inline = |pem: String| DataSource {
-        specifier: Some(Specifier::InlineBytes(pem.into_bytes())),
-        ..DataSource::default()
+        inline_bytes: Some(pem.into_bytes()),
     };
     Secret {
         name: workload.to_string(),
-        r#type: Some(secret::Type::TlsCertificate(TlsCertificate {
+        tls_certificate: Some(TlsCertificate {
             certificate_chain: Some(inline(themis_x509::pem("CERTIFICATE", certificate_der))),
             private_key: Some(inline(themis_x509::pem("PRIVATE KEY", key_pkcs8))),
-            ..TlsCertificate::default()
-        })),
+        }),
     }
 }
 
-/// The service, on `registry`'s workloads.
-#[derive(Clone)]
-pub struct Sds {
+/// `POST` [`STREAM_SECRETS_PATH`]: one SDS stream (gRPC's framing and status by
+/// tonic), for the caller the kernel named when it connected. Envoy's delta and fetch
+/// methods are other paths: the router answers them 404 (gRPC `UNIMPLEMENTED`).
+pub async fn stream_secrets(
+    State(registry): State<Arc<Registry>>,
+    ConnectInfo(Peer(caller)): ConnectInfo<Peer>,
+    request: axum::extract::Request,
+) -> Response {
+    let service = StreamSecrets { registry, caller };
+    tonic::server::Grpc::new(tonic_prost::ProstCodec::default())
+        .streaming(service, request)
+        .await
+        .into_response()
+}
+
+/// One stream's service: its caller and the registry.
+struct StreamSecrets {
     registry: Arc<Registry>,
+    caller: Option<Caller>,
 }
 
-impl Sds {
-    /// The gRPC service for the router ([`STREAM_SECRETS_PATH`]).
-    pub fn service(registry: Arc<Registry>) -> SecretDiscoveryServiceServer<Sds> {
-        SecretDiscoveryServiceServer::new(Sds { registry })
-    }
-}
+impl tonic::server::StreamingService<DiscoveryRequest> for StreamSecrets {
+    type Response = DiscoveryResponse;
+    type ResponseStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+    type Future = std::future::Ready<Result<tonic::Response<Self::ResponseStream>, Status>>;
 
-#[tonic::async_trait]
-impl SecretDiscoveryService for Sds {
-    type StreamSecretsStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
-    type DeltaSecretsStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
-
-    async fn stream_secrets(
-        &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamSecretsStream>, Status> {
-        let caller = request
-            .extensions()
-            .get::<ConnectInfo<Peer>>()
-            .and_then(|ConnectInfo(Peer(caller))| caller.clone());
+    fn call(&mut self, request: tonic::Request<Streaming<DiscoveryRequest>>) -> Self::Future {
         let (out, answers) = mpsc::channel(2);
         tokio::spawn(serve(
             self.registry.clone(),
-            caller,
+            self.caller.take(),
             request.into_inner(),
             out,
         ));
-        Ok(Response::new(ReceiverStream::new(answers)))
-    }
-
-    async fn delta_secrets(
-        &self,
-        _: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaSecretsStream>, Status> {
-        Err(Status::unimplemented(
-            "state-of-the-world SDS only (api_type: GRPC)",
-        ))
-    }
-
-    async fn fetch_secrets(
-        &self,
-        _: Request<DiscoveryRequest>,
-    ) -> Result<Response<DiscoveryResponse>, Status> {
-        Err(Status::unimplemented(
-            "state-of-the-world SDS only (api_type: GRPC)",
-        ))
+        std::future::ready(Ok(tonic::Response::new(ReceiverStream::new(answers))))
     }
 }
 
@@ -333,6 +306,90 @@ async fn secrets(
     Ok((secrets, renew_at_ms))
 }
 
+/// The xDS messages this service speaks, declared from Envoy's protos
+/// (`envoy/service/discovery/v3/discovery.proto`,
+/// `envoy/extensions/transport_sockets/tls/v3/{secret,common}.proto`,
+/// `envoy/config/core/v3/base.proto`, `google/protobuf/any.proto`,
+/// `google/rpc/status.proto`): only the fields it reads or writes, at their field
+/// numbers; a decoder skips the others. (A crate of all of Envoy's generated types
+/// cost the suite minutes of compile time for these few.)
+#[allow(missing_docs)] // the fields are the protos' own, named as there
+pub mod xds {
+    /// `envoy.service.discovery.v3.DiscoveryRequest`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct DiscoveryRequest {
+        #[prost(string, tag = "1")]
+        pub version_info: String,
+        #[prost(string, repeated, tag = "3")]
+        pub resource_names: Vec<String>,
+        #[prost(string, tag = "4")]
+        pub type_url: String,
+        #[prost(string, tag = "5")]
+        pub response_nonce: String,
+        /// Set on a NACK.
+        #[prost(message, optional, tag = "6")]
+        pub error_detail: Option<RpcStatus>,
+    }
+
+    /// `envoy.service.discovery.v3.DiscoveryResponse`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct DiscoveryResponse {
+        #[prost(string, tag = "1")]
+        pub version_info: String,
+        #[prost(message, repeated, tag = "2")]
+        pub resources: Vec<Any>,
+        #[prost(string, tag = "4")]
+        pub type_url: String,
+        #[prost(string, tag = "5")]
+        pub nonce: String,
+    }
+
+    /// `google.protobuf.Any`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Any {
+        #[prost(string, tag = "1")]
+        pub type_url: String,
+        #[prost(bytes = "vec", tag = "2")]
+        pub value: Vec<u8>,
+    }
+
+    /// `google.rpc.Status`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct RpcStatus {
+        #[prost(int32, tag = "1")]
+        pub code: i32,
+        #[prost(string, tag = "2")]
+        pub message: String,
+    }
+
+    /// `envoy.extensions.transport_sockets.tls.v3.Secret`: its `tls_certificate`
+    /// (field 2 of the `type` oneof; a oneof member is on the wire as the field).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Secret {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(message, optional, tag = "2")]
+        pub tls_certificate: Option<TlsCertificate>,
+    }
+
+    /// `envoy.extensions.transport_sockets.tls.v3.TlsCertificate`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TlsCertificate {
+        #[prost(message, optional, tag = "1")]
+        pub certificate_chain: Option<DataSource>,
+        #[prost(message, optional, tag = "2")]
+        pub private_key: Option<DataSource>,
+    }
+
+    /// `envoy.config.core.v3.DataSource`: its `inline_bytes` (field 2 of the
+    /// `specifier` oneof).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct DataSource {
+        #[prost(bytes = "vec", optional, tag = "2")]
+        pub inline_bytes: Option<Vec<u8>>,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -373,9 +430,9 @@ mod tests {
             Asked::Ack
         );
         let mut nack = request(&["w-a", "w-b"], "1");
-        nack.error_detail = Some(envoy_types::pb::google::rpc::Status {
+        nack.error_detail = Some(xds::RpcStatus {
+            code: 3,
             message: "bad key".into(),
-            ..Default::default()
         });
         assert_eq!(s.on_request(&nack).unwrap(), Asked::Nack("bad key".into()));
         assert_eq!(
@@ -426,13 +483,9 @@ mod tests {
         let secret = tls_secret(&w, b"cert", b"key");
         let decoded = Secret::decode(secret.encode_to_vec().as_slice()).unwrap();
         assert_eq!(decoded.name, "w-a");
-        let Some(secret::Type::TlsCertificate(tls)) = decoded.r#type else {
-            panic!("a TLS certificate")
-        };
-        let text = |d: Option<DataSource>| match d.and_then(|d| d.specifier) {
-            Some(Specifier::InlineBytes(b)) => String::from_utf8(b).unwrap(),
-            other => panic!("inline bytes, not {other:?}"),
-        };
+        let tls = decoded.tls_certificate.expect("a TLS certificate");
+        let text =
+            |d: Option<DataSource>| String::from_utf8(d.unwrap().inline_bytes.unwrap()).unwrap();
         assert_eq!(
             text(tls.certificate_chain),
             "-----BEGIN CERTIFICATE-----\nY2VydA==\n-----END CERTIFICATE-----\n"

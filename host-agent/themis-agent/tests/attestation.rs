@@ -90,9 +90,8 @@ fn sds_as(
     workload: &str,
     scratch: &Path,
 ) -> (Option<u32>, Vec<(String, String)>) {
-    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{secret, Secret};
-    use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
     use prost::Message;
+    use themis_agent::sds::{DiscoveryRequest, DiscoveryResponse, Secret};
     let request = DiscoveryRequest {
         resource_names: vec![workload.to_owned()],
         type_url: themis_agent::sds::SECRET_TYPE.to_owned(),
@@ -137,15 +136,11 @@ fn sds_as(
             let response = DiscoveryResponse::decode(message).expect("a DiscoveryResponse");
             for any in response.resources {
                 let secret = Secret::decode(any.value.as_slice()).expect("a Secret");
-                let Some(secret::Type::TlsCertificate(tls)) = secret.r#type else {
-                    panic!("a TLS certificate")
-                };
-                let pem = match tls.certificate_chain.and_then(|d| d.specifier) {
-                    Some(envoy_types::pb::envoy::config::core::v3::data_source::Specifier::InlineBytes(b)) => {
-                        String::from_utf8(b).unwrap()
-                    }
-                    other => panic!("inline PEM, not {other:?}"),
-                };
+                let pem = secret
+                    .tls_certificate
+                    .and_then(|tls| tls.certificate_chain?.inline_bytes)
+                    .map(|b| String::from_utf8(b).unwrap())
+                    .expect("a TLS certificate, inline PEM");
                 secrets.push((secret.name, pem));
             }
             frames = &frames[5 + len..];
