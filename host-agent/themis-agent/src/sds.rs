@@ -119,7 +119,6 @@ impl Subscription {
                 .collect(),
             type_url: SECRET_TYPE.to_owned(),
             nonce: self.sent.to_string(),
-            ..DiscoveryResponse::default()
         }
     }
 }
