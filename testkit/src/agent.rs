@@ -381,8 +381,23 @@ impl Agent {
     /// Registers `workload` as an instance of `service` (granting the service to
     /// this node first, as the operator would).
     pub fn register(&self, service: &str, workload: &str, endpoint: &str) -> Value {
+        self.register_with(service, workload, endpoint, None)
+    }
+
+    /// [`Agent::register`] with the record's labels (`{"version":"v2"}`, or the
+    /// transports its sidecar takes: `{"themis.transport":"tls"}`).
+    pub fn register_with(
+        &self,
+        service: &str,
+        workload: &str,
+        endpoint: &str,
+        metadata: Option<Value>,
+    ) -> Value {
         self.grant(service);
-        let body = serde_json::json!({ "endpoint": endpoint });
+        let mut body = serde_json::json!({ "endpoint": endpoint });
+        if let Some(metadata) = metadata {
+            body["metadata"] = metadata;
+        }
         let path = format!("/v1/services/{service}/instances/{workload}");
         let (status, answer) = self.call(hyper::Method::PUT, &path, Some(&body)).unwrap();
         assert_eq!(status, 200, "{}: register {service}: {answer}", self.name);

@@ -94,21 +94,6 @@ pub fn render_native(sidecar: &Sidecar<'_>, calls: &[&str]) -> String {
     )
 }
 
-/// `deploy/envoy/sidecar-tls.yaml` for `sidecar`, whose app calls `calls`; Envoy gets
-/// its certificate from the agent's SDS.
-pub fn render_tls(sidecar: &Sidecar<'_>, calls: &[&str]) -> String {
-    crate::build::native_module();
-    bootstrap_on(
-        sidecar,
-        Runtime::Tls,
-        None,
-        &Additions {
-            calls,
-            ..Additions::default()
-        },
-    )
-}
-
 /// One TLS certificate of `workload`, from the agent at `socket` by `themis sidecar
 /// certificate` (as a user runs it), as PEM files in `out`: certificate and key.
 pub fn certificate_files(socket: &Path, workload: &str, out: &Path) -> [PathBuf; 2] {
@@ -157,6 +142,10 @@ pub fn render_on(
             crate::build::native_module();
             bootstrap_on(sidecar, Runtime::Tls, None, additions)
         }
+        crate::mesh::Runtime::TlsAndChannel => {
+            crate::build::native_module();
+            render_bootstrap(sidecar, Runtime::Tls, None, additions, true)
+        }
     }
 }
 
@@ -180,6 +169,17 @@ fn bootstrap_on(
     runtime: Runtime,
     filter_code: Option<themis_bootstrap::FilterCode>,
     additions: &Additions<'_>,
+) -> String {
+    render_bootstrap(sidecar, runtime, filter_code, additions, false)
+}
+
+/// [`bootstrap_on`]; `channel_too`: the TLS binding takes the Themis channel too.
+fn render_bootstrap(
+    sidecar: &Sidecar<'_>,
+    runtime: Runtime,
+    filter_code: Option<themis_bootstrap::FilterCode>,
+    additions: &Additions<'_>,
+    channel_too: bool,
 ) -> String {
     let ip: std::net::IpAddr = sidecar.ip.parse().expect("an IP address");
     let any_port = SocketAddr::new(ip, 0);
@@ -206,6 +206,8 @@ fn bootstrap_on(
             .map(|(s, at)| ((*s).to_owned(), *at))
             .collect(),
         access_log: None,
+        channel_too,
+        rbac_principals: Vec::new(),
     };
     rendered
         .render()

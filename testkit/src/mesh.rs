@@ -147,8 +147,13 @@ impl Mesh {
         let envoy_b = start_envoy_b(b_runtime, root, &b, "envoy-b", app.addr, policy);
         envoy_a.wait_identity();
         envoy_b.wait_identity();
-        a.register("handler", "handler", &envoy_a.inbound.to_string());
-        if a_runtime == Runtime::Tls {
+        a.register_with(
+            "handler",
+            "handler",
+            &envoy_a.inbound.to_string(),
+            a_runtime.labels(None),
+        );
+        if a_runtime.speaks_tls() {
             envoy_a.wait_endorsed_certificate("handler");
         }
         let mesh = Mesh {
@@ -189,12 +194,14 @@ impl Mesh {
     /// runtime, until Envoy A's module has it in its verified resolution).
     pub fn register(&self, service: &str, workload: &str, endpoint: SocketAddr) {
         let endpoint_text = endpoint.to_string();
-        self.b.register(service, workload, &endpoint_text);
+        let labels = self.runtime_b.labels(None);
+        self.b
+            .register_with(service, workload, &endpoint_text, labels);
         self.wait_resolves(&self.a, service, &[&endpoint_text]);
         if self.runtime_a.is_native() {
             self.envoy_a.wait_native_resolves(service, endpoint);
         }
-        if self.runtime_b == Runtime::Tls && endpoint == self.envoy_b.inbound {
+        if self.runtime_b.speaks_tls() && endpoint == self.envoy_b.inbound {
             self.envoy_b.wait_endorsed_certificate(service);
         }
     }
@@ -240,6 +247,24 @@ impl Mesh {
     ) -> Envoy {
         start_sidecar(
             self.runtime_b,
+            self.dir.path(),
+            (agent, ip, workload),
+            name,
+            self.app.addr,
+            policy,
+        )
+    }
+
+    /// [`Mesh::start_sidecar`] on `runtime`, whatever Envoy B runs.
+    pub fn start_sidecar_on(
+        &self,
+        runtime: Runtime,
+        (agent, ip, workload): (&Agent, &str, &str),
+        name: &str,
+        policy: Option<&str>,
+    ) -> Envoy {
+        start_sidecar(
+            runtime,
             self.dir.path(),
             (agent, ip, workload),
             name,
@@ -370,12 +395,42 @@ pub enum Runtime {
     /// native module as its validator, the certificate from the agent by `themis
     /// sidecar certificate`.
     Tls,
+    /// The TLS binding with the Themis channel too, both ways (`themis sidecar render
+    /// --transport tls,themis`): TLS with callees whose records take it, the channel
+    /// with those (and callers) that speak only it.
+    TlsAndChannel,
 }
 
 impl Runtime {
     /// The native module runs it (the Themis channel's sockets, or TLS's validator).
     pub fn is_native(self) -> bool {
-        matches!(self, Runtime::Native | Runtime::Tls)
+        matches!(
+            self,
+            Runtime::Native | Runtime::Tls | Runtime::TlsAndChannel
+        )
+    }
+
+    /// Its Envoy speaks TLS (and gets its certificate over SDS).
+    pub fn speaks_tls(self) -> bool {
+        matches!(self, Runtime::Tls | Runtime::TlsAndChannel)
+    }
+
+    /// A record's labels (`metadata`, if any) for an instance whose sidecar runs
+    /// this: on TLS, the transport its record names (`themis.transport`); the others
+    /// take the Themis channel, which a record without the label means.
+    pub fn labels(self, metadata: Option<Value>) -> Option<Value> {
+        match self {
+            Runtime::Tls | Runtime::TlsAndChannel => {
+                let takes = match self {
+                    Runtime::Tls => "tls",
+                    _ => "tls,themis",
+                };
+                let mut labels = metadata.unwrap_or_else(|| serde_json::json!({}));
+                labels[themis_contracts::api::TRANSPORT_LABEL] = takes.into();
+                Some(labels)
+            }
+            Runtime::Wasm | Runtime::Native => metadata,
+        }
     }
 
     /// Starts Envoy on `sidecar` with this runtime and waits until it is ready.
@@ -387,9 +442,18 @@ impl Runtime {
                 name,
                 &crate::envoy::render_native(sidecar, NATIVE_CALLS),
             ),
-            Runtime::Tls => {
-                Envoy::start_yaml(root, name, &crate::envoy::render_tls(sidecar, NATIVE_CALLS))
-            }
+            Runtime::Tls | Runtime::TlsAndChannel => Envoy::start_yaml(
+                root,
+                name,
+                &crate::envoy::render_on(
+                    sidecar,
+                    self,
+                    &crate::envoy::Additions {
+                        calls: NATIVE_CALLS,
+                        ..Default::default()
+                    },
+                ),
+            ),
         }
     }
 }

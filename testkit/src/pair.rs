@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::agent::Agent;
 pub use crate::capture::{Capture, Captured};
@@ -127,9 +127,6 @@ impl Proxy {
         self.envoy.stop();
     }
 
-    /// Waits until it may call `service` at `endpoint`: on the native runtime, until
-    /// its module's verified resolution lists it (the Wasm filter resolves on the
-    /// first call).
     /// The runtime its sidecar runs.
     pub fn runtime(&self) -> Runtime {
         match (self.tls, self.envoy.is_native()) {
@@ -147,6 +144,9 @@ impl Proxy {
         }
     }
 
+    /// Waits until it may call `service` at `endpoint`: on the native runtime, until
+    /// its module's verified resolution lists it (the Wasm filter resolves on the
+    /// first call).
     pub fn wait_resolves(&self, service: &str, endpoint: SocketAddr) {
         if self.envoy.is_native() {
             self.envoy.wait_native_resolves(service, endpoint);
@@ -351,7 +351,8 @@ impl Nodes {
             edit,
         );
         proxy.wait_identity();
-        register(&self.a, "handler", "handler", proxy.inbound, None);
+        let labels = self.runtime.labels(None);
+        register(&self.a, "handler", "handler", proxy.inbound, labels);
         self.wait_resolves(&self.b, "handler", &[proxy.inbound]);
         proxy.wait_endorsed("handler");
         if self.runtime.is_native() {
@@ -432,7 +433,7 @@ impl Nodes {
             spec.service,
             spec.workload,
             proxy.inbound,
-            metadata,
+            self.runtime.labels(metadata),
         );
         self.wait_resolves(&self.a, spec.service, &[proxy.inbound]);
         proxy.wait_endorsed(spec.service);
@@ -507,14 +508,5 @@ pub fn register(
     endpoint: SocketAddr,
     metadata: Option<Value>,
 ) {
-    agent.grant(service);
-    let mut body = json!({ "endpoint": endpoint.to_string() });
-    if let Some(metadata) = metadata {
-        body["metadata"] = metadata;
-    }
-    let path = format!("/v1/services/{service}/instances/{workload}");
-    let (status, answer) = agent
-        .call(hyper::Method::PUT, &path, Some(&body))
-        .expect("the agent answers");
-    assert_eq!(status, 200, "{}: register {service}: {answer}", agent.name);
+    agent.register_with(service, workload, &endpoint.to_string(), metadata);
 }

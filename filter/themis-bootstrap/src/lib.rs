@@ -181,6 +181,19 @@ pub struct Sidecar {
     pub tcp: Vec<(String, SocketAddr)>,
     /// The outbound listener's access log; none by default (a line per request costs).
     pub access_log: Option<PathBuf>,
+    /// The TLS binding only: the Themis channel too, both ways, for peers that speak
+    /// only it (the Wasm filter, the component, older sidecars): a pair of sealing
+    /// clusters per called service, used for callees whose records do not take TLS,
+    /// and an inbound chain for callers whose first bytes are not a ClientHello. TLS
+    /// is preferred where both sides take it. Register the workload with the same
+    /// transports (`themis register --transport tls,themis`).
+    pub channel_too: bool,
+    /// The TLS binding only: Envoy's own network RBAC on the inbound chains, admitting
+    /// only callers whose certificate's URI SAN is one of these
+    /// (`spiffe://<mesh>/svc/<service>`), beside the module's policy: both must admit.
+    /// A caller on the Themis channel has no certificate, so with the channel too
+    /// such a rule refuses it (fails closed). Empty: no RBAC filter.
+    pub rbac_principals: Vec<String>,
 }
 
 /// Why a bootstrap was not rendered.
@@ -204,6 +217,12 @@ pub enum RenderError {
     /// The TLS binding asks the agent for the workload's certificate by its name.
     #[error("the outbound configuration names no workload (its \"workload\"): the TLS binding's certificate is the workload's")]
     NoWorkload,
+    /// The Themis channel beside TLS is the TLS binding's option.
+    #[error("the Themis channel beside TLS (--transport tls,themis) is the TLS binding's; this runtime speaks the channel alone")]
+    ChannelTooNeedsTls,
+    /// Envoy's RBAC on the peer's URI SAN needs a certificate: the TLS binding.
+    #[error("an RBAC rule on the peer's URI SAN (--rbac-principal) needs the TLS binding: a Themis-channel peer has no certificate Envoy sees")]
+    RbacNeedsTls,
     /// `access_log` given, and the template has no single place for it.
     #[error("the template has no single '{}' for the access log", ACCESS_LOG_MARK.trim())]
     NoAccessLogMark,
@@ -256,6 +275,41 @@ impl Sidecar {
             map.insert("role".into(), "seal".into());
             map.remove("canary");
         });
+        if self.channel_too && self.runtime != Runtime::Tls {
+            return Err(RenderError::ChannelTooNeedsTls);
+        }
+        if !self.rbac_principals.is_empty() && self.runtime != Runtime::Tls {
+            return Err(RenderError::RbacNeedsTls);
+        }
+        let with_socket = |config: &str| {
+            edit_json(config, |map| {
+                map.insert("agent_socket".into(), agent_socket.clone().into());
+            })
+        };
+        // The native runtime's sealing clusters (two per called service) and the
+        // configuration of its inbound socket, whose HCM detects its codec: callers
+        // may carry HTTP/1.1 as is.
+        let seal_clusters = |calls: &[&str]| -> Result<String, RenderError> {
+            let mut clusters = String::new();
+            for service in calls {
+                for http1 in [false, true] {
+                    let config = edit_json(&with_socket(&seal), |map| {
+                        map.insert("peer_service".into(), (*service).into());
+                        if http1 {
+                            map.insert("carries".into(), "http/1.1".into());
+                        }
+                    });
+                    clusters.push_str(&seal_cluster(service, &config, http1)?);
+                }
+            }
+            Ok(clusters)
+        };
+        let channel_inbound = || {
+            edit_json(&with_socket(&self.inbound_config), |map| {
+                map.insert("takes_http1".into(), true.into());
+            })
+        };
+        let handshake_timeout = format!("{}s", handshake_timeout_secs(&self.inbound_config));
         match self.runtime {
             Runtime::Wasm => {
                 if !self.calls.is_empty() {
@@ -278,25 +332,44 @@ impl Sidecar {
                     .and_then(|c| c.get("workload")?.as_str().map(str::to_owned))
                     .ok_or(RenderError::NoWorkload)?;
                 let tls = |config: &str| {
-                    edit_json(config, |map| {
-                        map.insert("agent_socket".into(), agent_socket.clone().into());
+                    edit_json(&with_socket(config), |map| {
                         map.insert("transport".into(), "tls".into());
                     })
                 };
                 let calls = self.called();
-                let vhosts = vhost_list(&calls, tls_outbound_vhost);
                 let outbound = edit_json(&tls(&self.outbound_config), |map| {
                     map.insert("calls".into(), calls.clone().into());
+                    if self.channel_too {
+                        map.insert("speaks".into(), vec!["tls", "themis"].into());
+                    }
                 });
+                let (vhosts, clusters, listener_filters, tls_match, channel_chain) =
+                    match self.channel_too {
+                        false => (
+                            vhost_list(&calls, tls_outbound_vhost),
+                            "  # (TLS alone: no sealing clusters)".to_owned(),
+                            "# (TLS alone: no listener filter)".to_owned(),
+                            "# (TLS alone: one chain)".to_owned(),
+                            "# (TLS alone: no channel chain)".to_owned(),
+                        ),
+                        true => (
+                            vhost_list(&calls, negotiated_outbound_vhost),
+                            seal_clusters(&calls)?,
+                            tls_inspector(&handshake_timeout),
+                            "filter_chain_match: {transport_protocol: tls}".to_owned(),
+                            channel_chain(&channel_inbound(), &handshake_timeout)?,
+                        ),
+                    };
                 values.extend([
                     ("OUTBOUND_CONFIG", outbound),
                     ("SEAL_CONFIG", tls(&seal)),
                     ("INBOUND_CONFIG", tls(&self.inbound_config)),
-                    (
-                        "HANDSHAKE_TIMEOUT",
-                        format!("{}s", handshake_timeout_secs(&self.inbound_config)),
-                    ),
+                    ("HANDSHAKE_TIMEOUT", handshake_timeout.clone()),
                     ("OUTBOUND_VHOSTS", vhosts),
+                    ("SEAL_CLUSTERS", clusters),
+                    ("INBOUND_LISTENER_FILTERS", listener_filters),
+                    ("TLS_CHAIN_MATCH", tls_match),
+                    ("INBOUND_CHANNEL_CHAIN", channel_chain),
                     // Quoted (JSON is YAML): a path may hold what YAML reads as syntax.
                     (
                         "AGENT_SOCKET",
@@ -306,41 +379,14 @@ impl Sidecar {
                 ]);
             }
             Runtime::Native => {
-                let with_socket = |config: &str| {
-                    edit_json(config, |map| {
-                        map.insert("agent_socket".into(), agent_socket.clone().into());
-                    })
-                };
                 let calls = self.called();
-                let mut clusters = String::new();
-                for service in &calls {
-                    for http1 in [false, true] {
-                        let config = edit_json(&with_socket(&seal), |map| {
-                            map.insert("peer_service".into(), (*service).into());
-                            if http1 {
-                                map.insert("carries".into(), "http/1.1".into());
-                            }
-                        });
-                        clusters.push_str(&seal_cluster(service, &config, http1)?);
-                    }
-                }
                 // No calls: the app calls no mesh service (each call answered 404).
                 let vhosts = vhost_list(&calls, outbound_vhost);
                 values.extend([
                     ("OUTBOUND_CONFIG", with_socket(&self.outbound_config)),
-                    // The template's inbound HCM detects its codec: callers may carry
-                    // HTTP/1.1 as is.
-                    (
-                        "INBOUND_CONFIG",
-                        edit_json(&with_socket(&self.inbound_config), |map| {
-                            map.insert("takes_http1".into(), true.into());
-                        }),
-                    ),
-                    ("SEAL_CLUSTERS", clusters),
-                    (
-                        "HANDSHAKE_TIMEOUT",
-                        format!("{}s", handshake_timeout_secs(&self.inbound_config)),
-                    ),
+                    ("INBOUND_CONFIG", channel_inbound()),
+                    ("SEAL_CLUSTERS", seal_clusters(&calls)?),
+                    ("HANDSHAKE_TIMEOUT", handshake_timeout),
                     ("OUTBOUND_VHOSTS", vhosts),
                 ]);
             }
@@ -359,6 +405,15 @@ impl Sidecar {
         }
         if !self.tcp.is_empty() {
             text = add_tcp_listeners(&text, &self.tcp, self.outbound);
+        }
+        if !self.rbac_principals.is_empty() {
+            // Before the `peer` filter of every inbound chain (the TLS one, and the
+            // channel's, where it refuses: no certificate).
+            let peer = "      - name: themis.peer\n";
+            text = text.replace(
+                peer,
+                &format!("{}{peer}", rbac_filter(&self.rbac_principals)),
+            );
         }
         if let Some(path) = &self.access_log {
             if text.matches(ACCESS_LOG_MARK).count() != 1 {
@@ -475,9 +530,95 @@ fn tls_outbound_vhost(service: &str) -> String {
     )
 }
 
+/// The outbound virtual host of `service` on a sidecar that speaks TLS and the Themis
+/// channel: the pick's transport (`x-themis-transport`, which the outbound filter
+/// sets from the callee's record) chooses the TLS cluster or the service's sealing
+/// clusters.
+fn negotiated_outbound_vhost(service: &str) -> String {
+    let channel = r#"{name: x-themis-transport, string_match: {exact: "themis"}}"#;
+    format!(
+        "- {{name: {service}, domains: [\"{service}\", \"{service}:*\"], routes: [{{match: {{prefix: \"/\", headers: [{channel}, {{name: x-themis-carry, string_match: {{exact: \"http/1.1\"}}}}]}}, {}}}, {{match: {{connect_matcher: {{}}, headers: [{channel}]}}, {}}}, {{match: {{prefix: \"/\", headers: [{channel}]}}, {}}}, {{match: {{connect_matcher: {{}}}}, {}}}, {{match: {{prefix: \"/\"}}, {}}}]}}",
+        route(&format!("themis_to_{service}_http1")),
+        route(&format!("themis_to_{service}")),
+        route(&format!("themis_to_{service}")),
+        route("themis_tls"),
+        route("themis_tls"),
+    )
+}
+
+/// The inbound listener's filter that reads a ClientHello, if the first bytes are
+/// one, so the filter chain match can tell TLS from the Themis channel; a caller
+/// that sends nothing is closed at the handshake timeout.
+fn tls_inspector(timeout: &str) -> String {
+    format!(
+        r#"listener_filters:
+    - name: envoy.filters.listener.tls_inspector
+      typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector}}
+    listener_filters_timeout: {timeout}"#
+    )
+}
+
+/// The inbound chain of callers on the Themis channel (any first bytes but a
+/// ClientHello): the native module's socket, its `peer` filter, and the TLS chain's
+/// connection manager (the YAML alias `inbound_http`).
+fn channel_chain(config: &str, timeout: &str) -> Result<String, RenderError> {
+    if config.contains('\'') {
+        return Err(RenderError::SingleQuote("INBOUND_CONFIG".into()));
+    }
+    Ok(format!(
+        r#"- filter_chain_match: {{transport_protocol: raw_buffer}}
+      transport_socket_connect_timeout: {timeout}
+      transport_socket:
+        name: envoy.transport_sockets.dynamic_modules
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.dynamic_modules.v3.DynamicModuleTransportSocket
+          dynamic_module_config: {{name: themis_native, do_not_close: true}}
+          transport_socket_name: inbound
+          implements_secure_transport: true
+          transport_socket_config:
+            "@type": type.googleapis.com/google.protobuf.StringValue
+            value: '{config}'
+      filters:
+      - name: themis.peer
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.dynamic_modules.v3.DynamicModuleNetworkFilter
+          dynamic_module_config: {{name: themis_native, do_not_close: true}}
+          filter_name: peer
+      - *inbound_http"#
+    ))
+}
+
+/// Envoy's stock network RBAC: only callers whose URI SAN is one of `principals`
+/// (each JSON-quoted: any text stays one YAML string), counted under `themis_rbac.`.
+fn rbac_filter(principals: &[String]) -> String {
+    let principals: Vec<String> = principals
+        .iter()
+        .map(|p| {
+            format!(
+                "{{authenticated: {{principal_name: {{exact: {}}}}}}}",
+                Value::from(p.as_str())
+            )
+        })
+        .collect();
+    format!(
+        r#"      - name: envoy.filters.network.rbac
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC
+          stat_prefix: themis_rbac
+          rules:
+            action: ALLOW
+            policies:
+              peers:
+                permissions: [{{any: true}}]
+                principals: [{}]
+"#,
+        principals.join(", ")
+    )
+}
+
 /// A route to `cluster`, the pick's headers removed on the way.
 fn route(cluster: &str) -> String {
-    format!("route: {{cluster: {cluster}, timeout: 0s}}, request_headers_to_remove: [x-themis-destination, x-themis-expect-peer, x-themis-carry]")
+    format!("route: {{cluster: {cluster}, timeout: 0s}}, request_headers_to_remove: [x-themis-destination, x-themis-expect-peer, x-themis-transport, x-themis-carry]")
 }
 
 /// The outbound virtual hosts of `calls`, as YAML list items (`[]` for none).

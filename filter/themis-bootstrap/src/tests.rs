@@ -25,6 +25,8 @@ fn sidecar(runtime: Runtime) -> Sidecar {
         },
         tcp: vec![],
         access_log: None,
+        channel_too: false,
+        rbac_principals: Vec::new(),
     }
 }
 
@@ -218,4 +220,85 @@ fn the_tls_binding_says_tls_everywhere_and_needs_its_certificate() {
     let mut none = sidecar(Runtime::Tls);
     none.outbound_config = r#"{"role":"outbound","mesh_root":"demo:11"}"#.into();
     assert_eq!(none.render(), Err(RenderError::NoWorkload));
+}
+
+#[test]
+fn the_tls_binding_with_the_channel_too_routes_by_the_picks_transport_and_takes_both() {
+    let mut both = sidecar(Runtime::Tls);
+    both.channel_too = true;
+    let yaml = both.render().unwrap();
+    assert_eq!(placeholder_in(&yaml), None);
+    let configs = configs(&yaml);
+    // The outbound role speaks both, TLS first; the sealing clusters and the
+    // channel's inbound socket are the Themis channel's (no transport).
+    let outbound: Vec<&Value> = configs.iter().filter(|c| c["role"] == "outbound").collect();
+    assert_eq!(outbound.len(), 1, "{configs:?}");
+    assert_eq!(outbound[0]["speaks"], serde_json::json!(["tls", "themis"]));
+    let seals: Vec<&Value> = configs
+        .iter()
+        .filter(|c| c["role"] == "seal" && c["peer_service"] == "check")
+        .collect();
+    assert_eq!(seals.len(), 2, "h2 and http/1.1: {configs:?}");
+    assert!(seals.iter().all(|c| c.get("transport").is_none()));
+    let channel_inbound: Vec<&Value> = configs
+        .iter()
+        .filter(|c| c["role"] == "inbound" && c.get("transport").is_none())
+        .collect();
+    assert_eq!(channel_inbound.len(), 1, "{configs:?}");
+    assert_eq!(channel_inbound[0]["takes_http1"], true);
+    // The route follows the pick's transport: the channel's clusters, else TLS's.
+    assert!(yaml.contains(r#"headers: [{name: x-themis-transport, string_match: {exact: "themis"}}]}, route: {cluster: themis_to_check, timeout: 0s}"#), "{yaml}");
+    assert!(yaml.contains("route: {cluster: themis_tls"), "{yaml}");
+    assert!(yaml.contains("- name: themis_to_check_http1"), "{yaml}");
+    // Inbound: a ClientHello picks the TLS chain, anything else the channel's, with
+    // the same connection manager.
+    assert!(yaml.contains("envoy.filters.listener.tls_inspector"));
+    assert!(yaml.contains("filter_chain_match: {transport_protocol: tls}"));
+    assert!(yaml.contains("filter_chain_match: {transport_protocol: raw_buffer}"));
+    assert_eq!(yaml.matches("&inbound_http").count(), 1);
+    assert_eq!(yaml.matches("- *inbound_http").count(), 1);
+    // TLS alone has none of it, and the Wasm or channel runtimes cannot be asked for it.
+    let alone = sidecar(Runtime::Tls).render().unwrap();
+    for part in [
+        "tls_inspector",
+        "themis_to_check",
+        "raw_buffer",
+        "*inbound_http",
+    ] {
+        assert!(!alone.contains(part), "{part}");
+    }
+    for runtime in [Runtime::Wasm, Runtime::Native] {
+        let mut other = sidecar(runtime);
+        other.channel_too = true;
+        assert_eq!(other.render(), Err(RenderError::ChannelTooNeedsTls));
+    }
+}
+
+#[test]
+fn envoys_rbac_on_the_peers_uri_san_is_the_tls_bindings_and_goes_before_every_peer_filter() {
+    let mut tls = sidecar(Runtime::Tls);
+    tls.rbac_principals = vec![
+        "spiffe://demo/svc/handler".into(),
+        "spiffe://demo/svc/\"odd\" }, x: {".into(),
+    ];
+    let yaml = tls.render().unwrap();
+    assert_eq!(
+        yaml.matches("envoy.filters.network.rbac").count(),
+        1,
+        "{yaml}"
+    );
+    assert!(yaml.contains(
+        "principals: [{authenticated: {principal_name: {exact: \"spiffe://demo/svc/handler\"}}}, {authenticated: {principal_name: {exact: \"spiffe://demo/svc/\\\"odd\\\" }, x: {\"}}}]"
+    ), "{yaml}");
+    let rbac = yaml.find("envoy.filters.network.rbac").unwrap();
+    assert!(rbac < yaml.find("- name: themis.peer").unwrap());
+    // With the channel too, its chain has the rule as well (where it refuses).
+    tls.channel_too = true;
+    let both = tls.render().unwrap();
+    assert_eq!(both.matches("envoy.filters.network.rbac").count(), 2);
+    for runtime in [Runtime::Wasm, Runtime::Native] {
+        let mut other = sidecar(runtime);
+        other.rbac_principals = vec!["spiffe://demo/svc/handler".into()];
+        assert_eq!(other.render(), Err(RenderError::RbacNeedsTls));
+    }
 }

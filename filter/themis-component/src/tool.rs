@@ -21,6 +21,7 @@ use themis_core::identity::PublicIdentity;
 use themis_core::stream::{Meta, StreamInitiator};
 use themis_core::{wire, HandshakeConfig, Identity, MeshName, PeerId, Session};
 use themis_sidecar::agent::{self, Instance};
+use themis_sidecar::config::Transport;
 use themis_trust::{MeshRoot, Verifier};
 
 /// Themis identities, from the portable component (`wasmtime run themis_component.wasm …`).
@@ -309,7 +310,7 @@ fn resolve(agent: SocketAddr, service: &str, root: &MeshRoot) -> Result<Vec<Inst
     };
     let body = agent_get(agent, &paths::service(service))?;
     let results = agent::parse_instances(&body, service, &verifier).map_err(|e| e.to_string())?;
-    let (endorsed, refused) = agent::endorsed(results);
+    let (endorsed, refused) = agent::endorsed(results, &[Transport::Themis], &root.mesh);
     for e in refused {
         eprintln!("skipping an instance of {service} the mesh root does not endorse: {e}");
     }

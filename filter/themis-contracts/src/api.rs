@@ -267,6 +267,13 @@ pub struct Registration {
     pub serial: u64,
 }
 
+/// The record label naming the transports an instance's sidecar takes (`tls`,
+/// `themis`, comma-separated; the order says nothing: the caller's preference picks).
+/// Its node signs it with the rest of the record, so no one on the path can change
+/// which transport a caller uses, and nothing is negotiated on the wire. A record
+/// without it is an older peer's: the Themis channel alone.
+pub const TRANSPORT_LABEL: &str = "themis.transport";
+
 /// `PUT /v1/services/{service}/instances/{workload}`: register. `C` is the eBPF
 /// capture spec (`themis_capture::CaptureSpec`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

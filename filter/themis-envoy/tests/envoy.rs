@@ -237,7 +237,7 @@ fn http1_agreements(runtime: Runtime) -> u64 {
     match runtime {
         Runtime::Native => 2,
         // One HTTP/2 connection over TLS.
-        Runtime::Wasm | Runtime::Tls => 1,
+        Runtime::Wasm | Runtime::Tls | Runtime::TlsAndChannel => 1,
     }
 }
 
@@ -1004,7 +1004,9 @@ fn wait_holds_revocation(envoy: &Envoy, runtime: Runtime, count: usize) {
         || {
             let held = match runtime {
                 Runtime::Wasm => threads_holding_revocations(envoy, "themis-inbound", count) >= 3,
-                Runtime::Native | Runtime::Tls => envoy.log_tail(usize::MAX).contains(&native_said),
+                Runtime::Native | Runtime::Tls | Runtime::TlsAndChannel => {
+                    envoy.log_tail(usize::MAX).contains(&native_said)
+                }
             };
             held.then_some(())
         },
@@ -1488,7 +1490,12 @@ fn rotation_under_continuous_calls(runtime: Runtime, rotated: Rotated) {
     let next_id = support::mesh::create_workload(agent, workload);
     let next = mesh.start_sidecar(agent, ip, workload, "envoy-next", Some(ALLOW_HANDLER));
     next.wait_identity();
-    agent.register("check", workload, &next.inbound.to_string());
+    agent.register_with(
+        "check",
+        workload,
+        &next.inbound.to_string(),
+        runtime.labels(None),
+    );
     mesh.wait_resolves(
         &mesh.a,
         "check",

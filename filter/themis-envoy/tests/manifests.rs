@@ -871,6 +871,8 @@ fn rendered_native(configs: &NativeConfigs, calls: &[String]) -> Value {
         calls: calls.to_vec(),
         tcp: Vec::new(),
         access_log: None,
+        channel_too: false,
+        rbac_principals: Vec::new(),
     };
     serde_yaml::from_str(&sidecar.render().expect("renders")).unwrap()
 }

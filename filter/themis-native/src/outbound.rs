@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use ring::rand::SystemRandom;
 use themis_core::PeerId;
-use themis_sidecar::config::{Config, Role, Transport};
+use themis_sidecar::config::{Config, Role, Takes, Transport};
 use themis_sidecar::outbound::{pick_headers, service_of, upstream_failed, Refusal, CARRY_HEADER};
 use themis_sidecar::reason::Rejection;
-use themis_sidecar::route::{Pick, PickRandom, Routes};
+use themis_sidecar::route::{Pick, PickRandom, Routes, TRANSPORT_HEADER};
 
 use crate::runtime::{now_ms, Runtime};
 use crate::socket::{proven_peer, takes_http1, ProvenPeer};
@@ -26,19 +26,24 @@ pub struct Route {
     /// The destination and peer headers ([`pick_headers`]).
     pub pick: [(&'static str, String); 2],
     pub picked: PeerId,
-    /// Carried as the app wrote it, HTTP/1.1: the request is, and the picked
-    /// instance said (signed, on an earlier connection) that it takes HTTP/1.1.
+    /// The transport: the first this sidecar speaks that the pick's record names.
+    pub transport: Transport,
+    /// Carried as the app wrote it, HTTP/1.1 (the Themis channel): the request is,
+    /// and the picked instance said (signed, on an earlier connection) that it takes
+    /// HTTP/1.1.
     pub carries_http1: bool,
 }
 
 impl Route {
-    /// The request headers that name the pick to `set_filter_state`, and the
-    /// carry header (`None`: removed, whatever the app wrote).
-    pub fn headers(&self) -> [(&'static str, Option<&str>); 3] {
+    /// The request headers that name the pick to `set_filter_state`, its transport
+    /// and the carry header to the outbound route (`None`: removed, whatever the app
+    /// wrote).
+    pub fn headers(&self) -> [(&'static str, Option<&str>); 4] {
         let [(destination, address), (peer, id)] = &self.pick;
         [
             (destination, Some(address)),
             (peer, Some(id)),
+            (TRANSPORT_HEADER, Some(self.transport.as_str())),
             (CARRY_HEADER, self.carries_http1.then_some("http/1.1")),
         ]
     }
@@ -49,8 +54,9 @@ pub struct Outbound {
     /// How long an instance whose connection failed is avoided.
     down: Duration,
     runtime: Arc<Runtime>,
-    /// How the pick is named: its SNI name when the cluster speaks TLS.
-    transport: Transport,
+    /// The transports it has clusters for, by preference (a pick takes the first
+    /// its record names): the pick is named by its SNI name on TLS.
+    speaks: Vec<Transport>,
     routes: Mutex<Routes>,
     rng: SystemRandom,
 }
@@ -72,7 +78,7 @@ impl Outbound {
         Ok(Outbound {
             routes: Mutex::new(Routes::new(config.canary.clone())),
             down: config.down,
-            transport: config.transport,
+            speaks: config.speaks.clone(),
             runtime,
             rng: SystemRandom::new(),
         })
@@ -100,15 +106,35 @@ impl Outbound {
             .routes
             .lock()
             .map_err(|_| Refusal::resolve_failed("routes poisoned"))?
-            .pick_from(name, instances, now_ms(), self.random());
-        match pick {
-            Pick::Instance(instance) => Ok(Route {
-                pick: pick_headers(&instance, self.transport, &self.runtime.root.mesh),
-                picked: instance.id,
-                carries_http1: http1 && takes_http1(&instance.id),
-            }),
-            Pick::NoInstance | Pick::Resolve => Err(Refusal::no_instance(name)),
-        }
+            .pick_from(name, instances, &self.speaks, now_ms(), self.random());
+        let Pick::Instance(instance) = pick else {
+            return Err(match instances.is_empty() {
+                true => Refusal::no_instance(name),
+                false => Refusal::new(
+                    503,
+                    Rejection::NoInstance,
+                    format!(
+                        "no instance of {name} takes a transport this sidecar speaks ({}): their records name others",
+                        Takes::label(&self.speaks)
+                    ),
+                ),
+            });
+        };
+        let transport = instance
+            .takes()
+            .first_of(&self.speaks)
+            .unwrap_or(Transport::Themis); // the pick takes one of them
+        Ok(Route {
+            pick: pick_headers(&instance, transport, &self.runtime.root.mesh),
+            picked: instance.id,
+            transport,
+            carries_http1: transport == Transport::Themis && http1 && takes_http1(&instance.id),
+        })
+    }
+
+    /// Whether it speaks more than one transport: the route is chosen by the pick's.
+    pub fn speaks_several(&self) -> bool {
+        self.speaks.len() > 1
     }
 
     /// A number for the pick, from this worker's [`PickRandom`].
@@ -131,6 +157,7 @@ impl Outbound {
     pub fn on_response(
         &self,
         picked: PeerId,
+        transport: Transport,
         upstream_connection: Option<u64>,
         flags: u64,
     ) -> Answered {
@@ -142,7 +169,7 @@ impl Outbound {
                 routes.mark_down(picked, now + self.down.as_millis() as u64);
             }
         }
-        let peer = match self.transport {
+        let peer = match transport {
             Transport::Themis => upstream_connection.and_then(proven_peer),
             // The connection's SNI named the pick, and the validator held the callee
             // to it: who answered over it is the pick.

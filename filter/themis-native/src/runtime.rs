@@ -18,7 +18,7 @@ use themis_agent_client::{Client, Method};
 use themis_contracts::paths;
 use themis_core::delegation::Credential;
 use themis_sidecar::agent::{endorsed, parse_instances, Instance};
-use themis_sidecar::config::Config;
+use themis_sidecar::config::{Config, Transport};
 use themis_sidecar::route::kept_for;
 use themis_sidecar::upkeep::{self, Lane, Learned, Upkeep};
 
@@ -327,7 +327,13 @@ impl Runtime {
             revoked: &snapshot.revocations,
         };
         let results = parse_instances(&body, service, &trust).map_err(|e| e.to_string())?;
-        let (good, bad) = endorsed(results);
+        // Every transport this module speaks: each outbound filter's pick keeps to
+        // its own (`Outbound::on_request`).
+        let (good, bad) = endorsed(
+            results,
+            &[Transport::Tls, Transport::Themis],
+            &self.root.mesh,
+        );
         for e in bad {
             crate::ffi::log(
                 3,

@@ -612,3 +612,156 @@ fn envoys_own_rbac_decides_on_a_tls_peer_by_its_uri_san() {
         }
     }
 }
+
+/// The requests of `cluster` on `envoy` so far (Envoy's `upstream_rq_total`).
+fn requests_of(envoy: &support::envoy::Envoy, cluster: &str) -> u64 {
+    stat(envoy, &format!("cluster.{cluster}.upstream_rq_total"))
+}
+
+/// Negotiated by what the callee's record signs (docs/PROTOCOL.md §8.7): a sidecar
+/// that speaks TLS and the Themis channel calls a callee whose record names no
+/// transport (an older peer: the channel alone) over the channel, and one whose
+/// record names `tls` over TLS, from the same outbound listener.
+#[test]
+fn a_caller_takes_the_transport_the_callees_record_names() {
+    let Some(mesh) = started(Runtime::TlsAndChannel, Runtime::Native) else {
+        return;
+    };
+    let a = &mesh.envoy_a;
+    call_is_sealed_and_attributed(&mesh);
+    assert!(requests_of(a, "themis_to_check") >= 1, "{:?}", a.stats());
+    assert_eq!(requests_of(a, "themis_tls"), 0, "{:?}", a.stats());
+
+    // A TLS-only sidecar of the same workload, its record naming tls.
+    let tls = mesh.start_sidecar_on(
+        Runtime::Tls,
+        (&mesh.b, support::mesh::IP_B, "check"),
+        "envoy-tls",
+        Some(ALLOW_HANDLER),
+    );
+    tls.wait_identity();
+    let at = tls.inbound.to_string();
+    mesh.b
+        .register_with("check-open", "check", &at, Runtime::Tls.labels(None));
+    mesh.wait_resolves(&mesh.a, "check-open", &[&at]);
+    a.wait_native_resolves("check-open", tls.inbound);
+    tls.wait_endorsed_certificate("check-open");
+    let served = mesh.app.count();
+    let r = mesh.call("GET", "check-open", "/", &[], b"");
+    assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
+    assert_eq!(r.header(PEER_ID), Some(mesh.check_id.as_str()), "{r}");
+    assert_eq!(mesh.app.count(), served + 1);
+    assert_eq!(requests_of(a, "themis_tls"), 1, "{:?}", a.stats());
+    assert_eq!(requests_of(a, "themis_to_check-open"), 0);
+    let handshakes: u64 = tls
+        .stats()
+        .iter()
+        .filter(|(n, _)| n.ends_with("ssl.versions.TLSv1.3"))
+        .map(|(_, v)| *v)
+        .sum();
+    assert!(handshakes >= 1, "{:?}", tls.stats());
+}
+
+/// A callee that takes both: a Wasm caller (the channel alone) is answered over the
+/// channel's chain, a TLS caller (the handler's certificate, from its agent) over the
+/// TLS chain, on the one inbound listener; the policy holds on both.
+#[test]
+fn a_callee_that_takes_both_answers_a_wasm_caller_and_a_tls_caller() {
+    let Some(mesh) = started(Runtime::Wasm, Runtime::TlsAndChannel) else {
+        return;
+    };
+    let b = &mesh.envoy_b;
+    call_is_sealed_and_attributed(&mesh);
+    assert!(counter(b, "inbound.allowed") >= 1, "{}", mesh.logs());
+    let tls_handshakes = |envoy: &support::envoy::Envoy| -> u64 {
+        envoy
+            .stats()
+            .iter()
+            .filter(|(n, _)| n.ends_with("ssl.handshake"))
+            .map(|(_, v)| *v)
+            .sum()
+    };
+    assert_eq!(tls_handshakes(b), 0, "the Wasm caller's bytes went to TLS");
+
+    let dir = mesh.dir.path();
+    let socket = mesh.a.dir.join("agent.sock");
+    let [cert, key] =
+        support::envoy::certificate_files(&socket, "handler", &dir.join("handler-tls"));
+    let served = mesh.app.count();
+    let out = tls_client(b.inbound, Some(&[&cert, &key]));
+    assert!(out.contains("HTTP/1.1 200"), "{out}\n{}", mesh.logs());
+    assert_eq!(mesh.app.count(), served + 1);
+    assert_eq!(tls_handshakes(b), 1, "{:?}", b.stats());
+    // Not allowed on TLS either: a member of no allowed service.
+    support::mesh::create_workload(&mesh.a, "intruder");
+    let [cert, key] =
+        support::envoy::certificate_files(&socket, "intruder", &dir.join("intruder-tls"));
+    let out = tls_client(b.inbound, Some(&[&cert, &key]));
+    assert!(!out.contains("HTTP/1.1 "), "{out}");
+    assert_eq!(
+        mesh.app.count(),
+        served + 1,
+        "a refused caller reached the app"
+    );
+}
+
+/// No downgrade: a TLS-only callee is never called over the channel. A caller that
+/// speaks the channel alone does not call it (its record names tls: 503, no
+/// connection), and bytes of the channel sent to it anyway (under a record that names
+/// no transport, as a rogue node could sign for its own service) are refused by
+/// Envoy's TLS before anything reaches the app.
+#[test]
+fn a_tls_only_callee_is_not_called_over_the_channel() {
+    let Some(mesh) = started(Runtime::Wasm, Runtime::Tls) else {
+        return;
+    };
+    let b = &mesh.envoy_b;
+    // Its listeners on node B's address (Envoy names their stats by the address as
+    // configured, port 0: the two share them; nothing calls its outbound one).
+    let listeners = format!("listener.{}_", b.inbound.ip());
+    let connections = || -> u64 {
+        b.stats()
+            .iter()
+            .filter(|(n, _)| n.starts_with(&listeners) && n.ends_with(".downstream_cx_total"))
+            .map(|(_, v)| *v)
+            .sum()
+    };
+    let before = connections();
+    let served = mesh.app.count();
+    let r = mesh.call("GET", "check", "/", &[], b"");
+    assert_eq!(r.status, 503, "{r}");
+    assert_eq!(r.header("x-themis-reject"), Some("no_instance"), "{r}");
+    assert!(
+        mesh.envoy_a.log_tail(usize::MAX).contains(
+            r#"takes "tls" (its record's themis.transport), and this sidecar speaks themis"#
+        ),
+        "{}",
+        mesh.logs()
+    );
+    assert_eq!(connections(), before, "the channel's caller connected");
+
+    // The same listener under a record that says nothing of TLS.
+    let at = b.inbound.to_string();
+    mesh.b.register("check-lied", "check", &at);
+    mesh.wait_resolves(&mesh.a, "check-lied", &[&at]);
+    let errors = |envoy: &support::envoy::Envoy| -> u64 {
+        envoy
+            .stats()
+            .iter()
+            .filter(|(n, _)| n.ends_with("ssl.connection_error"))
+            .map(|(_, v)| *v)
+            .sum()
+    };
+    let r = mesh.call("GET", "check-lied", "/", &[], b"");
+    assert_ne!(r.status, 200, "{r}");
+    assert!(
+        connections() > before,
+        "the channel's caller never connected: {r}"
+    );
+    assert!(errors(b) >= 1, "{:?}", b.stats());
+    assert_eq!(
+        mesh.app.count(),
+        served,
+        "a channel caller reached a TLS-only app"
+    );
+}

@@ -29,6 +29,11 @@ pub struct Instance {
 }
 
 impl Instance {
+    /// The transports it takes, as its signed record says.
+    pub fn takes(&self) -> crate::config::Takes {
+        crate::config::Takes::of(&self.metadata)
+    }
+
     /// Whether `revoked` withdraws it: its own key or a key its endorsement rests on.
     pub fn is_revoked(&self, root: &MeshRoot, revoked: &Revocations) -> bool {
         revoked.contains(&self.id)
@@ -61,6 +66,18 @@ pub enum AgentError {
     /// The delegation does not decode, or does not verify for the key asked about.
     #[error("the agent's delegation is unusable: {0}")]
     Delegation(String),
+    /// An endorsed instance whose record names no transport this caller speaks (a
+    /// TLS-only callee to a caller of the Themis channel alone): never called over
+    /// another.
+    #[error("{id} takes {takes:?} (its record's {label}), and this sidecar speaks {speaks}", label = crate::config::TRANSPORT_LABEL)]
+    NoTransport {
+        /// The instance (printable id).
+        id: String,
+        /// Its record's label as written (`themis` when it has none).
+        takes: String,
+        /// What this caller speaks.
+        speaks: String,
+    },
 }
 
 /// Reads `GET /v1/services/{service}`: each instance is taken from its record, verified
@@ -107,13 +124,31 @@ fn verify_instance(
     })
 }
 
-/// The instances that verified; the others are logged and counted by the caller.
-pub fn endorsed(results: Vec<Result<Instance, AgentError>>) -> (Vec<Instance>, Vec<AgentError>) {
-    let (good, bad): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
-    (
-        good.into_iter().filter_map(Result::ok).collect(),
-        bad.into_iter().filter_map(Result::err).collect(),
-    )
+/// The instances that verified and take a transport of `speaks` (the caller's); the
+/// others are logged and counted by the caller.
+pub fn endorsed(
+    results: Vec<Result<Instance, AgentError>>,
+    speaks: &[crate::config::Transport],
+    mesh: &MeshName,
+) -> (Vec<Instance>, Vec<AgentError>) {
+    let mut good = Vec::with_capacity(results.len());
+    let mut bad = Vec::new();
+    for result in results {
+        match result {
+            Ok(instance) if instance.takes().first_of(speaks).is_some() => good.push(instance),
+            Ok(instance) => bad.push(AgentError::NoTransport {
+                id: instance.id.printable(mesh),
+                takes: instance
+                    .metadata
+                    .get(crate::config::TRANSPORT_LABEL)
+                    .map_or("themis", String::as_str)
+                    .to_owned(),
+                speaks: crate::config::Takes::label(speaks),
+            }),
+            Err(e) => bad.push(e),
+        }
+    }
+    (good, bad)
 }
 
 /// Reads `GET /v1/revocations`, keeping only revocations the mesh root signed.
@@ -454,9 +489,26 @@ mod tests {
             "}],",
             &format!("}},{}],", listed(&peer.printable_id(), &value(&node))),
         );
-        let (usable, refused) =
-            endorsed(parse_instances(mixed.as_bytes(), "check", &trust).unwrap());
+        let themis = [crate::config::Transport::Themis];
+        let (usable, refused) = endorsed(
+            parse_instances(mixed.as_bytes(), "check", &trust).unwrap(),
+            &themis,
+            &root.mesh,
+        );
         assert_eq!((usable.len(), refused.len()), (1, 1), "{mixed}");
+        // Its record names no transport: an older peer's, the channel alone, which a
+        // TLS-only caller does not speak.
+        let tls = [crate::config::Transport::Tls];
+        let (usable, refused) = endorsed(
+            parse_instances(good.as_bytes(), "check", &trust).unwrap(),
+            &tls,
+            &root.mesh,
+        );
+        assert!(usable.is_empty());
+        assert!(
+            matches!(&refused[..], [AgentError::NoTransport { takes, speaks, .. }] if takes == "themis" && speaks == "tls"),
+            "{refused:?}"
+        );
         // The right record under another id.
         let swapped = answer(&node.printable_id(), &value(&root_key));
         assert_eq!(
@@ -479,7 +531,11 @@ mod tests {
             )
         };
         let revoke = |by: &Identity| revoke_id(by, peer.id());
-        let (usable, _) = endorsed(parse_instances(good.as_bytes(), "check", &trust).unwrap());
+        let (usable, _) = endorsed(
+            parse_instances(good.as_bytes(), "check", &trust).unwrap(),
+            &themis,
+            &root.mesh,
+        );
         let cached = &usable[0];
         // What a revocation withdraws from a resolution already made: the workload,
         // or the node that endorsed it; another node's revocation leaves it.

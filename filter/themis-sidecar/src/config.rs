@@ -48,6 +48,79 @@ pub enum Transport {
     Tls,
 }
 
+pub use themis_contracts::api::TRANSPORT_LABEL;
+
+impl Transport {
+    /// Its name in configurations and in [`TRANSPORT_LABEL`].
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Themis => "themis",
+            Transport::Tls => "tls",
+        }
+    }
+
+    /// The transport named `name`, if this build knows it.
+    pub fn parse(name: &str) -> Option<Transport> {
+        match name {
+            "themis" => Some(Transport::Themis),
+            "tls" => Some(Transport::Tls),
+            _ => None,
+        }
+    }
+}
+
+/// The transports an instance takes, as its signed record's labels say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Takes {
+    themis: bool,
+    tls: bool,
+}
+
+impl Takes {
+    /// From a record's labels: [`TRANSPORT_LABEL`]'s comma-separated names (names this
+    /// build does not know are a later transport's, and skipped); without the label,
+    /// the Themis channel alone.
+    pub fn of(metadata: &themis_trust::Metadata) -> Takes {
+        let Some(names) = metadata.get(TRANSPORT_LABEL) else {
+            return Takes {
+                themis: true,
+                tls: false,
+            };
+        };
+        let mut takes = Takes {
+            themis: false,
+            tls: false,
+        };
+        for name in names.split(',').map(str::trim) {
+            match Transport::parse(name) {
+                Some(Transport::Themis) => takes.themis = true,
+                Some(Transport::Tls) => takes.tls = true,
+                None => {}
+            }
+        }
+        takes
+    }
+
+    /// Whether it takes `transport`.
+    pub fn contains(self, transport: Transport) -> bool {
+        match transport {
+            Transport::Themis => self.themis,
+            Transport::Tls => self.tls,
+        }
+    }
+
+    /// The first of `speaks` (a caller's transports, by preference) that it takes.
+    pub fn first_of(self, speaks: &[Transport]) -> Option<Transport> {
+        speaks.iter().copied().find(|t| self.contains(*t))
+    }
+
+    /// The label's value for an instance that takes `transports`.
+    pub fn label(transports: &[Transport]) -> String {
+        let names: Vec<&str> = transports.iter().map(|t| t.as_str()).collect();
+        names.join(",")
+    }
+}
+
 /// The configuration as written (see `docs/FILTER.md`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -80,6 +153,9 @@ struct Raw {
     /// Native runtime: the transport this sidecar's peers speak (`themis` default).
     #[serde(default)]
     transport: Transport,
+    /// Outbound: the transports the sidecar has clusters for, by preference (default:
+    /// `transport` alone); each call takes the first its callee's record names.
+    speaks: Option<Vec<Transport>>,
     /// Native runtime, outbound on TLS: the services the app calls, kept resolved
     /// (on the Themis channel each has a sealing cluster that says so).
     #[serde(default)]
@@ -247,6 +323,8 @@ pub struct Config {
     pub takes_http1: bool,
     /// Native runtime: the Themis channel or TLS 1.3 (docs/PROTOCOL.md §8).
     pub transport: Transport,
+    /// Outbound: the transports it can call over, by preference; never empty.
+    pub speaks: Vec<Transport>,
     /// Native runtime, outbound on TLS: the services the app calls, kept resolved.
     pub calls: Vec<String>,
     /// Limit on every call to the agent.
@@ -439,6 +517,19 @@ impl Config {
                 "tls is the native runtime's (with agent_socket): Envoy's TLS socket and the module's validator; the Wasm filter speaks the Themis channel",
             ));
         }
+        if let Some(speaks) = &raw.speaks {
+            let each_once = (0..speaks.len()).all(|i| !speaks[..i].contains(&speaks[i]));
+            if raw.role != Role::Outbound
+                || speaks.is_empty()
+                || !each_once
+                || (speaks.contains(&Transport::Tls) && raw.transport != Transport::Tls)
+            {
+                return Err(invalid(
+                    "speaks",
+                    "lists, once each, the transports an outbound sidecar has clusters for (tls only with transport tls)",
+                ));
+            }
+        }
         if !raw.calls.is_empty() && (raw.role != Role::Outbound || raw.transport != Transport::Tls)
         {
             return Err(invalid(
@@ -553,6 +644,7 @@ impl Config {
             carries,
             takes_http1: raw.takes_http1,
             transport: raw.transport,
+            speaks: raw.speaks.unwrap_or_else(|| vec![raw.transport]),
             calls: raw.calls,
             workload: raw.workload,
             service: raw.service,
@@ -682,6 +774,63 @@ mod tests {
         assert_eq!(parse(&format!("{seal}}}")).unwrap().carries, Carries::HTTP2);
         let http1 = parse(&format!(r#"{seal},"carries":"http/1.1"}}"#)).unwrap();
         assert_eq!(http1.carries, Carries::HTTP1);
+    }
+
+    #[test]
+    fn a_records_transports_are_its_label_or_else_the_channel_alone() {
+        let labels = |value: Option<&str>| {
+            let mut metadata = themis_trust::Metadata::new();
+            if let Some(value) = value {
+                metadata.insert(TRANSPORT_LABEL.into(), value.into());
+            }
+            Takes::of(&metadata)
+        };
+        let both = [Transport::Tls, Transport::Themis];
+        // An older peer's record: the channel, whatever the caller prefers.
+        assert_eq!(labels(None).first_of(&both), Some(Transport::Themis));
+        assert_eq!(labels(None).first_of(&[Transport::Tls]), None);
+        // The caller's preference picks among what the callee takes.
+        let takes = labels(Some("themis, tls"));
+        assert_eq!(takes.first_of(&both), Some(Transport::Tls));
+        assert_eq!(
+            takes.first_of(&[Transport::Themis, Transport::Tls]),
+            Some(Transport::Themis)
+        );
+        // A TLS-only callee is never called over the channel.
+        assert_eq!(labels(Some("tls")).first_of(&[Transport::Themis]), None);
+        // A later transport's name is skipped; none known: nothing to call it over.
+        assert_eq!(
+            labels(Some("quic,tls")).first_of(&both),
+            Some(Transport::Tls)
+        );
+        assert_eq!(labels(Some("quic")).first_of(&both), None);
+        assert_eq!(labels(Some("")).first_of(&both), None);
+        assert_eq!(Takes::label(&both), "tls,themis");
+        assert_eq!(labels(Some(&Takes::label(&both))), takes);
+    }
+
+    #[test]
+    fn an_outbound_sidecar_speaks_its_transport_or_the_list_it_was_given() {
+        let base = r#""role":"outbound","mesh_root":"demo:1111111111111111111111111111111111111111111111111111111111111111","workload":"w""#;
+        let tls = format!(r#"{base},"agent_socket":"/a.sock","transport":"tls""#);
+        assert_eq!(
+            parse(&format!("{{{base}}}")).unwrap().speaks,
+            [Transport::Themis]
+        );
+        assert_eq!(
+            parse(&format!("{{{tls}}}")).unwrap().speaks,
+            [Transport::Tls]
+        );
+        let both = parse(&format!(r#"{{{tls},"speaks":["tls","themis"]}}"#)).unwrap();
+        assert_eq!(both.speaks, [Transport::Tls, Transport::Themis]);
+        for bad in [
+            format!(r#"{{{tls},"speaks":[]}}"#),
+            format!(r#"{{{tls},"speaks":["tls","tls"]}}"#),
+            format!(r#"{{{base},"speaks":["tls"]}}"#),
+        ] {
+            let e = parse(&bad).unwrap_err().to_string();
+            assert!(e.contains("speaks"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -9,12 +9,15 @@ use std::time::Duration;
 use themis_core::PeerId;
 
 use crate::agent::Instance;
-use crate::config::Canary;
+use crate::config::{Canary, Transport};
 
 /// Where the call goes (`ip:port`), for `envoy.network.transport_socket.original_dst_address`.
 pub const DESTINATION_HEADER: &str = "x-themis-destination";
 /// The id it must prove (hex), for `envoy.network.upstream_server_name`.
 pub const PEER_HEADER: &str = "x-themis-expect-peer";
+/// The transport the pick takes (`tls`, `themis`), for the outbound route (native, a
+/// sidecar that speaks both: the TLS cluster or the service's sealing cluster).
+pub const TRANSPORT_HEADER: &str = "x-themis-transport";
 
 /// At most this many services are remembered per worker (an app calling many
 /// names must not grow the cache without bound).
@@ -94,30 +97,38 @@ impl Routes {
         }
     }
 
-    /// Picks an instance of `service` at `now_ms`; `random` is a fresh random number.
-    pub fn pick(&self, service: &str, now_ms: u64, random: u32) -> Pick {
+    /// Picks an instance of `service` at `now_ms` that takes a transport of `speaks`;
+    /// `random` is a fresh random number.
+    pub fn pick(&self, service: &str, speaks: &[Transport], now_ms: u64, random: u32) -> Pick {
         let Some(resolved) = self.services.get(service).filter(|r| r.expires_ms > now_ms) else {
             return Pick::Resolve;
         };
-        self.pick_from(service, &resolved.instances, now_ms, random)
+        self.pick_from(service, &resolved.instances, speaks, now_ms, random)
     }
 
     /// Picks among `instances` of `service` (a resolution kept elsewhere: the native
-    /// runtime's snapshot), with this worker's canary splits and health marks.
+    /// runtime's snapshot) that take a transport of `speaks` (its signed record
+    /// says which), with this worker's canary splits and health marks.
     pub fn pick_from(
         &self,
         service: &str,
         instances: &[Instance],
+        speaks: &[Transport],
         now_ms: u64,
         random: u32,
     ) -> Pick {
-        let up: Vec<&Instance> = instances
+        let callable: Vec<&Instance> = instances
             .iter()
+            .filter(|i| i.takes().first_of(speaks).is_some())
+            .collect();
+        let up: Vec<&Instance> = callable
+            .iter()
+            .copied()
             .filter(|i| self.down.get(&i.id).is_none_or(|&until| until <= now_ms))
             .collect();
         // Every instance failed recently: try them anyway rather than fail for sure.
         let candidates: Vec<&Instance> = match up.is_empty() {
-            true => instances.iter().collect(),
+            true => callable,
             false => up,
         };
         if candidates.is_empty() {
@@ -204,6 +215,36 @@ mod tests {
         }
     }
 
+    const THEMIS: &[Transport] = &[Transport::Themis];
+
+    #[test]
+    fn a_pick_is_of_an_instance_that_takes_a_transport_the_caller_speaks() {
+        let mut tls_only = instance(1, "v1");
+        tls_only
+            .metadata
+            .insert(crate::config::TRANSPORT_LABEL.into(), "tls".into());
+        let older = instance(2, "v1");
+        let mut routes = Routes::default();
+        routes.cache("check", vec![tls_only.clone(), older.clone()], 100);
+        // The channel alone: never the TLS-only callee, even when the other is down.
+        routes.mark_down(older.id, 50);
+        for r in 0..64 {
+            match routes.pick("check", THEMIS, 0, r << 16) {
+                Pick::Instance(i) => assert_eq!(i.id, older.id),
+                other => panic!("{other:?}"),
+            }
+        }
+        let tls = [Transport::Tls];
+        for r in 0..64 {
+            match routes.pick("check", &tls, 0, r << 16) {
+                Pick::Instance(i) => assert_eq!(i.id, tls_only.id),
+                other => panic!("{other:?}"),
+            }
+        }
+        routes.cache("tls-only", vec![tls_only], 100);
+        assert_eq!(routes.pick("tls-only", THEMIS, 0, 0), Pick::NoInstance);
+    }
+
     fn split(weight_percent: u32) -> Routes {
         Routes::new(vec![Canary {
             service: "check".into(),
@@ -224,12 +265,15 @@ mod tests {
     #[test]
     fn unknown_or_expired_services_are_resolved_first() {
         let mut routes = Routes::default();
-        assert_eq!(routes.pick("check", 0, 0), Pick::Resolve);
+        assert_eq!(routes.pick("check", THEMIS, 0, 0), Pick::Resolve);
         routes.cache("check", vec![instance(1, "v1")], 100);
-        assert!(matches!(routes.pick("check", 99, 0), Pick::Instance(_)));
-        assert_eq!(routes.pick("check", 100, 0), Pick::Resolve);
+        assert!(matches!(
+            routes.pick("check", THEMIS, 99, 0),
+            Pick::Instance(_)
+        ));
+        assert_eq!(routes.pick("check", THEMIS, 100, 0), Pick::Resolve);
         routes.cache("check", vec![], 200);
-        assert_eq!(routes.pick("check", 150, 0), Pick::NoInstance);
+        assert_eq!(routes.pick("check", THEMIS, 150, 0), Pick::NoInstance);
     }
 
     #[test]
@@ -242,11 +286,11 @@ mod tests {
         routes.withdraw(|i| i.vouched_by.contains(&[1; 32]));
         for r in 0..16u32 {
             assert!(
-                matches!(routes.pick("check", 0, r << 16), Pick::Instance(i) if i.id == PeerId([2; 32]))
+                matches!(routes.pick("check", THEMIS, 0, r << 16), Pick::Instance(i) if i.id == PeerId([2; 32]))
             );
         }
-        assert_eq!(routes.pick("check", 1000, 0), Pick::Resolve);
-        assert_eq!(routes.pick("audit", 0, 0), Pick::Resolve);
+        assert_eq!(routes.pick("check", THEMIS, 1000, 0), Pick::Resolve);
+        assert_eq!(routes.pick("audit", THEMIS, 0, 0), Pick::Resolve);
     }
 
     #[test]
@@ -267,7 +311,7 @@ mod tests {
         routes.cache("check", (1..=4).map(|n| instance(n, "v1")).collect(), 1000);
         let mut seen = std::collections::HashSet::new();
         for r in 0..64u32 {
-            if let Pick::Instance(i) = routes.pick("check", 0, r << 16) {
+            if let Pick::Instance(i) = routes.pick("check", THEMIS, 0, r << 16) {
                 seen.insert(i.id);
             }
         }
@@ -279,14 +323,14 @@ mod tests {
         let mut routes = split(10);
         routes.cache("check", vec![instance(1, "v1"), instance(2, "v2")], 1000);
         let to_v2 = (0..100u32)
-            .filter(|&r| matches!(routes.pick("check", 0, r), Pick::Instance(i) if i.id == PeerId([2; 32])))
+            .filter(|&r| matches!(routes.pick("check", THEMIS, 0, r), Pick::Instance(i) if i.id == PeerId([2; 32])))
             .count();
         assert_eq!(to_v2, 10);
         // Weight 0 sends nothing to the canary, 100 everything.
         let mut none = split(0);
         none.cache("check", vec![instance(1, "v1"), instance(2, "v2")], 1000);
         assert!((0..100).all(
-            |r| matches!(none.pick("check", 0, r), Pick::Instance(i) if i.id == PeerId([1; 32]))
+            |r| matches!(none.pick("check", THEMIS, 0, r), Pick::Instance(i) if i.id == PeerId([1; 32]))
         ));
     }
 
@@ -294,10 +338,12 @@ mod tests {
     fn an_empty_side_of_a_split_falls_back_to_the_other() {
         let mut routes = split(50);
         routes.cache("check", vec![instance(1, "v1")], 1000);
-        assert!((0..100).all(|r| matches!(routes.pick("check", 0, r), Pick::Instance(_))));
+        assert!((0..100).all(|r| matches!(routes.pick("check", THEMIS, 0, r), Pick::Instance(_))));
         let mut only_canary = split(50);
         only_canary.cache("check", vec![instance(2, "v2")], 1000);
-        assert!((0..100).all(|r| matches!(only_canary.pick("check", 0, r), Pick::Instance(_))));
+        assert!(
+            (0..100).all(|r| matches!(only_canary.pick("check", THEMIS, 0, r), Pick::Instance(_)))
+        );
     }
 
     #[test]
@@ -307,15 +353,18 @@ mod tests {
         routes.mark_down(PeerId([1; 32]), 500);
         for r in 0..32u32 {
             assert!(
-                matches!(routes.pick("check", 0, r << 16), Pick::Instance(i) if i.id == PeerId([2; 32]))
+                matches!(routes.pick("check", THEMIS, 0, r << 16), Pick::Instance(i) if i.id == PeerId([2; 32]))
             );
         }
         // All down: still try one rather than fail for sure.
         routes.mark_down(PeerId([2; 32]), 500);
-        assert!(matches!(routes.pick("check", 0, 0), Pick::Instance(_)));
+        assert!(matches!(
+            routes.pick("check", THEMIS, 0, 0),
+            Pick::Instance(_)
+        ));
         routes.expire(600);
         let ids: std::collections::HashSet<_> = (0..32u32)
-            .filter_map(|r| match routes.pick("check", 600, r << 16) {
+            .filter_map(|r| match routes.pick("check", THEMIS, 600, r << 16) {
                 Pick::Instance(i) => Some(i.id),
                 _ => None,
             })

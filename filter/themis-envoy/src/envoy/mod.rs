@@ -27,7 +27,7 @@ use themis_core::wire::Kind;
 use themis_trust::{Revocations, Verifier};
 
 use themis_sidecar::agent::{self, Instance};
-use themis_sidecar::config::{Config, Policy, Role};
+use themis_sidecar::config::{Config, Policy, Role, Transport};
 use themis_sidecar::conn::callee::Gates;
 use themis_sidecar::conn::deadline::Deadline;
 use themis_sidecar::conn::{Ask, Close};
@@ -147,7 +147,8 @@ impl Worker {
                 return None;
             }
         };
-        let (good, bad) = agent::endorsed(all);
+        // The Wasm filter speaks the Themis channel alone.
+        let (good, bad) = agent::endorsed(all, &[Transport::Themis], &self.config.mesh);
         for e in &bad {
             self.metrics.count("not_endorsed");
             warn!("themis: skipping an instance of {service}: {e}");

@@ -108,7 +108,8 @@ impl Outbound {
 fn route(worker: &Shared, service: &str, picked: &Picked) -> Routed {
     let pick = {
         let w = worker.borrow();
-        w.routes.pick(service, w.tick_ms, w.random())
+        w.routes
+            .pick(service, &[Transport::Themis], w.tick_ms, w.random())
     };
     match pick {
         Pick::Instance(instance) => {

@@ -12,6 +12,7 @@ use themis_core::PeerId;
 use super::{log, EnvoyBuffer, ModuleBuffer};
 use crate::metrics;
 use crate::outbound::Outbound;
+use themis_sidecar::config::Transport;
 use themis_sidecar::outbound::{counter_names, Refusal, CARRY_HEADER};
 use themis_sidecar::reason::Rejection;
 
@@ -146,7 +147,8 @@ struct HttpConfig {
 /// One request's filter.
 struct HttpStream {
     config: *const HttpConfig,
-    picked: Option<PeerId>,
+    /// The pick and the transport it is called over.
+    picked: Option<(PeerId, Transport)>,
 }
 
 impl HttpStream {
@@ -429,12 +431,12 @@ unsafe fn request_headers(f: StreamPtr, module: *const c_void) -> u32 {
             for (key, value) in route.headers() {
                 set_header(f, REQUEST_HEADERS, key, value);
             }
-            if route.carries_http1 || app_carry {
+            if route.carries_http1 || app_carry || stream.config().outbound.speaks_several() {
                 // Envoy routed the request before this filter: route it again, by
-                // the carry header as the pick set it.
+                // the transport and carry headers as the pick set them.
                 envoy_dynamic_module_callback_http_clear_route_cache(f);
             }
-            stream.picked = Some(route.picked);
+            stream.picked = Some((route.picked, route.transport));
             HEADERS_CONTINUE
         }
         Err(refusal) => {
@@ -469,7 +471,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
 /// As [`envoy_dynamic_module_on_http_filter_response_headers`].
 unsafe fn response_headers(f: StreamPtr, module: *const c_void) -> u32 {
     let stream = stream(module);
-    let Some(picked) = stream.picked else {
+    let Some((picked, transport)) = stream.picked else {
         return HEADERS_CONTINUE;
     };
     let mut flags = 0u64;
@@ -483,7 +485,7 @@ unsafe fn response_headers(f: StreamPtr, module: *const c_void) -> u32 {
     let answered = stream
         .config()
         .outbound
-        .on_response(picked, connection, flags);
+        .on_response(picked, transport, connection, flags);
     if answered.unreachable {
         stream.count(f, "peer_unreachable");
     }

@@ -155,6 +155,12 @@ enum Command {
         /// A label, key=value (repeatable), e.g. version=v2.
         #[arg(long = "meta", value_name = "KEY=VALUE")]
         metadata: Vec<String>,
+        /// The transports its sidecar takes, as rendered (`themis sidecar render
+        /// --transport`): `themis` (the default, no label), `tls` or `tls,themis`.
+        /// Signed into its record as the label `themis.transport`: callers use only
+        /// what it names.
+        #[arg(long, value_name = "LIST")]
+        transport: Option<String>,
         #[command(flatten)]
         capture: CaptureArgs,
     },
@@ -545,6 +551,7 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
             workload,
             endpoint,
             metadata,
+            transport,
             capture,
         } => {
             let mut meta = serde_json::Map::new();
@@ -553,6 +560,18 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
                     .split_once('=')
                     .ok_or_else(|| format!("--meta {pair:?}: expected KEY=VALUE"))?;
                 meta.insert(k.to_owned(), Value::String(v.to_owned()));
+            }
+            if let Some(list) = transport {
+                let names: Vec<&str> = list.split(',').map(str::trim).collect();
+                if let Some(bad) = names.iter().find(|n| !matches!(**n, "tls" | "themis")) {
+                    return Err(format!(
+                        "--transport: {bad:?} is not a transport (tls, themis)"
+                    ));
+                }
+                meta.insert(
+                    contract::TRANSPORT_LABEL.to_owned(),
+                    Value::String(names.join(",")),
+                );
             }
             let path = paths::instance(seg(&service)?, seg(&workload)?);
             // `contract::Register`, with the endpoint as typed: the agent judges it.

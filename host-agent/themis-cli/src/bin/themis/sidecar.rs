@@ -52,7 +52,7 @@ pub enum RuntimeArg {
     Native,
     /// The Envoy 1.40 dynamic module as the validator of Envoy's own TLS 1.3
     /// (docs/PROTOCOL.md §8): the certificate comes from the agent's SDS on
-    /// --agent-socket.
+    /// --agent-socket. The same as `--runtime native --transport tls`.
     Tls,
 }
 
@@ -97,6 +97,13 @@ pub struct RenderArgs {
     /// Who seals.
     #[arg(long, value_enum, default_value = "wasm")]
     runtime: RuntimeArg,
+    /// The native runtime's transports: `themis` (the paper's channel; the default),
+    /// `tls` (Envoy's TLS 1.3, the module its validator), or `tls,themis` (TLS with
+    /// callees whose records take it, the channel with peers that speak only it, both
+    /// ways). Register the workload with the same list
+    /// (`themis register --transport`): callers pick by what its record says.
+    #[arg(long, value_name = "LIST")]
+    transport: Option<String>,
     /// The filter module (themis_envoy.wasm; --runtime wasm); with --wasm-url its
     /// SHA-256 is the pin.
     #[arg(long, value_name = "PATH")]
@@ -131,6 +138,11 @@ pub struct RenderArgs {
     /// ablations, see benchmarks/envoy/ab.sh.
     #[arg(long, value_name = "PATH")]
     template: Option<PathBuf>,
+    /// The TLS binding: Envoy's own network RBAC on the inbound listener admits only
+    /// callers whose certificate's URI SAN is this (repeatable), e.g.
+    /// spiffe://demo/svc/handler; beside --policy (both must admit).
+    #[arg(long, value_name = "URI")]
+    rbac_principal: Vec<String>,
     /// The outbound listener's access log (original destination, service, status);
     /// default none.
     #[arg(long, value_name = "PATH")]
@@ -196,11 +208,7 @@ fn render(args: RenderArgs) -> Result<String, String> {
     if args.policy.is_none() {
         eprintln!("themis sidecar render: no --policy: the sidecar refuses every caller (no policy: deny by default)");
     }
-    let runtime = match args.runtime {
-        RuntimeArg::Wasm => Runtime::Wasm,
-        RuntimeArg::Native => Runtime::Native,
-        RuntimeArg::Tls => Runtime::Tls,
-    };
+    let (runtime, channel_too) = runtime_of(args.runtime, args.transport.as_deref())?;
     let filter_code = match runtime {
         Runtime::Wasm => Some(filter_code(&args)?),
         Runtime::Native | Runtime::Tls => None,
@@ -230,12 +238,39 @@ fn render(args: RenderArgs) -> Result<String, String> {
         calls: args.calls.clone(),
         tcp: args.tcp.clone(),
         access_log: args.access_log.as_deref().map(absolute).transpose()?,
+        channel_too,
+        rbac_principals: args.rbac_principal.clone(),
     };
     let rendered = match &template {
         Some(text) => sidecar.render_template(text),
         None => sidecar.render(),
     };
     rendered.map_err(|e| e.to_string())
+}
+
+/// The runtime `--runtime` and `--transport` name, and whether it takes the Themis
+/// channel beside TLS.
+fn runtime_of(runtime: RuntimeArg, transport: Option<&str>) -> Result<(Runtime, bool), String> {
+    let names: Vec<&str> = transport.map_or(Vec::new(), |t| t.split(',').map(str::trim).collect());
+    let (tls, themis) = (names.contains(&"tls"), names.contains(&"themis"));
+    if let Some(bad) = names.iter().find(|n| !matches!(**n, "tls" | "themis")) {
+        return Err(format!(
+            "--transport: {bad:?} is not a transport (tls, themis)"
+        ));
+    }
+    match (runtime, tls, themis) {
+        (RuntimeArg::Wasm, false, _) => Ok((Runtime::Wasm, false)),
+        (RuntimeArg::Wasm, true, _) => {
+            Err("--transport tls is the native runtime's (--runtime native): the Wasm filter speaks the Themis channel".into())
+        }
+        (RuntimeArg::Native, false, _) => Ok((Runtime::Native, false)),
+        (RuntimeArg::Tls, false, true) => {
+            Err("--runtime tls speaks TLS: --transport tls or tls,themis".into())
+        }
+        (RuntimeArg::Native | RuntimeArg::Tls, true, both) | (RuntimeArg::Tls, false, both) => {
+            Ok((Runtime::Tls, both))
+        }
+    }
 }
 
 /// The module's code: fetched from --wasm-url and pinned to --wasm's SHA-256, or
