@@ -20,11 +20,15 @@
 # demo times the revocation's way to every node.
 #
 # Usage (as root):
-#   scripts/demo.sh [--runtime native|wasm] [--fast-path] [--full-ids] [--keep]
+#   scripts/demo.sh [--runtime native|wasm] [--transport themis|tls] [--fast-path] [--full-ids] [--keep]
 #       --runtime    who seals in the sidecars: native (default; the Envoy dynamic
 #                    module libthemis_native.so, transport sockets) or wasm (the
 #                    proxy-wasm filter's internal listener and outbound HTTP filter,
 #                    the module pinned by its SHA-256) (docs/FILTER.md)
+#       --transport  native: themis (default; the paper's channel) or tls (Envoy's own
+#                    TLS 1.3, the module its certificate validator; each record names
+#                    tls, and check's Envoy also runs its own RBAC on the caller's URI
+#                    SAN and logs it: docs/PROTOCOL.md §8)
 #       --fast-path  the agents' same-node fast path: sockets of an app and its sidecar
 #                    pass data socket to socket (sk_msg) instead of through loopback TCP
 #       --full-ids   print ids whole instead of a unique prefix
@@ -223,6 +227,12 @@ serve_module() { # N
 
 modules() {
     local n
+    if [[ $runtime == native && $transport == tls ]]; then
+        echo "    runtime native, transport tls: the sidecars speak Envoy's own TLS 1.3; the Envoy dynamic module"
+        echo "    $native_dir/libthemis_native.so picks the instance and checks every certificate as Envoy's validator,"
+        echo "    the agents serve each sidecar its certificate over SDS"
+        return
+    fi
     if [[ $runtime == native ]]; then
         echo "    runtime native: the sidecars run the Envoy dynamic module $native_dir/libthemis_native.so"
         echo "    (its HTTP filter picks, its transport sockets seal; no Wasm: --runtime wasm for the proxy-wasm filter)"
@@ -240,9 +250,16 @@ modules() {
 # the app calls (a sealing cluster each).
 runtime_args() {
     case $runtime in
-        native) echo --calls handler --calls check ;;
+        native) echo --transport "$transport" --calls handler --calls check ;;
         wasm) echo --wasm "$work/module/themis_envoy.wasm" --wasm-url "$(module_url)" ;;
     esac
+}
+
+# On TLS, the same rule as the policy in Envoy's own RBAC: the principal of each
+# service the policy allows (its callers' URI SAN), as render's arguments.
+rbac_args() { # POLICY
+    [[ $transport == tls && -n $1 ]] || return 0
+    python3 -c 'import json,sys; [print("--rbac-principal", "spiffe://demo/svc/" + r["service"]) for r in json.loads(sys.argv[1]).get("allow", []) if "service" in r]' "$1"
 }
 
 # --- the pods ----------------------------------------------------------------------------
@@ -256,7 +273,7 @@ start_pod() { # SERVICE WORKLOAD NODE SLOT [POLICY]
     id=$(on "$n" --json workload "$workload" | json 'v["id"]')
     echo "$id workload $workload $service $n" >> "$work/ids"
     on "$n" register "$service" --workload "$workload" --endpoint "$(ip_of "$n"):$(inbound_port "$slot")" \
-        --cgroup "$pod" --proxy-cgroup "$pod/proxy" --outbound "$(outbound_of "$slot")" \
+        --transport "$transport" --cgroup "$pod" --proxy-cgroup "$pod/proxy" --outbound "$(outbound_of "$slot")" \
         --inbound-port "$(app_port "$slot")" > "$work/n$n/register-$workload.txt" 2>&1 ||
         fail "registering $workload: $(cat "$work/n$n/register-$workload.txt")"
     echo "$n $service $workload" >> "$work/registrations"
@@ -266,7 +283,7 @@ start_pod() { # SERVICE WORKLOAD NODE SLOT [POLICY]
         --agent-socket "$work/n$n/agent.sock" --app "127.0.0.1:$(app_port "$slot")" \
         --outbound "$(outbound_of "$slot")" --inbound "$(ip_of "$n"):$(inbound_port "$slot")" \
         --admin-port "$(admin_port "$slot")" --access-log "$work/n$n/$workload-outbound.access" \
-        ${policy:+--policy "$policy"} --runtime "$runtime" $(runtime_args) \
+        ${policy:+--policy "$policy"} --runtime "$runtime" $(runtime_args) $(rbac_args "$policy") \
         > "$work/n$n/$workload-envoy.yaml"
     spawn "n$n pod $workload envoy" "$(ns "$n")" "$pod/proxy" "$work/n$n/$workload-envoy.log" \
         env ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$native_dir" "$envoy" -c "$work/n$n/$workload-envoy.yaml" --concurrency 1 --disable-hot-restart \
@@ -351,6 +368,24 @@ call_through_mesh() {
     echo "    on the wire: tcpdump on node 1's link to the bridge during that call:"
     report wire "$work/wire.pcap" "$marker" "$path" | sed 's/^/      /' ||
         fail "the capture holds the marker or the path, or no sealed request (tcpdump: $(paste -sd' ' "$work/tcpdump.log"))"
+}
+
+# TLS: Envoy's own features see the peer: check's inbound access log names the caller
+# by the URI SAN TLS proved, and its RBAC (the rule rendered from check's policy)
+# admitted it.
+envoy_sees_the_peer() {
+    local log=$work/n3/check-envoy.log admin
+    [[ $transport == tls ]] || return 0
+    section "Envoy's own features see the peer (TLS): check's access log and RBAC"
+    retry 25 grep -q "inbound POST /check?n=7 peer=spiffe://demo/svc/handler -> 200" "$log" ||
+        fail "check's access log has no line naming handler's URI SAN"
+    echo "    check's inbound access log (%DOWNSTREAM_PEER_URI_SAN%, the validator held it to the proof):"
+    grep "inbound POST /check?n=7 peer=" "$log" | tail -n1 | sed 's/^/      /'
+    admin=$(admin_port 0)
+    echo "    check's Envoy RBAC, rule principals: [spiffe://demo/svc/handler] (beside the module's policy):"
+    on_node "$(ns 3)" curl -s "http://127.0.0.1:$admin/stats?filter=^themis_rbac\\.rbac\\." | sed 's/^/      /'
+    on_node "$(ns 3)" curl -s "http://127.0.0.1:$admin/stats?filter=^themis_rbac\\.rbac\\.allowed$" | grep -qE ': [1-9]' ||
+        fail "check's RBAC admitted nobody"
 }
 
 report_access_logs() {
@@ -516,6 +551,7 @@ keep_mesh() {
         echo "base_id=$base_id"
         echo "fast_path=(${fast_path[*]})"
         echo "runtime=$runtime"
+        echo "transport=$transport"
     } > "$STATE"
     keep_on_exit=1
     section "the mesh keeps running (--keep); try:"
@@ -542,6 +578,7 @@ load_state() {
     [[ -f $STATE ]] || fail "no kept mesh ($STATE is missing): scripts/demo.sh --keep first"
     # shellcheck disable=SC1090 # written by keep_mesh
     source "$STATE"
+    transport=${transport:-themis} # a mesh kept before --transport
     set_names "$name"
     binaries
     full_ids=0
@@ -649,6 +686,7 @@ run_demo() {
     report_services
     report_capture
     call_through_mesh
+    envoy_sees_the_peer
     report_access_logs
     policy_denied
     impostor_refused
@@ -661,6 +699,7 @@ run_demo() {
 
 fast_path=()
 runtime=native
+transport=themis
 full_ids=0
 keep=0
 case "${1:-}" in
@@ -680,11 +719,16 @@ while (($#)); do
             runtime=${2:-}
             [[ $runtime == native || $runtime == wasm ]] || { echo "$0: --runtime native|wasm" >&2; exit 2; }
             shift ;;
+        --transport)
+            transport=${2:-}
+            [[ $transport == themis || $transport == tls ]] || { echo "$0: --transport themis|tls" >&2; exit 2; }
+            shift ;;
         --full-ids) full_ids=1 ;;
         --keep) keep=1 ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "usage: $0 [--runtime native|wasm] [--fast-path] [--full-ids] [--keep] | --down | pod|node|add-check|calls|kill-node ... (see --help)" >&2; exit 2 ;;
+        *) echo "usage: $0 [--runtime native|wasm] [--transport themis|tls] [--fast-path] [--full-ids] [--keep] | --down | pod|node|add-check|calls|kill-node ... (see --help)" >&2; exit 2 ;;
     esac
     shift
 done
+[[ $transport == themis || $runtime == native ]] || { echo "$0: --transport tls is the native runtime's" >&2; exit 2; }
 run_demo

@@ -206,6 +206,21 @@ def themis_frames(stream):
     return frames
 
 
+TLS_TYPES = {20: "change-cipher-spec", 21: "alert", 22: "tls-handshake", 23: "tls-record"}
+
+
+def tls_records(stream):
+    """The TLS records at the start of one direction of a stream (the TLS binding,
+    `--transport tls`), as (kind, length): 5-byte header (type, version 3.x, length).
+    In TLS 1.3 everything after the ServerHello is an encrypted record (type 23)."""
+    records, at = [], 0
+    while at + 5 <= len(stream) and stream[at] in TLS_TYPES and stream[at + 1] == 3:
+        length = 5 + struct.unpack_from("!H", stream, at + 3)[0]
+        records.append((TLS_TYPES[stream[at]], length))
+        at += length
+    return records
+
+
 def wire(pcap, marker, path):
     raw = open(pcap, "rb").read()
     flows = collections.defaultdict(dict)  # (src, sport, dst, dport) -> {seq: payload}
@@ -235,10 +250,10 @@ def wire(pcap, marker, path):
             continue
         stream = b"".join(segments[s] for s in sorted(segments))
         hop = f"{node_of(src)} → {node_of(dst + ':' + str(dport))}"
-        kinds = themis_frames(stream)
+        kinds = themis_frames(stream) or tls_records(stream)
         if not kinds:
             continue
-        records = [n for k, n in kinds if k == "record"]
+        records = [n for k, n in kinds if k in ("record", "tls-record")]
         sealed += len(records)
         names = ", ".join(f"{k} ({n} B)" for k, n in kinds[:3])
         print(f"{hop}: {len(stream)} B: {names}{', …' if len(kinds) > 3 else ''}; "
