@@ -18,6 +18,8 @@ Runs, back to back in one invocation, Fortio against:
   direct     fortio client -> app (fortio server, 127.0.0.12:8080)
   plaintext  client -> Envoy A 127.0.0.11:15001 -> HTTP/1.1 -> Envoy B 127.0.0.12:15006 -> app
   mtls       same, but A -> B is mutual TLS 1.3 (throwaway CA, ECDSA P-256 certs, SAN checked)
+  mtls2      the mtls pair again, as a scenario of its own: mtls against itself in one run
+             is the machine's noise band
   themis     a Themis pair started by benchmarks/envoy/themis-pair.sh (skipped if absent),
              sealed by the Wasm filter
   themis-native  the same pair sealed by the native module (libthemis_native.so)
@@ -58,6 +60,11 @@ Options:
                      its own code shows as one object; the module's functions by
                      name). The profiled runs' figures include perf's overhead: take
                      throughput from a run without --perf
+  --one-request-per-connection
+                     every pair's A->B cluster takes one request per upstream connection
+                     (max_requests_per_connection: 1) and resumes no TLS session (both
+                     sides, as the Themis TLS pair always is): every request is a new
+                     connection and a full handshake, so max qps is new connections/s
   --keep             keep the temporary directory (configs, certs, logs, Fortio JSON)
   --no-setup         skip benchmarks/setup.sh (the tools are there)
   -h, --help         this help
@@ -83,6 +90,7 @@ APP_GRPC_ADDR=127.0.0.12:8079
 PACINGS=default,uniform
 SUMMARY=$ROOT/benchmarks/envoy/summary.json
 KEEP=0
+ONE_PER_CONNECTION=0
 PERF_DIR=
 SETUP=1
 QPS=1000
@@ -114,6 +122,7 @@ while (($#)); do
         --fortio-arg) FORTIO_EXTRA+=("${2:?--fortio-arg needs a value}"); shift 2 ;;
         --fortio-arg=*) FORTIO_EXTRA+=("${1#*=}"); shift ;;
         --keep) KEEP=1; shift ;;
+        --one-request-per-connection) ONE_PER_CONNECTION=1; shift ;;
         --perf) PERF_DIR=${2:?--perf needs a directory}; shift 2 ;;
         --no-setup) SETUP=0; shift ;;
         -h|--help) usage; exit 0 ;;
@@ -125,7 +134,7 @@ done
 IFS=, read -r -a SCENARIO_LIST <<<"$SCENARIOS"
 IFS=, read -r -a CONN_LIST <<<"$CONNECTIONS"
 for s in "${SCENARIO_LIST[@]}"; do
-    case "$s" in direct|plaintext|mtls|themis|themis-native|themis-tls) ;; *) echo "run.sh: unknown scenario: $s" >&2; exit 2 ;; esac
+    case "$s" in direct|plaintext|mtls|mtls2|themis|themis-native|themis-tls) ;; *) echo "run.sh: unknown scenario: $s" >&2; exit 2 ;; esac
 done
 for c in "${CONN_LIST[@]}"; do
     [[ "$c" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: bad connection count: $c" >&2; exit 2; }
@@ -184,7 +193,7 @@ THEMIS_SCRIPT=$HERE/themis-pair.sh
 # at once; bounded by `timeout`.
 themis_pair() {
     local pid rc=0
-    THEMIS_BENCH_DIR=$TMP/themis THEMIS_RUNTIME=$THEMIS_RUNTIME APP_ADDR=$APP_ADDR APP_GRPC_ADDR=$APP_GRPC_ADDR ENVOY=$ENVOY FORTIO=$FORTIO \
+    THEMIS_BENCH_DIR=$TMP/themis THEMIS_RUNTIME=$THEMIS_RUNTIME THEMIS_ONE_REQUEST_PER_CONNECTION=$ONE_PER_CONNECTION APP_ADDR=$APP_ADDR APP_GRPC_ADDR=$APP_GRPC_ADDR ENVOY=$ENVOY FORTIO=$FORTIO \
         ENVOY_CONCURRENCY=2 REPO_ROOT=$ROOT \
         timeout 180 bash "$THEMIS_SCRIPT" "$1" &
     pid=$!
@@ -276,6 +285,14 @@ start_envoy() {
 # ---------------------------------------------------------------------------- pairs
 render() {   # render TEMPLATE OUT
     sed "s#@CERTS@#$TMP/certs#g" "$HERE/$1" >"$2"
+    ((ONE_PER_CONNECTION)) && one_request_per_connection peer "$2"
+    return 0
+}
+
+# one_request_per_connection CLUSTER_REGEX FILE: the clusters named so take one request
+# per upstream connection, and no side of the file resumes a TLS session.
+one_request_per_connection() {
+    python3 "$HERE/one-request-per-connection.py" "$1" "$2"
 }
 
 gen_certs() {   # a throwaway CA and two Istio-style ECDSA P-256 workload certs (a, b)
@@ -506,6 +523,7 @@ log "envoy: $("$ENVOY" --version 2>/dev/null | sed -n 's/.*version: *//p' | head
 log "fortio: $FORTIO $("$FORTIO" version 2>/dev/null)"
 log "temporary directory: $TMP"
 log "scenarios ${SCENARIO_LIST[*]}, connections ${CONN_LIST[*]}, $ROUNDS round(s), runs of $DURATION after $WARMUP warm-ups"
+((ONE_PER_CONNECTION)) && log "one request per upstream connection, no TLS session resumed: max qps is new connections/s"
 
 log "starting the app: fortio server on $APP_ADDR"
 start_bg "fortio server (app)" "$TMP/logs/app.log" "$FORTIO" server -http-port "$APP_ADDR" \
@@ -523,10 +541,11 @@ for ((round = 1; round <= ROUNDS; round++)); do
             direct)
                 measure "$round" direct "http://$APP_ADDR/echo" "" "$APP_GRPC_ADDR" ""
                 ;;
-            plaintext|mtls)
-                start_pair "$scen"
+            plaintext|mtls|mtls2)
+                kind=${scen%2}   # mtls2 is the mtls pair, measured as a scenario of its own
+                start_pair "$kind"
                 measure "$round" "$scen" "http://$PAIR_ADDR/echo" "" "$PAIR_ADDR" "" "$ENVOY_A_PID" "$ENVOY_B_PID"
-                pair_stats "$scen"
+                pair_stats "$kind"
                 stop_pair
                 ;;
             themis|themis-native|themis-tls)

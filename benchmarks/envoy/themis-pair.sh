@@ -10,7 +10,8 @@
 #   themis-pair.sh stop    stop what start started, by PID
 #
 # Environment (set by run.sh): THEMIS_BENCH_DIR, APP_ADDR, APP_GRPC_ADDR, ENVOY,
-# ENVOY_CONCURRENCY, REPO_ROOT, THEMIS_RUNTIME (wasm, the default; native: the
+# ENVOY_CONCURRENCY, REPO_ROOT, THEMIS_ONE_REQUEST_PER_CONNECTION (1: run.sh
+# --one-request-per-connection), THEMIS_RUNTIME (wasm, the default; native: the
 # sidecars seal with the Envoy dynamic module; tls: Envoy's own TLS 1.3 with the module
 # as its certificate validator, certificates from the agent's SDS), THEMIS_SIDECAR_TEMPLATE (optional: a
 # template to render instead of the runtime's own; benchmarks/envoy/ab.sh). gRPC calls go to service `ping`
@@ -35,8 +36,10 @@ build)
     ;;
 start)
     [[ -x $THEMIS && -f $WASM && -f $NATIVE ]] || { echo "run: $0 build" >&2; exit 1; }
-    native=()
+    native=() takes=()
     [[ $RUNTIME == native || $RUNTIME == tls ]] && native=(--runtime "$RUNTIME" --calls check --calls ping)
+    # A TLS sidecar's record says so: its callers pick the transport from it.
+    [[ $RUNTIME == tls ]] && takes=(--transport tls)
     # A fresh mesh each start (run.sh starts the pair once per round in the same DIR).
     rm -rf "$DIR/mesh" "$DIR/a" "$DIR/b" "$DIR"/*.log "$DIR"/*.yaml
     mkdir -p "$DIR"
@@ -62,17 +65,22 @@ start)
     done
     on a workload handler > /dev/null
     on b workload check > /dev/null
-    on a register handler --workload handler --endpoint $A:15006 > /dev/null
-    on b register check --workload check --endpoint $B:15006 > /dev/null
+    on a register handler --workload handler --endpoint $A:15006 "${takes[@]}" > /dev/null
+    on b register check --workload check --endpoint $B:15006 "${takes[@]}" > /dev/null
     # gRPC: fortio's ping service, behind a sidecar of its own (HTTP/2 to the app).
     on b workload ping > /dev/null
-    on b register ping --workload ping --endpoint $B:15016 > /dev/null
+    on b register ping --workload ping --endpoint $B:15016 "${takes[@]}" > /dev/null
     sidecar() { # node workload address admin-port app outbound-port inbound-port app-protocol
         "$THEMIS" sidecar render --mesh-root "$DIR/mesh/mesh.root" --workload "$2" --service "$2" \
             --agent-socket "$DIR/$1/agent.sock" --app "$5" --app-protocol "$8" \
             --outbound "$3:$6" --inbound "$3:$7" --admin-port "$4" --wasm "$WASM" --unpinned \
             --policy '{"allow":[{"service":"handler"}]}' "${native[@]}" \
             ${THEMIS_SIDECAR_TEMPLATE:+--template "$THEMIS_SIDECAR_TEMPLATE"} > "$DIR/envoy-$2.yaml"
+        # run.sh --one-request-per-connection: a new sealed connection per request.
+        if [[ ${THEMIS_ONE_REQUEST_PER_CONNECTION:-0} == 1 ]]; then
+            python3 "$ROOT/benchmarks/envoy/one-request-per-connection.py" \
+                '^(themis_tls|themis_seal|themis_to_.*)$' "$DIR/envoy-$2.yaml" 2> /dev/null
+        fi
         ENVOY_DYNAMIC_MODULES_SEARCH_PATH=$(dirname "$NATIVE") "${ENVOY:-.venv/bin/envoy}" -c "$DIR/envoy-$2.yaml" --concurrency "${ENVOY_CONCURRENCY:-2}" \
             --disable-hot-restart --base-id $((4000 + $4 % 1000)) -l warn \
             > "$DIR/envoy-$2.log" 2>&1 &
