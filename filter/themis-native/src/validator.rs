@@ -21,7 +21,7 @@ use themis_core::PeerId;
 use themis_sidecar::config::{Config, Policy, Role, Transport};
 use themis_sidecar::conn::Close;
 use themis_sidecar::reason::Reason;
-use themis_sidecar::tls::{admit, check, Proven};
+use themis_sidecar::tls::{admit, Proven, ProvenCache};
 use themis_trust::Verifier;
 
 use crate::metrics;
@@ -32,7 +32,15 @@ use crate::runtime::{now_ms, Runtime};
 /// handshake with it).
 const MAX_PROVEN: usize = 4096;
 
+/// Certificates a worker keeps proven (`ProvenCache`): far more peers than a sidecar
+/// pools connections with.
+const MAX_CACHED: usize = 1024;
+
 thread_local! {
+    /// The certificates proven on this worker's handshakes, either side: a pool's next
+    /// connection from or to the same peer skips the signature checks while the
+    /// revocations and the proof's life allow (`themis_sidecar::tls::ProvenCache`).
+    static CACHE: RefCell<ProvenCache> = RefCell::new(ProvenCache::new(MAX_CACHED));
     /// The service each callee proved in a handshake on this worker (Envoy's pools
     /// are per worker and per SNI, so a response came over a connection this worker
     /// validated, to the id its SNI names).
@@ -170,7 +178,8 @@ impl Validator {
             // The caller's SNI names this callee, not the caller.
             Side::Inbound => None,
         };
-        let proven = check(leaf, sni, &verifier)?;
+        let generation = snapshot.revocation_generation;
+        let proven = CACHE.with(|c| c.borrow_mut().check(leaf, sni, &verifier, generation))?;
         if self.side == Side::Inbound {
             admit(self.policy.as_ref(), &proven)?;
         }

@@ -6,7 +6,7 @@
 //! ([`Proven::established`]), as it does on the paper's channel.
 
 use themis_core::PeerId;
-use themis_trust::{InstanceValue, Record, Verifier};
+use themis_trust::{Grant, InstanceValue, Record, Verifier};
 
 use crate::config::Policy;
 use crate::conn::Close;
@@ -24,6 +24,9 @@ pub struct Proven {
     pub principal: String,
     /// Unix ms: when its certificate's delegation ends.
     pub not_after_ms: u64,
+    /// Unix ms: when the first of what the proof rests on ends (the delegation, the
+    /// endorsement's record, a grant of its chain): past it, it must be checked anew.
+    pub valid_until_ms: u64,
 }
 
 /// Checks a peer's certificate `der` under `verifier` (the mesh root, now, the
@@ -36,17 +39,9 @@ pub fn check(der: &[u8], sni: Option<&str>, verifier: &Verifier<'_>) -> Result<P
     if verifier.revoked.contains(&peer.id) {
         return Err(Close::new(Reason::Revoked, "the peer's id is revoked"));
     }
-    if let Some(sni) = sni {
-        let named = themis_x509::id_of_sni_name(sni);
-        if named.as_ref().map(|(m, id)| (m, id)) != Some((mesh, &peer.id)) {
-            return Err(Close::new(
-                Reason::WrongPeer,
-                format!("the peer proved another id than the SNI {sni:?} names"),
-            ));
-        }
-    }
-    let service = match peer.endorsement.as_slice() {
-        [] => None,
+    held_to_sni(&peer.id, sni, verifier)?;
+    let (service, endorsed_until) = match peer.endorsement.as_slice() {
+        [] => (None, u64::MAX),
         endorsement => {
             let claimed = claimed_service(endorsement)
                 .ok_or_else(|| Close::new(Reason::Principal, "the endorsement does not decode"))?;
@@ -56,7 +51,7 @@ pub fn check(der: &[u8], sni: Option<&str>, verifier: &Verifier<'_>) -> Result<P
                     format!("the endorsement does not prove the peer an instance of {claimed}"),
                 ));
             }
-            Some(claimed)
+            (Some(claimed), endorsement_ends(endorsement))
         }
     };
     let principal = themis_x509::principal(mesh, &peer.id, service.as_deref());
@@ -74,7 +69,104 @@ pub fn check(der: &[u8], sni: Option<&str>, verifier: &Verifier<'_>) -> Result<P
         service,
         principal,
         not_after_ms: peer.not_after_ms,
+        valid_until_ms: peer.not_after_ms.min(endorsed_until),
     })
+}
+
+/// On the caller's side (`sni` given), the peer must be the one id its SNI names.
+fn held_to_sni(peer: &PeerId, sni: Option<&str>, verifier: &Verifier<'_>) -> Result<(), Close> {
+    let Some(sni) = sni else {
+        return Ok(());
+    };
+    let named = themis_x509::id_of_sni_name(sni);
+    match named.as_ref().map(|(m, id)| (m, id)) == Some((&verifier.root.mesh, peer)) {
+        true => Ok(()),
+        false => Err(Close::new(
+            Reason::WrongPeer,
+            format!("the peer proved another id than the SNI {sni:?} names"),
+        )),
+    }
+}
+
+/// When an endorsement that verified ends: its record's `not_after`, or an earlier
+/// grant's of its chain.
+fn endorsement_ends(endorsement: &[u8]) -> u64 {
+    let Ok(value) = InstanceValue::decode(endorsement) else {
+        return 0;
+    };
+    let record = postcard::from_bytes::<Record>(&value.record.body).map_or(0, |r| r.not_after);
+    value
+        .grants
+        .iter()
+        .filter_map(|g| postcard::from_bytes::<Grant>(&g.body).ok()?.not_after)
+        .fold(record, u64::min)
+}
+
+/// Peers proven on this worker's recent handshakes, by the SHA-256 of their
+/// certificate. A pool's next connection to (or from) the same peer presents the same
+/// certificate: its signatures (the self-signature, the delegation, the endorsement
+/// and its grants) are not checked again while nothing they rest on changed. An entry
+/// counts only under the revocations it was proven with (their generation: a new
+/// revocation empties it, so a revoked id or grantee is checked at once) and until
+/// [`Proven::valid_until_ms`]; the SNI is held to on every handshake, and the policy
+/// decides after ([`admit`]). Refusals are not kept: each is checked whole.
+#[derive(Debug)]
+pub struct ProvenCache {
+    entries: std::collections::HashMap<[u8; 32], Proven>,
+    generation: u64,
+    capacity: usize,
+}
+
+impl ProvenCache {
+    /// A cache of at most `capacity` certificates (past it, it starts again).
+    pub fn new(capacity: usize) -> ProvenCache {
+        ProvenCache {
+            entries: Default::default(),
+            generation: 0,
+            capacity,
+        }
+    }
+
+    /// [`check`], from the cache when `der` was proven under the revocations of
+    /// `generation` and is still within its proof's life.
+    pub fn check(
+        &mut self,
+        der: &[u8],
+        sni: Option<&str>,
+        verifier: &Verifier<'_>,
+        generation: u64,
+    ) -> Result<Proven, Close> {
+        if generation != self.generation {
+            self.entries.clear();
+            self.generation = generation;
+        }
+        let key: [u8; 32] = ring::digest::digest(&ring::digest::SHA256, der)
+            .as_ref()
+            .try_into()
+            .expect("SHA-256 is 32 bytes");
+        if let Some(proven) = self.entries.get(&key) {
+            if verifier.now_ms < proven.valid_until_ms {
+                held_to_sni(&proven.id, sni, verifier)?;
+                return Ok(proven.clone());
+            }
+        }
+        let proven = check(der, sni, verifier)?;
+        if self.entries.len() >= self.capacity {
+            self.entries.clear();
+        }
+        self.entries.insert(key, proven.clone());
+        Ok(proven)
+    }
+
+    /// How many certificates it holds.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
 }
 
 /// The callee's policy on a caller its certificate proved: the service counts as
@@ -182,6 +274,53 @@ mod tests {
         for (key, expected) in [(&check_, Reason::Revoked), (&mesh.node, Reason::Principal)] {
             let revoked = mesh.revoking(&[key.id()]);
             assert_eq!(refused(&der, None, &mesh.verifier(&revoked)), expected);
+        }
+    }
+
+    #[test]
+    fn a_cached_proof_holds_only_under_its_revocations_its_life_and_the_sni() {
+        let mesh = Trusted::new();
+        let none = Revocations::new();
+        let check_ = mesh.workload();
+        let svc = principal(&mesh.root.mesh, &check_.id(), Some("check"));
+        let der = certificate(&check_, mesh.endorsement(&check_, "check", true), &svc);
+        let sni = sni_name(&check_.id(), &mesh.root.mesh);
+        let mut cache = ProvenCache::new(2);
+        let first = cache
+            .check(&der, Some(&sni), &mesh.verifier(&none), 0)
+            .unwrap();
+        assert_eq!(cache.len(), 1);
+        // The endorsement's record ends first (a minute; the delegation an hour).
+        assert_eq!(first.valid_until_ms, NOW + 60_000);
+        assert!(first.valid_until_ms < first.not_after_ms);
+        // The same certificate again: from the cache, held to the SNI all the same.
+        assert_eq!(
+            cache.check(&der, Some(&sni), &mesh.verifier(&none), 0),
+            Ok(first.clone())
+        );
+        let other = sni_name(&mesh.workload().id(), &mesh.root.mesh);
+        let wrong = cache.check(&der, Some(&other), &mesh.verifier(&none), 0);
+        assert_eq!(wrong.unwrap_err().reason, Reason::WrongPeer);
+        // A revocation of the id, or of the node its endorsement rests on: the next
+        // generation checks it whole.
+        for (key, expected) in [(&check_, Reason::Revoked), (&mesh.node, Reason::Principal)] {
+            let revoked = mesh.revoking(&[key.id()]);
+            let got = cache.check(&der, None, &mesh.verifier(&revoked), 1);
+            assert_eq!(got.unwrap_err().reason, expected);
+            assert!(cache.is_empty(), "a refusal is not kept");
+            assert!(cache.check(&der, None, &mesh.verifier(&none), 2).is_ok());
+        }
+        // Past its proof's life it is checked anew: refused, its record has ended,
+        // though the delegation has not (beyond the clock skew a verifier allows).
+        let mut late = mesh.verifier(&none);
+        late.now_ms = first.valid_until_ms + 10 * 60 * 1000;
+        assert!(late.now_ms < first.not_after_ms);
+        let got = cache.check(&der, None, &late, 2);
+        assert_eq!(got.unwrap_err().reason, Reason::Principal);
+        // A garbage certificate is refused each time, never cached.
+        for _ in 0..2 {
+            let got = cache.check(b"\x30\x00", None, &mesh.verifier(&none), 2);
+            assert_eq!(got.unwrap_err().reason, Reason::Certificate);
         }
     }
 
