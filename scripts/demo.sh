@@ -25,10 +25,11 @@
 #                    module libthemis_native.so, transport sockets) or wasm (the
 #                    proxy-wasm filter's internal listener and outbound HTTP filter,
 #                    the module pinned by its SHA-256) (docs/FILTER.md)
-#       --transport  native: themis (default; the paper's channel) or tls (Envoy's own
-#                    TLS 1.3, the module its certificate validator; each record names
-#                    tls, and check's Envoy also runs its own RBAC on the caller's URI
-#                    SAN and logs it: docs/PROTOCOL.md §8)
+#       --transport  native: tls (default; Envoy's own TLS 1.3, the module its
+#                    certificate validator; each record names tls, and check's Envoy
+#                    also runs its own RBAC on the caller's URI SAN and logs it:
+#                    docs/PROTOCOL.md §8) or themis (the paper's channel, which the
+#                    Wasm runtime always speaks)
 #       --fast-path  the agents' same-node fast path: sockets of an app and its sidecar
 #                    pass data socket to socket (sk_msg) instead of through loopback TCP
 #       --full-ids   print ids whole instead of a unique prefix
@@ -699,7 +700,7 @@ run_demo() {
 
 fast_path=()
 runtime=native
-transport=themis
+transport=
 full_ids=0
 keep=0
 case "${1:-}" in
@@ -730,5 +731,9 @@ while (($#)); do
     esac
     shift
 done
+# The native runtime on Envoy's own TLS unless told otherwise (benchmarks/RESULTS.md:
+# the faster of its two transports, and the one Envoy's RBAC and logs see); Wasm
+# speaks the paper's channel.
+[[ -n $transport ]] || { [[ $runtime == native ]] && transport=tls || transport=themis; }
 [[ $transport == themis || $runtime == native ]] || { echo "$0: --transport tls is the native runtime's" >&2; exit 2; }
 run_demo

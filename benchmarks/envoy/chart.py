@@ -12,7 +12,8 @@ import statistics
 import sys
 
 COLOURS = {"direct": "#999999", "plaintext": "#bbbbbb", "mtls": "#4477aa",
-           "themis": "#ee6677", "themis-native": "#228833", "themis-tls": "#ccbb44"}
+           "mtls2": "#88aadd", "themis": "#ee6677", "themis-native": "#228833",
+           "themis-tls": "#ccbb44"}
 
 
 def medians(runs):

@@ -407,13 +407,7 @@ impl Sidecar {
             text = add_tcp_listeners(&text, &self.tcp, self.outbound);
         }
         if !self.rbac_principals.is_empty() {
-            // Before the `peer` filter of every inbound chain (the TLS one, and the
-            // channel's, where it refuses: no certificate).
-            let peer = "      - name: themis.peer\n";
-            text = text.replace(
-                peer,
-                &format!("{}{peer}", rbac_filter(&self.rbac_principals)),
-            );
+            text = with_rbac(&text, &self.rbac_principals);
         }
         if let Some(path) = &self.access_log {
             if text.matches(ACCESS_LOG_MARK).count() != 1 {
@@ -496,18 +490,29 @@ fn seal_cluster(service: &str, config: &str, http1: bool) -> Result<String, Rend
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
         explicit_http_config: {{{protocol}}}
-    transport_socket:
-      name: envoy.transport_sockets.dynamic_modules
-      typed_config:
-        "@type": type.googleapis.com/envoy.extensions.transport_sockets.dynamic_modules.v3.DynamicModuleTransportSocket
-        dynamic_module_config: {{name: themis_native, do_not_close: true}}
-        transport_socket_name: outbound
-        implements_secure_transport: true
-        transport_socket_config:
-          "@type": type.googleapis.com/google.protobuf.StringValue
-          value: '{config}'
-"#
+{}"#,
+        module_socket("outbound", config, 4)
     ))
+}
+
+/// The native module's transport socket `name` (`outbound` on a sealing cluster,
+/// `inbound` on a listener's chain) with its configuration, as YAML lines indented by
+/// `indent` spaces.
+fn module_socket(name: &str, config: &str, indent: usize) -> String {
+    let lines = [
+        "transport_socket:".to_owned(),
+        "  name: envoy.transport_sockets.dynamic_modules".to_owned(),
+        "  typed_config:".to_owned(),
+        "    \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.dynamic_modules.v3.DynamicModuleTransportSocket".to_owned(),
+        "    dynamic_module_config: {name: themis_native, do_not_close: true}".to_owned(),
+        format!("    transport_socket_name: {name}"),
+        "    implements_secure_transport: true".to_owned(),
+        "    transport_socket_config:".to_owned(),
+        "      \"@type\": type.googleapis.com/google.protobuf.StringValue".to_owned(),
+        format!("      value: '{config}'"),
+    ];
+    let pad = " ".repeat(indent);
+    lines.iter().map(|line| format!("{pad}{line}\n")).collect()
 }
 
 /// The outbound virtual host of `service` (by the call's host): its sealing cluster,
@@ -568,28 +573,26 @@ fn channel_chain(config: &str, timeout: &str) -> Result<String, RenderError> {
     Ok(format!(
         r#"- filter_chain_match: {{transport_protocol: raw_buffer}}
       transport_socket_connect_timeout: {timeout}
-      transport_socket:
-        name: envoy.transport_sockets.dynamic_modules
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.transport_sockets.dynamic_modules.v3.DynamicModuleTransportSocket
-          dynamic_module_config: {{name: themis_native, do_not_close: true}}
-          transport_socket_name: inbound
-          implements_secure_transport: true
-          transport_socket_config:
-            "@type": type.googleapis.com/google.protobuf.StringValue
-            value: '{config}'
-      filters:
+{}      filters:
       - name: themis.peer
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.dynamic_modules.v3.DynamicModuleNetworkFilter
           dynamic_module_config: {{name: themis_native, do_not_close: true}}
           filter_name: peer
-      - *inbound_http"#
+      - *inbound_http"#,
+        module_socket("inbound", config, 6)
     ))
 }
 
-/// Envoy's stock network RBAC: only callers whose URI SAN is one of `principals`
-/// (each JSON-quoted: any text stays one YAML string), counted under `themis_rbac.`.
+/// `yaml` (a rendered TLS sidecar) with Envoy's stock network RBAC before the `peer`
+/// filter of every inbound chain (the TLS one, and the channel's, where it refuses: no
+/// certificate): only callers whose URI SAN is one of `principals` (each JSON-quoted:
+/// any text stays one YAML string), counted under `themis_rbac.`.
+pub fn with_rbac(yaml: &str, principals: &[String]) -> String {
+    let peer = "      - name: themis.peer\n";
+    yaml.replace(peer, &format!("{}{peer}", rbac_filter(principals)))
+}
+
 fn rbac_filter(principals: &[String]) -> String {
     let principals: Vec<String> = principals
         .iter()

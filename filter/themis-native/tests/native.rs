@@ -571,23 +571,11 @@ fn envoys_own_rbac_decides_on_a_tls_peer_by_its_uri_san() {
     };
     let dir = mesh.dir.path();
     let rendered = std::fs::read_to_string(dir.join("envoy-b.yaml")).unwrap();
+    // As `themis sidecar render --rbac-principal` writes it.
     let with_rbac = |principal: &str| {
-        let rbac = format!(
-            r#"      - name: envoy.filters.network.rbac
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC
-          stat_prefix: themis_rbac
-          rules:
-            action: ALLOW
-            policies:
-              callers:
-                permissions: [{{any: true}}]
-                principals: [{{authenticated: {{principal_name: {{exact: "{principal}"}}}}}}]
-"#
-        );
-        let marked = "      - name: themis.peer\n";
-        assert_eq!(rendered.matches(marked).count(), 1);
-        rendered.replacen(marked, &format!("{rbac}{marked}"), 1)
+        let yaml = themis_bootstrap::with_rbac(&rendered, &[principal.to_owned()]);
+        assert_eq!(yaml.matches("envoy.filters.network.rbac").count(), 1);
+        yaml
     };
     for (service, principal, admitted) in [
         ("check-open", "spiffe://test/svc/handler", true),
