@@ -44,6 +44,17 @@ fn counter(envoy: &support::envoy::Envoy, name: &str) -> u64 {
     found[0]
 }
 
+/// The sum of Envoy's own stats on `envoy` whose name ends with `suffix` (a TLS
+/// context's, a listener's: Envoy names them by cluster or address).
+fn summed(envoy: &support::envoy::Envoy, suffix: &str) -> u64 {
+    envoy
+        .stats()
+        .iter()
+        .filter(|(n, _)| n.ends_with(suffix))
+        .map(|(_, v)| *v)
+        .sum()
+}
+
 /// Envoy's own stat `name` on `envoy` (0 if it has none yet).
 fn stat(envoy: &support::envoy::Envoy, name: &str) -> u64 {
     envoy
@@ -300,24 +311,8 @@ fn tls_sidecars_call_each_other() {
     assert!(counter(b, "inbound.allowed") >= 1);
     assert_eq!(counter(b, "inbound.refused.policy"), 0);
     // Envoy's own TLS carried it: its handshakes, TLS 1.3, and the peer's principal.
-    let handshakes = |envoy: &support::envoy::Envoy, suffix: &str| -> u64 {
-        envoy
-            .stats()
-            .iter()
-            .filter(|(n, _)| n.ends_with(suffix))
-            .map(|(_, v)| *v)
-            .sum()
-    };
-    assert!(
-        handshakes(b, "ssl.versions.TLSv1.3") >= 1,
-        "{:?}",
-        b.stats()
-    );
-    assert!(
-        handshakes(a, "ssl.versions.TLSv1.3") >= 1,
-        "{:?}",
-        a.stats()
-    );
+    assert!(summed(b, "ssl.versions.TLSv1.3") >= 1, "{:?}", b.stats());
+    assert!(summed(a, "ssl.versions.TLSv1.3") >= 1, "{:?}", a.stats());
     b.wait_log("inbound POST /check?n=7 peer=spiffe://test/svc/handler -> 200");
 }
 
@@ -494,13 +489,7 @@ fn a_tls_callee_refuses_in_the_handshake() {
     assert!(out.contains("HTTP/1.1 200"), "{out}\n{}", mesh.logs());
     assert_eq!(mesh.app.count(), app_before + 1);
     // The no-certificate handshake was Envoy's own refusal.
-    let no_cert: u64 = b
-        .stats()
-        .iter()
-        .filter(|(n, _)| n.ends_with("ssl.fail_verify_no_cert"))
-        .map(|(_, v)| *v)
-        .sum();
-    assert_eq!(no_cert, 1, "{:?}", b.stats());
+    assert_eq!(summed(b, "ssl.fail_verify_no_cert"), 1, "{:?}", b.stats());
 
     // Revoked: its established (pooled) connection ends on its next bytes, and its
     // next handshakes are refused (the same certificate, within its lifetime), once
@@ -538,11 +527,7 @@ fn a_tls_callee_refuses_in_the_handshake() {
         .into_iter()
         .filter(|(n, _)| n.contains(".ssl."))
         .collect();
-    let reused: u64 = ssl
-        .iter()
-        .filter(|(n, _)| n.ends_with("ssl.session_reused"))
-        .map(|(_, v)| *v)
-        .sum();
+    let reused = summed(b, "ssl.session_reused");
     assert_eq!(reused, 0, "the callee resumed a session: {ssl:?}");
     let r = kept
         .post("check", "/kept", b"")
@@ -641,13 +626,11 @@ fn a_caller_takes_the_transport_the_callees_record_names() {
     assert_eq!(mesh.app.count(), served + 1);
     assert_eq!(requests_of(a, "themis_tls"), 1, "{:?}", a.stats());
     assert_eq!(requests_of(a, "themis_to_check-open"), 0);
-    let handshakes: u64 = tls
-        .stats()
-        .iter()
-        .filter(|(n, _)| n.ends_with("ssl.versions.TLSv1.3"))
-        .map(|(_, v)| *v)
-        .sum();
-    assert!(handshakes >= 1, "{:?}", tls.stats());
+    assert!(
+        summed(&tls, "ssl.versions.TLSv1.3") >= 1,
+        "{:?}",
+        tls.stats()
+    );
 }
 
 /// A callee that takes both: a Wasm caller (the channel alone) is answered over the
@@ -661,14 +644,7 @@ fn a_callee_that_takes_both_answers_a_wasm_caller_and_a_tls_caller() {
     let b = &mesh.envoy_b;
     call_is_sealed_and_attributed(&mesh);
     assert!(counter(b, "inbound.allowed") >= 1, "{}", mesh.logs());
-    let tls_handshakes = |envoy: &support::envoy::Envoy| -> u64 {
-        envoy
-            .stats()
-            .iter()
-            .filter(|(n, _)| n.ends_with("ssl.handshake"))
-            .map(|(_, v)| *v)
-            .sum()
-    };
+    let tls_handshakes = |envoy: &support::envoy::Envoy| summed(envoy, "ssl.handshake");
     assert_eq!(tls_handshakes(b), 0, "the Wasm caller's bytes went to TLS");
 
     let dir = mesh.dir.path();
@@ -732,14 +708,7 @@ fn a_tls_only_callee_is_not_called_over_the_channel() {
     let at = b.inbound.to_string();
     mesh.b.register("check-lied", "check", &at);
     mesh.wait_resolves(&mesh.a, "check-lied", &[&at]);
-    let errors = |envoy: &support::envoy::Envoy| -> u64 {
-        envoy
-            .stats()
-            .iter()
-            .filter(|(n, _)| n.ends_with("ssl.connection_error"))
-            .map(|(_, v)| *v)
-            .sum()
-    };
+    let errors = |envoy: &support::envoy::Envoy| summed(envoy, "ssl.connection_error");
     let r = mesh.call("GET", "check-lied", "/", &[], b"");
     assert_ne!(r.status, 200, "{r}");
     assert!(

@@ -117,18 +117,17 @@ impl Routes {
         now_ms: u64,
         random: u32,
     ) -> Pick {
-        let callable: Vec<&Instance> = instances
-            .iter()
-            .filter(|i| i.takes().first_of(speaks).is_some())
-            .collect();
-        let up: Vec<&Instance> = callable
-            .iter()
-            .copied()
+        let callable = || {
+            instances
+                .iter()
+                .filter(|i| i.takes().first_of(speaks).is_some())
+        };
+        let up: Vec<&Instance> = callable()
             .filter(|i| self.down.get(&i.id).is_none_or(|&until| until <= now_ms))
             .collect();
         // Every instance failed recently: try them anyway rather than fail for sure.
         let candidates: Vec<&Instance> = match up.is_empty() {
-            true => callable,
+            true => callable().collect(),
             false => up,
         };
         if candidates.is_empty() {
