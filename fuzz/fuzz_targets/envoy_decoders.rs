@@ -17,8 +17,9 @@
 //!   exactly the 64 bytes sent;
 //! * an accepted configuration satisfies every documented check (names, mesh equal to
 //!   the root's, time bounds, role-specific sections, canary weights, policy ids);
-//! * a pick is one of the cached instances of the service, fresh, avoiding instances
-//!   marked down unless all are, and follows the canary split;
+//! * a pick is one of the cached instances of the service that takes a transport the
+//!   caller speaks, fresh, avoiding instances marked down unless all are, and follows
+//!   the canary split;
 //! * the reader of the agent's HTTP/1.1 answers (`themis_agent_client::exchange::answer`,
 //!   every runtime's) takes any bytes, and reads a chunked body back whole.
 #![no_main]
@@ -33,7 +34,10 @@ use themis_core::{MeshName, PeerId};
 use themis_sidecar::agent::{
     parse_instances, parse_public_identity, parse_revocations, parse_signature, Instance,
 };
-use themis_sidecar::config::{is_name, Canary, Config, Policy, Role, Rule};
+use themis_sidecar::config::{
+    is_name, Canary, Config, Policy, Role, Rule, Transport, TRANSPORT_LABEL,
+};
+use themis_trust::Metadata;
 use themis_sidecar::route::{Pick, Routes};
 use themis_fuzz::trust::{trust, SERVICE};
 use themis_fuzz::{mesh, Edit, MESH};
@@ -577,7 +581,7 @@ enum RouteOp {
     MarkDown { instance: u8, for_ms: u16 },
     Expire,
     Advance(u16),
-    Pick { service: u8, random: u32 },
+    Pick { service: u8, speaks: u8, random: u32 },
     Withdraw { endorser: u8 },
 }
 
@@ -590,12 +594,48 @@ fn pool_instance(n: u8) -> Instance {
     Instance {
         id: PeerId([n; 32]),
         endpoint: SocketAddr::from(([10, 0, 0, n], 15006)),
-        metadata: BTreeMap::from([(
-            "version".to_string(),
-            if n % 2 == 0 { "v1" } else { "v2" }.to_string(),
-        )]),
+        metadata: pool_metadata(n),
         vouched_by: vec![pool_endorser(n)],
     }
+}
+
+/// Its version, and which transports it takes: by `n % 4`, the channel by default
+/// (no label), TLS alone, both, or the channel named.
+fn pool_metadata(n: u8) -> Metadata {
+    let mut metadata = BTreeMap::from([(
+        "version".to_string(),
+        if n % 2 == 0 { "v1" } else { "v2" }.to_string(),
+    )]);
+    let takes = match n % 4 {
+        0 => None,
+        1 => Some("tls"),
+        2 => Some("tls,themis"),
+        _ => Some("themis"),
+    };
+    if let Some(takes) = takes {
+        metadata.insert(TRANSPORT_LABEL.to_string(), takes.to_string());
+    }
+    metadata
+}
+
+/// What a caller speaks, by preference: the Wasm runtimes' channel, TLS alone, or the
+/// native runtime's both.
+fn pool_speaks(n: u8) -> &'static [Transport] {
+    match n % 3 {
+        0 => &[Transport::Themis],
+        1 => &[Transport::Tls],
+        _ => &[Transport::Tls, Transport::Themis],
+    }
+}
+
+/// Whether an instance with `metadata` takes one of `speaks`, as the model reads the
+/// label (independently of `config::Takes`).
+fn model_takes(metadata: &Metadata, speaks: &[Transport]) -> bool {
+    let takes: Vec<&str> = match metadata.get(TRANSPORT_LABEL) {
+        None => vec!["themis"],
+        Some(names) => names.split(',').collect(),
+    };
+    speaks.iter().any(|t| takes.contains(&t.as_str()))
 }
 
 /// One of three endorsing nodes (instance `n` is endorsed by `n % 3`).
@@ -649,19 +689,21 @@ fn routes(canary: &[(u8, bool, u8)], ops: &[RouteOp]) {
                     !list.is_empty()
                 });
             }
-            RouteOp::Pick { service, random } => {
+            RouteOp::Pick { service, speaks, random } => {
                 let name = service_name(*service);
-                let pick = routes.pick(&name, now, *random);
+                let speaks = pool_speaks(*speaks);
+                let pick = routes.pick(&name, speaks, now, *random);
                 let Some((list, _)) = cached.get(&name).filter(|(_, e)| *e > now) else {
                     assert_eq!(pick, Pick::Resolve, "{name} is not cached at {now}");
                     continue;
                 };
+                let callable: Vec<&Instance> =
+                    list.iter().filter(|i| model_takes(&i.metadata, speaks)).collect();
                 let is_up = |i: &Instance| down.get(&i.id).is_none_or(|&u| u <= now);
-                let up: Vec<&Instance> = list.iter().filter(|i| is_up(i)).collect();
-                let candidates: Vec<&Instance> =
-                    if up.is_empty() { list.iter().collect() } else { up };
+                let up: Vec<&Instance> = callable.iter().copied().filter(|i| is_up(i)).collect();
+                let candidates: Vec<&Instance> = if up.is_empty() { callable.clone() } else { up };
                 let Pick::Instance(picked) = pick else {
-                    assert!(list.is_empty(), "no pick from {list:?}: {pick:?}");
+                    assert!(callable.is_empty(), "no pick from {callable:?}: {pick:?}");
                     assert_eq!(pick, Pick::NoInstance);
                     continue;
                 };
