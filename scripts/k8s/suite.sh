@@ -138,6 +138,22 @@ meshed_call() { # FROM TO: FROM calls TO by its Service name; TO's sidecar prove
 check "check calls handler by its Service name, which calls check: each side proves the other's service" \
     until_ok 30 meshed_call check handler || true
 check "handler calls check" until_ok 10 meshed_call handler check || true
+proxy_stat() { # DEPLOYMENT PREFIX SUFFIX: the sum of its sidecar's Envoy counters named PREFIX…SUFFIX
+    kctl -n shop exec "deploy/$1" -c themis-proxy -- python3 -c \
+        "import urllib.request,sys; s=urllib.request.urlopen('http://127.0.0.1:15000/stats').read().decode(); print(sum(int(v) for k, v in (l.rsplit(': ', 1) for l in s.splitlines() if ': ' in l) if k.startswith(sys.argv[1]) and k.endswith(sys.argv[2]) and v.isdigit()))" "$2" "$3"
+}
+over_tls() { # check's record takes tls,themis (the annotation, signed); handler's calls came over TLS 1.3, none over the channel
+    local labels tls channel
+    labels=$(on_agent --json workloads | python3 -c "import json,sys; [print(r['metadata'].get('themis.transport')) for r in json.load(sys.stdin)['registrations'] if r['service'] == 'check']") ||
+        { echo "the agent's registrations could not be read"; return 1; }
+    [[ $labels == tls,themis ]] || { echo "check's record names transports '$labels', not tls,themis"; return 1; }
+    # Only handler has called check so far (the meshed calls above).
+    tls=$(proxy_stat check listener. ssl.versions.TLSv1.3) &&
+        channel=$(proxy_stat check themis.inbound. established) || { echo "check's sidecar's stats could not be read"; return 1; }
+    ((tls >= 1)) || { echo "check's inbound listener took no TLS 1.3 handshake"; return 1; }
+    ((channel == 0)) || { echo "check's sidecar established $channel channel sessions: handler spoke the channel"; return 1; }
+}
+check "check's record takes tls,themis (its annotation); handler's calls reach it over TLS 1.3, not the channel" over_tls || true
 explained() { # the TRUSTED instance of check is the id of the pod's workload
     on_agent explain check | grep -q "TRUSTED *workload $(registrations check | cut -d' ' -f3)"
 }

@@ -274,6 +274,24 @@ pub struct Registration {
 /// without it is an older peer's: the Themis channel alone.
 pub const TRANSPORT_LABEL: &str = "themis.transport";
 
+/// The transports this build knows, as [`TRANSPORT_LABEL`] names them.
+pub const TRANSPORTS: [&str; 2] = ["tls", "themis"];
+
+/// A name in a transport list that is not one of [`TRANSPORTS`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a transport (tls, themis)")]
+pub struct UnknownTransport(pub String);
+
+/// A comma-separated transport list, as `--transport`, a pod's annotation or the
+/// label write it, name by name; refused at the first name that is not a transport.
+pub fn transports(list: &str) -> Result<Vec<&str>, UnknownTransport> {
+    let names: Vec<&str> = list.split(',').map(str::trim).collect();
+    match names.iter().find(|name| !TRANSPORTS.contains(name)) {
+        Some(bad) => Err(UnknownTransport((*bad).into())),
+        None => Ok(names),
+    }
+}
+
 /// `PUT /v1/services/{service}/instances/{workload}`: register. `C` is the eBPF
 /// capture spec (`themis_capture::CaptureSpec`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -418,6 +436,18 @@ mod tests {
     use alloc::format;
     use alloc::string::ToString;
     use serde_json::json;
+
+    #[test]
+    fn a_transport_list_names_only_known_transports() {
+        assert_eq!(transports("tls"), Ok(alloc::vec!["tls"]));
+        assert_eq!(
+            transports(" tls , themis"),
+            Ok(alloc::vec!["tls", "themis"])
+        );
+        for bad in ["", "quic", "tls,", "TLS", "tls;themis"] {
+            assert!(transports(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn answers_read_what_the_agent_writes() {

@@ -5,12 +5,17 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
 use k8s_openapi::api::core::v1::Pod;
+use themis_contracts::api::{transports, TRANSPORT_LABEL};
 
 /// The namespace label that opts a namespace's pods into the mesh (`enabled`), like
 /// Istio's `istio-injection=enabled`.
 pub const MESH_LABEL: &str = "themis.io/mesh";
 /// The pod annotation naming its Themis service; without it, the pod's `app` label.
 pub const SERVICE_ANNOTATION: &str = "themis.io/service";
+/// The pod annotation naming the transports its sidecar takes (`tls`, `themis` or
+/// `tls,themis`, as `themis sidecar render --transport`); signed into its record, so
+/// callers pick by it. Without it, the channel alone (a record without the label).
+pub const TRANSPORT_ANNOTATION: &str = "themis.io/transport";
 /// The sidecar container's name, as an injector writes it (Istio's `istio-proxy`).
 pub const PROXY_CONTAINER: &str = "themis-proxy";
 /// The registration label that ties a registration to its pod (and lets a restarted
@@ -66,12 +71,19 @@ pub struct PodPlan {
     /// registered, so that no caller resolves it before its inbound listener exists.
     /// Its workload is bound before, so the sidecar gets its identity as it starts.
     pub proxy_started: bool,
+    /// The transports its sidecar takes ([`TRANSPORT_ANNOTATION`]), checked; `None`
+    /// for the channel alone.
+    pub transport: Option<String>,
 }
 
 impl PodPlan {
     /// The registration's labels.
     pub fn metadata(&self) -> BTreeMap<String, String> {
-        BTreeMap::from([(POD_UID_LABEL.to_owned(), self.uid.clone())])
+        let mut labels = BTreeMap::from([(POD_UID_LABEL.to_owned(), self.uid.clone())]);
+        if let Some(transport) = &self.transport {
+            labels.insert(TRANSPORT_LABEL.to_owned(), transport.clone());
+        }
+        labels
     }
 }
 
@@ -116,6 +128,15 @@ pub fn decide(
             "NoService",
             format!("no {SERVICE_ANNOTATION} annotation and no app label: which service is it?"),
         );
+    };
+    let transport = match annotations.and_then(|a| a.get(TRANSPORT_ANNOTATION)) {
+        None => None,
+        Some(list) => match transports(list) {
+            Ok(names) => Some(names.join(",")),
+            Err(e) => {
+                return Decision::Refuse("BadTransport", format!("{TRANSPORT_ANNOTATION}: {e}"))
+            }
+        },
     };
     let has_proxy = spec
         .init_containers
@@ -167,6 +188,7 @@ pub fn decide(
         endpoint: SocketAddr::new(ip, conventions.inbound_port),
         app_ports,
         proxy_started,
+        transport,
     })
 }
 
@@ -223,6 +245,10 @@ mod tests {
             "TCP app ports only, not the sidecar's"
         );
         assert_eq!(plan.metadata()[POD_UID_LABEL], "u-1");
+        assert!(
+            !plan.metadata().contains_key(TRANSPORT_LABEL),
+            "no annotation: the channel alone, no label"
+        );
         assert!(plan.proxy_started);
         // A sidecar still starting: bound now, registered once it has started.
         let starting = pod(
@@ -239,6 +265,12 @@ mod tests {
             panic!()
         };
         assert_eq!(plan.service, "check.v2");
+        // The transport annotation becomes the record's label, as the render reads it.
+        let tls = pod(json!({"metadata": {"annotations": {TRANSPORT_ANNOTATION: "tls, themis"}}}));
+        let Decision::Mesh(plan) = decide_for(&tls) else {
+            panic!()
+        };
+        assert_eq!(plan.metadata()[TRANSPORT_LABEL], "tls,themis");
         // A native sidecar (an init container that keeps running) is a sidecar too.
         let native = pod(json!({"spec": {
             "containers": [{"name": "app", "image": "x"}],
@@ -275,6 +307,12 @@ mod tests {
         );
         let bare = pod(json!({"spec": {"containers": [{"name": "app", "image": "x"}]}}));
         assert_eq!(reason(bare), "NoSidecar");
+        // A transport this build does not know: refused, not registered as the channel
+        // (callers would then call a sidecar that does not take it).
+        for bad in ["quic", "", "tls,,themis", "TLS"] {
+            let odd = pod(json!({"metadata": {"annotations": {TRANSPORT_ANNOTATION: bad}}}));
+            assert_eq!(reason(odd), "BadTransport", "{bad:?}");
+        }
     }
 
     #[test]

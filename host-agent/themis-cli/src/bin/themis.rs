@@ -562,12 +562,7 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
                 meta.insert(k.to_owned(), Value::String(v.to_owned()));
             }
             if let Some(list) = transport {
-                let names: Vec<&str> = list.split(',').map(str::trim).collect();
-                if let Some(bad) = names.iter().find(|n| !matches!(**n, "tls" | "themis")) {
-                    return Err(format!(
-                        "--transport: {bad:?} is not a transport (tls, themis)"
-                    ));
-                }
+                let names = contract::transports(&list).map_err(|e| format!("--transport: {e}"))?;
                 meta.insert(
                     contract::TRANSPORT_LABEL.to_owned(),
                     Value::String(names.join(",")),

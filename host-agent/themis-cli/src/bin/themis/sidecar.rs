@@ -251,13 +251,13 @@ fn render(args: RenderArgs) -> Result<String, String> {
 /// The runtime `--runtime` and `--transport` name, and whether it takes the Themis
 /// channel beside TLS.
 fn runtime_of(runtime: RuntimeArg, transport: Option<&str>) -> Result<(Runtime, bool), String> {
-    let names: Vec<&str> = transport.map_or(Vec::new(), |t| t.split(',').map(str::trim).collect());
+    let names = match transport {
+        Some(list) => {
+            themis_contracts::api::transports(list).map_err(|e| format!("--transport: {e}"))?
+        }
+        None => Vec::new(),
+    };
     let (tls, themis) = (names.contains(&"tls"), names.contains(&"themis"));
-    if let Some(bad) = names.iter().find(|n| !matches!(**n, "tls" | "themis")) {
-        return Err(format!(
-            "--transport: {bad:?} is not a transport (tls, themis)"
-        ));
-    }
     match (runtime, tls, themis) {
         (RuntimeArg::Wasm, false, _) => Ok((Runtime::Wasm, false)),
         (RuntimeArg::Wasm, true, _) => {
