@@ -273,6 +273,27 @@ impl Mesh {
         )
     }
 
+    /// [`Mesh::start_sidecar_on`], its bootstrap edited by `edit` (a Envoy setting the
+    /// renderer does not write, for what a test needs to force) before it starts.
+    pub fn start_edited_sidecar_on(
+        &self,
+        runtime: Runtime,
+        (agent, ip, workload): (&Agent, &str, &str),
+        name: &str,
+        policy: Option<&str>,
+        edit: &dyn Fn(String) -> String,
+    ) -> Envoy {
+        start_edited_sidecar(
+            runtime,
+            self.dir.path(),
+            (agent, ip, workload),
+            name,
+            self.app.addr,
+            policy,
+            edit,
+        )
+    }
+
     /// A sidecar of `check` on node B in front of an app at `app` (which may not be
     /// listening yet), with its own inbound policy.
     pub fn start_sidecar_of_app(&self, app: SocketAddr, name: &str, policy: Option<&str>) -> Envoy {
@@ -356,18 +377,36 @@ fn start_sidecar(
     app: SocketAddr,
     policy: Option<&str>,
 ) -> Envoy {
-    runtime.start(
+    start_edited_sidecar(
+        runtime,
         root,
+        (agent, ip, workload),
         name,
-        &Sidecar {
-            app_protocol: AppProtocol::Http1,
-            ip,
-            agent_socket: &agent.dir.join("agent.sock"),
-            app,
-            outbound_config: &outbound_config(&mesh_root(root), workload, "check"),
-            inbound_config: &inbound_config(&mesh_root(root), workload, "check", policy),
-        },
+        app,
+        policy,
+        &|yaml| yaml,
     )
+}
+
+/// [`start_sidecar`], its bootstrap edited by `edit` first.
+fn start_edited_sidecar(
+    runtime: Runtime,
+    root: &Path,
+    (agent, ip, workload): (&Agent, &str, &str),
+    name: &str,
+    app: SocketAddr,
+    policy: Option<&str>,
+    edit: &dyn Fn(String) -> String,
+) -> Envoy {
+    let sidecar = Sidecar {
+        app_protocol: AppProtocol::Http1,
+        ip,
+        agent_socket: &agent.dir.join("agent.sock"),
+        app,
+        outbound_config: &outbound_config(&mesh_root(root), workload, "check"),
+        inbound_config: &inbound_config(&mesh_root(root), workload, "check", policy),
+    };
+    Envoy::start_yaml(root, name, &edit(runtime.render(&sidecar)))
 }
 
 /// The services a native sidecar of these tests has a sealing cluster for (the
@@ -433,28 +472,21 @@ impl Runtime {
         }
     }
 
+    /// Its bootstrap for `sidecar`, with the sealing clusters of [`NATIVE_CALLS`].
+    pub fn render(self, sidecar: &Sidecar<'_>) -> String {
+        crate::envoy::render_on(
+            sidecar,
+            self,
+            &crate::envoy::Additions {
+                calls: NATIVE_CALLS,
+                ..Default::default()
+            },
+        )
+    }
+
     /// Starts Envoy on `sidecar` with this runtime and waits until it is ready.
     pub fn start(self, root: &Path, name: &str, sidecar: &Sidecar<'_>) -> Envoy {
-        match self {
-            Runtime::Wasm => Envoy::start(root, name, sidecar),
-            Runtime::Native => Envoy::start_yaml(
-                root,
-                name,
-                &crate::envoy::render_native(sidecar, NATIVE_CALLS),
-            ),
-            Runtime::Tls | Runtime::TlsAndChannel => Envoy::start_yaml(
-                root,
-                name,
-                &crate::envoy::render_on(
-                    sidecar,
-                    self,
-                    &crate::envoy::Additions {
-                        calls: NATIVE_CALLS,
-                        ..Default::default()
-                    },
-                ),
-            ),
-        }
+        Envoy::start_yaml(root, name, &self.render(sidecar))
     }
 }
 

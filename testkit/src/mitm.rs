@@ -1,9 +1,10 @@
 //! A man in the middle between Envoy A's sealing listener and Envoy B's inbound
 //! listener: a TCP proxy that sees only the sealed stream. It splits the A→B
 //! direction into Themis messages (`themis_core::wire::frame_len`: Hello, Confirm,
-//! then records, the first of which is the Meta record) and, when armed, tampers
-//! once with one record; B→A is copied as it is. Every byte of every connection is
-//! recorded, both directions, for [`replay`].
+//! then records, the first of which is the Meta record) or, on the TLS binding, into
+//! TLS records ([`Framing`]), and, when armed, tampers once with one record; B→A is
+//! copied as it is. Every byte of every connection is recorded, both directions, for
+//! [`replay`].
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -18,6 +19,54 @@ use crate::process::wait_until;
 
 /// How long [`replay`] waits for an answer or for the close.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A TLS record's header: content type, legacy version, length.
+const TLS_HEADER_LEN: usize = 5;
+/// The content type of every encrypted TLS 1.3 record.
+const TLS_APPLICATION_DATA: u8 = 23;
+
+/// How the proxy splits the A→B stream into messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// Themis messages: Hello and Confirm pass, records count (0: the Meta record).
+    Themis,
+    /// TLS records: the encrypted ones count (in TLS 1.3 the caller's Certificate
+    /// and Finished flight is record 0), the ClientHello and ChangeCipherSpec pass.
+    Tls,
+}
+
+impl Framing {
+    /// The length of the message `buf` starts with, once its header is there
+    /// (`Ok(None)` before); `Err` if `buf` is not of this framing.
+    fn next_len(self, buf: &[u8]) -> Result<Option<usize>, ()> {
+        match self {
+            Framing::Themis => frame_len(buf).map_err(|_| ()),
+            Framing::Tls => match buf {
+                [kind, ..] if !(20..=24).contains(kind) => Err(()),
+                [_, _, _, high, low, ..] => Ok(Some(
+                    TLS_HEADER_LEN + usize::from(u16::from_be_bytes([*high, *low])),
+                )),
+                _ => Ok(None),
+            },
+        }
+    }
+
+    /// Whether `message` is a record: counted, and what a mode tampers with.
+    fn is_record(self, message: &[u8]) -> bool {
+        match self {
+            Framing::Themis => peek_kind(message).ok() == Some(Kind::Record),
+            Framing::Tls => message.first() == Some(&TLS_APPLICATION_DATA),
+        }
+    }
+
+    /// A record's header, before its ciphertext.
+    fn header_len(self) -> usize {
+        match self {
+            Framing::Themis => RECORD_HEADER_LEN,
+            Framing::Tls => TLS_HEADER_LEN,
+        }
+    }
+}
 
 /// What the proxy does to the A→B stream. A tampering mode acts once, on the first
 /// record of a connection whose index (0: the Meta record, right after Confirm) is at
@@ -84,8 +133,13 @@ pub struct Mitm {
 }
 
 impl Mitm {
-    /// Listens on `ip` (a free port) and forwards to `upstream`.
+    /// Listens on `ip` (a free port) and forwards to `upstream`, Themis-framed.
     pub fn start(ip: &str, upstream: SocketAddr) -> Mitm {
+        Mitm::start_framed(ip, upstream, Framing::Themis)
+    }
+
+    /// [`Mitm::start`], splitting the A→B stream by `framing`.
+    pub fn start_framed(ip: &str, upstream: SocketAddr, framing: Framing) -> Mitm {
         let listener = TcpListener::bind((ip, 0)).expect("binding the proxy");
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(State::default());
@@ -116,7 +170,7 @@ impl Mitm {
                     log.clone(),
                     shared.clone(),
                 );
-                let up = std::thread::spawn(move || a_to_b(c, s, &l, &st));
+                let up = std::thread::spawn(move || a_to_b(c, s, &l, &st, framing));
                 let down = std::thread::spawn(move || b_to_a(server, client, &log));
                 shared.threads.lock().unwrap().extend([up, down]);
             }
@@ -194,7 +248,13 @@ fn b_to_a(mut server: TcpStream, mut client: TcpStream, log: &Mutex<Log>) {
 }
 
 /// Reads A's messages, one at a time, and forwards them, tampering when armed.
-fn a_to_b(mut client: TcpStream, mut server: TcpStream, log: &Mutex<Log>, state: &State) {
+fn a_to_b(
+    mut client: TcpStream,
+    mut server: TcpStream,
+    log: &Mutex<Log>,
+    state: &State,
+    framing: Framing,
+) {
     let mut send = |bytes: &[u8]| {
         log.lock().unwrap().conn.to_b.extend_from_slice(bytes);
         server.write_all(bytes).is_ok()
@@ -206,12 +266,12 @@ fn a_to_b(mut client: TcpStream, mut server: TcpStream, log: &Mutex<Log>, state:
     let mut held: Option<Vec<u8>> = None;
     'read: while let Ok(n @ 1..) = client.read(&mut chunk) {
         buf.extend_from_slice(&chunk[..n]);
-        while let Ok(Some(len)) = frame_len(&buf) {
+        while let Ok(Some(len)) = framing.next_len(&buf) {
             if len > buf.len() {
                 break;
             }
             let mut frame: Vec<u8> = buf.drain(..len).collect();
-            if peek_kind(&frame).ok() != Some(Kind::Record) {
+            if !framing.is_record(&frame) {
                 if !send(&frame) {
                     break 'read;
                 }
@@ -239,7 +299,8 @@ fn a_to_b(mut client: TcpStream, mut server: TcpStream, log: &Mutex<Log>, state:
             let sent = match mode {
                 Mode::Pass => send(&frame),
                 Mode::Flip(_) => {
-                    let middle = RECORD_HEADER_LEN + (frame.len() - RECORD_HEADER_LEN) / 2;
+                    let header = framing.header_len();
+                    let middle = header + (frame.len() - header) / 2;
                     frame[middle] ^= 0x01;
                     send(&frame)
                 }
@@ -257,8 +318,8 @@ fn a_to_b(mut client: TcpStream, mut server: TcpStream, log: &Mutex<Log>, state:
                 break 'read;
             }
         }
-        if frame_len(&buf).is_err() {
-            // Not Themis: pass it on as it is.
+        if framing.next_len(&buf).is_err() {
+            // Not of this framing: pass it on as it is.
             if !send(&std::mem::take(&mut buf)) {
                 break;
             }

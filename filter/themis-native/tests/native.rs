@@ -722,3 +722,223 @@ fn a_tls_only_callee_is_not_called_over_the_channel() {
         "a channel caller reached a TLS-only app"
     );
 }
+
+/// `yaml` (the TLS binding's bootstrap) with its inbound HTTP connection manager
+/// closing every connection after one request: each call to it a new handshake.
+fn one_request_per_connection(yaml: String) -> String {
+    let inbound = yaml
+        .find("stat_prefix: themis_inbound")
+        .expect("an inbound HTTP connection manager");
+    let options = "common_http_protocol_options: {headers_with_underscores_action: DROP_HEADER";
+    let at = inbound
+        + yaml[inbound..]
+            .find(options)
+            .expect("its common HTTP protocol options")
+        + options.len();
+    format!(
+        "{}, max_requests_per_connection: 1{}",
+        &yaml[..at],
+        &yaml[at..]
+    )
+}
+
+/// The sum of `envoy`'s stats named `prefix`…`suffix`.
+fn summed_of(envoy: &support::envoy::Envoy, prefix: &str, suffix: &str) -> u64 {
+    envoy
+        .stats()
+        .iter()
+        .filter(|(n, _)| n.starts_with(prefix) && n.ends_with(suffix))
+        .map(|(_, v)| *v)
+        .sum()
+}
+
+/// Certificates rotate under calls that each take a fresh handshake, and none fails:
+/// the agent's SDS pushes both sidecars a new certificate every few seconds (the
+/// tests' records live 10 s, and a certificate is renewed with its record), and the
+/// callee closes every connection after one request, so each call is a new TLS 1.3
+/// handshake, checked by both validators against the certificates then current.
+#[test]
+fn certificates_rotate_under_calls_that_each_take_a_fresh_handshake() {
+    let Some(mesh) = started(Runtime::Tls, Runtime::Tls) else {
+        return;
+    };
+    let once = mesh.start_edited_sidecar_on(
+        Runtime::Tls,
+        (&mesh.b, support::mesh::IP_B, "check"),
+        "envoy-once",
+        Some(ALLOW_HANDLER),
+        &one_request_per_connection,
+    );
+    once.wait_identity();
+    let at = once.inbound.to_string();
+    mesh.b
+        .register_with("check-open", "check", &at, Runtime::Tls.labels(None));
+    mesh.wait_resolves(&mesh.a, "check-open", &[&at]);
+    mesh.envoy_a
+        .wait_native_resolves("check-open", once.inbound);
+    once.wait_endorsed_certificate("check-open");
+
+    let a = &mesh.envoy_a;
+    let certificates = |envoy: &support::envoy::Envoy| summed_of(envoy, "sds.", ".update_success");
+    let handshakes = || summed_of(&once, "listener.", "ssl.handshake");
+    let (a_before, b_before, handshakes_before) =
+        (certificates(a), certificates(&once), handshakes());
+    assert!(
+        a_before >= 1 && b_before >= 1,
+        "no SDS certificate counted: {:?}",
+        once.stats()
+    );
+    let mut answers: Vec<(u16, Option<String>)> = Vec::new();
+    // Bounded: at most 90 s of calls, 40 ms apart, until each side took three more
+    // certificates.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    while certificates(a) < a_before + 3 || certificates(&once) < b_before + 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "three rotations took over 90 s (A {a_before} → {}, B {b_before} → {})",
+            certificates(a),
+            certificates(&once)
+        );
+        let r = mesh.call(
+            "GET",
+            "check-open",
+            &format!("/rotate/{}", answers.len()),
+            &[],
+            b"",
+        );
+        answers.push((r.status, r.header(PEER_ID).map(str::to_owned)));
+        std::thread::sleep(std::time::Duration::from_millis(40));
+    }
+    let failed: Vec<&(u16, Option<String>)> = answers
+        .iter()
+        .filter(|(status, peer)| *status != 200 || peer.as_deref() != Some(mesh.check_id.as_str()))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} calls failed across the rotations: {:?}\n{}\n--- envoy-once:\n{}",
+        failed.len(),
+        answers.len(),
+        &failed[..failed.len().min(5)],
+        mesh.logs(),
+        once.log_tail(30)
+    );
+    let fresh = handshakes() - handshakes_before;
+    assert!(
+        fresh >= answers.len() as u64,
+        "{fresh} handshakes for {} calls: the calls shared connections",
+        answers.len()
+    );
+    eprintln!(
+        "{} calls, each a fresh handshake ({fresh}), across {} and {} new certificates",
+        answers.len(),
+        certificates(a) - a_before,
+        certificates(&once) - b_before
+    );
+}
+
+/// The sum of Envoy B's TLS connection errors on its listeners (BoringSSL refused a
+/// record, or the handshake).
+fn tls_errors(envoy: &support::envoy::Envoy) -> u64 {
+    summed_of(envoy, "listener.", ".ssl.connection_error")
+}
+
+/// A man in the middle on the TLS binding sees TLS records only, and gets nothing of
+/// his through: a whole recorded connection replayed, and each record tampered with
+/// (a bit flipped, one cut short, two swapped, plaintext in place of one, and record
+/// 0, the caller's encrypted Certificate and Finished, flipped on a new connection),
+/// fails the call, never reaches the app, and is counted by Envoy B as a TLS error.
+#[test]
+fn a_man_in_the_middle_of_a_tls_connection_gets_nothing_through() {
+    use support::mitm::{self, Framing, Mitm, Mode};
+    if !require::filter_in_envoy("runs the native module in Envoy") {
+        return;
+    }
+    let mesh = Mesh::start_on(Runtime::Tls, Runtime::Tls, Some(ALLOW_HANDLER));
+    let b = &mesh.envoy_b;
+    let mitm = Mitm::start_framed(support::mesh::IP_B, b.inbound, Framing::Tls);
+    mesh.register("check", "check", mitm.addr);
+    b.wait_endorsed_certificate("check");
+    // Bodies of several TLS records (16 KiB each), so that there is a next to swap with.
+    let body: Vec<u8> = (0..200 * 1024u32)
+        .map(|i| b'a' + (i * 7 % 26) as u8)
+        .collect();
+    let call = |path: &str| mesh.call("POST", "check", path, &[], &body);
+
+    for n in 0..2 {
+        let r = call(&format!("/pass/{n}"));
+        assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
+        assert_eq!(r.json()["body_len"], body.len());
+    }
+    assert_eq!(mesh.app.count(), 2);
+    mitm.disconnect();
+    let recorded = mitm.connections();
+    assert!(!recorded.is_empty());
+    for c in &recorded {
+        assert_eq!(
+            c.to_b.windows(64).filter(|w| *w == &body[..64]).count(),
+            0,
+            "the body crossed in plaintext"
+        );
+    }
+
+    // The recorded connection again, straight to B: B's fresh ServerHello makes other
+    // keys, so the caller's recorded flight no longer decrypts.
+    let before = tls_errors(b);
+    let replayed = mitm::replay(b.inbound, &recorded[0].to_b, false);
+    assert!(replayed.closed, "Envoy B kept the replayed connection open");
+    support::process::wait_until_or(
+        "the replay to be counted as a TLS error",
+        std::time::Duration::from_secs(10),
+        || (tls_errors(b) > before).then_some(()),
+        || format!("{:?}", b.stats()),
+    );
+    assert_eq!(mesh.app.count(), 2, "the replay reached the app");
+
+    const PLAINTEXT: &[u8] = b"GET /secret HTTP/1.1\r\nhost: check\r\n\r\n";
+    let cases = [
+        Mode::Flip(1),
+        Mode::Truncate(1),
+        Mode::Reorder(1),
+        Mode::Inject(1, PLAINTEXT),
+        Mode::Flip(0),
+    ];
+    for (n, mode) in cases.into_iter().enumerate() {
+        if mode == Mode::Flip(0) {
+            // The caller's handshake flight: only on a new connection.
+            mitm.disconnect();
+        }
+        // A record cut short, then the close, is no TLS error to BoringSSL: B sees the
+        // caller go mid-stream, and drops what it began.
+        let refused = |b: &support::envoy::Envoy| match mode {
+            Mode::Truncate(_) => {
+                summed_of(b, "http.themis_inbound.", "downstream_cx_destroy_remote")
+            }
+            _ => tls_errors(b),
+        };
+        let (tampered, served, errors) = (mitm.tampered(), mesh.app.count(), refused(b));
+        mitm.set_mode(mode);
+        let r = call(&format!("/tampered/{n}"));
+        assert_eq!(
+            mitm.tampered(),
+            tampered + 1,
+            "{mode:?}: the proxy changed nothing"
+        );
+        assert_eq!(r.status, 503, "{mode:?}: {r}\n{}", mesh.logs());
+        assert_eq!(
+            mesh.app.count(),
+            served,
+            "{mode:?}: the request reached the app"
+        );
+        support::process::wait_until_or(
+            &format!("{mode:?}: Envoy B to count the refusal"),
+            std::time::Duration::from_secs(10),
+            || (refused(b) > errors).then_some(()),
+            || format!("{:?}", b.stats()),
+        );
+    }
+
+    // And the mesh recovers once the proxy behaves.
+    let r = call("/after");
+    assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
+    assert_eq!(mesh.app.count(), 3);
+}
