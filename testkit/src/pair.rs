@@ -160,7 +160,13 @@ impl Proxy {
         self.stats()
             .iter()
             .filter(|(n, _)| {
-                (n.starts_with("cluster.themis_seal.") || n.starts_with("cluster.themis_to_"))
+                [
+                    "cluster.themis_seal.",
+                    "cluster.themis_to_",
+                    "cluster.themis_tls.",
+                ]
+                .iter()
+                .any(|p| n.starts_with(p))
                     && n.ends_with(&format!(".{name}"))
             })
             .map(|(_, v)| *v)
@@ -192,10 +198,16 @@ pub struct Spec<'a> {
 }
 
 /// Makes the router's pools of sealed connections (the Wasm runtime's cluster
-/// `themis_seal`, the native runtime's `themis_to_<service>`s) use each connection
-/// for one request only: every call is a new sealed connection, with its own key
-/// agreement.
+/// `themis_seal`, the native runtime's `themis_to_<service>`s, the TLS binding's
+/// `themis_tls`) use each connection for one request only: every call is a new
+/// sealed connection, with its own key agreement (or TLS handshake).
 pub fn one_request_per_sealed_connection(yaml: &str) -> String {
+    // The TLS binding's one cluster takes the caller's protocol.
+    let tls = "        use_downstream_protocol_config:";
+    if yaml.contains(tls) {
+        let once = "        common_http_protocol_options: {max_requests_per_connection: 1}";
+        return yaml.replace(tls, &format!("{once}\n{tls}"));
+    }
     let http2 = "explicit_http_config: {http2_protocol_options: {allow_connect: true}}";
     let http1 = "explicit_http_config: {http_protocol_options: {}}";
     let anchor = |protocol: &str| format!("{protocol}\n    transport_socket:");

@@ -1034,8 +1034,9 @@ themis_testkit::on_both_runtimes!(
 // The data-path cases that matter most on the TLS binding (docs/PROTOCOL.md §8) too:
 // `tls::<test>`. Not the canary (the pick is the native runtime's own code) nor the
 // short connections (they churn Envoy A's plaintext side from the app): the suite's
-// time budget.
+// time budget. The sealed connections are: each request a TLS handshake of its own.
 themis_testkit::on_the_tls_binding!(
+    memory_stays_flat_over_many_sealed_connections,
     grpc_unary_streams_and_trailers,
     websocket_echo,
     upload_256_mib_streams_in_flat_memory,
