@@ -3,10 +3,10 @@
 # template A, then from template B, alternated N times (one run.sh round each), so
 # that the machine's drift falls on both alike. Prints each run's max qps and Envoy
 # CPU per 10k requests, and the medians. For ablations: copy a template
-# (deploy/envoy/sidecar-native.yaml), take a piece out, and compare it with the
-# original.
+# (deploy/envoy/sidecar-native.yaml, or sidecar-tls.yaml with --runtime tls), take a
+# piece out, and compare it with the original.
 #
-#   benchmarks/envoy/ab.sh [--pairs N] [--runtime native|wasm] A.yaml B.yaml [run.sh options]
+#   benchmarks/envoy/ab.sh [--pairs N] [--runtime native|wasm|tls] A.yaml B.yaml [run.sh options]
 #
 # The run.sh options default to the gRPC 1 KB row: --protocols grpc --body-sizes 1024
 # --connections 16 --pacing default --duration 3s --warmup 1s; any given replace them.
@@ -27,12 +27,16 @@ while [[ $# -gt 0 ]]; do
 done
 [[ $# -ge 2 ]] || { usage >&2; exit 2; }
 [[ "$PAIRS" =~ ^[1-9][0-9]*$ ]] || { echo "ab.sh: --pairs must be a positive integer" >&2; exit 2; }
-[[ $RUNTIME == native || $RUNTIME == wasm ]] || { echo "ab.sh: --runtime is native or wasm" >&2; exit 2; }
+[[ $RUNTIME =~ ^(native|wasm|tls)$ ]] || { echo "ab.sh: --runtime is native, wasm or tls" >&2; exit 2; }
 A=$(realpath "$1") B=$(realpath "$2"); shift 2
 for t in "$A" "$B"; do [[ -f $t ]] || { echo "ab.sh: no template $t" >&2; exit 2; }; done
 ROW=(--protocols grpc --body-sizes 1024 --connections 16 --pacing default --duration 3s --warmup 1s)
 [[ $# -gt 0 ]] && ROW=("$@")
-SCENARIO=themis-native; [[ $RUNTIME == wasm ]] && SCENARIO=themis
+case $RUNTIME in
+    native) SCENARIO=themis-native ;;
+    wasm) SCENARIO=themis ;;
+    tls) SCENARIO=themis-tls ;;
+esac
 OUT=$(mktemp -d /tmp/themis-ab.XXXXXX)
 echo "ab.sh: $PAIRS pairs, $SCENARIO, ${ROW[*]}; reports in $OUT" >&2
 
