@@ -95,10 +95,10 @@ has_pod_cidr() { [[ -n "$(node_pod_cidr)" ]]; }
 until_ok 60 has_pod_cidr || fail "the node was allocated no pod range (.spec.podCIDR)"
 pod_cidr=$(node_pod_cidr)
 "$themis" node range "$pod_cidr" --mesh-dir "$work/mesh" --node /var/lib/themis > /dev/null
-for service in handler check; do
+for service in handler check keyed; do
     "$themis" service grant "$service" --mesh-dir "$work/mesh" --node /var/lib/themis > /dev/null
 done
-ok "node ${node_id:0:16}…, pods at $pod_cidr, granted handler, check"
+ok "node ${node_id:0:16}…, pods at $pod_cidr, granted handler, check, keyed"
 
 step "deploy/kubernetes/agent-daemonset.yaml, applied as it is"
 kctl apply -f deploy/kubernetes/agent-daemonset.yaml > /dev/null
@@ -299,6 +299,41 @@ event_says() { # POD REASON: an Event on POD (namespace shop) with REASON
 check "a pod of a service this node has no grant for is not meshed, and its Event says NotGranted" \
     until_ok 60 event_says rogue NotGranted || true
 kctl -n shop delete pod rogue --wait=false > /dev/null
+
+# A bare pod made again under the same name (as a StatefulSet's next pod is): a new
+# workload identity, the old one's key deleted from the node once its pod is gone.
+keyed_pod() { # (re)creates pod web-0 of service keyed: a sidecar container that only sleeps
+    kctl apply -f - > /dev/null << 'EOF'
+apiVersion: v1
+kind: Pod
+metadata: {name: web-0, namespace: shop, annotations: {themis.io/service: keyed}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {name: themis-proxy, image: localhost/themis/demo-app:dev, imagePullPolicy: Never, command: [sleep, "3600"]}
+EOF
+}
+keyed_id() { registrations keyed | awk '$1 == "web-0.shop" {print $3}'; }
+keyed_registered() { [[ -n "$(keyed_id)" ]]; }
+keyed_key=/var/lib/themis/workloads/web-0.shop.key
+key_gone() { [[ ! -e $keyed_key ]] && ! keyed_registered; }
+new_identity_for_the_same_name() {
+    local first second
+    keyed_pod
+    until_ok 60 keyed_registered || { echo "web-0 was not registered as keyed"; return 1; }
+    first=$(keyed_id)
+    [[ -e $keyed_key ]] || { echo "control: no key file $keyed_key for the registered web-0"; return 1; }
+    kctl -n shop delete pod web-0 --wait=true --timeout=60s > /dev/null
+    until_ok 60 key_gone || { echo "web-0 is gone, its key file or registration is not ($(keyed_id))"; return 1; }
+    keyed_pod
+    until_ok 60 keyed_registered || { echo "the new web-0 was not registered"; return 1; }
+    second=$(keyed_id)
+    [[ $second != "$first" ]] || { echo "the new web-0 got the old pod's identity ${first:0:16}…"; return 1; }
+    echo "web-0: ${first:0:16}…, then ${second:0:16}…"
+}
+check "a pod made again under the same name gets a new identity; the old pod's key is deleted with it" \
+    new_identity_for_the_same_name || true
+kctl -n shop delete pod web-0 --wait=false > /dev/null 2>&1 || true
 
 step "pods come and go: deletion withdraws, a rollout and an agent restart fail no call"
 old=$(registrations check)

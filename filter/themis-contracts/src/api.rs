@@ -385,6 +385,16 @@ pub struct WorkloadIdentity {
     pub owner: Option<Owner>,
 }
 
+/// `DELETE /v1/workloads/{workload}`: the workload deleted, and the id it had.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeletedWorkload {
+    /// The workload.
+    pub workload: WorkloadName,
+    /// The printable id it had (none has it now on this node).
+    pub id: String,
+}
+
 /// `GET /v1/workloads/{workload}/key`: a workload's key material, for its local proxy.
 /// The private key is wiped from memory when this is dropped, and never printed by
 /// `Debug`.

@@ -13,6 +13,7 @@
 //! | `DELETE /v1/services/{service}/instances/{workload}` | deregister |
 //! | `GET /v1/workloads` | local registrations |
 //! | `PUT /v1/workloads/{workload}` | create the workload's identity if it has none |
+//! | `DELETE /v1/workloads/{workload}` | delete a workload registered nowhere: its key and owner (a later workload of the name gets a new id) |
 //! | `GET /v1/workloads/{workload}/identity` | the workload's public identity, for its proxy |
 //! | `POST /v1/workloads/{workload}/sign` | sign one of the workload's handshake messages, for its proxy |
 //! | `POST /v1/workloads/{workload}/delegate` | delegate handshake signing to the proxy's short-lived key (wire v3), with the workload's endorsement |
@@ -132,6 +133,9 @@ impl From<RegistryError> for ApiError {
             RegistryError::NotRegistered { .. } | RegistryError::UnknownWorkload(_) => {
                 ApiError::new(StatusCode::NOT_FOUND, "not_found", e)
             }
+            RegistryError::StillRegistered { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "registered", e)
+            }
             RegistryError::NotStored { .. } => {
                 ApiError::new(StatusCode::BAD_GATEWAY, "not_stored", e)
             }
@@ -148,7 +152,7 @@ impl From<RegistryError> for ApiError {
                 }
                 _ => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "capture_failed", e),
             },
-            RegistryError::Key(_) | RegistryError::Save { .. } => {
+            RegistryError::Key(_) | RegistryError::Save { .. } | RegistryError::Unbind(_) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "local_storage", e)
             }
         }
@@ -198,7 +202,10 @@ pub fn router(registry: Arc<Registry>) -> Router {
         )
         .route("/v1/workloads", get(workloads))
         .route("/v1/capture", get(capture_status))
-        .route("/v1/workloads/{workload}", put(create_workload))
+        .route(
+            "/v1/workloads/{workload}",
+            put(create_workload).delete(delete_workload),
+        )
         .route("/v1/workloads/{workload}/key", get(workload_key))
         .route(
             "/v1/workloads/{workload}/identity",
@@ -618,6 +625,15 @@ async fn create_workload(
         created,
     };
     Ok((status, Json(body)).into_response())
+}
+
+async fn delete_workload(State(r): Shared, Path(workload): Path<String>) -> ApiResult {
+    let workload = WorkloadName::new(&workload)?;
+    let identity = r.delete_workload(&workload).await?;
+    ok(contract::DeletedWorkload {
+        workload,
+        id: identity.printable_id(),
+    })
 }
 
 async fn workload_key(State(r): Shared, Path(workload): Path<String>) -> ApiResult {

@@ -358,6 +358,19 @@ impl Owners {
         Ok(())
     }
 
+    /// Forgets the owner of `workload` (saved first, as [`Owners::bind`]).
+    pub fn unbind(&self, workload: &WorkloadName) -> Result<(), BindError> {
+        let mut map = self.lock();
+        if !map.contains_key(workload) {
+            return Ok(());
+        }
+        let mut next = map.clone();
+        next.remove(workload);
+        self.save(&next)?;
+        *map = next;
+        Ok(())
+    }
+
     /// Checks a capture against what the workload owns: its cgroups must lie inside
     /// the owner cgroup, its proxy uid must be the owner's. For a workload bound to no
     /// pod, the owner to bind once the capture is attached: the capture's cgroup (the
@@ -510,6 +523,11 @@ mod tests {
         );
         assert_eq!(
             Need::of(&Method::GET, "/v1/workloads/{workload}/certificate"),
+            Need::Operator
+        );
+        // Deleting a workload (its key) is the operator's, never its own proxy's.
+        assert_eq!(
+            Need::of(&Method::DELETE, "/v1/workloads/{workload}"),
             Need::Operator
         );
         assert_eq!(

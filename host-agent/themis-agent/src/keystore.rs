@@ -260,6 +260,16 @@ impl KeyStore {
         }
     }
 
+    /// Deletes the key of the local workload `name`; whether it had one.
+    pub fn remove_workload(&self, name: &WorkloadName) -> Result<bool, KeyError> {
+        let path = self.workload_path(name);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io(&path)(e)),
+        }
+    }
+
     fn workload_path(&self, name: &WorkloadName) -> PathBuf {
         // `WorkloadName` admits no `/` and no leading dot: the path stays in the directory.
         self.dir.join("workloads").join(format!("{name}.key"))

@@ -235,3 +235,54 @@ fn the_agent_signs_its_workloads_handshake_messages_and_nothing_else() {
     // The ids in answers are the workload's own.
     assert_eq!(PeerId::derive(&key, MESH), me.id());
 }
+
+/// A deleted workload leaves nothing that signs: its key file is gone, its identity
+/// and signatures are not found, and a workload made again under its name has a new
+/// id (a Kubernetes pod made again under the same name is a new workload). One still
+/// registered is not deleted: deregistered first.
+#[test]
+fn a_deleted_workload_leaves_no_key_and_its_name_gets_a_new_id() {
+    let root = workdir();
+    let agent = Agent::spawn(root.path(), "a", Spawn::default());
+    let create = || {
+        let (code, answer) = agent
+            .call(Method::PUT, "/v1/workloads/web-0", None)
+            .unwrap();
+        assert_eq!(code, 201, "{answer}");
+        answer["id"].as_str().unwrap().to_owned()
+    };
+    let delete = || {
+        agent
+            .call(Method::DELETE, "/v1/workloads/web-0", None)
+            .unwrap()
+    };
+    let first = create();
+    let key_file = agent.dir.join("workloads/web-0.key");
+    assert!(key_file.exists(), "no key file at {}", key_file.display());
+
+    agent.register_with("check", "web-0", "127.0.0.1:15006", None);
+    let (code, answer) = delete();
+    assert_eq!(code, 409, "{answer}");
+    assert_eq!(answer["reason"], "registered", "{answer}");
+    assert!(key_file.exists(), "a registered workload's key was deleted");
+
+    let (code, answer) = agent
+        .call(Method::DELETE, "/v1/services/check/instances/web-0", None)
+        .unwrap();
+    assert_eq!(code, 200, "{answer}");
+    let (code, answer) = delete();
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(answer["workload"], "web-0");
+    assert_eq!(answer["id"], first.as_str(), "{answer}");
+    assert!(!key_file.exists(), "the key file outlived the workload");
+    let (code, _) = agent.get("/v1/workloads/web-0/identity").unwrap();
+    assert_eq!(code, 404);
+    let hello = json!({ "kind": "hello", "body": hex::encode([0u8; 32]) });
+    let (code, answer) = sign(&agent, "web-0", &hello);
+    assert_eq!(code, 404, "a deleted workload signed: {answer}");
+    let (code, _) = delete();
+    assert_eq!(code, 404, "deleted twice");
+
+    let second = create();
+    assert_ne!(second, first, "the name got its old identity back");
+}

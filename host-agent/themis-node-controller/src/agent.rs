@@ -128,6 +128,22 @@ impl Agent {
         .await
     }
 
+    /// Deletes a workload registered nowhere (its key and pod binding): a later pod of
+    /// the same name gets a new identity. One already gone is no error.
+    pub async fn forget(&self, workload: &str) -> Result<(), AgentError> {
+        match self
+            .call(Method::DELETE, &paths::workload(workload), None)
+            .await
+        {
+            Err(AgentError::Refused {
+                status: StatusCode::NOT_FOUND,
+                ..
+            })
+            | Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Withdraws a registration and detaches its capture.
     pub async fn withdraw(&self, registration: &Registration) -> Result<(), AgentError> {
         let path = paths::instance(

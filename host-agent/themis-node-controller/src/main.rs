@@ -119,6 +119,7 @@ async fn run(args: Args) -> Result<(), String> {
         cgroup_root,
         said: HashMap::new(),
         bound: HashMap::new(),
+        identities: HashMap::new(),
     };
     info!(node = %args.node, socket = %args.socket.display(), cgroups = %node.cgroup_root.display(), "watching this node's pods");
     pods.wait_until_ready().await.map_err(|e| e.to_string())?;
@@ -195,8 +196,11 @@ struct Node {
     /// What was last said of each pod (by uid), so an Event is published once per change.
     said: HashMap<String, String>,
     /// Pods (by uid) whose workload is bound, waiting for their sidecar to start, with
-    /// the cgroup they were bound to.
-    bound: HashMap<String, PathBuf>,
+    /// the workload and the cgroup it was bound to.
+    bound: HashMap<String, (String, PathBuf)>,
+    /// The workload identity made for each pod (by uid), until the pod is gone and the
+    /// identity deleted with it.
+    identities: HashMap<String, String>,
 }
 
 impl Node {
@@ -215,6 +219,14 @@ impl Node {
             .iter()
             .filter_map(|r| r.metadata.get(POD_UID_LABEL).cloned())
             .collect();
+        // A restarted controller adopts the identities of what is registered.
+        for r in &registered {
+            if let Some(uid) = r.metadata.get(POD_UID_LABEL) {
+                self.identities
+                    .entry(uid.clone())
+                    .or_insert_with(|| r.workload.to_string());
+            }
+        }
         let labels: BTreeMap<String, BTreeMap<String, String>> = namespaces
             .state()
             .iter()
@@ -225,7 +237,15 @@ impl Node {
                 ))
             })
             .collect();
+        // The pods that exist at all (a terminating one too: its sidecar still serves
+        // while it drains, with its identity).
+        let pods_here: HashSet<String> = pods
+            .state()
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
         let mut wanted = HashSet::new();
+        let mut plans = Vec::new();
         for pod in pods.state() {
             let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
             match plan::decide(&pod, labels.get(namespace), &self.conventions) {
@@ -235,28 +255,13 @@ impl Node {
                 }
                 Decision::Mesh(plan) => {
                     wanted.insert(plan.uid.clone());
-                    if registered_uids.contains(&plan.uid) {
-                        continue;
-                    }
-                    match self.mesh(&plan).await {
-                        Ok(false) => {} // bound; registered once its sidecar has started
-                        Ok(true) => {
-                            info!(workload = %plan.workload, service = %plan.service, endpoint = %plan.endpoint, "meshed");
-                            let note = format!(
-                                "workload {} registered as {} at {}",
-                                plan.workload, plan.service, plan.endpoint
-                            );
-                            self.say(&pod, EventType::Normal, "Meshed", note).await;
-                        }
-                        Err((reason, message)) => {
-                            warn!(workload = %plan.workload, reason, "not meshed: {message}");
-                            self.say(&pod, EventType::Warning, reason, message).await;
-                        }
-                    }
+                    plans.push((pod, plan));
                 }
             }
         }
-        self.bound.retain(|uid, _| wanted.contains(uid));
+        // Withdrawals first, and the keys of pods that are gone: a new pod of the same
+        // name (a StatefulSet's next, a bare pod made again) must get a new identity,
+        // never the old one's.
         for registration in registered {
             let uid = &registration.metadata[POD_UID_LABEL];
             if wanted.contains(uid) {
@@ -270,6 +275,56 @@ impl Node {
                 Err(e) => warn!(workload = %registration.workload, "withdrawing: {e}"),
             }
         }
+        let gone: Vec<(String, String)> = self
+            .identities
+            .iter()
+            .filter(|(uid, _)| !pods_here.contains(*uid))
+            .map(|(uid, workload)| (uid.clone(), workload.clone()))
+            .collect();
+        for (uid, workload) in gone {
+            self.bound.remove(&uid);
+            match self.agent.forget(&workload).await {
+                Ok(()) => {
+                    info!(workload, "forgotten: its pod is gone, and so is its key");
+                    self.identities.remove(&uid);
+                }
+                // Kept, to try again at the next pass.
+                Err(e) => warn!(workload, "deleting the identity of a pod that is gone: {e}"),
+            }
+        }
+        // A gone pod's identity not deleted yet: a new pod of its name waits for it.
+        let unforgotten: HashSet<&String> = self
+            .identities
+            .iter()
+            .filter(|(uid, _)| !pods_here.contains(*uid))
+            .map(|(_, workload)| workload)
+            .collect();
+        let (plans, waiting): (Vec<_>, Vec<_>) = plans
+            .into_iter()
+            .partition(|(_, plan)| !unforgotten.contains(&plan.workload));
+        for (_, plan) in &waiting {
+            warn!(workload = %plan.workload, "not meshed yet: the identity of the previous pod of this name is not deleted");
+        }
+        for (pod, plan) in plans {
+            if registered_uids.contains(&plan.uid) {
+                continue;
+            }
+            match self.mesh(&plan).await {
+                Ok(false) => {} // bound; registered once its sidecar has started
+                Ok(true) => {
+                    info!(workload = %plan.workload, service = %plan.service, endpoint = %plan.endpoint, "meshed");
+                    let note = format!(
+                        "workload {} registered as {} at {}",
+                        plan.workload, plan.service, plan.endpoint
+                    );
+                    self.say(&pod, EventType::Normal, "Meshed", note).await;
+                }
+                Err((reason, message)) => {
+                    warn!(workload = %plan.workload, reason, "not meshed: {message}");
+                    self.say(&pod, EventType::Warning, reason, message).await;
+                }
+            }
+        }
     }
 
     /// Finds the pod's cgroup and binds its workload (at once, so that its sidecar gets
@@ -279,7 +334,7 @@ impl Node {
     /// reason.
     async fn mesh(&mut self, plan: &plan::PodPlan) -> Result<bool, (&'static str, String)> {
         let pod_cgroup = match self.bound.get(&plan.uid) {
-            Some(cgroup) => cgroup.clone(),
+            Some((_, cgroup)) => cgroup.clone(),
             None => {
                 let cgroup = cgroup::find_pod(&self.cgroup_root, &plan.uid).ok_or((
                     "CgroupNotFound",
@@ -294,7 +349,10 @@ impl Node {
                     .await
                     .map_err(event_reason)?;
                 info!(workload = %plan.workload, cgroup = %cgroup.display(), "bound: only its sidecar may use its identity");
-                self.bound.insert(plan.uid.clone(), cgroup.clone());
+                self.bound
+                    .insert(plan.uid.clone(), (plan.workload.clone(), cgroup.clone()));
+                self.identities
+                    .insert(plan.uid.clone(), plan.workload.clone());
                 cgroup
             }
         };

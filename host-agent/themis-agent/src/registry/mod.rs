@@ -142,6 +142,17 @@ pub enum RegistryError {
     /// A workload without a key file.
     #[error("no workload {0} on this node")]
     UnknownWorkload(WorkloadName),
+    /// Deleting a workload that is still registered.
+    #[error("workload {workload} is registered under {services}: deregister it first")]
+    StillRegistered {
+        /// The workload.
+        workload: WorkloadName,
+        /// Where it is registered.
+        services: String,
+    },
+    /// The owners file could not be saved without the workload.
+    #[error("unbinding the workload: {0}")]
+    Unbind(#[source] crate::caller::BindError),
     /// The root revoked the workload's key: it is endorsed nowhere any more.
     #[error("workload {0} is revoked by the mesh root (`themis log show <its id>`): it can no longer be registered")]
     Revoked(WorkloadName),
@@ -319,6 +330,30 @@ impl Registry {
     /// it was created.
     pub fn workload(&self, name: &WorkloadName) -> Result<(Identity, bool), RegistryError> {
         self.workloads.get_or_create(name)
+    }
+
+    /// Deletes a local workload that is registered nowhere: its owner binding, then its
+    /// key (a workload of the same name created later gets a new id). What it already
+    /// delegated lives out its lifetime (wire v3, TLS certificates), unrenewed.
+    pub async fn delete_workload(&self, name: &WorkloadName) -> Result<Identity, RegistryError> {
+        let registrations = self.registrations.lock().await;
+        let services: Vec<String> = registrations
+            .list()
+            .into_iter()
+            .filter(|r| &r.workload == name)
+            .map(|r| r.service.to_string())
+            .collect();
+        if !services.is_empty() {
+            return Err(RegistryError::StillRegistered {
+                workload: name.clone(),
+                services: services.join(", "),
+            });
+        }
+        self.workloads.identity(name)?;
+        self.owners.unbind(name).map_err(RegistryError::Unbind)?;
+        let identity = self.workloads.delete(name)?;
+        drop(registrations);
+        Ok(identity)
     }
 
     /// The key material of a local workload, for its proxy.

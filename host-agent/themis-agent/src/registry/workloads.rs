@@ -41,6 +41,15 @@ impl Workloads {
             .ok_or_else(|| RegistryError::UnknownWorkload(name.clone()))
     }
 
+    /// Deletes the key of `name`: [`RegistryError::UnknownWorkload`] if it had none.
+    /// A workload of that name created later has a new key, so a new id.
+    pub(super) fn delete(&self, name: &WorkloadName) -> Result<Identity, RegistryError> {
+        let identity = self.identity(name)?;
+        self.keys.remove_workload(name)?;
+        info!(workload = %name, id = %identity.printable_id(), "deleted a workload identity");
+        Ok(identity)
+    }
+
     /// The key material of `name`, for its proxy.
     pub(super) fn key_material(&self, name: &WorkloadName) -> Result<KeyMaterial, RegistryError> {
         let identity = self.identity(name)?;

@@ -126,6 +126,14 @@ enum Command {
         #[arg(long, requires = "owner_cgroup", conflicts_with = "owner_uid")]
         any_uid: bool,
     },
+    /// Delete a local workload registered nowhere (deregister it first): its key and
+    /// its pod binding. A workload of the same name created later gets a new key, so a
+    /// new id; what it delegated lives out its lifetime. The node controller does this
+    /// when a pod is gone.
+    Forget {
+        /// Workload name.
+        name: String,
+    },
     /// Delegate a local workload's handshake signing to a fresh key, written with the
     /// delegation to a new file (mode 0600), for a client outside a sidecar: the
     /// standalone component (`wasmtime run themis_component.wasm call --credential
@@ -517,6 +525,12 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
     let (method, path, body, render): (Method, String, Option<Value>, Render) = match command {
         Command::Status => (Method::GET, paths::STATUS.into(), None, render_status),
         Command::Ring => (Method::GET, paths::RING.into(), None, render_ring),
+        Command::Forget { name } => (
+            Method::DELETE,
+            paths::workload(seg(&name)?),
+            None,
+            render_forgotten,
+        ),
         Command::Workload {
             name,
             owner_cgroup,
@@ -1022,6 +1036,12 @@ fn render_registered(v: &Value) -> String {
             );
         }
         out
+    })
+}
+
+fn render_forgotten(v: &Value) -> String {
+    typed(v, |d: contract::DeletedWorkload| {
+        format!("deleted workload {} (it was {})\n", d.workload, d.id)
     })
 }
 
