@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 /// How deep below the cgroup v2 root a pod's directory may be
 /// (`kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice` is 3,
-/// a cgroup root of the kubelet's own adds one).
+/// a cgroup root of the kubelet's own adds one): how far the controller looks for its
+/// own pod, once, as it starts.
 const MAX_DEPTH: usize = 5;
 
 /// The names the kubelet gives a pod's cgroup: `pod<uid>` (cgroupfs driver) or
@@ -17,9 +18,12 @@ pub fn is_pods_dir(name: &str, uid: &str) -> bool {
             && name.ends_with(&format!("-pod{}.slice", uid.replace('-', "_"))))
 }
 
-/// The pod's cgroup directory under `root` (the cgroup v2 mount), searched breadth
-/// first: the kubelet's `--cgroup-root` and QoS classes vary by node.
-pub fn find_pod(root: &Path, uid: &str) -> Option<PathBuf> {
+/// A pod's cgroup directory under `root` (the cgroup v2 mount), searched breadth
+/// first at any depth up to [`MAX_DEPTH`]: only for the controller's own pod, as it
+/// starts (its pod exists, so the shallowest match is the kubelet's). Other pods are
+/// found only where the kubelet puts them ([`Kubepods::find_pod`]): a directory named
+/// after a pod that a writable cgroup subtree made first must never be taken for it.
+pub fn search_pod(root: &Path, uid: &str) -> Option<PathBuf> {
     let mut level = vec![root.to_owned()];
     for _ in 0..MAX_DEPTH {
         let mut next = Vec::new();
@@ -45,6 +49,66 @@ pub fn find_pod(root: &Path, uid: &str) -> Option<PathBuf> {
         level = next;
     }
     None
+}
+
+/// The kubelet's pod cgroups on this node: the `kubepods` directory (cgroupfs driver)
+/// or `kubepods.slice` (systemd), under the kubelet's `--cgroup-root`, as the
+/// controller's own pod shows it. A pod's directory is in it or in one of its two QoS
+/// directories (`burstable`, `besteffort`), nowhere else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kubepods {
+    dir: PathBuf,
+    systemd: bool,
+}
+
+impl Kubepods {
+    /// From the cgroup directory of a pod of this node (the controller's own).
+    pub fn of(pod: &Path) -> Option<Kubepods> {
+        pod.ancestors().find_map(|dir| match dir.file_name()?.to_str()? {
+            "kubepods" => Some(Kubepods {
+                dir: dir.to_owned(),
+                systemd: false,
+            }),
+            "kubepods.slice" => Some(Kubepods {
+                dir: dir.to_owned(),
+                systemd: true,
+            }),
+            _ => None,
+        })
+    }
+
+    /// The cgroup directory of the pod `uid`, if the kubelet made it.
+    pub fn find_pod(&self, uid: &str) -> Option<PathBuf> {
+        let candidates = match self.systemd {
+            false => [
+                self.dir.join(format!("pod{uid}")),
+                self.dir.join(format!("burstable/pod{uid}")),
+                self.dir.join(format!("besteffort/pod{uid}")),
+            ],
+            true => {
+                let uid = uid.replace('-', "_");
+                [
+                    self.dir.join(format!("kubepods-pod{uid}.slice")),
+                    self.dir.join(format!(
+                        "kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice"
+                    )),
+                    self.dir.join(format!(
+                        "kubepods-besteffort.slice/kubepods-besteffort-pod{uid}.slice"
+                    )),
+                ]
+            }
+        };
+        // A uid is a UUID: nothing in it climbs out of the directory.
+        if uid.contains('/') || uid.contains("..") {
+            return None;
+        }
+        candidates.into_iter().find(|dir| dir.is_dir())
+    }
+
+    /// Where it is.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
 }
 
 /// A process of the pod (its sandbox's, or any container's): its network namespace
@@ -78,6 +142,12 @@ mod tests {
     fn the_pods_cgroup_is_found_under_either_driver() {
         let root = tempfile::tempdir().unwrap();
         let uid = "5e6f-77";
+        let own = root
+            .path()
+            .join("themis-k8s/kubepods/burstable/pod0wn");
+        std::fs::create_dir_all(own.join("agent")).unwrap();
+        let kubepods = Kubepods::of(&search_pod(root.path(), "0wn").unwrap()).unwrap();
+        assert_eq!(kubepods.dir(), root.path().join("themis-k8s/kubepods"));
         let cgroupfs = root
             .path()
             .join("themis-k8s/kubepods/besteffort/pod5e6f-77");
@@ -87,22 +157,40 @@ mod tests {
                 .join("themis-k8s/kubepods/burstable/pod5e6f-770"),
         )
         .unwrap();
-        assert_eq!(find_pod(root.path(), uid), Some(cgroupfs.clone()));
-        assert_eq!(
-            find_pod(root.path(), "5e6f"),
-            None,
-            "a prefix of a uid is not the pod"
-        );
+        assert_eq!(kubepods.find_pod(uid), Some(cgroupfs.clone()));
+        assert_eq!(kubepods.find_pod("5e6f"), None, "a prefix of a uid is not the pod");
+        assert_eq!(kubepods.find_pod("../besteffort/pod5e6f-77"), None);
 
-        let systemd = root
-            .path()
-            .join("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod9a_b1.slice");
-        std::fs::create_dir_all(&systemd).unwrap();
-        assert_eq!(find_pod(root.path(), "9a-b1"), Some(systemd));
+        let slice = root.path().join("kubepods.slice");
+        let systemd = slice.join("kubepods-burstable.slice/kubepods-burstable-pod9a_b1.slice");
+        std::fs::create_dir_all(systemd.join("cri-containerd-1.scope")).unwrap();
+        let kubepods = Kubepods::of(&systemd.join("cri-containerd-1.scope")).unwrap();
+        assert_eq!(kubepods.find_pod("9a-b1"), Some(systemd));
 
         // The process comes from a container's cgroup below the pod's.
         assert_eq!(a_process_of(&cgroupfs), None);
         std::fs::write(cgroupfs.join("c0ffee/cgroup.procs"), "4242\n4243\n").unwrap();
         assert_eq!(a_process_of(&cgroupfs), Some(4242));
+    }
+
+    /// A directory named after a pod, made in a subtree a container may write (a
+    /// delegated cgroup) before the kubelet made the pod's own: never taken for it.
+    #[test]
+    fn a_planted_pod_directory_is_not_the_pod() {
+        let root = tempfile::tempdir().unwrap();
+        let kubepods = root.path().join("kubepods");
+        std::fs::create_dir_all(kubepods.join("burstable/pod0wn")).unwrap();
+        let planted = kubepods.join("besteffort/podattacker/ctr/podvictim");
+        std::fs::create_dir_all(&planted).unwrap();
+        let elsewhere = root.path().join("system.slice/podvictim");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        let kubepods = Kubepods::of(&kubepods.join("burstable/pod0wn")).unwrap();
+        assert_eq!(kubepods.find_pod("victim"), None);
+        // The broad search would have taken one of them: the attack this prevents.
+        assert!(search_pod(root.path(), "victim").is_some());
+        // Once the kubelet makes it, it is the one found.
+        let real = root.path().join("kubepods/besteffort/podvictim");
+        std::fs::create_dir_all(&real).unwrap();
+        assert_eq!(kubepods.find_pod("victim"), Some(real));
     }
 }

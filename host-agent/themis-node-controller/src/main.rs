@@ -62,6 +62,10 @@ struct Args {
     /// The sidecar's inbound port on the pod's IP (the registered endpoint).
     #[arg(long, default_value_t = 15006)]
     inbound_port: u16,
+    /// The controller's own pod's uid (the DaemonSet passes metadata.uid): where its
+    /// cgroup is shows where the kubelet puts every pod's.
+    #[arg(long, env = "POD_UID")]
+    pod_uid: String,
     /// A full pass over the node at least this often, besides every change.
     #[arg(long, default_value_t = 30)]
     resync_secs: u64,
@@ -91,6 +95,22 @@ async fn run(args: Args) -> Result<(), String> {
         .clone()
         .or_else(themis_capture::cgroup2_mount)
         .ok_or("no cgroup v2 hierarchy is mounted: cannot find pods' cgroups")?;
+    // Our own pod exists (we run in it): the shallowest directory of its uid is the
+    // kubelet's, and the kubelet's layout beside it is the only place pods are looked
+    // for from now on.
+    let own = cgroup::search_pod(&cgroup_root, &args.pod_uid).ok_or_else(|| {
+        format!(
+            "no cgroup of this controller's own pod (pod{}) under {}",
+            args.pod_uid,
+            cgroup_root.display()
+        )
+    })?;
+    let kubepods = cgroup::Kubepods::of(&own).ok_or_else(|| {
+        format!(
+            "this controller's pod's cgroup {} is under no kubepods directory: not the kubelet's layout",
+            own.display()
+        )
+    })?;
     let client = Client::try_default()
         .await
         .map_err(|e| format!("the Kubernetes API: {e}"))?;
@@ -116,12 +136,12 @@ async fn run(args: Args) -> Result<(), String> {
             proxy_uid: args.proxy_uid,
             inbound_port: args.inbound_port,
         },
-        cgroup_root,
+        kubepods,
         said: HashMap::new(),
         bound: HashMap::new(),
         identities: HashMap::new(),
     };
-    info!(node = %args.node, socket = %args.socket.display(), cgroups = %node.cgroup_root.display(), "watching this node's pods");
+    info!(node = %args.node, socket = %args.socket.display(), pods = %node.kubepods.dir().display(), "watching this node's pods");
     pods.wait_until_ready().await.map_err(|e| e.to_string())?;
     namespaces
         .wait_until_ready()
@@ -192,7 +212,8 @@ struct Node {
     agent: Agent,
     recorder: Recorder,
     conventions: Conventions,
-    cgroup_root: PathBuf,
+    /// Where the kubelet puts pods' cgroups.
+    kubepods: cgroup::Kubepods,
     /// What was last said of each pod (by uid), so an Event is published once per change.
     said: HashMap<String, String>,
     /// Pods (by uid) whose workload is bound, waiting for their sidecar to start, with
@@ -336,12 +357,12 @@ impl Node {
         let pod_cgroup = match self.bound.get(&plan.uid) {
             Some((_, cgroup)) => cgroup.clone(),
             None => {
-                let cgroup = cgroup::find_pod(&self.cgroup_root, &plan.uid).ok_or((
+                let cgroup = self.kubepods.find_pod(&plan.uid).ok_or((
                     "CgroupNotFound",
                     format!(
-                        "no cgroup pod{} under {}",
+                        "no cgroup of pod {} where the kubelet puts pods ({})",
                         plan.uid,
-                        self.cgroup_root.display()
+                        self.kubepods.dir().display()
                     ),
                 ))?;
                 self.agent
