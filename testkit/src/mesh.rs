@@ -263,17 +263,10 @@ impl Mesh {
         name: &str,
         policy: Option<&str>,
     ) -> Envoy {
-        start_sidecar(
-            runtime,
-            self.dir.path(),
-            (agent, ip, workload),
-            name,
-            self.app.addr,
-            policy,
-        )
+        self.start_edited_sidecar_on(runtime, (agent, ip, workload), name, policy, &|yaml| yaml)
     }
 
-    /// [`Mesh::start_sidecar_on`], its bootstrap edited by `edit` (a Envoy setting the
+    /// [`Mesh::start_sidecar_on`], its bootstrap edited by `edit` (an Envoy setting the
     /// renderer does not write, for what a test needs to force) before it starts.
     pub fn start_edited_sidecar_on(
         &self,

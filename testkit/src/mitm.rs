@@ -329,6 +329,28 @@ fn a_to_b(
     finish(log);
 }
 
+/// Two calls from `mesh`'s handler to `check` (registered at `mitm`), `body` each, go
+/// through the proxy as they are: answered, and each reaching the app. Then every
+/// connection is closed; what went over them is returned, none holding the body's
+/// first 64 bytes in plaintext.
+pub fn pass_through(mesh: &crate::mesh::Mesh, mitm: &Mitm, body: &[u8]) -> Vec<Connection> {
+    for n in 0..2 {
+        let r = mesh.call("POST", "check", &format!("/pass/{n}"), &[], body);
+        assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
+        assert_eq!(r.json()["body_len"], body.len());
+    }
+    assert_eq!(mesh.app.count(), 2);
+    mitm.disconnect();
+    let recorded = mitm.connections();
+    assert!(!recorded.is_empty());
+    for c in &recorded {
+        assert!(c.ended);
+        let plain = c.to_b.windows(64).filter(|w| *w == &body[..64]).count();
+        assert_eq!(plain, 0, "the body crossed in plaintext");
+    }
+    recorded
+}
+
 /// What came back from a [`replay`].
 #[derive(Debug)]
 pub struct Replayed {

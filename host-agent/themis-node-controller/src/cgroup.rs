@@ -64,17 +64,18 @@ pub struct Kubepods {
 impl Kubepods {
     /// From the cgroup directory of a pod of this node (the controller's own).
     pub fn of(pod: &Path) -> Option<Kubepods> {
-        pod.ancestors().find_map(|dir| match dir.file_name()?.to_str()? {
-            "kubepods" => Some(Kubepods {
-                dir: dir.to_owned(),
-                systemd: false,
-            }),
-            "kubepods.slice" => Some(Kubepods {
-                dir: dir.to_owned(),
-                systemd: true,
-            }),
-            _ => None,
-        })
+        pod.ancestors()
+            .find_map(|dir| match dir.file_name()?.to_str()? {
+                "kubepods" => Some(Kubepods {
+                    dir: dir.to_owned(),
+                    systemd: false,
+                }),
+                "kubepods.slice" => Some(Kubepods {
+                    dir: dir.to_owned(),
+                    systemd: true,
+                }),
+                _ => None,
+            })
     }
 
     /// The cgroup directory of the pod `uid`, if the kubelet made it.
@@ -142,9 +143,7 @@ mod tests {
     fn the_pods_cgroup_is_found_under_either_driver() {
         let root = tempfile::tempdir().unwrap();
         let uid = "5e6f-77";
-        let own = root
-            .path()
-            .join("themis-k8s/kubepods/burstable/pod0wn");
+        let own = root.path().join("themis-k8s/kubepods/burstable/pod0wn");
         std::fs::create_dir_all(own.join("agent")).unwrap();
         let kubepods = Kubepods::of(&search_pod(root.path(), "0wn").unwrap()).unwrap();
         assert_eq!(kubepods.dir(), root.path().join("themis-k8s/kubepods"));
@@ -158,7 +157,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(kubepods.find_pod(uid), Some(cgroupfs.clone()));
-        assert_eq!(kubepods.find_pod("5e6f"), None, "a prefix of a uid is not the pod");
+        assert_eq!(
+            kubepods.find_pod("5e6f"),
+            None,
+            "a prefix of a uid is not the pod"
+        );
         assert_eq!(kubepods.find_pod("../besteffort/pod5e6f-77"), None);
 
         let slice = root.path().join("kubepods.slice");
