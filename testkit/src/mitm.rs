@@ -351,6 +351,25 @@ pub fn pass_through(mesh: &crate::mesh::Mesh, mitm: &Mitm, body: &[u8]) -> Vec<C
     recorded
 }
 
+/// A call of `mesh`'s handler to `check` through `mitm` armed with `mode`: the proxy
+/// changes one record, the call fails (503) and nothing reaches the app.
+pub fn tampered_call(mesh: &crate::mesh::Mesh, mitm: &Mitm, mode: Mode, path: &str, body: &[u8]) {
+    let (tampered, served) = (mitm.tampered(), mesh.app.count());
+    mitm.set_mode(mode);
+    let r = mesh.call("POST", "check", path, &[], body);
+    assert_eq!(
+        mitm.tampered(),
+        tampered + 1,
+        "{mode:?}: the proxy changed nothing"
+    );
+    assert_eq!(r.status, 503, "{mode:?}: {r}\n{}", mesh.logs());
+    assert_eq!(
+        mesh.app.count(),
+        served,
+        "{mode:?}: the request reached the app"
+    );
+}
+
 /// What came back from a [`replay`].
 #[derive(Debug)]
 pub struct Replayed {

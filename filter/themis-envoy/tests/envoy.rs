@@ -480,20 +480,7 @@ fn mitm_tampering_is_rejected(runtime: Runtime) {
         }
         let counter = reason.map(|r| format!("refused.{r}"));
         let before = counter.as_ref().map(|c| stat_inbound(&mesh.envoy_b, c));
-        let (tampered, served) = (mitm.tampered(), mesh.app.count());
-        mitm.set_mode(mode);
-        let r = call(&format!("/tampered/{n}"));
-        assert_eq!(
-            mitm.tampered(),
-            tampered + 1,
-            "{mode:?}: the proxy changed nothing"
-        );
-        assert_eq!(r.status, 503, "{mode:?}: {r}\n{}", mesh.logs());
-        assert_eq!(
-            mesh.app.count(),
-            served,
-            "{mode:?}: the request reached the app"
-        );
+        mitm::tampered_call(&mesh, &mitm, mode, &format!("/tampered/{n}"), &body);
         if let (Some(reason), Some(before)) = (reason, before) {
             wait_refused(&mesh, reason, before, &format!("{mode:?}"));
         }
