@@ -469,15 +469,21 @@ cpu_ticks() {
     echo "$total"
 }
 
-# measure ROUND SCENARIO HTTP_URL HTTP_HOST GRPC_TARGET GRPC_HOST ENVOY_PID...: every
-# protocol, body size, pacing and connection count; the runs are listed in
-# $TMP/results/index (one line each).
+# measure ROUND SCENARIO HTTP_URL HTTP_HOST GRPC_TARGET GRPC_HOST "HTTP_PIDS" "GRPC_PIDS":
+# every protocol, body size, pacing and connection count; the runs are listed in
+# $TMP/results/index (one line each). The CPU of a max run is that of the Envoys that
+# carry its protocol (space-separated pids; none for direct), and no other.
 measure() {
     local round=$1 scen=$2 http_url=$3 http_host=$4 grpc_target=$5 grpc_host=$6 c base before after url host
-    shift 6
-    local pids=("$@")
+    local -a http_pids grpc_pids pids
+    read -r -a http_pids <<< "${7:-}"
+    read -r -a grpc_pids <<< "${8:-}"
     for PROTOCOL in "${PROTOCOL_LIST[@]}"; do
-    if [[ $PROTOCOL == grpc ]]; then url=$grpc_target host=$grpc_host; else url=$http_url host=$http_host; fi
+    if [[ $PROTOCOL == grpc ]]; then
+        url=$grpc_target host=$grpc_host pids=("${grpc_pids[@]}")
+    else
+        url=$http_url host=$http_host pids=("${http_pids[@]}")
+    fi
     for PAYLOAD_SIZE in "${SIZE_LIST[@]}"; do
         for PACING in "${PACING_LIST[@]}"; do
             for c in "${CONN_LIST[@]}"; do
@@ -544,7 +550,8 @@ for ((round = 1; round <= ROUNDS; round++)); do
             plaintext|mtls|mtls2)
                 kind=${scen%2}   # mtls2 is the mtls pair, measured as a scenario of its own
                 start_pair "$kind"
-                measure "$round" "$scen" "http://$PAIR_ADDR/echo" "" "$PAIR_ADDR" "" "$ENVOY_A_PID" "$ENVOY_B_PID"
+                measure "$round" "$scen" "http://$PAIR_ADDR/echo" "" "$PAIR_ADDR" "" \
+                    "$ENVOY_A_PID $ENVOY_B_PID" "$ENVOY_A_PID $ENVOY_B_PID"
                 pair_stats "$kind"
                 stop_pair
                 ;;
@@ -560,10 +567,12 @@ for ((round = 1; round <= ROUNDS; round++)); do
                     log "$scen: skipped (benchmarks/envoy/themis-pair.sh not present)"
                     echo "$round $scen skipped (benchmarks/envoy/themis-pair.sh not present)" >>"$TMP/results/status"
                 elif start_themis; then
-                    # Its Envoys: the 3rd to 5th processes themis-pair.sh started (A, B for
-                    # HTTP/1.1 and B for gRPC; the idle one adds next to nothing).
+                    # Its Envoys: the 3rd to 5th processes themis-pair.sh started: A, B for
+                    # HTTP/1.1 and B for gRPC. A row counts A and the B that carries it,
+                    # as the mTLS pair's counts its two (the other B is idle then).
+                    mapfile -t envoys < <(sed -n '3,5p' "$TMP/themis/pids")
                     measure "$round" "$scen" "http://$THEMIS_ADDR/echo" "$THEMIS_HOST" "$THEMIS_ADDR" "$THEMIS_GRPC_HOST" \
-                        $(sed -n '3,5p' "$TMP/themis/pids")
+                        "${envoys[0]} ${envoys[1]}" "${envoys[0]} ${envoys[2]}"
                     log "  themis counters: $(REPO_ROOT=$ROOT THEMIS_BENCH_DIR=$TMP/themis bash "$THEMIS_SCRIPT" stats | tr '\n' ' ')"
                     stop_themis
                 else
@@ -658,12 +667,15 @@ cat <<EOF
 - p50/p90/p99: Fortio's latency percentiles at a fixed $QPS requests/s (\`-qps $QPS\`); "max qps": \`-qps 0\`;
   "errors": non-2xx responses and socket errors of both runs; medians over the rounds.
 - "Envoy CPU s / 10k req": user+system CPU seconds of both Envoys of the pair during the max run,
-  per 10,000 requests.
+  per 10,000 requests (the Themis pair's: A and the B that serves the row's protocol; its
+  other B, idle then, is not counted).
 - every run: HTTP/1.1 POST of a random body to /echo of a fortio server, or a gRPC ping
   carrying it (\`-grpc -ping\`) to its gRPC port, $DURATION after a discarded
   $WARMUP warm-up. Default pacing: Fortio's c connections send in lockstep (a burst of c requests
   every c/$QPS s); uniform: \`-uniform\`, requests spread evenly. Rounds interleave the scenarios.
-- Envoys: \`--concurrency 2\`, keep-alive pools, log level warn, no access logs;
+- Envoys: \`--concurrency 2\`, keep-alive pools, log level warn; no access logs but the
+  Themis TLS callee's (deploy/envoy/sidecar-tls.yaml logs each request: its cost was not
+  measurable in an ablation, benchmarks/RESULTS.md);
   mtls = TLS 1.3, ECDSA P-256 certificates, client certificate required, SANs checked both ways.
 - machine-readable: \`${SUMMARY#"$ROOT"/}\` (one object per run); chart: \`${CHART#"$ROOT"/}\`
   (max qps and Envoy CPU per request by scenario, drawn by benchmarks/envoy/chart.py).
