@@ -324,6 +324,9 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
     for who in [&sidecar_a, &root_in_pod] {
         for (method, path, body) in [
             ("PUT", "/v1/workloads/b", None),
+            // Deleting a workload (so that its name gets a new key): not even its own.
+            ("DELETE", "/v1/workloads/a", None),
+            ("DELETE", "/v1/workloads/b", None),
             ("PUT", "/v1/services/check/instances/a", Some(&register)),
             ("PUT", "/v1/services/check/instances/b", Some(&capture)),
             ("DELETE", "/v1/services/check/instances/b", None),
@@ -388,7 +391,7 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
     let refused = |reason| sample(&text, "themis_api_refused_total", &[("reason", reason)]);
     // 5, the three /delegate calls above, and the three SDS streams.
     assert_eq!(refused("not_owner"), 11, "{text}");
-    assert_eq!(refused("not_operator"), 24, "{text}");
+    assert_eq!(refused("not_operator"), 28, "{text}");
 }
 
 #[test]
