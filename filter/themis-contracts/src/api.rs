@@ -340,6 +340,9 @@ pub struct Deregistered {
 pub struct Workloads {
     /// This node's registrations.
     pub registrations: Vec<Registration>,
+    /// The workloads bound to a pod, registered or not, and their owners.
+    #[serde(default)]
+    pub owners: BTreeMap<WorkloadName, Owner>,
 }
 
 /// The pod a workload belongs to: callers of the local API in this cgroup v2

@@ -11,7 +11,7 @@
 //! | `POST /v1/revocations` | publish a root-signed revocation `{"revocation": "<PEM>"}` |
 //! | `PUT /v1/services/{service}/instances/{workload}` | register `{"endpoint": "ip:port", "metadata": {..}}` |
 //! | `DELETE /v1/services/{service}/instances/{workload}` | deregister |
-//! | `GET /v1/workloads` | local registrations |
+//! | `GET /v1/workloads` | local registrations, and bound workloads' owners |
 //! | `PUT /v1/workloads/{workload}` | create the workload's identity if it has none |
 //! | `DELETE /v1/workloads/{workload}` | delete a workload registered nowhere: its key and owner (a later workload of the name gets a new id) |
 //! | `GET /v1/workloads/{workload}/identity` | the workload's public identity, for its proxy |
@@ -590,6 +590,7 @@ async fn capture_status(State(r): Shared) -> ApiResult {
 async fn workloads(State(r): Shared) -> ApiResult {
     ok(contract::Workloads {
         registrations: r.registrations().await,
+        owners: r.owners().all(),
     })
 }
 

@@ -338,6 +338,11 @@ impl Owners {
         }
     }
 
+    /// Every bound workload's owner.
+    pub fn all(&self) -> BTreeMap<WorkloadName, Owner> {
+        self.lock().clone()
+    }
+
     /// The owner of `workload`, if bound.
     pub fn get(&self, workload: &WorkloadName) -> Option<Owner> {
         self.lock().get(workload).cloned()

@@ -69,15 +69,24 @@ impl Agent {
         })
     }
 
-    /// This node's registrations that belong to pods (those labelled with a pod uid).
-    pub async fn pod_registrations(&self) -> Result<Vec<Registration>, AgentError> {
+    /// This node's registrations that belong to pods (those labelled with a pod uid),
+    /// and every bound workload with its owner cgroup.
+    pub async fn pod_state(
+        &self,
+    ) -> Result<(Vec<Registration>, Vec<(String, PathBuf)>), AgentError> {
         let answer = self.call(Method::GET, paths::WORKLOADS, None).await?;
         let workloads: Workloads = serde_json::from_value(answer)?;
-        Ok(workloads
+        let registrations = workloads
             .registrations
             .into_iter()
             .filter(|r| r.metadata.contains_key(POD_UID_LABEL))
-            .collect())
+            .collect();
+        let bound = workloads
+            .owners
+            .into_iter()
+            .map(|(workload, owner)| (workload.to_string(), PathBuf::from(owner.cgroup)))
+            .collect();
+        Ok((registrations, bound))
     }
 
     /// Binds the pod's workload to its cgroup and the proxy's uid (creating its

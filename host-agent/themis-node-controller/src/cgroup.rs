@@ -106,6 +106,21 @@ impl Kubepods {
         candidates.into_iter().find(|dir| dir.is_dir())
     }
 
+    /// The uid of the pod whose cgroup directory `dir` is, if it is one where the
+    /// kubelet puts pods (not a directory below one, nor anything elsewhere).
+    pub fn pod_of(&self, dir: &Path) -> Option<String> {
+        let name = dir.file_name()?.to_str()?;
+        let uid = match self.systemd {
+            false => name.strip_prefix("pod")?.to_owned(),
+            true => name
+                .strip_suffix(".slice")?
+                .rsplit_once("-pod")?
+                .1
+                .replace('_', "-"),
+        };
+        (!uid.is_empty() && self.find_pod(&uid).as_deref() == Some(dir)).then_some(uid)
+    }
+
     /// Where it is.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -168,7 +183,21 @@ mod tests {
         let systemd = slice.join("kubepods-burstable.slice/kubepods-burstable-pod9a_b1.slice");
         std::fs::create_dir_all(systemd.join("cri-containerd-1.scope")).unwrap();
         let kubepods = Kubepods::of(&systemd.join("cri-containerd-1.scope")).unwrap();
-        assert_eq!(kubepods.find_pod("9a-b1"), Some(systemd));
+        assert_eq!(kubepods.find_pod("9a-b1"), Some(systemd.clone()));
+
+        // A bound workload's owner cgroup names its pod only where the kubelet puts pods.
+        assert_eq!(kubepods.pod_of(&systemd), Some("9a-b1".to_owned()));
+        assert_eq!(
+            kubepods.pod_of(&systemd.join("cri-containerd-1.scope")),
+            None
+        );
+        assert_eq!(
+            kubepods.pod_of(&root.path().join("system.slice/pod9a-b1")),
+            None
+        );
+        let kubepods = Kubepods::of(&own).unwrap();
+        assert_eq!(kubepods.pod_of(&cgroupfs), Some(uid.to_owned()));
+        assert_eq!(kubepods.pod_of(&cgroupfs.join("c0ffee")), None);
 
         // The process comes from a container's cgroup below the pod's.
         assert_eq!(a_process_of(&cgroupfs), None);

@@ -229,8 +229,8 @@ impl Node {
     /// not registered yet, withdraws each registration whose pod is gone or no longer
     /// meshed.
     async fn pass(&mut self, pods: &Store<Pod>, namespaces: &Store<Namespace>) {
-        let registered = match self.agent.pod_registrations().await {
-            Ok(r) => r,
+        let (registered, bound) = match self.agent.pod_state().await {
+            Ok(state) => state,
             Err(e) => {
                 warn!("the local agent: {e}; nothing changed, trying again");
                 return;
@@ -240,12 +240,19 @@ impl Node {
             .iter()
             .filter_map(|r| r.metadata.get(POD_UID_LABEL).cloned())
             .collect();
-        // A restarted controller adopts the identities of what is registered.
+        // A restarted controller adopts the identities of what is registered, and of
+        // what is bound to a pod's cgroup where the kubelet puts pods (a pod that went
+        // before its sidecar started, while the controller was away).
         for r in &registered {
             if let Some(uid) = r.metadata.get(POD_UID_LABEL) {
                 self.identities
                     .entry(uid.clone())
                     .or_insert_with(|| r.workload.to_string());
+            }
+        }
+        for (workload, cgroup) in bound {
+            if let Some(uid) = self.kubepods.pod_of(&cgroup) {
+                self.identities.entry(uid).or_insert(workload);
             }
         }
         let labels: BTreeMap<String, BTreeMap<String, String>> = namespaces
