@@ -47,12 +47,7 @@ fn counter(envoy: &support::envoy::Envoy, name: &str) -> u64 {
 /// The sum of Envoy's own stats on `envoy` whose name ends with `suffix` (a TLS
 /// context's, a listener's: Envoy names them by cluster or address).
 fn summed(envoy: &support::envoy::Envoy, suffix: &str) -> u64 {
-    envoy
-        .stats()
-        .iter()
-        .filter(|(n, _)| n.ends_with(suffix))
-        .map(|(_, v)| *v)
-        .sum()
+    summed_of(envoy, "", suffix)
 }
 
 /// Envoy's own stat `name` on `envoy` (0 if it has none yet).

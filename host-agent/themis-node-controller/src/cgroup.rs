@@ -80,6 +80,10 @@ impl Kubepods {
 
     /// The cgroup directory of the pod `uid`, if the kubelet made it.
     pub fn find_pod(&self, uid: &str) -> Option<PathBuf> {
+        // A uid is a UUID: nothing in it climbs out of the directory.
+        if uid.contains('/') || uid.contains("..") {
+            return None;
+        }
         let candidates = match self.systemd {
             false => [
                 self.dir.join(format!("pod{uid}")),
@@ -99,10 +103,6 @@ impl Kubepods {
                 ]
             }
         };
-        // A uid is a UUID: nothing in it climbs out of the directory.
-        if uid.contains('/') || uid.contains("..") {
-            return None;
-        }
         candidates.into_iter().find(|dir| dir.is_dir())
     }
 

@@ -336,6 +336,7 @@ impl Registry {
     /// key (a workload of the same name created later gets a new id). What it already
     /// delegated lives out its lifetime (wire v3, TLS certificates), unrenewed.
     pub async fn delete_workload(&self, name: &WorkloadName) -> Result<Identity, RegistryError> {
+        // Held to the end: no registration of it lands between the check and the deletion.
         let registrations = self.registrations.lock().await;
         let services: Vec<String> = registrations
             .list()
@@ -351,9 +352,7 @@ impl Registry {
         }
         self.workloads.identity(name)?;
         self.owners.unbind(name).map_err(RegistryError::Unbind)?;
-        let identity = self.workloads.delete(name)?;
-        drop(registrations);
-        Ok(identity)
+        self.workloads.delete(name)
     }
 
     /// The key material of a local workload, for its proxy.
