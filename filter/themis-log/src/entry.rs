@@ -2,8 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 use themis_trust::{
-    AddressRange, Admission, Grant, MeshRoot, Revocation, Signed, TrustError, ADDRESS_RANGE_LABEL,
-    ADMISSION_LABEL, GRANT_LABEL, MAX_REASON_LEN, REVOCATION_LABEL,
+    AddressRange, Admission, Binding, Grant, MeshRoot, Revocation, Signed, TrustError,
+    ADDRESS_RANGE_LABEL, ADMISSION_LABEL, BINDING_LABEL, GRANT_LABEL, MAX_REASON_LEN,
+    REVOCATION_LABEL,
 };
 
 use crate::{decode, LogError, MAX_LEAF_LEN};
@@ -18,8 +19,11 @@ pub enum Kind {
     Grant,
     /// A key withdrawn.
     Revocation,
-    /// Addresses granted to a node (its pod range). Last, so that older logs decode.
+    /// Addresses granted to a node (its pod range). After the first three, so that
+    /// older logs decode.
     AddressRange,
+    /// Which namespace (and ServiceAccounts) may serve a service. Last, likewise.
+    Binding,
 }
 
 impl Kind {
@@ -30,6 +34,7 @@ impl Kind {
             Kind::Grant => GRANT_LABEL,
             Kind::Revocation => REVOCATION_LABEL,
             Kind::AddressRange => ADDRESS_RANGE_LABEL,
+            Kind::Binding => BINDING_LABEL,
         }
     }
 
@@ -40,6 +45,7 @@ impl Kind {
             Kind::Grant => "grant",
             Kind::Revocation => "revocation",
             Kind::AddressRange => "address-range",
+            Kind::Binding => "binding",
         }
     }
 }
@@ -64,6 +70,8 @@ pub enum Statement {
     Revocation(Revocation),
     /// See [`AddressRange`].
     AddressRange(AddressRange),
+    /// See [`Binding`].
+    Binding(Binding),
 }
 
 impl Statement {
@@ -74,6 +82,7 @@ impl Statement {
             Statement::Grant(_) => Kind::Grant,
             Statement::Revocation(_) => Kind::Revocation,
             Statement::AddressRange(_) => Kind::AddressRange,
+            Statement::Binding(_) => Kind::Binding,
         }
     }
 
@@ -84,6 +93,7 @@ impl Statement {
             Statement::Grant(g) => g.issued_at,
             Statement::Revocation(r) => r.issued_at,
             Statement::AddressRange(r) => r.issued_at,
+            Statement::Binding(b) => b.issued_at,
         }
     }
 }
@@ -137,6 +147,12 @@ impl Entry {
                 r.net()?;
                 let m = r.mesh.clone();
                 (Statement::AddressRange(r), m)
+            }
+            Kind::Binding => {
+                let b: Binding = self.statement.open(label)?;
+                b.check()?;
+                let m = b.mesh.clone();
+                (Statement::Binding(b), m)
             }
         };
         if its_mesh != mesh {

@@ -130,6 +130,17 @@ impl Log {
         newest
     }
 
+    /// The bindings in force: the newest of each service and namespace.
+    pub fn bindings(&self) -> themis_trust::Bindings {
+        let mut bindings = themis_trust::Bindings::default();
+        for (_, statement) in self.statements() {
+            if let Statement::Binding(binding) = statement {
+                bindings.add(binding.clone());
+            }
+        }
+        bindings
+    }
+
     /// The operator's tool: verifies `leaf` (an encoded [`Entry`]) and appends it.
     /// Returns its index. The log is not checkpointed until [`Log::sign_checkpoint`].
     pub fn append(&mut self, leaf: Vec<u8>) -> Result<u64, LogError> {

@@ -6,8 +6,8 @@ use ring::rand::SystemRandom;
 use themis_core::{Identity, MeshName};
 use themis_log::{Audit, Checkpoint, Entry, Kind, Log, LogError, SignedCheckpoint, Statement};
 use themis_trust::{
-    AddressRange, Admission, Grant, MeshRoot, Revocation, Signed, TrustError, ADDRESS_RANGE_LABEL,
-    ADMISSION_LABEL, GRANT_LABEL, REVOCATION_LABEL,
+    AddressRange, Admission, Binding, Grant, MeshRoot, Revocation, Signed, Subject, TrustError,
+    ADDRESS_RANGE_LABEL, ADMISSION_LABEL, BINDING_LABEL, GRANT_LABEL, REVOCATION_LABEL,
 };
 
 const MESH: &str = "logtest";
@@ -268,6 +268,86 @@ fn leaves_not_from_the_root_or_of_another_mesh_or_kind_are_refused() {
         })
     ));
     assert_eq!(operator.size(), 2);
+}
+
+fn binding(signer: &Identity, namespace: &str, accounts: &[&str], issued_at: u64) -> Entry {
+    Entry::new(
+        Kind::Binding,
+        Signed::sign(
+            signer,
+            BINDING_LABEL,
+            &Binding {
+                mesh: signer.mesh().as_str().to_owned(),
+                service: "payments".into(),
+                namespace: namespace.into(),
+                service_accounts: accounts.iter().map(|a| a.to_string()).collect(),
+                issued_at,
+                not_after: None,
+            },
+        ),
+    )
+}
+
+#[test]
+fn bindings_count_from_the_root_only_and_the_newest_of_a_namespace_wins() {
+    let root = key(MESH);
+    let mut log = Log::new(root_of(&root));
+    log.append(binding(&root, "team-a", &["payments"], 10).encode())
+        .unwrap();
+    log.append(binding(&root, "team-b", &[], 10).encode())
+        .unwrap();
+    let now = 100;
+    let bindings = log.bindings();
+    let allowed = |b: &themis_trust::Bindings, ns, sa| {
+        b.check("payments", &Subject::new(ns, sa).unwrap(), now)
+            .is_ok()
+    };
+    assert!(allowed(&bindings, "team-a", "payments"));
+    assert!(
+        !allowed(&bindings, "team-a", "default"),
+        "another ServiceAccount"
+    );
+    assert!(allowed(&bindings, "team-b", "default"));
+    assert!(
+        !allowed(&bindings, "team-c", "payments"),
+        "another namespace"
+    );
+    // The root narrows team-b's binding: the newer one replaces it.
+    log.append(binding(&root, "team-b", &["web"], 20).encode())
+        .unwrap();
+    assert!(!allowed(&log.bindings(), "team-b", "default"));
+    assert!(allowed(&log.bindings(), "team-b", "web"));
+    // A binding signed by anyone else, or with a name Kubernetes would not take, is
+    // no leaf of the log.
+    let stranger = key(MESH);
+    assert!(matches!(
+        log.append(binding(&stranger, "team-c", &[], 30).encode()),
+        Err(LogError::Leaf {
+            error: TrustError::NotFromRoot,
+            ..
+        })
+    ));
+    for (ns, accounts) in [
+        ("Team-C", &[][..]),
+        ("team-c", &["a/b"][..]),
+        ("team-c", &["x", "x"][..]),
+    ] {
+        assert!(
+            matches!(
+                log.append(binding(&root, ns, accounts, 30).encode()),
+                Err(LogError::Leaf {
+                    error: TrustError::Malformed,
+                    ..
+                })
+            ),
+            "{ns} {accounts:?}"
+        );
+    }
+    // A binding relabelled as a grant: its signature is under another label.
+    let mut relabelled = binding(&root, "team-c", &[], 30);
+    relabelled.kind = Kind::Grant;
+    assert!(log.append(relabelled.encode()).is_err());
+    assert!(!allowed(&log.bindings(), "team-c", "payments"));
 }
 
 #[test]

@@ -8,7 +8,9 @@
 //! * an [`Admission`] lets a node key take part in the DHT;
 //! * a [`Grant`] lets a key endorse instances of one service (with `delegate`, also
 //!   grant that service on, one level further: a per-service authority);
-//! * a [`Revocation`] withdraws a key, by id, for good.
+//! * a [`Revocation`] withdraws a key, by id, for good;
+//! * on Kubernetes, a [`Binding`] says which namespace (and ServiceAccounts) may serve
+//!   a service, so a node endorses only the pods the platform says run as it.
 //!
 //! A node's agent holds a grant for each service it runs and signs an instance
 //! [`Record`] for each local workload (its key, endpoint, metadata, a short validity
@@ -26,6 +28,7 @@
 #![warn(missing_docs)]
 
 mod announcement;
+mod binding;
 mod pem;
 mod revocations;
 mod root;
@@ -36,6 +39,7 @@ pub use announcement::{
     grant_digest, AddressRange, Announced, Announcement, ADDRESS_RANGE_LABEL, ANNOUNCEMENT_LABEL,
     BROADEST_RANGE,
 };
+pub use binding::{Binding, Bindings, Subject, BINDING_LABEL, MAX_BOUND_ACCOUNTS, SUBJECT_LABEL};
 pub use ipnet::IpNet;
 pub use pem::{chain_from_pem, chain_to_pem, from_pem, pem_blocks, to_pem, PemKind};
 pub use revocations::Revocations;
@@ -125,6 +129,12 @@ pub enum TrustError {
     /// (dropped, or swapped for another, by whoever forwarded it).
     #[error("the address range is not the one the node announced")]
     UnboundRange,
+    /// No binding of the mesh root lets the pod's namespace and ServiceAccount serve
+    /// the service.
+    #[error(
+        "no binding of the mesh root lets this namespace and ServiceAccount serve the service"
+    )]
+    NotBound,
 }
 
 impl TrustError {
@@ -149,6 +159,7 @@ impl TrustError {
             TrustError::NotAdmitted => "not_admitted",
             TrustError::EndpointNotOwned => "endpoint_not_owned",
             TrustError::UnboundRange => "unbound_range",
+            TrustError::NotBound => "not_bound",
         }
     }
 }
