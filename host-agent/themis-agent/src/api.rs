@@ -130,6 +130,11 @@ impl From<RegistryError> for ApiError {
                 ApiError::new(StatusCode::FORBIDDEN, "not_granted", e)
             }
             RegistryError::Revoked(_) => ApiError::new(StatusCode::FORBIDDEN, "revoked", e),
+            RegistryError::NotBound { .. } => ApiError::new(StatusCode::FORBIDDEN, "not_bound", e),
+            RegistryError::NoSubject { .. } => {
+                ApiError::new(StatusCode::FORBIDDEN, "no_subject", e)
+            }
+            RegistryError::BadSubject(_) => ApiError::bad_request(e),
             RegistryError::NotRegistered { .. } | RegistryError::UnknownWorkload(_) => {
                 ApiError::new(StatusCode::NOT_FOUND, "not_found", e)
             }

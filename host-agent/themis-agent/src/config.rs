@@ -114,6 +114,11 @@ pub struct Settings {
     /// The operator may also call from the agent's pod: the parent of the agent's own
     /// cgroup, i.e. the containers beside it (the node controller). Off by default.
     pub operator_own_pod: bool,
+    /// Endorse a workload only as a subject (its Kubernetes namespace and
+    /// ServiceAccount, given by the operator) that a root-signed binding in the trust
+    /// log allows for the service: a node's grant alone is not enough. On for a
+    /// Kubernetes node, where a pod's author chooses its service annotation.
+    pub require_binding: bool,
     /// Resolutions that miss the cache (each is `replicas + 1` DHT lookups) allowed
     /// per second, the operator's excepted.
     pub resolve_lookups_per_sec: u32,
@@ -179,6 +184,7 @@ impl Default for Settings {
             operator_uids: vec![0],
             operator_cgroups: Vec::new(),
             operator_own_pod: false,
+            require_binding: false,
             resolve_lookups_per_sec: 50,
             resolve_lookups_burst: 200,
             inbound_handshakes_per_sec: 200,
@@ -350,6 +356,13 @@ pub struct AgentArgs {
     /// controller beside it). Refused where that parent is the cgroup root.
     #[arg(long)]
     pub operator_own_pod: bool,
+    /// Endorse a workload only as a subject (Kubernetes namespace and ServiceAccount,
+    /// the registration's `themis.subject` label, set by the node controller from the
+    /// API server) that a root-signed binding in the trust log allows for its service
+    /// (`themis service bind`); a registration without one is refused. For Kubernetes
+    /// nodes, where a pod's author picks its own service annotation.
+    #[arg(long)]
+    pub require_binding: bool,
     /// Resolutions missing the cache allowed per second, the operator's excepted;
     /// over it (and the burst) a resolution is refused with 429 [default: 50].
     #[arg(long, value_name = "N")]
@@ -463,6 +476,7 @@ impl Settings {
             s.operator_cgroups = args.operator_cgroups.clone();
         }
         s.operator_own_pod |= args.operator_own_pod;
+        s.require_binding |= args.require_binding;
         s.adopt_root_mesh(args.mesh.is_some())?;
         s.check()?;
         Ok(s)
@@ -632,6 +646,7 @@ impl Settings {
             fresh_burst: self.resolve_fresh_burst.max(1),
             lookups_per_sec: self.resolve_lookups_per_sec,
             lookups_burst: self.resolve_lookups_burst.max(1),
+            require_binding: self.require_binding,
         }
     }
 

@@ -138,6 +138,11 @@ impl TrustLog {
         self.proofs.read().expect("never poisoned").clone()
     }
 
+    /// The service bindings in force (docs/PROTOCOL.md §7.1).
+    pub fn bindings(&self) -> themis_trust::Bindings {
+        self.read().bindings()
+    }
+
     /// What the log says of the membership: every admitted key (with its
     /// admission's `not_after`) and each node's newest range grant, with the digest an
     /// announcement binds it by ([`crate::roster::Roster::set_log`]).
@@ -355,6 +360,18 @@ pub fn status_of(log: &Log, forks: Vec<String>) -> contract::LogStatus {
                     range = r.net().ok().map(|net| net.to_string());
                     (printable(&r.node_key), None, None, None)
                 }
+                Statement::Binding(b) => (
+                    match b.service_accounts.as_slice() {
+                        [] => format!("ns/{}", b.namespace),
+                        accounts => format!("ns/{} sa/{}", b.namespace, accounts.join(",")),
+                    },
+                    Some(b.service.clone()),
+                    None,
+                    b.not_after.map(|t| match t <= b.issued_at {
+                        true => "withdrawn".to_owned(),
+                        false => format!("until {t} (Unix ms)"),
+                    }),
+                ),
                 Statement::Grant(g) => (
                     printable(&g.grantee),
                     Some(g.service.clone()),

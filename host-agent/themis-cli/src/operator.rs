@@ -26,9 +26,9 @@ use serde::Serialize;
 use themis_core::{Identity, MeshName, PeerId};
 use themis_log::{Entry, Kind, Log};
 use themis_trust::{
-    chain_from_pem, chain_to_pem, to_pem, AddressRange, Admission, Grant, IpNet, MeshRoot, PemKind,
-    Revocation, Signed, ADDRESS_RANGE_LABEL, ADMISSION_LABEL, BROADEST_RANGE, GRANT_LABEL,
-    MAX_REASON_LEN, REVOCATION_LABEL,
+    chain_from_pem, chain_to_pem, to_pem, AddressRange, Admission, Binding, Grant, IpNet, MeshRoot,
+    PemKind, Revocation, Signed, ADDRESS_RANGE_LABEL, ADMISSION_LABEL, BINDING_LABEL,
+    BROADEST_RANGE, GRANT_LABEL, MAX_REASON_LEN, REVOCATION_LABEL,
 };
 
 use themis_agent::keystore;
@@ -394,6 +394,58 @@ pub fn grant_address_range(
         id: node.printable_id(),
         mesh_root: mesh.root.to_string(),
         files: vec![log_path, path],
+    })
+}
+
+/// The root binds `service` to a Kubernetes namespace: on an agent that requires
+/// bindings (`themis agent --require-binding`, the DaemonSet's), only pods of
+/// `namespace` running as one of `service_accounts` (any, when empty) are endorsed
+/// as the service, whatever their annotations say (docs/PROTOCOL.md §7.1). With
+/// `withdraw`, a binding that has expired as it is signed: it replaces the
+/// namespace's earlier one, so the namespace may serve the service no more. Only
+/// logged: `themis log publish` hands it to the agents.
+pub fn bind_service(
+    mesh: &MeshDir,
+    service: &ServiceName,
+    namespace: &str,
+    service_accounts: &[String],
+    withdraw: bool,
+) -> Result<Written, OperatorError> {
+    let issued_at = unix_millis();
+    let binding = Binding {
+        mesh: mesh.root.mesh.to_string(),
+        service: service.as_str().to_owned(),
+        namespace: namespace.to_owned(),
+        service_accounts: service_accounts.to_vec(),
+        issued_at,
+        not_after: withdraw.then_some(issued_at),
+    };
+    binding.check().map_err(|_| {
+        OperatorError::Refused(format!(
+            "namespace {namespace:?} and ServiceAccounts {service_accounts:?}: a namespace is a \
+             DNS label, a ServiceAccount a DNS subdomain (lowercase), each named once, at most \
+             {} of them",
+            themis_trust::MAX_BOUND_ACCOUNTS
+        ))
+    })?;
+    let signed = Signed::sign(&mesh.key, BINDING_LABEL, &binding);
+    let (log_path, _) = mesh.record(&[(Kind::Binding, &signed)])?;
+    let who = match service_accounts {
+        [] => format!("any ServiceAccount of namespace {namespace}"),
+        accounts => format!("namespace {namespace} as {}", accounts.join(", ")),
+    };
+    Ok(Written {
+        summary: match withdraw {
+            false => format!(
+                "pods of {who} may now serve {service} (logged: `themis log publish` hands it to the agents)"
+            ),
+            true => format!(
+                "pods of namespace {namespace} may no longer serve {service} (logged: `themis log publish` hands it to the agents)"
+            ),
+        },
+        id: service.to_string(),
+        mesh_root: mesh.root.to_string(),
+        files: vec![log_path],
     })
 }
 

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use themis_core::Identity;
-use themis_trust::{InstanceValue, Metadata, Record, Signed, TrustError, RECORD_LABEL};
+use themis_trust::{
+    InstanceValue, Metadata, Record, Signed, Subject, TrustError, RECORD_LABEL, SUBJECT_LABEL,
+};
 
 use super::RegistryError;
 use crate::names::{ServiceName, WorkloadName};
@@ -22,15 +24,61 @@ pub(super) struct Endorser {
     node: Arc<Identity>,
     trust: Arc<MeshTrust>,
     record_ttl: Duration,
+    /// Endorse only subjects a binding allows.
+    require_binding: bool,
 }
 
 impl Endorser {
-    /// Endorses as `node` under `trust`'s grants, records valid for `record_ttl`.
-    pub(super) fn new(node: Arc<Identity>, trust: Arc<MeshTrust>, record_ttl: Duration) -> Self {
+    /// Endorses as `node` under `trust`'s grants (and, with `require_binding`, its
+    /// log's bindings), records valid for `record_ttl`.
+    pub(super) fn new(
+        node: Arc<Identity>,
+        trust: Arc<MeshTrust>,
+        record_ttl: Duration,
+        require_binding: bool,
+    ) -> Self {
         Endorser {
             node,
             trust,
             record_ttl,
+            require_binding,
+        }
+    }
+
+    /// The subject a record's labels name ([`SUBJECT_LABEL`]), checked against the
+    /// log's bindings for `service` at `now_ms`: a node endorses a pod only as what the
+    /// platform says it runs as, whatever the pod claims. Without the label: refused
+    /// when bindings are required, else nothing to check.
+    pub(super) fn check_subject(
+        &self,
+        service: &ServiceName,
+        metadata: &Metadata,
+        now_ms: u64,
+    ) -> Result<(), RegistryError> {
+        let Some(uri) = metadata.get(SUBJECT_LABEL) else {
+            return match self.require_binding {
+                true => Err(RegistryError::NoSubject {
+                    service: service.clone(),
+                }),
+                false => Ok(()),
+            };
+        };
+        let subject = Subject::from_uri(uri, self.node.mesh().as_str())
+            .map_err(|_| RegistryError::BadSubject(uri.clone()))?;
+        let bindings = self.trust.log().bindings();
+        match bindings.check(service.as_str(), &subject, now_ms) {
+            Ok(_) => Ok(()),
+            Err(_) => {
+                let bound = bindings.bound(service.as_str(), now_ms);
+                Err(RegistryError::NotBound {
+                    service: service.clone(),
+                    subject: uri.clone(),
+                    bound: match bound.is_empty() {
+                        true => "none".into(),
+                        false => bound.join("; "),
+                    },
+                })
+            }
         }
     }
 
@@ -87,6 +135,10 @@ impl Endorser {
     ) -> Result<Vec<u8>, RegistryError> {
         let chain = self.check_granted(service)?;
         themis_trust::check_metadata(&metadata)?;
+        // A tombstone withdraws: never refused, even once the binding is gone.
+        if endpoint.is_some() {
+            self.check_subject(service, &metadata, issued_at)?;
+        }
         // What every replica holder checks of the endpoint, checked here first, so
         // that the caller hears why (with one-hop routing: not at this node's
         // address) rather than that no replica took the record.
@@ -178,7 +230,7 @@ pub(super) mod tests {
         }
 
         pub fn endorser(&self) -> Endorser {
-            Endorser::new(self.node.clone(), self.trust.clone(), TTL)
+            Endorser::new(self.node.clone(), self.trust.clone(), TTL, false)
         }
 
         pub fn workload(&self) -> Identity {
@@ -199,6 +251,15 @@ pub(super) mod tests {
             self.endorser()
                 .record(&service, workload, endpoint, Metadata::new(), issued_at)
                 .unwrap()
+        }
+
+        /// This node's agent takes the operator's log (as `themis log publish`).
+        pub fn publish_log(&self) {
+            let log = self.root.log().unwrap();
+            let held = self.trust.log().size();
+            let checkpoint = log.checkpoint().unwrap().encoded().to_vec();
+            let leaves = log.leaves(held, usize::MAX).to_vec();
+            self.trust.log().offer(&checkpoint, &leaves).unwrap();
         }
 
         /// The root revokes `identity`, and this node learns it.
@@ -245,6 +306,84 @@ pub(super) mod tests {
         let none = Mesh::new(&[]);
         let text = none.endorser().check_granted(&service("web")).unwrap_err();
         assert!(text.to_string().ends_with("services granted here: none)"));
+    }
+
+    #[test]
+    fn with_bindings_required_a_grant_endorses_only_the_subjects_the_root_bound() {
+        let mesh = Mesh::new(&["payments"]);
+        let payments = service("payments");
+        let endorser = Endorser::new(mesh.node.clone(), mesh.trust.clone(), TTL, true);
+        let workload = mesh.workload();
+        let at = Some(SocketAddr::from(([10, 0, 0, 1], 15006)));
+        let as_subject = |uri: &str| Metadata::from([(SUBJECT_LABEL.to_owned(), uri.to_owned())]);
+        let team_a = as_subject("spiffe://test/ns/team-a/sa/payments");
+        let endorse = |metadata: &Metadata| {
+            endorser.record(&payments, &workload, at, metadata.clone(), unix_millis())
+        };
+        // The grant alone: no subject, or a subject no binding names, is refused.
+        assert!(matches!(
+            endorse(&Metadata::new()),
+            Err(RegistryError::NoSubject { .. })
+        ));
+        let refused = endorse(&team_a).unwrap_err();
+        assert!(
+            matches!(refused, RegistryError::NotBound { .. }),
+            "{refused}"
+        );
+        assert!(
+            refused.to_string().ends_with("bound now: none)"),
+            "{refused}"
+        );
+
+        let accounts = ["payments".to_owned()];
+        operator::bind_service(&mesh.root, &payments, "team-a", &accounts, false).unwrap();
+        mesh.publish_log();
+        assert!(endorse(&team_a).is_ok());
+        for (uri, why) in [
+            ("spiffe://test/ns/team-b/sa/payments", "another namespace"),
+            (
+                "spiffe://test/ns/team-a/sa/default",
+                "another ServiceAccount of the namespace",
+            ),
+        ] {
+            let refused = endorse(&as_subject(uri)).unwrap_err();
+            assert!(
+                matches!(refused, RegistryError::NotBound { .. }),
+                "{why}: {refused}"
+            );
+            assert!(
+                refused
+                    .to_string()
+                    .ends_with("bound now: team-a/{payments})"),
+                "{refused}"
+            );
+        }
+        for uri in ["spiffe://other/ns/team-a/sa/payments", "team-a/payments"] {
+            let refused = endorse(&as_subject(uri)).unwrap_err();
+            assert!(
+                matches!(refused, RegistryError::BadSubject(_)),
+                "{uri}: {refused}"
+            );
+        }
+
+        // Withdrawn: renewals are refused, and the tombstone that withdraws the
+        // instance is still signed.
+        operator::bind_service(&mesh.root, &payments, "team-a", &[], true).unwrap();
+        mesh.publish_log();
+        assert!(matches!(
+            endorse(&team_a),
+            Err(RegistryError::NotBound { .. })
+        ));
+        let tombstone = endorser.record(&payments, &workload, None, team_a.clone(), unix_millis());
+        assert!(tombstone.is_ok());
+        // Without --require-binding a record that names no subject needs no binding,
+        // and one that names a subject is still checked.
+        let lax = mesh.endorser();
+        assert!(lax
+            .record(&payments, &workload, at, Metadata::new(), unix_millis())
+            .is_ok());
+        let named = lax.record(&payments, &workload, at, team_a, unix_millis());
+        assert!(matches!(named, Err(RegistryError::NotBound { .. })));
     }
 
     #[test]

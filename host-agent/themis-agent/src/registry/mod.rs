@@ -84,6 +84,8 @@ pub struct RegistryConfig {
     pub lookups_per_sec: u32,
     /// Resolutions missing the cache allowed in a burst above the average.
     pub lookups_burst: u32,
+    /// Endorse only subjects a root-signed binding allows (`--require-binding`).
+    pub require_binding: bool,
 }
 
 impl Default for RegistryConfig {
@@ -97,6 +99,7 @@ impl Default for RegistryConfig {
             fresh_burst: 40,
             lookups_per_sec: 50,
             lookups_burst: 200,
+            require_binding: false,
         }
     }
 }
@@ -124,6 +127,37 @@ pub enum RegistryError {
         service: ServiceName,
         /// What the node may serve.
         granted: String,
+    },
+    /// A registration naming no subject on an agent that requires bindings.
+    #[error(
+        "this node endorses only subjects a binding allows (--require-binding): the \
+         registration of {service} names none (label {label}, set by the node controller)",
+        label = themis_trust::SUBJECT_LABEL
+    )]
+    NoSubject {
+        /// The service.
+        service: ServiceName,
+    },
+    /// A subject label that is not a subject of this mesh.
+    #[error(
+        "the label {label} is {0:?}: not spiffe://<mesh>/ns/<namespace>/sa/<service account> \
+         of this mesh",
+        label = themis_trust::SUBJECT_LABEL
+    )]
+    BadSubject(String),
+    /// No binding lets the subject serve the service.
+    #[error(
+        "{subject} may not serve {service}: no binding of the mesh root allows its namespace \
+         and ServiceAccount (the operator runs `themis service bind {service} --namespace <ns> \
+         [--service-account <sa>]`, then `themis log publish`; bound now: {bound})"
+    )]
+    NotBound {
+        /// The service.
+        service: ServiceName,
+        /// The subject refused.
+        subject: String,
+        /// Who may serve it.
+        bound: String,
     },
     /// No replica acknowledged the store.
     #[error("no replica stored the record (0 of {replicas})")]
@@ -233,7 +267,12 @@ impl Registry {
         Registry {
             overlay,
             workloads: Workloads::new(keys),
-            endorser: Endorser::new(node, trust.clone(), config.record_ttl),
+            endorser: Endorser::new(
+                node,
+                trust.clone(),
+                config.record_ttl,
+                config.require_binding,
+            ),
             registrations: tokio::sync::Mutex::new(Registrations::new(
                 state_dir.join("registrations.json"),
             )),

@@ -403,6 +403,36 @@ enum ServiceCommand {
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
     },
+    /// On Kubernetes: the mesh root lets pods of a namespace (and, with
+    /// --service-account, only those running as one of these ServiceAccounts) serve a
+    /// service. Agents started with --require-binding endorse no other pod as it,
+    /// whatever its annotations say. Replaces the namespace's earlier binding of the
+    /// service. Logged only: `themis log publish` hands it to the agents.
+    Bind {
+        /// Service name.
+        service: String,
+        /// The Kubernetes namespace.
+        #[arg(long)]
+        namespace: String,
+        /// A ServiceAccount of that namespace (repeat for several); none: any.
+        #[arg(long = "service-account", value_name = "NAME")]
+        service_accounts: Vec<String>,
+        /// The mesh directory.
+        #[arg(long, env = "THEMIS_MESH_DIR", value_name = "DIR")]
+        mesh_dir: PathBuf,
+    },
+    /// The mesh root withdraws a namespace's binding of a service: its pods are no
+    /// longer endorsed as it (their records lapse within the record TTL).
+    Unbind {
+        /// Service name.
+        service: String,
+        /// The Kubernetes namespace.
+        #[arg(long)]
+        namespace: String,
+        /// The mesh directory.
+        #[arg(long, env = "THEMIS_MESH_DIR", value_name = "DIR")]
+        mesh_dir: PathBuf,
+    },
     /// A per-service authority grants its service to a node.
     Endorse {
         /// Service name.
@@ -881,6 +911,22 @@ fn offline(command: Command, json: bool) -> ExitCode {
             authority,
             node,
         }) => service(&name).and_then(|svc| operator::endorse_node(&authority, &svc, &node, None)),
+        Command::Service(ServiceCommand::Bind {
+            service: name,
+            namespace,
+            service_accounts,
+            mesh_dir,
+        }) => service(&name).and_then(|svc| {
+            let mesh = MeshDir::open(&mesh_dir)?;
+            operator::bind_service(&mesh, &svc, &namespace, &service_accounts, false)
+        }),
+        Command::Service(ServiceCommand::Unbind {
+            service: name,
+            namespace,
+            mesh_dir,
+        }) => service(&name).and_then(|svc| {
+            operator::bind_service(&MeshDir::open(&mesh_dir)?, &svc, &namespace, &[], true)
+        }),
         _ => unreachable!("only the offline commands come here"),
     };
     match result {

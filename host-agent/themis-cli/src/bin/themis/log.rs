@@ -145,11 +145,12 @@ fn verify(file: &Path, mesh_root: &str, json: bool) -> Result<(), String> {
     let log = Log::from_copy(root, &bytes)
         .map_err(|e| format!("{}: the log does not verify: {e}", file.display()))?;
     let count = |kind: Kind| log.statements().filter(|(_, s)| s.kind() == kind).count();
-    let (admissions, grants, revocations, ranges) = (
+    let (admissions, grants, revocations, ranges, bindings) = (
         count(Kind::Admission),
         count(Kind::Grant),
         count(Kind::Revocation),
         count(Kind::AddressRange),
+        count(Kind::Binding),
     );
     let root_hash = hex::encode(log.root_hash());
     let issued_at = log.checkpoint().map(|c| c.checkpoint.issued_at);
@@ -158,6 +159,7 @@ fn verify(file: &Path, mesh_root: &str, json: bool) -> Result<(), String> {
             "verified": true, "size": log.size(), "root_hash": root_hash,
             "issued_at": issued_at, "admissions": admissions, "grants": grants,
             "revocations": revocations, "address_ranges": ranges,
+            "bindings": bindings,
         });
         println!("{}", serde_json::to_string_pretty(&answer).expect("JSON"));
     } else {
@@ -168,7 +170,7 @@ fn verify(file: &Path, mesh_root: &str, json: bool) -> Result<(), String> {
         );
         println!("  root hash      {root_hash}");
         println!(
-            "  admissions     {admissions}\n  grants         {grants}\n  revocations    {revocations}\n  address ranges {ranges}"
+            "  admissions     {admissions}\n  grants         {grants}\n  revocations    {revocations}\n  address ranges {ranges}\n  bindings       {bindings}"
         );
     }
     Ok(())
