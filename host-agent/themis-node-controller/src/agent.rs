@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use themis_agent_client::{ApiClient, ClientError, Method, StatusCode};
 use themis_capture::CaptureSpec;
-use themis_contracts::api::{CreateWorkload, Owner, Registration, Workloads};
+use themis_contracts::api::{CreateWorkload, Owner, Registration, Status, Workloads};
 use themis_contracts::paths;
 
 use crate::plan::{PodPlan, POD_UID_LABEL};
@@ -69,6 +69,13 @@ impl Agent {
         })
     }
 
+    /// The node's mesh: the trust domain of its pods' subjects.
+    pub async fn mesh(&self) -> Result<String, AgentError> {
+        let answer = self.call(Method::GET, paths::STATUS, None).await?;
+        let status: Status = serde_json::from_value(answer)?;
+        Ok(status.mesh)
+    }
+
     /// This node's registrations that belong to pods (those labelled with a pod uid),
     /// and every bound workload with its owner cgroup.
     pub async fn pod_state(
@@ -111,11 +118,12 @@ impl Agent {
     }
 
     /// Attaches the capture (in the pod's network namespace) and registers the pod's
-    /// workload as an instance of its service. Idempotent: a second call re-signs the
-    /// same record.
+    /// workload as an instance of its service, with its subject in `mesh`. Idempotent:
+    /// a second call re-signs the same record.
     pub async fn register(
         &self,
         plan: &PodPlan,
+        mesh: &str,
         pod_cgroup: &Path,
         netns: PathBuf,
         proxy_uid: u32,
@@ -126,7 +134,7 @@ impl Agent {
         capture.inbound_ports = plan.app_ports.clone();
         let register = serde_json::json!({
             "endpoint": plan.endpoint,
-            "metadata": plan.metadata(),
+            "metadata": plan.metadata(mesh),
             "capture": capture,
         });
         self.call(

@@ -131,6 +131,7 @@ async fn run(args: Args) -> Result<(), String> {
     };
     let mut node = Node {
         agent: Agent::new(&args.socket),
+        mesh: None,
         recorder: Recorder::new(client, reporter),
         conventions: Conventions {
             proxy_uid: args.proxy_uid,
@@ -171,6 +172,10 @@ fn event_reason(e: AgentError) -> (&'static str, String) {
             ("NotGranted", e.to_string())
         }
         AgentError::Refused { reason, .. } if reason == "revoked" => ("Revoked", e.to_string()),
+        AgentError::Refused { reason, .. } if reason == "not_bound" => ("NotBound", e.to_string()),
+        AgentError::Refused { reason, .. } if reason == "no_subject" => {
+            ("NoSubject", e.to_string())
+        }
         AgentError::Refused { reason, .. } if reason.contains("capture") => {
             ("CaptureFailed", e.to_string())
         }
@@ -210,6 +215,8 @@ where
 
 struct Node {
     agent: Agent,
+    /// The agent's mesh (asked once): the trust domain of the pods' subjects.
+    mesh: Option<String>,
     recorder: Recorder,
     conventions: Conventions,
     /// Where the kubelet puts pods' cgroups.
@@ -229,6 +236,15 @@ impl Node {
     /// not registered yet, withdraws each registration whose pod is gone or no longer
     /// meshed.
     async fn pass(&mut self, pods: &Store<Pod>, namespaces: &Store<Namespace>) {
+        if self.mesh.is_none() {
+            match self.agent.mesh().await {
+                Ok(mesh) => self.mesh = Some(mesh),
+                Err(e) => {
+                    warn!("the local agent: {e}; nothing changed, trying again");
+                    return;
+                }
+            }
+        }
         let (registered, bound) = match self.agent.pod_state().await {
             Ok(state) => state,
             Err(e) => {
@@ -396,7 +412,13 @@ impl Node {
         ))?;
         let netns = PathBuf::from(format!("/proc/{pid}/ns/net"));
         self.agent
-            .register(plan, &pod_cgroup, netns, self.conventions.proxy_uid)
+            .register(
+                plan,
+                self.mesh.as_deref().unwrap_or_default(),
+                &pod_cgroup,
+                netns,
+                self.conventions.proxy_uid,
+            )
             .await
             .map_err(event_reason)?;
         self.bound.remove(&plan.uid);

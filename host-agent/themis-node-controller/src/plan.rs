@@ -6,6 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use k8s_openapi::api::core::v1::Pod;
 use themis_contracts::api::{transports, TRANSPORT_LABEL};
+use themis_trust::{Subject, SUBJECT_LABEL};
 
 /// The namespace label that opts a namespace's pods into the mesh (`enabled`), like
 /// Istio's `istio-injection=enabled`.
@@ -74,12 +75,20 @@ pub struct PodPlan {
     /// The transports its sidecar takes ([`TRANSPORT_ANNOTATION`]), checked; `None`
     /// for the channel alone.
     pub transport: Option<String>,
+    /// What it runs as, from the API server's pod object (its namespace and
+    /// `spec.serviceAccountName`, which admission sets): the agent endorses it as
+    /// `service` only if a root-signed binding allows this subject. Never from its
+    /// annotations.
+    pub subject: Subject,
 }
 
 impl PodPlan {
-    /// The registration's labels.
-    pub fn metadata(&self) -> BTreeMap<String, String> {
-        let mut labels = BTreeMap::from([(POD_UID_LABEL.to_owned(), self.uid.clone())]);
+    /// The registration's labels, its subject in `trust_domain`'s (the mesh's) form.
+    pub fn metadata(&self, trust_domain: &str) -> BTreeMap<String, String> {
+        let mut labels = BTreeMap::from([
+            (POD_UID_LABEL.to_owned(), self.uid.clone()),
+            (SUBJECT_LABEL.to_owned(), self.subject.uri(trust_domain)),
+        ]);
         if let Some(transport) = &self.transport {
             labels.insert(TRANSPORT_LABEL.to_owned(), transport.clone());
         }
@@ -150,6 +159,17 @@ pub fn decide(
             format!("no {PROXY_CONTAINER} container: nothing would seal its traffic"),
         );
     }
+    // The API server's defaulting sets `serviceAccountName` on every pod; "default" is
+    // what it would set.
+    let account = spec.service_account_name.as_deref().unwrap_or("default");
+    let Ok(subject) = Subject::new(namespace, account) else {
+        return Decision::Refuse(
+            "BadSubject",
+            format!(
+                "namespace {namespace:?} and ServiceAccount {account:?} are not Kubernetes names"
+            ),
+        );
+    };
     let status = pod.status.as_ref();
     let ip = status
         .and_then(|s| s.pod_ip.as_deref())
@@ -189,6 +209,7 @@ pub fn decide(
         app_ports,
         proxy_started,
         transport,
+        subject,
     })
 }
 
@@ -244,12 +265,18 @@ mod tests {
             [8080],
             "TCP app ports only, not the sidecar's"
         );
-        assert_eq!(plan.metadata()[POD_UID_LABEL], "u-1");
+        assert_eq!(plan.metadata("k8s")[POD_UID_LABEL], "u-1");
         assert!(
-            !plan.metadata().contains_key(TRANSPORT_LABEL),
+            !plan.metadata("k8s").contains_key(TRANSPORT_LABEL),
             "no annotation: the channel alone, no label"
         );
         assert!(plan.proxy_started);
+        // Its subject is its namespace and ServiceAccount, in the mesh's trust domain;
+        // no ServiceAccount named is the namespace's `default`.
+        assert_eq!(
+            plan.metadata("k8s")[SUBJECT_LABEL],
+            "spiffe://k8s/ns/shop/sa/default"
+        );
         // A sidecar still starting: bound now, registered once it has started.
         let starting = pod(
             json!({"status": {"containerStatuses": [{"name": "themis-proxy", "started": false,
@@ -270,12 +297,28 @@ mod tests {
         let Decision::Mesh(plan) = decide_for(&tls) else {
             panic!()
         };
-        assert_eq!(plan.metadata()[TRANSPORT_LABEL], "tls,themis");
+        assert_eq!(plan.metadata("k8s")[TRANSPORT_LABEL], "tls,themis");
         // A native sidecar (an init container that keeps running) is a sidecar too.
         let native = pod(json!({"spec": {
             "containers": [{"name": "app", "image": "x"}],
             "initContainers": [{"name": "themis-proxy", "image": "y", "restartPolicy": "Always"}]}}));
         assert!(matches!(decide_for(&native), Decision::Mesh(_)));
+    }
+
+    #[test]
+    fn the_subject_comes_from_the_pod_spec_never_from_its_annotations() {
+        let p = pod(json!({
+            "metadata": {"annotations": {SUBJECT_LABEL: "spiffe://k8s/ns/kube-system/sa/admin",
+                "themis.io/namespace": "kube-system"}},
+            "spec": {"serviceAccountName": "checker"}}));
+        let Decision::Mesh(plan) = decide_for(&p) else {
+            panic!()
+        };
+        assert_eq!(plan.subject, Subject::new("shop", "checker").unwrap());
+        assert_eq!(
+            plan.metadata("k8s")[SUBJECT_LABEL],
+            "spiffe://k8s/ns/shop/sa/checker"
+        );
     }
 
     #[test]
