@@ -45,7 +45,7 @@ until_ok() {
 created_state=false
 cleanup() {
     $keep && { echo "    --keep: the mesh stays on the cluster; $work holds the mesh key"; return; }
-    kctl delete namespace shop plain --ignore-not-found --wait=true --timeout=90s > /dev/null 2>&1 || true
+    kctl delete namespace shop plain elsewhere --ignore-not-found --wait=true --timeout=90s > /dev/null 2>&1 || true
     kctl delete -f deploy/kubernetes/agent-daemonset.yaml --ignore-not-found --wait=true --timeout=60s > /dev/null 2>&1 || true
     # The node's state, socket and pinned capture outlive the agent's pod by design;
     # this suite made them, so it removes them.
@@ -82,7 +82,7 @@ step "images (scripts/k8s/images.sh): agent + controller, sidecar, demo app; imp
 scripts/k8s/images.sh "$work/images"
 "$cluster" import "$work/images"/{agent,sidecar,demo-app}.tar
 
-step "the operator, offline: mesh 'k8s', the node's admission into its /var/lib/themis, its pod range, grants for handler and check"
+step "the operator, offline: mesh 'k8s', the node's admission into its /var/lib/themis, its pod range, grants and bindings of handler, check and keyed"
 "$themis" mesh create k8s --out "$work/mesh" > /dev/null
 [[ -e /var/lib/themis ]] && fail "/var/lib/themis exists: this suite admits the node there and will not replace a node's state"
 created_state=true
@@ -99,6 +99,13 @@ for service in handler check keyed; do
     "$themis" service grant "$service" --mesh-dir "$work/mesh" --node /var/lib/themis > /dev/null
 done
 ok "node ${node_id:0:16}…, pods at $pod_cidr, granted handler, check, keyed"
+# Which pods may serve them (the agent requires a binding, the DaemonSet's config):
+# handler and check any pod of namespace shop; keyed only shop's ServiceAccount web.
+"$themis" service bind handler --namespace shop --mesh-dir "$work/mesh" > /dev/null
+"$themis" service bind check --namespace shop --mesh-dir "$work/mesh" > /dev/null
+"$themis" service bind keyed --namespace shop --service-account web --mesh-dir "$work/mesh" > /dev/null
+cp "$work/mesh/trust-log.bin" /var/lib/themis/
+ok "bound handler and check to namespace shop, keyed to shop's ServiceAccount web; the log is the node's"
 
 step "deploy/kubernetes/agent-daemonset.yaml, applied as it is"
 kctl apply -f deploy/kubernetes/agent-daemonset.yaml > /dev/null
@@ -293,12 +300,47 @@ not_operator() { # root in another pod, through the agent's socket: refused as n
     ! grep -q '"evil' <<< "$(on_agent --json workloads)"
 }
 check "root in another pod, with the agent's socket mounted, is not the operator: its registration is refused" not_operator || true
-event_says() { # POD REASON: an Event on POD (namespace shop) with REASON
-    kctl -n shop get events --field-selector "involvedObject.name=$1,reason=$2" -o name | grep -q .
+event_says() { # POD REASON [NAMESPACE]: an Event on POD (namespace shop unless NAMESPACE) with REASON
+    kctl -n "${3:-shop}" get events --field-selector "involvedObject.name=$1,reason=$2" -o name | grep -q .
 }
 check "a pod of a service this node has no grant for is not meshed, and its Event says NotGranted" \
     until_ok 60 event_says rogue NotGranted || true
 kctl -n shop delete pod rogue --wait=false > /dev/null
+# A pod author claims a service this node is granted: check, from another meshed
+# namespace; keyed, from shop but as another ServiceAccount than the one bound.
+unbound_claims() { # both refused NotBound, neither registered; the controls: check and handler are
+    until_ok 60 event_says impostor NotBound "$1" ||
+        { echo "no NotBound Event on $1/impostor"; return 1; }
+    local workloads
+    workloads=$(on_agent --json workloads | python3 -c "import json,sys; [print(r['workload'], r['service']) for r in json.load(sys.stdin)['registrations']]") ||
+        { echo "the agent's registrations could not be read"; return 1; }
+    grep -q " check$" <<< "$workloads" && grep -q " handler$" <<< "$workloads" ||
+        { echo "control: check and handler are not among the registrations read: $workloads"; return 1; }
+    if grep -q "^impostor\.$1 " <<< "$workloads"; then
+        echo "impostor.$1 is registered: $workloads"
+        return 1
+    fi
+}
+check "a pod of another meshed namespace annotated as service check is refused NotBound, not registered" \
+    unbound_claims elsewhere || true
+check "a pod of shop annotated as service keyed, not as keyed's ServiceAccount web, is refused NotBound" \
+    unbound_claims shop || true
+delegated_service() { # NAMESPACE POD: the service of the credential the agent gives POD's sidecar ("none" without)
+    kctl -n "$1" exec "$2" -c themis-proxy -- sh -c \
+        "rm -f /tmp/credential.json && themis --socket /var/run/themis/agent.sock delegate $2.$1 --out /tmp/credential.json --lifetime-secs 60 > /dev/null && cat /tmp/credential.json" |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["delegated"].get("service") or "none")'
+}
+no_endorsement_as_check() { # the impostor's sidecar gets a delegation with no service to prove; the control: check's gets check
+    local theirs ours
+    ours=$(delegated_service shop "$check_pod") || { echo "control: check's sidecar got no credential"; return 1; }
+    [[ $ours == check ]] || { echo "control: check's sidecar's credential proves '$ours', not check"; return 1; }
+    theirs=$(delegated_service elsewhere impostor) || { echo "the impostor's sidecar got no credential at all (expected one proving nothing)"; return 1; }
+    [[ $theirs == none ]] || { echo "the impostor's sidecar can prove service $theirs"; return 1; }
+}
+check "the impostor's sidecar cannot call as check: its credential carries no endorsement (check's carries check's)" \
+    no_endorsement_as_check || true
+kctl delete namespace elsewhere --wait=false > /dev/null
+kctl -n shop delete pod impostor --wait=false > /dev/null
 
 # A bare pod made again under the same name (as a StatefulSet's next pod is): a new
 # workload identity, the old one's key deleted from the node once its pod is gone.
@@ -308,6 +350,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: web-0, namespace: shop, annotations: {themis.io/service: keyed}}
 spec:
+  serviceAccountName: web
   terminationGracePeriodSeconds: 1
   containers:
   - {name: themis-proxy, image: localhost/themis/demo-app:dev, imagePullPolicy: Never, command: [sleep, "3600"]}
