@@ -5,18 +5,21 @@
 //! Every decoder and verifier returns on any input. A copy of the log changes only
 //! when what it is offered is exactly the genuine log (the root signed its
 //! checkpoint; any other bytes, even ones that decode to the same statements, hash
-//! to another root), and a proof passes only for what the genuine log holds.
+//! to another root), and a proof passes only for what the genuine log holds. A leaf
+//! that verifies as the root's is one of the genuine leaves, so the bindings a copy
+//! holds (who may serve a service) are the root's alone.
 #![no_main]
 
 use std::sync::OnceLock;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use themis_fuzz::trust::trust;
+use themis_fuzz::trust::{trust, NAMESPACE, NOW, SERVICE, SERVICE_ACCOUNT};
 use themis_fuzz::Edit;
 use themis_log::{Entry, Kind, Log, SignedCheckpoint};
+use themis_trust::Subject;
 
-/// The genuine log: the root's admission, grant and revocation, checkpointed.
+/// The genuine log: the root's admission, grant, revocation and binding, checkpointed.
 struct Genuine {
     log: Log,
     checkpoint: Vec<u8>,
@@ -32,6 +35,7 @@ fn genuine() -> &'static Genuine {
             (Kind::Admission, &t.admission),
             (Kind::Grant, &t.grant),
             (Kind::Revocation, &t.revocation),
+            (Kind::Binding, &t.binding),
         ] {
             log.append(Entry::new(kind, statement.clone()).encode()).expect("genuine");
         }
@@ -58,7 +62,14 @@ fuzz_target!(|input: Input| {
     let verified = SignedCheckpoint::verify(root, &g.checkpoint).expect("genuine");
     match input {
         Input::Raw { bytes, index } => {
-            let _ = Entry::decode(&bytes);
+            if let Ok((entry, _)) = Entry::open(&bytes, root) {
+                // Signed by the root: then it is one of its statements, under its kind.
+                let genuine = g.leaves.iter().filter_map(|l| Entry::decode(l).ok());
+                assert!(
+                    genuine.into_iter().any(|e| e == entry),
+                    "a leaf the root never signed verified: {entry:?}"
+                );
+            }
             if let Ok(cp) = SignedCheckpoint::verify(root, &bytes) {
                 assert_eq!(cp.encoded(), g.checkpoint.as_slice(), "a checkpoint the root never signed passed");
             }
@@ -86,6 +97,11 @@ fuzz_target!(|input: Input| {
                 Ok(_) => {
                     assert_eq!(leaves, g.leaves, "edited leaves were taken");
                     assert_eq!(copy.root_hash(), g.log.root_hash());
+                    let bindings = copy.bindings();
+                    let bound = Subject::new(NAMESPACE, SERVICE_ACCOUNT).expect("names");
+                    let other = Subject::new(NAMESPACE, "default").expect("names");
+                    assert!(bindings.check(SERVICE, &bound, NOW).is_ok());
+                    assert!(bindings.check(SERVICE, &other, NOW).is_err());
                 }
                 Err(_) => assert_eq!(copy.size(), 0, "a refused batch changed the copy"),
             }

@@ -15,9 +15,11 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use themis_fuzz::trust::{trust, Genuine, SERVICE};
+use themis_fuzz::MESH;
 use themis_fuzz::Edit;
 use themis_trust::{
-    chain_from_pem, from_pem, InstanceValue, PemKind, Revocations, Signed, MAX_GRANT_CHAIN,
+    chain_from_pem, from_pem, InstanceValue, PemKind, Revocations, Signed, Subject,
+    MAX_GRANT_CHAIN,
 };
 
 #[derive(Arbitrary, Debug)]
@@ -63,6 +65,12 @@ fn assert_genuine(what: &str, kind: Genuine, bytes: &[u8], strictness: Match) {
 
 /// The decoders return, and what they decode round-trips.
 fn decoders(bytes: &[u8]) {
+    // A record's subject label (set by a node, read by every agent that endorses).
+    let text = String::from_utf8_lossy(bytes);
+    if let Ok(subject) = Subject::from_uri(&text, MESH) {
+        assert_eq!(subject.uri(MESH), text, "a subject reads back as another");
+        assert_eq!(Subject::new(&subject.namespace, &subject.service_account), Ok(subject));
+    }
     if let Ok(signed) = Signed::decode(bytes) {
         let encoded = signed.encode();
         assert!(encoded.len() <= bytes.len(), "the canonical encoding is never longer");

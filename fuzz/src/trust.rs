@@ -8,9 +8,10 @@ use std::sync::OnceLock;
 
 use themis_core::Identity;
 use themis_trust::{
-    chain_to_pem, to_pem, AddressRange, Admission, Announcement, Grant, InstanceValue, MeshRoot, Metadata,
-    PemKind, Record, Revocation, Revocations, Signed, Verifier, ADMISSION_LABEL,
-    ANNOUNCEMENT_LABEL, GRANT_LABEL, RECORD_LABEL, REVOCATION_LABEL,
+    chain_to_pem, to_pem, AddressRange, Admission, Announcement, Binding, Grant, InstanceValue,
+    MeshRoot, Metadata, PemKind, Record, Revocation, Revocations, Signed, Verifier,
+    ADMISSION_LABEL, ANNOUNCEMENT_LABEL, BINDING_LABEL, GRANT_LABEL, RECORD_LABEL,
+    REVOCATION_LABEL,
 };
 
 use crate::{mesh, with_rng, MESH};
@@ -19,6 +20,10 @@ use crate::{mesh, with_rng, MESH};
 pub const NOW: u64 = 1_800_000_000_000;
 /// The service the genuine records are for.
 pub const SERVICE: &str = "check";
+/// The namespace the genuine binding lets serve [`SERVICE`].
+pub const NAMESPACE: &str = "shop";
+/// The one ServiceAccount of [`NAMESPACE`] the genuine binding names.
+pub const SERVICE_ACCOUNT: &str = "checker";
 const MINUTE: u64 = 60_000;
 
 /// The fixed keys and the genuine statements, encoded.
@@ -42,6 +47,9 @@ pub struct Trust {
     pub values: Vec<Vec<u8>>,
     /// The root's revocation of the workload.
     pub revocation: Signed,
+    /// The root's binding of [`SERVICE`] to namespace [`NAMESPACE`], ServiceAccount
+    /// [`SERVICE_ACCOUNT`] only.
+    pub binding: Signed,
     /// Every genuine encoding above, with what it is (see [`Trust::genuine`]).
     genuine: Vec<(Genuine, Vec<u8>)>,
     /// A set holding [`Trust::revocation`].
@@ -167,6 +175,18 @@ pub fn trust() -> &'static Trust {
             },
         );
         genuine.push((Genuine::AddressRange, address_range.encode()));
+        let binding = Signed::sign(
+            &root_key,
+            BINDING_LABEL,
+            &Binding {
+                mesh: MESH.into(),
+                service: SERVICE.into(),
+                namespace: NAMESPACE.into(),
+                service_accounts: vec![SERVICE_ACCOUNT.into()],
+                issued_at: NOW - MINUTE,
+                not_after: None,
+            },
+        );
         Trust {
             root,
             root_key,
@@ -177,6 +197,7 @@ pub fn trust() -> &'static Trust {
             delegated_chain,
             values,
             revocation,
+            binding,
             genuine,
             revoked,
             none: Revocations::new(),
