@@ -16,6 +16,11 @@ pub const MAX_CGROUP_DEPTH: u32 = 16;
 pub const SO_ORIGINAL_DST: i32 = 80;
 /// No proxy uid configured.
 pub const NO_UID: u32 = u32::MAX;
+/// [`WorkloadConfig::inbound_mode`]: the listed ports are the protected ones.
+pub const INBOUND_LISTED: u8 = 0;
+/// [`WorkloadConfig::inbound_mode`]: every TCP port is protected, the listed ones
+/// exempted (as Istio captures every inbound port unless excluded).
+pub const INBOUND_ALL_TCP: u8 = 1;
 
 pub const AF_INET: u16 = 2;
 pub const AF_INET6: u16 = 10;
@@ -42,15 +47,20 @@ pub struct WorkloadConfig {
     pub outbound_port: u16,
     /// Capture IPv6 connects too (to `outbound_ip6`); otherwise they are left alone.
     pub capture_ipv6: u8,
-    pub _pad0: u8,
+    /// How `inbound_ports` is read: [`INBOUND_LISTED`] or [`INBOUND_ALL_TCP`]. In the
+    /// byte that was padding, so maps pinned by an older agent read as listed.
+    pub inbound_mode: u8,
     pub outbound_ip6: [u32; 4],
     /// Connects by this uid are never captured (Istio's 1337 style); `NO_UID` = none.
     pub proxy_uid: u32,
     pub _pad1: u32,
     /// The proxy's cgroup id (also in `EXEMPT_CGROUPS`), kept for the loader's clean-up.
     pub proxy_cgroup: u64,
-    /// App ports that accept TCP and UDP only from loopback, i.e. via the local proxy;
-    /// 0 = unused. A workload with at least one is *protected*: the ingress program
+    /// [`INBOUND_LISTED`]: app ports that accept TCP and UDP only from loopback, i.e.
+    /// via the local proxy. [`INBOUND_ALL_TCP`]: the ports exempted, which take new TCP
+    /// connections from outside the node (every other port takes them only from
+    /// loopback or at the proxy's own sockets). 0 = unused. A workload with at least
+    /// one listed port, or in [`INBOUND_ALL_TCP`], is *protected*: the ingress program
     /// also limits what else it takes from outside the node (docs/CAPTURE.md).
     pub inbound_ports: [u16; MAX_PORTS],
     /// Destination ports never captured; 0 = unused.

@@ -38,7 +38,8 @@ use aya_ebpf::{
 };
 use themis_ebpf_common::{
     settings, stats, Cidr, ConnectionKey, ListenerOwner, OriginalDst, SocketAddrKey,
-    WorkloadConfig, AF_INET, AF_INET6, LOOPBACK_IFINDEX, MAX_CGROUP_DEPTH, NO_UID, SO_ORIGINAL_DST,
+    WorkloadConfig, AF_INET, AF_INET6, INBOUND_ALL_TCP, LOOPBACK_IFINDEX, MAX_CGROUP_DEPTH, NO_UID,
+    SO_ORIGINAL_DST,
 };
 
 const IPPROTO_TCP: u32 = 6;
@@ -520,6 +521,9 @@ const IPPROTO_AH: u8 = 51;
 const IPPROTO_ICMPV6: u8 = 58;
 const IPPROTO_DSTOPTS: u8 = 60;
 const IPPROTO_UDPLITE: u8 = 136;
+/// TCP header flags (byte 13).
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
 /// Most IPv6 extension headers followed before the transport header; a longer chain
 /// is dropped. The kernel itself accepts at most 8 options per header, and real
 /// traffic has one or two headers.
@@ -528,9 +532,14 @@ const MAX_IPV6_EXT_HEADERS: u32 = 8;
 /// The ingress rule for a protected workload (one with inbound ports), for packets
 /// from outside the node (a non-loopback source) to any of its sockets:
 ///
-/// - TCP to an inbound port: dropped (`inbound_dropped`); other TCP ports pass;
+/// - TCP to an inbound port: dropped (`inbound_dropped`); other TCP ports pass. With
+///   `INBOUND_ALL_TCP`, a connection's opening SYN to any port is dropped
+///   (`inbound_dropped`) unless the port is exempted (listed) or the receiving socket
+///   is the proxy's (its uid); the rest of TCP passes (the replies of the workload's
+///   own connections, which no SYN from outside opened);
 /// - UDP/UDP-Lite to an inbound port: dropped (`inbound_udp_dropped`); other UDP
-///   ports pass (replies to the workload's own DNS and QUIC clients);
+///   ports pass (replies to the workload's own DNS and QUIC clients). With
+///   `INBOUND_ALL_TCP`, UDP passes (no port of it is listed as protected);
 /// - ICMP: errors (destination unreachable, time exceeded, parameter problem, IPv6
 ///   packet too big), echo replies and IPv6 neighbour discovery (133-137) pass, the
 ///   rest (echo requests, ...) is dropped (`inbound_icmp_dropped`);
@@ -559,7 +568,11 @@ pub fn inbound(ctx: SkBuffContext) -> i32 {
     // SAFETY: the skb context the kernel passed.
     let config =
         match owner(|level| unsafe { bpf_skb_ancestor_cgroup_id(ctx.as_ptr() as *mut _, level) }) {
-            Owner::Workload(config) if any_port(&config.inbound_ports) => config,
+            Owner::Workload(config)
+                if config.inbound_mode == INBOUND_ALL_TCP || any_port(&config.inbound_ports) =>
+            {
+                config
+            }
             _ => return PASS,
         };
     // A loopback source from another device is forged: the kernel lets it in only
@@ -634,7 +647,14 @@ fn protected_verdict(ctx: &SkBuffContext, config: &WorkloadConfig) -> Result<(i3
     let verdict = match protocol {
         IPPROTO_TCP_U8 => {
             let port = u16::from_be(ctx.load::<u16>(offset + 2)?);
-            if port_listed(&config.inbound_ports, port) {
+            let dropped = if config.inbound_mode == INBOUND_ALL_TCP {
+                let flags: u8 = ctx.load(offset + 13)?;
+                let opening = flags & TCP_SYN != 0 && flags & TCP_ACK == 0;
+                opening && !port_listed(&config.inbound_ports, port) && !to_proxy(ctx, config)
+            } else {
+                port_listed(&config.inbound_ports, port)
+            };
+            if dropped {
                 (DROP, stats::INBOUND_DROPPED)
             } else {
                 (PASS, 0)
@@ -642,7 +662,7 @@ fn protected_verdict(ctx: &SkBuffContext, config: &WorkloadConfig) -> Result<(i3
         }
         IPPROTO_UDP | IPPROTO_UDPLITE => {
             let port = u16::from_be(ctx.load::<u16>(offset + 2)?);
-            if port_listed(&config.inbound_ports, port) {
+            if config.inbound_mode != INBOUND_ALL_TCP && port_listed(&config.inbound_ports, port) {
                 (DROP, stats::INBOUND_UDP_DROPPED)
             } else {
                 (PASS, 0)
@@ -668,6 +688,13 @@ fn protected_verdict(ctx: &SkBuffContext, config: &WorkloadConfig) -> Result<(i3
         _ => (DROP, stats::INBOUND_OTHER_DROPPED),
     };
     Ok(verdict)
+}
+
+/// The packet is for a socket of the workload's proxy (its uid): the sidecar's
+/// inbound listener, which takes the mesh's connections from the network.
+#[inline(always)]
+fn to_proxy(ctx: &SkBuffContext, config: &WorkloadConfig) -> bool {
+    config.proxy_uid != NO_UID && ctx.get_socket_uid() == config.proxy_uid
 }
 
 /// Where an IPv6 packet's transport header is, past its extension headers.

@@ -6,7 +6,10 @@ use std::{
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
-use themis_ebpf_common::{Cidr, WorkloadConfig, AF_INET, AF_INET6, MAX_CIDRS, MAX_PORTS, NO_UID};
+use themis_ebpf_common::{
+    Cidr, WorkloadConfig, AF_INET, AF_INET6, INBOUND_ALL_TCP, INBOUND_LISTED, MAX_CIDRS, MAX_PORTS,
+    NO_UID,
+};
 
 /// A capture request the agent cannot carry out as asked; the message says why.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +44,12 @@ pub struct CaptureSpec {
     /// errors, echo replies and neighbour discovery (docs/CAPTURE.md).
     #[serde(default)]
     pub inbound_ports: Vec<u16>,
+    /// Every TCP port protected instead, as Istio captures every inbound port: a
+    /// connection from the network may open only at the proxy's sockets (`proxy_uid`)
+    /// and at these ports, exempted; to any other port, only from loopback (the
+    /// proxy). UDP is then left alone. Not with `inbound_ports`.
+    #[serde(default)]
+    pub inbound_all_tcp_except: Option<Vec<u16>>,
     /// Destination ports never captured.
     #[serde(default)]
     pub exclude_ports: Vec<u16>,
@@ -73,6 +82,7 @@ impl CaptureSpec {
             outbound6: None,
             netns: None,
             inbound_ports: Vec::new(),
+            inbound_all_tcp_except: None,
             exclude_ports: Vec::new(),
             exclude_cidrs: default_exclusions(),
         }
@@ -85,16 +95,32 @@ impl CaptureSpec {
                 "the outbound listener must be an address and a port, not 0.0.0.0 or port 0".into(),
             ));
         }
+        let (inbound_mode, inbound_ports) = match &self.inbound_all_tcp_except {
+            None => (INBOUND_LISTED, ports("inbound_ports", &self.inbound_ports)?),
+            Some(_) if !self.inbound_ports.is_empty() => {
+                return Err(SpecError(
+                    "inbound_ports and inbound_all_tcp_except: one or the other, not both".into(),
+                ))
+            }
+            Some(_) if self.proxy_uid.is_none() => {
+                return Err(SpecError(
+                    "inbound_all_tcp_except needs proxy_uid: the proxy's sockets are where the \
+                     network may connect"
+                        .into(),
+                ))
+            }
+            Some(exempt) => (INBOUND_ALL_TCP, ports("inbound_all_tcp_except", exempt)?),
+        };
         let mut config = WorkloadConfig {
             outbound_ip4: u32::from(*self.outbound.ip()).to_be(),
             outbound_port: self.outbound.port(),
             capture_ipv6: 0,
-            _pad0: 0,
+            inbound_mode,
             outbound_ip6: [0; 4],
             proxy_uid: self.proxy_uid.unwrap_or(NO_UID),
             _pad1: 0,
             proxy_cgroup,
-            inbound_ports: ports("inbound_ports", &self.inbound_ports)?,
+            inbound_ports,
             exclude_ports: ports("exclude_ports", &self.exclude_ports)?,
             exclude_cidrs: [Cidr::default(); MAX_CIDRS],
         };
@@ -202,6 +228,33 @@ mod tests {
         assert!(unknown.unwrap_err().to_string().contains("unknown field"));
         assert!(check_name("../etc").is_err());
         assert!(check_name("check-1").is_ok());
+    }
+
+    #[test]
+    fn all_tcp_ports_protected_lists_the_exempted_ones_and_needs_the_proxy_uid() {
+        let all = CaptureSpec {
+            proxy_uid: Some(1337),
+            inbound_all_tcp_except: Some(vec![9091]),
+            ..CaptureSpec::new("/x")
+        };
+        let c = all.to_config(0).unwrap();
+        assert_eq!(c.inbound_mode, INBOUND_ALL_TCP);
+        assert_eq!(c.inbound_ports[..2], [9091, 0]);
+        let listed = CaptureSpec {
+            inbound_ports: vec![8080],
+            ..CaptureSpec::new("/x")
+        };
+        assert_eq!(listed.to_config(0).unwrap().inbound_mode, INBOUND_LISTED);
+        let both = CaptureSpec {
+            inbound_ports: vec![8080],
+            ..all.clone()
+        };
+        assert!(both.to_config(0).unwrap_err().0.contains("not both"));
+        let no_uid = CaptureSpec {
+            proxy_uid: None,
+            ..all
+        };
+        assert!(no_uid.to_config(0).unwrap_err().0.contains("proxy_uid"));
     }
 
     /// Capture takes exactly the workload names the agent registers (dotted ones

@@ -367,6 +367,77 @@ fn tcp_behind_ipv6_extension_headers_does_not_reach_an_app_port() {
 }
 
 #[test]
+fn with_every_tcp_port_protected_only_the_proxy_and_exempted_ports_take_connections() {
+    if !kernel("creates network namespaces and attaches capture") {
+        return;
+    }
+    let net = Net::create("all");
+    let mut pod = Pod::new("all");
+    // An app port no one declared, an exempted one, and the proxy's inbound listener
+    // (its uid, in the pod's cgroup like a sidecar container's).
+    for port in [9090, 9091] {
+        assert_eq!(
+            pod.run_in(Some(&net.node), "pod/app", &tcp_app(port)),
+            "listening"
+        );
+    }
+    // (Imported before the uid drops: the interpreter's modules are root's here.)
+    let as_proxy = format!("import os, socket; os.setuid(1337)\n{}", tcp_app(15006));
+    assert_eq!(
+        pod.run_in(Some(&net.node), "pod/proxy", &as_proxy),
+        "listening"
+    );
+    // A server outside the pod, which the app calls: its replies must come back.
+    assert_eq!(
+        pod.run_in(Some(&net.peer), "outside", &tcp_app(7070)),
+        "listening"
+    );
+    let from_peer = |pod: &mut Pod, port: u16| {
+        pod.run_in(
+            Some(&net.peer),
+            "outside",
+            &tcp6_client("none", Net::NODE6, port),
+        )
+    };
+    for port in [9090, 9091, 15006] {
+        assert_eq!(from_peer(&mut pod, port), "app", "{port} before capture");
+    }
+
+    let mut capture = Capture::start(&pod.pins, false).unwrap_or_else(|e| panic!("{e}"));
+    let spec = CaptureSpec {
+        proxy_uid: Some(1337),
+        inbound_all_tcp_except: Some(vec![9091]),
+        ..CaptureSpec::new(pod.cgroup("pod"))
+    };
+    capture.attach("app", &spec).unwrap();
+    let answer = from_peer(&mut pod, 9090);
+    assert!(
+        answer.starts_with("failed"),
+        "an undeclared port took a connection: {answer}"
+    );
+    assert_eq!(from_peer(&mut pod, 9091), "app", "the exempted port");
+    assert_eq!(from_peer(&mut pod, 15006), "app", "the proxy's listener");
+    // From loopback, where the proxy forwards from: the undeclared port answers.
+    let local = pod.run_in(
+        Some(&net.node),
+        "outside",
+        &tcp6_client("none", "::1", 9090),
+    );
+    assert_eq!(local, "app");
+    // The app's own connection out: its SYN-ACK and data come back in.
+    let out = pod.run_in(
+        Some(&net.node),
+        "pod/app",
+        &tcp6_client("none", Net::PEER6, 7070),
+    );
+    assert_eq!(out, "app", "the reply to the app's own connection");
+    let counters = capture.status().unwrap().counters;
+    assert!(counters["inbound_dropped"] >= 1, "{counters:?}");
+    assert!(capture.detach("app").unwrap());
+    assert_eq!(from_peer(&mut pod, 9090), "app", "detached: open again");
+}
+
+#[test]
 fn udp_to_an_app_port_is_dropped_over_ipv4_and_ipv6() {
     if !kernel("creates network namespaces and attaches capture") {
         return;

@@ -271,6 +271,18 @@ struct CaptureArgs {
     /// (docs/CAPTURE.md) (repeatable).
     #[arg(long = "inbound-port", value_name = "PORT", requires = "cgroup")]
     inbound_ports: Vec<u16>,
+    /// Every TCP port instead, as Istio: connections from the network open only at the
+    /// proxy's sockets (needs --proxy-uid) and at --exempt-inbound-port; UDP is left alone.
+    #[arg(long, requires = "proxy_uid", conflicts_with = "inbound_ports")]
+    inbound_all_tcp: bool,
+    /// With --inbound-all-tcp: a port that takes connections from the network
+    /// directly, unsealed (repeatable).
+    #[arg(
+        long = "exempt-inbound-port",
+        value_name = "PORT",
+        requires = "inbound_all_tcp"
+    )]
+    exempt_inbound_ports: Vec<u16>,
     /// A destination port never captured (repeatable).
     #[arg(long = "exclude-port", value_name = "PORT", requires = "cgroup")]
     exclude_ports: Vec<u16>,
@@ -290,6 +302,7 @@ impl CaptureArgs {
             outbound6: self.outbound6,
             netns: self.netns,
             inbound_ports: self.inbound_ports,
+            inbound_all_tcp_except: self.inbound_all_tcp.then_some(self.exempt_inbound_ports),
             exclude_ports: self.exclude_ports,
             exclude_cidrs: if self.exclude_cidrs.is_empty() {
                 defaults.exclude_cidrs
