@@ -240,25 +240,26 @@ refused_plain() { # an unmeshed pod's plaintext HTTP to check's Service: closed 
 }
 check "an unmeshed pod's plaintext call to check's Service is refused by check's sidecar" refused_plain || true
 # check's app listens on 127.0.0.1:8080 only, where the kernel would refuse another pod
-# whatever the capture did: a listener on the pod's own address, port 8080, in the app
-# container (its cgroup, which the capture guards), is what the capture must protect.
+# whatever the capture did: a listener on the pod's own address (port 8080 unless
+# others are given), in the app container (its cgroup, which the capture guards), is
+# what the capture must protect.
 listener_py=$(
     cat << 'EOF'
-import socket, sys, time
-s = socket.socket()
-s.bind((sys.argv[1], 8080))
-s.listen(16)
-s.settimeout(1)
+import select, socket, sys, time
+socks = []
+for port in sys.argv[2:] or ["8080"]:
+    s = socket.socket()
+    s.bind((sys.argv[1], int(port)))
+    s.listen(16)
+    socks.append(s)
 print("listening", flush=True)
 end = time.time() + 90
 while time.time() < end:
-    try:
+    for s in select.select(socks, [], [], 1)[0]:
         c, _ = s.accept()
-    except socket.timeout:
-        continue
-    c.recv(100)
-    c.sendall(b"app")
-    c.close()
+        c.recv(100)
+        c.sendall(b"app")
+        c.close()
 EOF
 )
 inbound_dropped() { on_agent --json capture | python3 -c 'import json,sys; print(json.load(sys.stdin)["counters"]["inbound_dropped"])'; }
@@ -325,10 +326,10 @@ check "a pod of another meshed namespace annotated as service check is refused N
     unbound_claims elsewhere || true
 check "a pod of shop annotated as service keyed, not as keyed's ServiceAccount web, is refused NotBound" \
     unbound_claims shop || true
-delegated_service() { # NAMESPACE POD: the service of the credential the agent gives POD's sidecar ("none" without)
+delegated_service() { # NAMESPACE POD: the service of the credential the agent gives POD's sidecar ("none": no endorsement)
     kctl -n "$1" exec "$2" -c themis-proxy -- sh -c \
         "rm -f /tmp/credential.json && themis --socket /var/run/themis/agent.sock delegate $2.$1 --out /tmp/credential.json --lifetime-secs 60 > /dev/null && cat /tmp/credential.json" |
-        python3 -c 'import json,sys; print(json.load(sys.stdin)["delegated"].get("service") or "none")'
+        python3 -c 'import json,sys; c=json.load(sys.stdin); print(c.get("service") or ("endorsed" if c.get("endorsement") else "none"))'
 }
 no_endorsement_as_check() { # the impostor's sidecar gets a delegation with no service to prove; the control: check's gets check
     local theirs ours
@@ -348,7 +349,7 @@ keyed_pod() { # (re)creates pod web-0 of service keyed: a sidecar container that
     kctl apply -f - > /dev/null << 'EOF'
 apiVersion: v1
 kind: Pod
-metadata: {name: web-0, namespace: shop, annotations: {themis.io/service: keyed}}
+metadata: {name: web-0, namespace: shop, annotations: {themis.io/service: keyed, themis.io/exclude-inbound-ports: "9091"}}
 spec:
   serviceAccountName: web
   terminationGracePeriodSeconds: 1
@@ -376,6 +377,38 @@ new_identity_for_the_same_name() {
 }
 check "a pod made again under the same name gets a new identity; the old pod's key is deleted with it" \
     new_identity_for_the_same_name || true
+# Every port is captured, declared or not (web-0 declares none); only the one its
+# annotation exempts takes another pod's connection.
+undeclared_closed_exempt_open() {
+    local ip listener reach before after status=0
+    ip=$(kctl -n shop get pod web-0 -o jsonpath='{.status.podIP}')
+    kctl -n shop exec web-0 -c themis-proxy -- python3 -c "$listener_py" "$ip" 9090 9091 > "$work/ports.txt" 2>&1 &
+    listener=$!
+    if ! until_ok 20 grep -q '^listening' "$work/ports.txt"; then
+        echo "no listeners on $ip:9090,9091 in web-0: $(cat "$work/ports.txt")"
+        status=1
+    elif ! keyed_registered; then
+        echo "control: web-0 is not registered (nothing captured)"
+        status=1
+    elif ! reach=$(from_outsider "$ip" 9091 connect) || [[ $reach != connected ]]; then
+        echo "the exempted port 9091 does not take the outsider's connection: $reach"
+        status=1
+    elif ! before=$(inbound_dropped); then
+        echo "the agent's capture counters could not be read"
+        status=1
+    elif ! reach=$(from_outsider "$ip" 9090 connect) || [[ $reach != connect-timed-out ]]; then
+        echo "the undeclared port 9090 is not dropped (a dropped SYN times out): $reach"
+        status=1
+    elif ! after=$(inbound_dropped) || ((after <= before)); then
+        echo "the capture did not count the drop (inbound_dropped $before, then ${after:-?})"
+        status=1
+    fi
+    kill "$listener" 2> /dev/null || true
+    wait "$listener" 2> /dev/null || true
+    return "$status"
+}
+check "a port no container declares takes no connection from another pod; the port web-0's annotation exempts does" \
+    undeclared_closed_exempt_open || true
 kctl -n shop delete pod web-0 --wait=false > /dev/null 2>&1 || true
 
 step "pods come and go: deletion withdraws, a rollout and an agent restart fail no call"

@@ -131,7 +131,8 @@ impl Agent {
         let mut capture = CaptureSpec::new(pod_cgroup.to_owned());
         capture.proxy_uid = Some(proxy_uid);
         capture.netns = Some(netns);
-        capture.inbound_ports = plan.app_ports.clone();
+        // Every TCP port, declared or not (a metrics or debug port too), as Istio.
+        capture.inbound_all_tcp_except = Some(plan.exempt_ports.clone());
         let register = serde_json::json!({
             "endpoint": plan.endpoint,
             "metadata": plan.metadata(mesh),

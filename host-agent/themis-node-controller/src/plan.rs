@@ -17,6 +17,10 @@ pub const SERVICE_ANNOTATION: &str = "themis.io/service";
 /// `tls,themis`, as `themis sidecar render --transport`); signed into its record, so
 /// callers pick by it. Without it, the channel alone (a record without the label).
 pub const TRANSPORT_ANNOTATION: &str = "themis.io/transport";
+/// The pod annotation naming the app ports (comma-separated) that take connections from
+/// the network directly, unsealed, as Istio's `excludeInboundPorts`: every other port
+/// takes them only through the sidecar.
+pub const EXCLUDE_INBOUND_ANNOTATION: &str = "themis.io/exclude-inbound-ports";
 /// The sidecar container's name, as an injector writes it (Istio's `istio-proxy`).
 pub const PROXY_CONTAINER: &str = "themis-proxy";
 /// The registration label that ties a registration to its pod (and lets a restarted
@@ -66,8 +70,9 @@ pub struct PodPlan {
     pub uid: String,
     /// Where its sidecar takes mesh traffic.
     pub endpoint: SocketAddr,
-    /// The app containers' ports: they take TCP only through the sidecar.
-    pub app_ports: Vec<u16>,
+    /// The ports exempted from capture ([`EXCLUDE_INBOUND_ANNOTATION`]): every other
+    /// TCP port of the pod, declared or not, takes connections only through the sidecar.
+    pub exempt_ports: Vec<u16>,
     /// Whether the sidecar has started (its startup probe passed): only then is the pod
     /// registered, so that no caller resolves it before its inbound listener exists.
     /// Its workload is bound before, so the sidecar gets its identity as it starts.
@@ -94,6 +99,17 @@ impl PodPlan {
         }
         labels
     }
+}
+
+/// `"8081, 9090"` as sorted ports without repeats; `None` if any is not a port.
+fn ports(list: &str) -> Option<Vec<u16>> {
+    let mut ports = list
+        .split(',')
+        .map(|p| p.trim().parse::<u16>().ok().filter(|&p| p != 0))
+        .collect::<Option<Vec<u16>>>()?;
+    ports.sort_unstable();
+    ports.dedup();
+    Some(ports)
 }
 
 /// Decides for `pod`, in a namespace labelled `namespace_labels`.
@@ -182,16 +198,20 @@ pub fn decide(
     {
         return Decision::Wait("not pending or running");
     }
-    let mut app_ports: Vec<u16> = spec
-        .containers
-        .iter()
-        .filter(|c| c.name != PROXY_CONTAINER)
-        .flat_map(|c| c.ports.iter().flatten())
-        .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
-        .filter_map(|p| u16::try_from(p.container_port).ok())
-        .collect();
-    app_ports.sort_unstable();
-    app_ports.dedup();
+    let exempt_ports = match annotations.and_then(|a| a.get(EXCLUDE_INBOUND_ANNOTATION)) {
+        None => Vec::new(),
+        Some(list) => match ports(list) {
+            Some(ports) => ports,
+            None => {
+                return Decision::Refuse(
+                    "BadExemptPorts",
+                    format!(
+                        "{EXCLUDE_INBOUND_ANNOTATION}: {list:?} is not a list of ports 1-65535"
+                    ),
+                )
+            }
+        },
+    };
     let proxy_started = status
         .into_iter()
         .flat_map(|s| {
@@ -206,7 +226,7 @@ pub fn decide(
         service: service.clone(),
         uid: uid.clone(),
         endpoint: SocketAddr::new(ip, conventions.inbound_port),
-        app_ports,
+        exempt_ports,
         proxy_started,
         transport,
         subject,
@@ -253,17 +273,16 @@ mod tests {
     }
 
     #[test]
-    fn a_meshed_pod_gets_its_workload_endpoint_and_app_ports() {
+    fn a_meshed_pod_gets_its_workload_endpoint_and_subject() {
         let Decision::Mesh(plan) = decide_for(&pod(json!({}))) else {
             panic!()
         };
         assert_eq!(plan.workload, "check-7d9f.shop");
         assert_eq!(plan.service, "check");
         assert_eq!(plan.endpoint, "10.244.0.7:15006".parse().unwrap());
-        assert_eq!(
-            plan.app_ports,
-            [8080],
-            "TCP app ports only, not the sidecar's"
+        assert!(
+            plan.exempt_ports.is_empty(),
+            "no annotation: every port through the sidecar"
         );
         assert_eq!(plan.metadata("k8s")[POD_UID_LABEL], "u-1");
         assert!(
@@ -298,6 +317,14 @@ mod tests {
             panic!()
         };
         assert_eq!(plan.metadata("k8s")[TRANSPORT_LABEL], "tls,themis");
+        // Ports exempted from capture only by the annotation.
+        let exempt = pod(
+            json!({"metadata": {"annotations": {EXCLUDE_INBOUND_ANNOTATION: "9090, 8081,9090"}}}),
+        );
+        let Decision::Mesh(plan) = decide_for(&exempt) else {
+            panic!()
+        };
+        assert_eq!(plan.exempt_ports, [8081, 9090]);
         // A native sidecar (an init container that keeps running) is a sidecar too.
         let native = pod(json!({"spec": {
             "containers": [{"name": "app", "image": "x"}],
@@ -355,6 +382,10 @@ mod tests {
         for bad in ["quic", "", "tls,,themis", "TLS"] {
             let odd = pod(json!({"metadata": {"annotations": {TRANSPORT_ANNOTATION: bad}}}));
             assert_eq!(reason(odd), "BadTransport", "{bad:?}");
+        }
+        for bad in ["", "0", "8080,", "http", "65536", "80 443"] {
+            let odd = pod(json!({"metadata": {"annotations": {EXCLUDE_INBOUND_ANNOTATION: bad}}}));
+            assert_eq!(reason(odd), "BadExemptPorts", "{bad:?}");
         }
     }
 
