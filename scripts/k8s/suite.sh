@@ -263,33 +263,41 @@ while time.time() < end:
 EOF
 )
 inbound_dropped() { on_agent --json capture | python3 -c 'import json,sys; print(json.load(sys.stdin)["counters"]["inbound_dropped"])'; }
-app_port_closed() { # the app port on the pod's address, from another pod: the capture drops the SYN
-    local listener reach before answer after status=0
-    kctl -n shop exec "$check_pod" -c app -- python3 -c "$listener_py" "$check_ip" > "$work/listener.txt" 2>&1 &
+# with_listener NAMESPACE POD CONTAINER CHECK IP [PORT...]: runs CHECK while listener_py
+# listens at IP:PORT... (8080 without) in the container.
+with_listener() {
+    local ns=$1 pod=$2 container=$3 body=$4 listener status=0
+    shift 4
+    kctl -n "$ns" exec "$pod" -c "$container" -- python3 -c "$listener_py" "$@" > "$work/listener.txt" 2>&1 &
     listener=$!
     # (It says so once it listens.)
-    if ! until_ok 20 grep -q '^listening' "$work/listener.txt"; then
-        echo "no listener on $check_ip:8080 in check's app container: $(cat "$work/listener.txt")"
-        status=1
-    # The control: the outsider reaches the same address, on the mesh port.
-    elif ! reach=$(from_outsider "$check_ip" 15006 connect) || [[ $reach != connected ]]; then
-        echo "control: the outsider does not reach $check_ip:15006: $reach"
-        status=1
-    elif ! before=$(inbound_dropped); then
-        echo "the agent's capture counters could not be read"
-        status=1
-    elif ! answer=$(from_outsider "$check_ip" 8080 send) || [[ $answer != connect-timed-out ]]; then
-        echo "not dropped (a dropped SYN times out): $answer"
-        status=1
-    elif ! after=$(inbound_dropped) || ((after <= before)); then
-        echo "the capture did not count the drop (inbound_dropped $before, then ${after:-?})"
+    if until_ok 20 grep -q '^listening' "$work/listener.txt"; then
+        "$body" || status=1
+    else
+        echo "no listener at $* in $ns/$pod: $(cat "$work/listener.txt")"
         status=1
     fi
     kill "$listener" 2> /dev/null || true
     wait "$listener" 2> /dev/null || true
     return "$status"
 }
-check "check's app port ($check_ip:8080) takes nothing from another pod (the capture)" app_port_closed || true
+dropped_from_outsider() { # IP PORT: the outsider's connect times out (its SYN dropped), and the capture counts it
+    local before answer after
+    before=$(inbound_dropped) || { echo "the agent's capture counters could not be read"; return 1; }
+    answer=$(from_outsider "$1" "$2" send) && [[ $answer == connect-timed-out ]] ||
+        { echo "$1:$2 not dropped (a dropped SYN times out): $answer"; return 1; }
+    after=$(inbound_dropped) && ((after > before)) ||
+        { echo "the capture did not count the drop (inbound_dropped $before, then ${after:-?})"; return 1; }
+}
+app_port_closed() { # the app port on the pod's address, from another pod: the capture drops the SYN
+    local reach
+    # The control: the outsider reaches the same address, on the mesh port.
+    reach=$(from_outsider "$check_ip" 15006 connect) && [[ $reach == connected ]] ||
+        { echo "control: the outsider does not reach $check_ip:15006: $reach"; return 1; }
+    dropped_from_outsider "$check_ip" 8080
+}
+check "check's app port ($check_ip:8080) takes nothing from another pod (the capture)" \
+    with_listener shop "$check_pod" app app_port_closed "$check_ip" || true
 not_operator() { # root in another pod, through the agent's socket: refused as not the operator
     local out
     if out=$(kctl -n plain exec intruder -- themis --socket /var/run/themis/agent.sock \
@@ -379,36 +387,16 @@ check "a pod made again under the same name gets a new identity; the old pod's k
     new_identity_for_the_same_name || true
 # Every port is captured, declared or not (web-0 declares none); only the one its
 # annotation exempts takes another pod's connection.
-undeclared_closed_exempt_open() {
-    local ip listener reach before after status=0
-    ip=$(kctl -n shop get pod web-0 -o jsonpath='{.status.podIP}')
-    kctl -n shop exec web-0 -c themis-proxy -- python3 -c "$listener_py" "$ip" 9090 9091 > "$work/ports.txt" 2>&1 &
-    listener=$!
-    if ! until_ok 20 grep -q '^listening' "$work/ports.txt"; then
-        echo "no listeners on $ip:9090,9091 in web-0: $(cat "$work/ports.txt")"
-        status=1
-    elif ! keyed_registered; then
-        echo "control: web-0 is not registered (nothing captured)"
-        status=1
-    elif ! reach=$(from_outsider "$ip" 9091 connect) || [[ $reach != connected ]]; then
-        echo "the exempted port 9091 does not take the outsider's connection: $reach"
-        status=1
-    elif ! before=$(inbound_dropped); then
-        echo "the agent's capture counters could not be read"
-        status=1
-    elif ! reach=$(from_outsider "$ip" 9090 connect) || [[ $reach != connect-timed-out ]]; then
-        echo "the undeclared port 9090 is not dropped (a dropped SYN times out): $reach"
-        status=1
-    elif ! after=$(inbound_dropped) || ((after <= before)); then
-        echo "the capture did not count the drop (inbound_dropped $before, then ${after:-?})"
-        status=1
-    fi
-    kill "$listener" 2> /dev/null || true
-    wait "$listener" 2> /dev/null || true
-    return "$status"
+undeclared_closed_exempt_open() { # the control: web-0 is registered (captured)
+    local reach
+    keyed_registered || { echo "control: web-0 is not registered (nothing captured)"; return 1; }
+    reach=$(from_outsider "$web0_ip" 9091 connect) && [[ $reach == connected ]] ||
+        { echo "the exempted port 9091 does not take the outsider's connection: $reach"; return 1; }
+    dropped_from_outsider "$web0_ip" 9090
 }
+web0_ip=$(kctl -n shop get pod web-0 -o jsonpath='{.status.podIP}')
 check "a port no container declares takes no connection from another pod; the port web-0's annotation exempts does" \
-    undeclared_closed_exempt_open || true
+    with_listener shop web-0 themis-proxy undeclared_closed_exempt_open "$web0_ip" 9090 9091 || true
 kctl -n shop delete pod web-0 --wait=false > /dev/null 2>&1 || true
 
 step "pods come and go: deletion withdraws, a rollout and an agent restart fail no call"
