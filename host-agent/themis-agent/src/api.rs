@@ -147,7 +147,9 @@ impl From<RegistryError> for ApiError {
             RegistryError::CaptureDisabled => {
                 ApiError::new(StatusCode::CONFLICT, "capture_disabled", e)
             }
-            RegistryError::RateLimited { .. } | RegistryError::LookupsLimited { .. } => {
+            RegistryError::RateLimited { .. }
+            | RegistryError::LookupsLimited { .. }
+            | RegistryError::DelegationsLimited { .. } => {
                 ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", e)
             }
             RegistryError::Capture(ref c) => match c {
@@ -289,14 +291,15 @@ async fn authorize(
 }
 
 /// The read-only subset for clients that cannot reach the Unix socket (a WASI tool):
-/// status and resolution, nothing that changes state or reveals a key.
+/// status, resolution and revocations (the component's), nothing that changes state
+/// or reveals a key, and nothing that answers a small request with a large body (the
+/// log, every leaf with its proof, and its copy, up to 512 MiB, stay on the Unix
+/// socket).
 pub fn resolve_router(registry: Arc<Registry>) -> Router {
     let read_only = Router::new()
         .route("/v1/status", get(status))
         .route("/v1/services/{service}", get(resolve))
-        .route("/v1/revocations", get(revocations))
-        .route("/v1/log", get(log_status))
-        .route("/v1/log/copy", get(log_copy));
+        .route("/v1/revocations", get(revocations));
     finish(read_only, registry)
 }
 

@@ -133,6 +133,15 @@ pub struct Settings {
     /// An authenticated inbound connection must prove its admission (send a frame
     /// carrying a valid admission) within this, in milliseconds.
     pub admission_timeout_ms: u64,
+    /// The longest delegation (or TLS certificate) the agent signs for a proxy, in
+    /// seconds, whatever the proxy asks: a stolen delegated key speaks for its
+    /// workload, from anywhere, until then (or the workload's revocation).
+    pub max_delegation_secs: u64,
+    /// Delegations and certificates one workload may be given per minute on average
+    /// (each Envoy VM asks at start and at every renewal, about one a minute).
+    pub delegations_per_minute: u32,
+    /// Delegations and certificates one workload may be given in a burst.
+    pub delegation_burst: u32,
 }
 
 /// How logs are written.
@@ -190,6 +199,9 @@ impl Default for Settings {
             inbound_handshakes_per_sec: 200,
             inbound_hellos_per_source_per_sec: 50,
             admission_timeout_ms: 5_000,
+            max_delegation_secs: 3_600,
+            delegations_per_minute: 30,
+            delegation_burst: 30,
         }
     }
 }
@@ -381,6 +393,17 @@ pub struct AgentArgs {
     /// An inbound connection must prove its admission within this, ms [default: 5000].
     #[arg(long, value_name = "MS")]
     pub admission_timeout_ms: Option<u64>,
+    /// The longest delegation or TLS certificate signed for a proxy, seconds,
+    /// whatever it asks (1 to 86400) [default: 3600].
+    #[arg(long, value_name = "SECS")]
+    pub max_delegation_secs: Option<u64>,
+    /// Delegations and certificates per workload per minute on average; over it
+    /// (and the burst) a request is refused with 429 [default: 30].
+    #[arg(long, value_name = "N")]
+    pub delegations_per_minute: Option<u32>,
+    /// Delegations and certificates per workload in a burst [default: 30].
+    #[arg(long, value_name = "N")]
+    pub delegation_burst: Option<u32>,
 }
 
 /// The backstops' period with one-hop routing, ms: gossip pushes revocations and
@@ -441,7 +464,10 @@ impl Settings {
             resolve_lookups_burst,
             inbound_handshakes_per_sec,
             inbound_hellos_per_source_per_sec,
-            admission_timeout_ms
+            admission_timeout_ms,
+            max_delegation_secs,
+            delegations_per_minute,
+            delegation_burst
         );
         if args.mesh_root.is_some() {
             s.mesh_root = args.mesh_root.clone();
@@ -548,6 +574,13 @@ impl Settings {
         {
             return invalid("timeouts and periods must be non-zero".into());
         }
+        let max_secs = themis_core::delegation::MAX_LIFETIME_MS / 1000;
+        if !(1..=max_secs).contains(&self.max_delegation_secs) {
+            return invalid(format!(
+                "max_delegation_secs = {}: a delegation lasts 1 to {max_secs} seconds",
+                self.max_delegation_secs
+            ));
+        }
         if self.gossip_ms > 600_000 {
             return invalid(format!(
                 "gossip_ms = {}: the gossip's pull period is at most 600000 (10 minutes)",
@@ -647,6 +680,9 @@ impl Settings {
             lookups_per_sec: self.resolve_lookups_per_sec,
             lookups_burst: self.resolve_lookups_burst.max(1),
             require_binding: self.require_binding,
+            max_delegation: Duration::from_secs(self.max_delegation_secs),
+            delegations_per_minute: self.delegations_per_minute,
+            delegation_burst: self.delegation_burst.max(1),
         }
     }
 
@@ -764,6 +800,20 @@ mod tests {
                     ..Default::default()
                 },
                 "republish_secs",
+            ),
+            (
+                AgentArgs {
+                    max_delegation_secs: Some(0),
+                    ..Default::default()
+                },
+                "max_delegation_secs",
+            ),
+            (
+                AgentArgs {
+                    max_delegation_secs: Some(86_401),
+                    ..Default::default()
+                },
+                "1 to 86400 seconds",
             ),
         ] {
             let error = Settings::load(&args).unwrap_err().to_string();

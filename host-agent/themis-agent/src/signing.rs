@@ -28,7 +28,11 @@
 //! short-lived key and the agent signs a delegation to it with the workload key
 //! ([`themis_core::delegation`]), refused once the workload is revoked. The workload
 //! key still never leaves the agent; a proxy holds a key that speaks for its workload
-//! until the delegation's `not_after` (one hour by default, at most a day).
+//! until the delegation's `not_after`: what it asks (one hour if it does not say),
+//! capped at the agent's `max_delegation_secs` (one hour by default, at most a day).
+//! Each workload's delegations are rate-limited (`delegations_per_minute`,
+//! `delegation_burst`: 429 over them) and each delegated key is logged, so a
+//! compromised proxy can neither mint keys without bound nor unseen.
 
 use std::sync::Arc;
 
@@ -231,6 +235,10 @@ pub enum DelegateError {
     /// The mesh root revoked the workload: no new delegation.
     #[error("the workload {0} is revoked")]
     Revoked(String),
+    /// The workload was given too many delegations lately
+    /// ([`RegistryError::DelegationsLimited`]).
+    #[error(transparent)]
+    Limited(RegistryError),
     /// The TLS certificate could not be made.
     #[error("no certificate: {0}")]
     Certificate(#[from] themis_x509::IssueError),
@@ -243,6 +251,7 @@ impl DelegateError {
             DelegateError::Workload(e) => e.reason(),
             DelegateError::Key => "bad_hex",
             DelegateError::Revoked(_) => "revoked",
+            DelegateError::Limited(_) => "rate_limited",
             DelegateError::Certificate(_) => "certificate",
         }
     }
@@ -252,6 +261,7 @@ impl DelegateError {
             DelegateError::Workload(e) => e.status(),
             DelegateError::Key => StatusCode::BAD_REQUEST,
             DelegateError::Revoked(_) => StatusCode::FORBIDDEN,
+            DelegateError::Limited(_) => StatusCode::TOO_MANY_REQUESTS,
             DelegateError::Certificate(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -259,7 +269,16 @@ impl DelegateError {
 
 impl IntoResponse for DelegateError {
     fn into_response(self) -> Response {
-        refusal(self.status(), &self, self.reason())
+        let mut response = refusal(self.status(), &self, self.reason());
+        if let DelegateError::Limited(RegistryError::DelegationsLimited { retry_after, .. }) = self
+        {
+            let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs.max(1)),
+            );
+        }
+        response
     }
 }
 
@@ -292,6 +311,11 @@ pub async fn delegate_for(
     let asked = Delegating::of(registry, workload, request.lifetime_secs).await?;
     let d = Delegation::issue(&asked.identity, key, now_ms, asked.lifetime_ms);
     let renew_at_ms = asked.renew_at(registry, now_ms, &d);
+    // Each delegated key is logged: it speaks for the workload until `not_after_ms`.
+    tracing::info!(%workload, delegated_key = %request.delegated_key,
+        not_after_ms = d.not_after_ms, capped_from_ms = asked.capped_from_ms,
+        service = ?asked.endorsement.as_ref().map(|(s, _, _)| s),
+        "delegated handshake signing to the proxy's key");
     Ok(Delegated {
         identity: public_identity(asked.workload, &asked.identity),
         delegation: hex::encode(d.encode()),
@@ -303,11 +327,14 @@ pub async fn delegate_for(
 }
 
 /// What a delegation of either purpose rests on: the workload, its key (not revoked),
-/// the lifetime asked for, and its current endorsement (service, value, when signed).
+/// the lifetime (what was asked, capped at the agent's maximum), and its current
+/// endorsement (service, value, when signed).
 struct Delegating {
     workload: WorkloadName,
     identity: Identity,
     lifetime_ms: u64,
+    /// What the proxy asked for, when more than it was given (for the log).
+    capped_from_ms: Option<u64>,
     endorsement: Option<(themis_contracts::ServiceName, Vec<u8>, u64)>,
 }
 
@@ -324,13 +351,18 @@ impl Delegating {
         if registry.trust().revocations().contains(&identity.id()) {
             return Err(DelegateError::Revoked(identity.printable_id()));
         }
-        let lifetime_ms =
+        registry
+            .take_delegation(&workload, std::time::Instant::now())
+            .map_err(DelegateError::Limited)?;
+        let asked_ms =
             lifetime_secs.map_or(delegation::DEFAULT_LIFETIME_MS, |s| s.saturating_mul(1000));
+        let lifetime_ms = asked_ms.min(registry.max_delegation_ms());
         let endorsement = registry.endorsement_of(&workload).await;
         Ok(Delegating {
             workload,
             identity,
             lifetime_ms,
+            capped_from_ms: (asked_ms > lifetime_ms).then_some(asked_ms),
             endorsement,
         })
     }
@@ -368,6 +400,9 @@ pub async fn certificate_for(
     let id = asked.identity.id();
     let service = asked.endorsement.as_ref().map(|(s, _, _)| s.clone());
     let principal = themis_x509::principal(mesh, &id, service.as_ref().map(|s| s.as_str()));
+    tracing::info!(%workload, tls_key_spki_sha256 = %hex::encode(key.spki_sha256()),
+        not_after_ms = d.not_after_ms, %principal, capped_from_ms = asked.capped_from_ms,
+        "made a TLS certificate for the proxy");
     let proof = themis_x509::Proof {
         version: themis_x509::PROOF_VERSION,
         mesh: mesh.as_str().to_owned(),
@@ -404,10 +439,6 @@ pub async fn certificate_route(
         Ok(Json(request)) => certificate_for(&r, &workload, &request, unix_millis()).await,
         Err(e) => return bad_request(&r, e),
     };
-    if let Ok(issued) = &result {
-        tracing::info!(%workload, not_after_ms = issued.not_after_ms,
-            principal = %issued.principal, "made a TLS certificate for the proxy");
-    }
     answer(&r, &workload, "certificate", result)
 }
 
@@ -424,10 +455,6 @@ pub async fn delegate_route(
         Ok(Json(request)) => delegate_for(&r, &workload, &request, unix_millis()).await,
         Err(e) => return bad_request(&r, e),
     };
-    if let Ok(delegated) = &result {
-        tracing::info!(%workload, not_after_ms = delegated.not_after_ms,
-            service = ?delegated.service, "delegated handshake signing to the proxy's key");
-    }
     answer(&r, &workload, "delegation", result)
 }
 

@@ -2,6 +2,8 @@
 //! workload's handshake signing to the proxy's own short-lived key, with the workload's
 //! endorsement, and refuses once the mesh root revoked the workload.
 
+use std::time::Duration;
+
 use themis_testkit::agent as common;
 
 use common::{workdir, Agent, Spawn, MESH};
@@ -76,8 +78,9 @@ fn revoke_until_refused(
         "the revocation to be known",
         std::time::Duration::from_secs(30),
         |agent| {
+            // Polling spends the workload's delegation budget: a 429 is not yet.
             let (code, answer) = ask(agent);
-            (code != 200).then_some((code, answer))
+            (code != 200 && code != 429).then_some((code, answer))
         },
     )
 }
@@ -189,6 +192,97 @@ fn the_agent_delegates_to_the_proxys_key_with_the_endorsement_and_stops_at_revoc
         (403, Some("revoked")),
         "{answer}"
     );
+}
+
+/// A compromised proxy sizes neither its keys' lives nor their number: a day asked
+/// is the agent's maximum given (an hour by default, `--max-delegation-secs` less),
+/// for a delegation and a certificate alike; past the workload's budget both are
+/// refused with 429 while another workload's proxy is still served; each delegated
+/// key is in the agent's log.
+#[test]
+fn the_agent_caps_a_delegations_life_and_how_many_a_workload_is_given() {
+    let root = workdir();
+    let rng = SystemRandom::new();
+    let day = json!(24 * 3600);
+    let lifetime = |answer: &Value| {
+        let d = Delegation::decode(&hex::decode(answer["delegation"].as_str().unwrap()).unwrap())
+            .unwrap();
+        d.not_after_ms - d.not_before_ms
+    };
+    let ask = |agent: &Agent, workload: &str| {
+        let key = DelegatedKey::generate(&rng).unwrap();
+        let key = hex::encode(key.public_key());
+        let body = json!({ "delegated_key": key, "lifetime_secs": day });
+        (key, delegate(agent, workload, &body))
+    };
+
+    // The default: at most an hour, whatever is asked; less is given as asked.
+    let agent = Agent::spawn(root.path(), "a", Spawn::default());
+    themis_testkit::mesh::create_workload(&agent, "check-1");
+    let (key, (code, answer)) = ask(&agent, "check-1");
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(lifetime(&answer), 3_600_000, "a day asked, an hour given");
+    agent.wait_for(
+        "the delegated key in the log",
+        Duration::from_secs(10),
+        |a| a.log().contains(&key).then_some(()),
+    );
+    let request = json!({ "delegated_key": key, "lifetime_secs": 600 });
+    let (code, answer) = delegate(&agent, "check-1", &request);
+    assert_eq!((code, lifetime(&answer)), (200, 600_000), "{answer}");
+    drop(agent);
+
+    // Configured lower, with a budget of three: a certificate capped as well, then
+    // refusals for this workload only.
+    let root = workdir();
+    let extra: Vec<&str> = [
+        "--max-delegation-secs",
+        "300",
+        "--delegation-burst",
+        "3",
+        "--delegations-per-minute",
+        "1",
+    ]
+    .into_iter()
+    .chain(common::FAST.iter().copied())
+    .collect();
+    let agent = Agent::spawn(
+        root.path(),
+        "a",
+        Spawn {
+            extra: &extra,
+            ..Spawn::default()
+        },
+    );
+    themis_testkit::mesh::create_workload(&agent, "check-1");
+    themis_testkit::mesh::create_workload(&agent, "check-2");
+    let (_, (code, answer)) = ask(&agent, "check-1");
+    assert_eq!((code, lifetime(&answer)), (200, 300_000), "{answer}");
+    let (code, issued) = certificate(&agent, "check-1", &json!({ "lifetime_secs": day }));
+    assert_eq!(code, 200, "{issued}");
+    let issued_for = issued["not_after_ms"]
+        .as_u64()
+        .unwrap()
+        .saturating_sub(now_ms());
+    assert!(
+        issued_for <= 300_000,
+        "the certificate lives {issued_for} ms"
+    );
+    let (_, (code, answer)) = ask(&agent, "check-1");
+    assert_eq!(code, 200, "the third of the burst: {answer}");
+    let (_, (code, answer)) = ask(&agent, "check-1");
+    assert_eq!(
+        (code, answer["reason"].as_str()),
+        (429, Some("rate_limited")),
+        "{answer}"
+    );
+    let (code, issued) = certificate(&agent, "check-1", &json!({}));
+    assert_eq!(
+        code, 429,
+        "a certificate is taken from the same budget: {issued}"
+    );
+    let (_, (code, answer)) = ask(&agent, "check-2");
+    assert_eq!(code, 200, "another workload is not charged: {answer}");
 }
 
 /// The TLS binding through a real agent (docs/PROTOCOL.md §8):

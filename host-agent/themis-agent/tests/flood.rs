@@ -190,6 +190,16 @@ fn a_name_in_use_stays_cached_through_a_flood_of_names_and_fresh_lookups_are_bud
         ],
     );
 
+    // The TCP listener serves resolution, status and revocations only: not the log
+    // (every leaf with its proof, megabytes) nor its copy (up to 512 MiB), each for
+    // a 74-byte request; those stay on the node's own socket.
+    let (status, _, answer) = resolve_listener_get(resolve, "/v1/status");
+    assert_eq!(status, 200, "{answer}");
+    for path in ["/v1/log", "/v1/log/copy"] {
+        let (status, _, _) = resolve_listener_get(resolve, path);
+        assert_eq!(status, 404, "{path} on the TCP resolve listener");
+    }
+
     // `check` is in use: resolved now and again every 100 other names.
     let (status, _, first) = resolve_listener_get(resolve, "/v1/services/check");
     assert_eq!(

@@ -1,7 +1,10 @@
-//! A token bucket: the budget of an operation that costs the DHT work (each
-//! resolution that is not answered from the cache costs `replicas + 1` lookups).
-//! Sans-IO: the caller passes the time.
+//! Token buckets: the budget of an operation that costs the DHT work (each
+//! resolution that is not answered from the cache costs `replicas + 1` lookups), or
+//! that hands out what must stay scarce (a workload's delegated keys). Sans-IO: the
+//! caller passes the time.
 
+use std::collections::HashMap;
+use std::hash::Hash;
 use std::time::{Duration, Instant};
 
 /// `per_sec` tokens a second, at most `burst` saved up; full at the start.
@@ -27,11 +30,29 @@ impl TokenBucket {
         }
     }
 
-    /// Takes a token at `now`, or says how long until one is available.
-    pub(super) fn take(&mut self, now: Instant) -> Result<(), Duration> {
+    /// `per_minute` tokens a minute, at most `burst` saved up; full at `now`.
+    fn per_minute(per_minute: u32, burst: u32, now: Instant) -> Self {
+        TokenBucket {
+            per_sec: f64::from(per_minute) / 60.0,
+            ..TokenBucket::new(0, burst, now)
+        }
+    }
+
+    /// Whether the bucket holds its whole burst at `now` (as a new one would).
+    fn is_full(&mut self, now: Instant) -> bool {
+        self.refill(now);
+        self.tokens >= self.burst
+    }
+
+    fn refill(&mut self, now: Instant) {
         let earned = now.saturating_duration_since(self.at).as_secs_f64() * self.per_sec;
         self.tokens = (self.tokens + earned).min(self.burst);
-        self.at = now;
+        self.at = self.at.max(now);
+    }
+
+    /// Takes a token at `now`, or says how long until one is available.
+    pub(super) fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        self.refill(now);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             return Ok(());
@@ -40,6 +61,40 @@ impl TokenBucket {
             return Err(NEVER_REFILLS);
         }
         Err(Duration::from_secs_f64((1.0 - self.tokens) / self.per_sec))
+    }
+}
+
+/// One [`TokenBucket`] per key (a workload, say), `per_minute` tokens a minute and
+/// `burst` saved up each. A bucket that has refilled is forgotten once more than
+/// [`PerKey::FORGET_OVER`] are held: it is the same as a new one.
+pub(super) struct PerKey<K> {
+    per_minute: u32,
+    burst: u32,
+    buckets: HashMap<K, TokenBucket>,
+}
+
+impl<K: Eq + Hash + Clone> PerKey<K> {
+    /// Buckets this many are held before the full ones are forgotten.
+    const FORGET_OVER: usize = 1024;
+
+    pub(super) fn new(per_minute: u32, burst: u32) -> Self {
+        PerKey {
+            per_minute,
+            burst,
+            buckets: HashMap::new(),
+        }
+    }
+
+    /// Takes one of `key`'s tokens at `now`, or says how long until one is available.
+    pub(super) fn take(&mut self, key: &K, now: Instant) -> Result<(), Duration> {
+        if self.buckets.len() > Self::FORGET_OVER {
+            self.buckets.retain(|_, bucket| !bucket.is_full(now));
+        }
+        let (per_minute, burst) = (self.per_minute, self.burst);
+        self.buckets
+            .entry(key.clone())
+            .or_insert_with(|| TokenBucket::per_minute(per_minute, burst, now))
+            .take(now)
     }
 }
 
@@ -88,5 +143,26 @@ mod tests {
         let mut bucket = TokenBucket::new(10, 1, t0);
         assert_eq!(bucket.take(t0), Ok(()));
         assert!(bucket.take(t0 - Duration::from_secs(5)).is_err());
+    }
+
+    #[test]
+    fn each_key_has_its_own_budget_and_full_ones_are_forgotten() {
+        let t0 = Instant::now();
+        let mut budget = PerKey::new(60, 2);
+        assert_eq!(budget.take(&"a", t0), Ok(()));
+        assert_eq!(budget.take(&"a", t0), Ok(()));
+        assert_eq!(budget.take(&"a", t0), Err(Duration::from_secs(1)));
+        assert_eq!(budget.take(&"b", t0), Ok(()), "another key is not charged");
+        assert_eq!(budget.take(&"a", t0 + Duration::from_secs(1)), Ok(()));
+        // However many keys, spent buckets are kept; refilled ones are forgotten.
+        let mut many = PerKey::new(1, 1);
+        let n = PerKey::<u32>::FORGET_OVER as u32;
+        for key in 0..=n {
+            assert_eq!(many.take(&key, t0), Ok(()));
+        }
+        assert!(many.take(&0, t0).is_err(), "a spent bucket is kept");
+        let later = t0 + Duration::from_secs(61);
+        assert_eq!(many.take(&(n + 1), later), Ok(()));
+        assert_eq!(many.buckets.len(), 1, "the refilled ones are forgotten");
     }
 }

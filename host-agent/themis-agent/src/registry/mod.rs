@@ -86,6 +86,13 @@ pub struct RegistryConfig {
     pub lookups_burst: u32,
     /// Endorse only subjects a root-signed binding allows (`--require-binding`).
     pub require_binding: bool,
+    /// The longest delegation or TLS certificate signed for a proxy, whatever it asks.
+    pub max_delegation: Duration,
+    /// Delegations and certificates per workload per minute on average
+    /// ([`RegistryError::DelegationsLimited`] over it).
+    pub delegations_per_minute: u32,
+    /// Delegations and certificates per workload in a burst.
+    pub delegation_burst: u32,
 }
 
 impl Default for RegistryConfig {
@@ -100,6 +107,9 @@ impl Default for RegistryConfig {
             lookups_per_sec: 50,
             lookups_burst: 200,
             require_binding: false,
+            max_delegation: Duration::from_secs(3600),
+            delegations_per_minute: 30,
+            delegation_burst: 30,
         }
     }
 }
@@ -218,6 +228,19 @@ pub enum RegistryError {
         /// When a token is available again.
         retry_after: Duration,
     },
+    /// Too many delegations or certificates for one workload.
+    #[error(
+        "too many delegations for workload {workload} (over {per_minute} a minute): try \
+         again in {retry_after:?}"
+    )]
+    DelegationsLimited {
+        /// The workload.
+        workload: WorkloadName,
+        /// The configured average rate.
+        per_minute: u32,
+        /// When a token is available again.
+        retry_after: Duration,
+    },
     /// Saving the registrations failed.
     #[error("saving {path}: {source}")]
     Save {
@@ -248,6 +271,8 @@ pub struct Registry {
     kept_revocations: tokio::sync::Mutex<KeptRevocations>,
     /// Never held across an await.
     gate: Mutex<ResolveGate>,
+    /// Never held across an await.
+    delegations: Mutex<budget::PerKey<WorkloadName>>,
     capture: CaptureSlot,
     /// Which pod each local workload belongs to, and who may call what.
     owners: Owners,
@@ -278,6 +303,10 @@ impl Registry {
             )),
             kept_revocations: Default::default(),
             gate: Mutex::new(ResolveGate::new(&config, Instant::now())),
+            delegations: Mutex::new(budget::PerKey::new(
+                config.delegations_per_minute,
+                config.delegation_burst,
+            )),
             capture: CaptureSlot::default(),
             owners: Owners::load(state_dir.join("owners.json")),
             access: Access {
@@ -417,6 +446,29 @@ impl Registry {
         workload: &WorkloadName,
     ) -> Option<(ServiceName, Vec<u8>, u64)> {
         self.registrations.lock().await.endorsement_of(workload)
+    }
+
+    /// The longest delegation the agent signs for a proxy, ms.
+    pub fn max_delegation_ms(&self) -> u64 {
+        u64::try_from(self.config.max_delegation.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Takes one of `workload`'s delegations (or certificates) from its budget at
+    /// `now`: a compromised proxy cannot mint keys without bound.
+    pub fn take_delegation(
+        &self,
+        workload: &WorkloadName,
+        now: Instant,
+    ) -> Result<(), RegistryError> {
+        self.delegations
+            .lock()
+            .expect("never poisoned")
+            .take(workload, now)
+            .map_err(|retry_after| RegistryError::DelegationsLimited {
+                workload: workload.clone(),
+                per_minute: self.config.delegations_per_minute,
+                retry_after,
+            })
     }
 
     /// How long a record lives, ms.

@@ -145,8 +145,8 @@ enum Command {
         /// Where to write the credential (never overwritten).
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
-        /// How long the delegation lasts, in seconds (the agent's default: an hour;
-        /// at most a day).
+        /// How long the delegation lasts, in seconds (an hour if not given), capped by
+        /// the agent's `max_delegation_secs` (an hour by default, at most a day).
         #[arg(long, value_name = "SECS")]
         lifetime_secs: Option<u64>,
     },

@@ -158,7 +158,8 @@ pub struct CertificateArgs {
     /// The directory to write certificate.pem and key.pem in (made if missing).
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
-    /// The certificate's lifetime asked for, seconds (the agent's default: an hour).
+    /// The certificate's lifetime asked for, seconds (an hour if not given), capped
+    /// by the agent's `max_delegation_secs` (an hour by default).
     #[arg(long)]
     lifetime_secs: Option<u64>,
 }
