@@ -261,7 +261,8 @@ impl Runtime {
                 );
                 let mut emptied = false;
                 self.publish(|s| {
-                    s.revocations = list.revocations;
+                    // Merged: a revocation held is never taken back.
+                    s.revocations.merge(list.revocations);
                     s.revocation_generation += 1;
                     emptied = withdraw(&mut s.resolutions, &self.root, &s.revocations);
                 });

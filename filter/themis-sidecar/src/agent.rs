@@ -153,8 +153,8 @@ pub fn endorsed(
 
 /// Reads `GET /v1/revocations`, keeping only revocations the mesh root signed.
 pub fn parse_revocations(body: &[u8], root: &MeshRoot) -> Result<Revocations, AgentError> {
-    parse_new_revocations(body, root, usize::MAX)
-        .map(|r| r.map(|r| r.revocations).unwrap_or_default())
+    let raw = serde_json::from_slice(body).map_err(|e| AgentError::Json(e.to_string()))?;
+    verify_revocations(raw, root).map(|list| list.revocations)
 }
 
 /// How long a filter asks its agent to hold a revocations poll (a long poll answered
@@ -209,10 +209,13 @@ pub struct RevocationList {
     pub proven: usize,
 }
 
-/// [`parse_revocations`], unless the agent lists exactly `held` revocations: then
-/// `None`, nothing verified. An agent's revocations only ever grow (a key revoked is
-/// revoked for good), so the same count is the same list; a poll of a list of
-/// thousands costs a parse, not thousands of signature checks.
+/// [`parse_revocations`], unless the agent lists no more than the `held` revocations:
+/// then `None`, nothing verified. An agent's revocations only ever grow (a key
+/// revoked is revoked for good), so the same count is the same list; a poll of a
+/// list of thousands costs a parse, not thousands of signature checks. A shorter list
+/// (an agent restarted with less, or one that lies) never takes a revocation back:
+/// the filter keeps what it holds, and what it is given is merged into it
+/// ([`Revocations::merge`]).
 pub fn parse_new_revocations(
     body: &[u8],
     root: &MeshRoot,
@@ -220,9 +223,18 @@ pub fn parse_new_revocations(
 ) -> Result<Option<RevocationList>, AgentError> {
     let raw: api::Revocations =
         serde_json::from_slice(body).map_err(|e| AgentError::Json(e.to_string()))?;
-    if raw.revocations.len() == held {
+    if raw.revocations.len() <= held {
         return Ok(None);
     }
+    verify_revocations(raw, root).map(Some)
+}
+
+/// Every revocation of `raw` checked: by the trust log's checkpoint where it proves
+/// them, else each by its own signature.
+fn verify_revocations(
+    raw: api::Revocations,
+    root: &MeshRoot,
+) -> Result<RevocationList, AgentError> {
     // A checkpoint of the trust log (one signature) proves the revocations that are
     // its leaves; the others are checked one signature each.
     let checkpoint = raw
@@ -246,10 +258,10 @@ pub fn parse_new_revocations(
         }
         .map_err(AgentError::NotEndorsed)?;
     }
-    Ok(Some(RevocationList {
+    Ok(RevocationList {
         revocations,
         proven: proven_count,
-    }))
+    })
 }
 
 /// Whether `revocation` (an encoded `Signed`) is the leaf `logged` says, under

@@ -717,5 +717,13 @@ mod tests {
             Learned::Failed(_)
         ));
         assert_eq!(upkeep.revocations_held, 2);
+        // A shorter list (an agent restarted with less): nothing taken back.
+        ask(&mut upkeep, NOW + 112_010);
+        let shorter = agent.revocations(1, false);
+        assert!(matches!(
+            upkeep.handle_answer(lane, Some(200), &shorter, NOW + 112_010),
+            Learned::Nothing
+        ));
+        assert_eq!(upkeep.revocations_held, 2);
     }
 }

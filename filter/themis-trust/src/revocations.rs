@@ -72,6 +72,16 @@ impl Revocations {
         true
     }
 
+    /// Adds `other`'s revocations to these (a revocation held is never taken back);
+    /// the number that were new.
+    pub fn merge(&mut self, other: Revocations) -> usize {
+        let before = self.by_id.len();
+        for (id, held) in other.by_id {
+            self.by_id.entry(id).or_insert(held);
+        }
+        self.by_id.len() - before
+    }
+
     /// Whether `id` is revoked.
     pub fn contains(&self, id: &PeerId) -> bool {
         self.by_id.contains_key(id)

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 
 use ring::rand::SystemRandom;
-use themis_core::{Identity, MeshName};
+use themis_core::{Identity, MeshName, PeerId};
 use themis_trust::*;
 
 const NOW: u64 = 1_800_000_000_000;
@@ -463,6 +463,25 @@ fn a_revoked_workload_node_or_authority_is_refused_whatever_its_serial() {
         assert_eq!(revoked.add(&mesh.root, &bytes), Err(refused));
     }
     assert!(revoked.is_empty());
+}
+
+/// A filter's revocations only grow: a later, shorter or different list merged in
+/// never takes one back.
+#[test]
+fn merged_revocations_are_never_taken_back() {
+    let mesh = Mesh::new();
+    let mut held = Revocations::new();
+    held.add(&mesh.root, &mesh.revoke([1; 32])).unwrap();
+    held.add(&mesh.root, &mesh.revoke([2; 32])).unwrap();
+    let mut later = Revocations::new();
+    later.add(&mesh.root, &mesh.revoke([2; 32])).unwrap();
+    later.add(&mesh.root, &mesh.revoke([3; 32])).unwrap();
+    assert_eq!(held.merge(later), 1, "only [3] is new");
+    assert_eq!(held.merge(Revocations::new()), 0);
+    for id in [[1; 32], [2; 32], [3; 32]] {
+        assert!(held.contains(&PeerId(id)), "{id:?}");
+    }
+    assert_eq!(held.len(), 3);
 }
 
 #[test]

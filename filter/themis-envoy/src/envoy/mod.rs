@@ -333,10 +333,12 @@ fn take_in(w: &mut Worker, lane: Lane, learned: Learned) {
             // A new revocation withdraws the instances it revokes from the cached
             // resolutions and drops the caller checks: the revoked key is not used
             // from a cache either.
+            // Merged: a revocation held is never taken back.
+            w.revoked.merge(list.revocations);
             let root = &w.config.mesh_root;
-            w.routes.withdraw(|i| i.is_revoked(root, &list.revocations));
+            let revoked = &w.revoked;
+            w.routes.withdraw(|i| i.is_revoked(root, revoked));
             w.callers.clear();
-            w.revoked = list.revocations;
         }
         Learned::Failed(why) => warn!("themis: {why}"),
     }
