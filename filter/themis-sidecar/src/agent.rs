@@ -209,13 +209,13 @@ pub struct RevocationList {
     pub proven: usize,
 }
 
-/// [`parse_revocations`], unless the agent lists no more than the `held` revocations:
-/// then `None`, nothing verified. An agent's revocations only ever grow (a key
-/// revoked is revoked for good), so the same count is the same list; a poll of a
-/// list of thousands costs a parse, not thousands of signature checks. A shorter list
-/// (an agent restarted with less, or one that lies) never takes a revocation back:
-/// the filter keeps what it holds, and what it is given is merged into it
-/// ([`Revocations::merge`]).
+/// [`parse_revocations`], unless the agent lists exactly `held` revocations (the
+/// count it listed last): then `None`, nothing verified. An agent's revocations only
+/// ever grow (a key revoked is revoked for good), so the same count is the same list;
+/// a poll of a list of thousands costs a parse, not thousands of signature checks.
+/// Any other count is verified and returned, a shorter one too (an agent restarted
+/// with less may still hold one the filter lacks): the filter merges what it is given
+/// into what it holds ([`Revocations::merge`]), so no list takes a revocation back.
 pub fn parse_new_revocations(
     body: &[u8],
     root: &MeshRoot,
@@ -223,7 +223,7 @@ pub fn parse_new_revocations(
 ) -> Result<Option<RevocationList>, AgentError> {
     let raw: api::Revocations =
         serde_json::from_slice(body).map_err(|e| AgentError::Json(e.to_string()))?;
-    if raw.revocations.len() <= held {
+    if raw.revocations.len() == held {
         return Ok(None);
     }
     verify_revocations(raw, root).map(Some)
