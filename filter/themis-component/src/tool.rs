@@ -301,8 +301,7 @@ fn resolve_shuffled(
 /// checks them, not taken on the agent's word.
 fn resolve(agent: SocketAddr, service: &str, root: &MeshRoot) -> Result<Vec<Instance>, String> {
     ServiceName::check(service).map_err(|e| e.to_string())?;
-    let revoked = agent::parse_revocations(&agent_get(agent, paths::REVOCATIONS)?, root)
-        .map_err(|e| e.to_string())?;
+    let revoked = agent::read_revocations(root, |path| agent_get(agent, path))?;
     let verifier = Verifier {
         root,
         now_ms: unix_millis(),

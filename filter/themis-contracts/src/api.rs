@@ -168,8 +168,21 @@ pub struct Revocations {
     /// The trust log checkpoint the `logged` proofs are under (signed, hex).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<String>,
-    /// Every revocation known.
+    /// Every revocation known; asked by page
+    /// ([`crate::paths::revocations_since`]), the page's.
     pub revocations: Vec<Revocation>,
+    /// Which list the page is of: the agent's, chosen at random when it starts, so a
+    /// position in one list is never read in another. `None`: an older agent that
+    /// always lists everything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub list: Option<u64>,
+    /// The position of the page's first revocation in the list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<usize>,
+    /// How many revocations the list holds: more than `from` plus the page's means
+    /// more pages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<usize>,
     /// The agent holds a request with `?known=&wait_ms=` until it learns a revocation
     /// ([`crate::paths::revocations_after`]): a client may ask again at once. An
     /// older agent answers at once and says nothing (`false`).

@@ -25,6 +25,21 @@ pub fn revocations_after(known: usize, wait_ms: u64) -> String {
     format!("{REVOCATIONS}?known={known}&wait_ms={wait_ms}")
 }
 
+/// [`REVOCATIONS`] by page, the way a filter follows its agent: at most
+/// [`MAX_REVOCATIONS_PAGE`] revocations from position `from` of the agent's list
+/// `list` ([`api::Revocations::list`](crate::api::Revocations::list)), in the order
+/// the agent learnt them. When there are none past `from`, held until one is learnt or
+/// for `wait_ms` (at most [`MAX_REVOCATIONS_WAIT_MS`]; 0: answered at once). An agent
+/// whose list is not `list` (it restarted) answers from its first.
+pub fn revocations_since(list: u64, from: usize, wait_ms: u64) -> String {
+    format!("{REVOCATIONS}?list={list}&from={from}&wait_ms={wait_ms}")
+}
+
+/// The most revocations one [`revocations_since`] answer carries (about 1.5 KB each
+/// with a log proof: some 400 KB, well under any client's answer limit, however many
+/// the mesh holds).
+pub const MAX_REVOCATIONS_PAGE: usize = 256;
+
 /// The longest an agent holds a [`revocations_after`] request: under the idle
 /// timeout of the agent's TCP resolve listener (30 s), which serves it too.
 pub const MAX_REVOCATIONS_WAIT_MS: u64 = 25_000;

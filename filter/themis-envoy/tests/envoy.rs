@@ -951,10 +951,10 @@ fn an_admitted_node_without_a_grant_cannot_serve_or_claim_a_name(runtime: Runtim
     drop(envoy_c);
 }
 
-/// How many of Envoy's threads logged that the filter of VM `vm` installed `count`
+/// How many of Envoy's threads logged that the filter of VM `vm` holds `count`
 /// revocations (`[time][thread][level]...` lines).
 fn threads_holding_revocations(envoy: &Envoy, vm: &str, count: usize) -> usize {
-    let said = format!("{vm}: themis: {count} revocation(s) in force ({count} proven by");
+    let said = format!("{vm}: themis: {count} revocation(s) in force (");
     envoy
         .log_tail(usize::MAX)
         .lines()
@@ -966,11 +966,10 @@ fn threads_holding_revocations(envoy: &Envoy, vm: &str, count: usize) -> usize {
 
 /// Waits until `envoy`'s inbound role holds `count` revocations: on Wasm every
 /// thread's filter polls its agent on its own (the main thread and both workers must
-/// say so); the native module's one thread polls for all.
+/// say so); the native module's one thread polls for all. Each page read must have
+/// been proven by the trust log's checkpoint (one signature), none entry by entry.
 fn wait_holds_revocation(envoy: &Envoy, runtime: Runtime, count: usize) {
-    // Every one of them proven by the trust log's checkpoint (one signature), none
-    // by its own.
-    let native_said = format!("themis native: {count} revocations ({count} proven by");
+    let native_said = format!("themis native: {count} revocations in force (");
     wait_until(
         "Envoy B's inbound filters to hold the revocations",
         Duration::from_secs(60),
@@ -984,6 +983,41 @@ fn wait_holds_revocation(envoy: &Envoy, runtime: Runtime, count: usize) {
             held.then_some(())
         },
     );
+    for line in envoy.log_tail(usize::MAX).lines() {
+        let Some((_, counts)) = line.split_once(" in force (") else {
+            continue;
+        };
+        let read = counts.split(" read, ").next();
+        let proven = counts
+            .split(" read, ")
+            .nth(1)
+            .and_then(|p| p.split(' ').next());
+        assert_eq!(read, proven, "a page not proven by the checkpoint: {line}");
+    }
+}
+
+/// Every revocation `agent` lists, read page by page as filters read them (the whole
+/// list of thousands is past the test client's answer limit); `None` if it does not
+/// answer.
+fn revoked_ids(agent: &support::agent::Agent) -> Option<Vec<String>> {
+    let (mut list, mut ids) = (0, Vec::new());
+    loop {
+        let path = themis_contracts::paths::revocations_since(list, ids.len(), 0);
+        let (_, page) = agent.get(&path)?;
+        if page["from"].as_u64()? == 0 {
+            ids.clear();
+        }
+        list = page["list"].as_u64()?;
+        let listed = page["revocations"].as_array()?;
+        ids.extend(
+            listed
+                .iter()
+                .filter_map(|r| r["id"].as_str().map(str::to_owned)),
+        );
+        if listed.is_empty() || ids.len() >= page["total"].as_u64()? as usize {
+            return Some(ids);
+        }
+    }
 }
 
 /// Revocation end to end (issue 11): the operator revokes `handler`'s workload key and
@@ -1002,19 +1036,31 @@ fn a_revoked_workload_is_refused_by_the_filter_and_the_agents(runtime: Runtime) 
     let r = kept.post("check", "/before", b"").unwrap();
     assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
 
-    // Handler's key among 999 others, in one checkpoint of the trust log: a list of
-    // a thousand is enforced like a list of one.
+    // Handler's key after 4,999 others in the trust log: a
+    // list of thousands (some 7 MB as one answer, past the native filter's 4 MiB
+    // answer limit: every refresh failed, and the key stayed accepted) is read by
+    // bounded pages and enforced like a list of one.
     let mesh_dir = mesh.dir.path().join("mesh");
     let mesh_name = themis_core::MeshName::new(MESH).unwrap();
-    let mut revoked: Vec<String> = (0..999u32)
+    let mut revoked: Vec<String> = (0..4_999u32)
         .map(|i| {
             let mut id = [0xa5; 32];
             id[..4].copy_from_slice(&i.to_be_bytes());
             themis_core::PeerId(id).printable(&mesh_name)
         })
         .collect();
-    revoked.push(mesh.handler_id.clone());
     mesh.b.revoke_many(&revoked, &mesh_dir);
+    wait_holds_revocation(&mesh.envoy_b, runtime, revoked.len());
+    // Then handler's alone, with agent A frozen meanwhile: B's filter, not A's
+    // agent, must be what stops the kept connection (agent A, learning it from B's
+    // log as fast as B's filter does, withdraws handler's certificate, and Envoy A
+    // then fails the call itself). Called just before, so Envoy A needs nothing of
+    // its agent for the kept call.
+    let r = kept.post("check", "/just-before", b"").unwrap();
+    assert_eq!(r.status, 200, "{r}\n{}", mesh.logs());
+    let frozen = Frozen::freeze(&mesh.a);
+    revoked.push(mesh.handler_id.clone());
+    mesh.b.revoke_many(&revoked[revoked.len() - 1..], &mesh_dir);
     wait_holds_revocation(&mesh.envoy_b, runtime, revoked.len());
     // Requests made before the filter learnt it were served; none after, on the
     // connection established before or on new ones.
@@ -1026,6 +1072,9 @@ fn a_revoked_workload_is_refused_by_the_filter_and_the_agents(runtime: Runtime) 
         r.status, 503,
         "the established connection still serves: {r}"
     );
+    // (Counted by the worker that cut the connection: bounded wait, not a snapshot.)
+    wait_refused(&mesh, "revoked", 0, "the revoked caller's connection");
+    drop(frozen);
     for i in 0..4 {
         let r = mesh.call("GET", "check", &format!("/again/{i}"), &[], b"");
         assert_eq!(r.status, 503, "{r}\n{}", mesh.logs());
@@ -1035,8 +1084,6 @@ fn a_revoked_workload_is_refused_by_the_filter_and_the_agents(runtime: Runtime) 
         served,
         "a revoked caller's request reached the app"
     );
-    // (Counted by the worker that cut the connection: bounded wait, not a snapshot.)
-    wait_refused(&mesh, "revoked", 0, "the revoked caller's connection");
 
     // Agent A learnt it from the trust log (published through B), and neither
     // agent resolves the revoked instance any more.
@@ -1044,15 +1091,7 @@ fn a_revoked_workload_is_refused_by_the_filter_and_the_agents(runtime: Runtime) 
         wait_until(
             "the agent to know the revocation",
             Duration::from_secs(30),
-            || {
-                let (_, answer) = agent.get("/v1/revocations")?;
-                let ids: Vec<&str> = answer["revocations"]
-                    .as_array()?
-                    .iter()
-                    .filter_map(|r| r["id"].as_str())
-                    .collect();
-                ids.contains(&mesh.handler_id.as_str()).then_some(())
-            },
+            || revoked_ids(agent)?.contains(&mesh.handler_id).then_some(()),
         );
         // (A fresh resolution is a DHT lookup: on a loaded machine one may time out.)
         wait_until(
@@ -1116,6 +1155,108 @@ fn a_revocation_reaches_the_filter_at_once_not_at_its_poll_period(runtime: Runti
     eprintln!(
         "{runtime:?}: the sidecar held the new revocation {:?} after the operator's command began (poll period 1 h)",
         published.elapsed()
+    );
+}
+
+/// An agent frozen (`SIGSTOP`) for a test, thawed (`SIGCONT`) when dropped, even on
+/// a failed assertion, so it can be stopped by its pid at the end.
+struct Frozen(u32);
+
+impl Frozen {
+    fn freeze(agent: &support::agent::Agent) -> Frozen {
+        let pid = agent.pid().expect("the agent runs");
+        signal(pid, "-STOP");
+        Frozen(pid)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        signal(self.0, "-CONT");
+    }
+}
+
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// A fresh Hello to `to` (Envoy B's inbound listener, workload `check`) from a key
+/// of the mesh made now, from `source`: whether it was answered with message 2.
+fn fresh_hello_answered(mesh: &Mesh, source: &str, to: SocketAddr) -> bool {
+    let (mesh_name, check) = themis_core::PeerId::parse(&mesh.check_id).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let from = source.parse().unwrap();
+        let hello = support::intruder::hello_from(mesh_name.as_str(), from, to, check);
+        tokio::time::timeout(Duration::from_secs(10), hello)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|(_, answered)| answered)
+    })
+}
+
+/// A feed of revocations that froze lets no new caller in (issue 42): agent B stops
+/// answering (frozen with `SIGSTOP`, as an agent that hangs or withholds its
+/// answers), and once its revocations are older than `revocations_max_age_secs` (60
+/// here) the inbound filter refuses a caller it never saw before any public-key work,
+/// counted `refused.revocations_stale` and alarmed in its log; thawed, the agent is
+/// read again and a new caller is answered. (Before, a frozen feed kept the last list
+/// forever: a key revoked meanwhile stayed accepted, and nothing said so.)
+fn a_frozen_revocations_feed_lets_no_new_caller_in(runtime: Runtime) {
+    if !require::filter_in_envoy("runs the filter") {
+        return;
+    }
+    let mesh = Mesh::start_on(runtime, runtime, Some(ALLOW_HANDLER));
+    let strict = mesh.start_envoy_b(
+        "envoy-strict",
+        // (The policy slot of the test config: the policy, then the setting.)
+        Some(&format!(r#"{ALLOW_HANDLER},"revocations_max_age_secs":60"#)),
+    );
+    strict.wait_identity();
+    // A caller it never saw, a key made now: answered while the feed is fresh.
+    assert!(
+        fresh_hello_answered(&mesh, "127.0.0.36", strict.inbound),
+        "a fresh Hello was not answered: {}",
+        strict.log_tail(30)
+    );
+
+    let frozen = Frozen::freeze(&mesh.b);
+    let froze = Instant::now();
+    wait_until_or(
+        "the strict sidecar to close to new callers",
+        Duration::from_secs(150),
+        || {
+            let log = strict.log_tail(usize::MAX);
+            log.contains("past revocations_max_age_secs: new callers are refused")
+                .then_some(())
+        },
+        || strict.log_tail(30),
+    );
+    eprintln!(
+        "{runtime:?}: closed to new callers {:?} after the agent froze",
+        froze.elapsed()
+    );
+    assert!(
+        !fresh_hello_answered(&mesh, "127.0.0.37", strict.inbound),
+        "a new caller was answered with the feed {:?} old",
+        froze.elapsed()
+    );
+    wait_refused_at(&strict, "revocations_stale", 1, "the new caller");
+
+    drop(frozen);
+    strict.wait_log("the revocations are read again");
+    assert!(
+        fresh_hello_answered(&mesh, "127.0.0.38", strict.inbound),
+        "a new caller was not answered once the agent answered: {}",
+        strict.log_tail(30)
     );
 }
 
@@ -1614,6 +1755,7 @@ themis_testkit::on_both_runtimes!(
     an_admitted_node_without_a_grant_cannot_serve_or_claim_a_name,
     a_revoked_workload_is_refused_by_the_filter_and_the_agents,
     a_revocation_reaches_the_filter_at_once_not_at_its_poll_period,
+    a_frozen_revocations_feed_lets_no_new_caller_in,
     a_dotted_service_name_resolves_and_is_called,
     hello_floods_are_refused_cheaply_and_counted_by_reason,
     a_flood_of_fresh_hellos_from_many_sources_is_refused_busy_and_pooled_callers_keep_going,

@@ -9,7 +9,7 @@
 //! has it).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -54,7 +54,9 @@ pub fn now_ms() -> u64 {
 pub struct Snapshot {
     /// `None` until the agent delegated a key.
     pub credential: Option<Arc<Credential>>,
-    pub revocations: Revocations,
+    /// Shared by every snapshot until a revocation arrives: a snapshot published for
+    /// a renewal or a resolution does not copy thousands of them.
+    pub revocations: Arc<Revocations>,
     /// Bumped whenever the revocations change: established connections re-check
     /// their peer when they see a new value.
     pub revocation_generation: u64,
@@ -108,6 +110,9 @@ pub struct Runtime {
     /// A connection found no endorsed instance where it connected: resolve again
     /// now rather than at the end of the TTL.
     stale: AtomicBool,
+    /// Since when the revocations held are fresh (Unix ms; 0: not asked yet), as
+    /// the upkeep says after each call: connections read it without its lock.
+    revocations_fresh_since: AtomicU64,
 }
 
 impl Runtime {
@@ -128,6 +133,7 @@ impl Runtime {
             if runtime.root != config.mesh_root {
                 return Err("one workload, two mesh roots in one Envoy".into());
             }
+            runtime.takes_role(config);
             return Ok(runtime.clone());
         }
         let runtime = Arc::new(Runtime {
@@ -142,7 +148,9 @@ impl Runtime {
             snapshot: RwLock::new(Arc::new(Snapshot::default())),
             wanted: Mutex::new(BTreeSet::new()),
             stale: AtomicBool::new(false),
+            revocations_fresh_since: AtomicU64::new(0),
         });
+        runtime.takes_role(config);
         let worker = runtime.clone();
         supervised(format!("themis-{}", config.workload), move || {
             worker.clone().run()
@@ -156,12 +164,27 @@ impl Runtime {
         Ok(runtime)
     }
 
+    /// A role's configuration joins the runtime: the inbound one's
+    /// `revocations_max_age` is what the feed's alarm tells of (only it refuses).
+    fn takes_role(&self, config: &Config) {
+        if config.role == themis_sidecar::config::Role::Inbound {
+            self.upkeep()
+                .set_revocations_max_age(config.revocations_max_age);
+        }
+    }
+
     /// The current snapshot (an `Arc` clone: cheap on every connection).
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.snapshot
             .read()
             .map(|s| s.clone())
             .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
+    /// Since when the revocations held are fresh (Unix ms), if they were asked for
+    /// ([`themis_sidecar::upkeep::revocations_stale`] decides by it).
+    pub fn revocations_fresh_since(&self) -> Option<u64> {
+        Some(self.revocations_fresh_since.load(Ordering::Relaxed)).filter(|&at| at > 0)
     }
 
     /// Keeps `service` resolved from now on (a sealing cluster reaches it).
@@ -251,21 +274,22 @@ impl Runtime {
                 crate::ffi::log(3, &format!("themis native: {why}"));
             }
             Learned::Revocations(list) => {
-                crate::ffi::log(
-                    2,
-                    &format!(
-                        "themis native: {} revocations ({} proven by the trust log's checkpoint)",
-                        list.revocations.len(),
-                        list.proven
-                    ),
-                );
+                let (read, proven) = (list.revocations.len(), list.proven);
                 let mut emptied = false;
+                let mut held = 0;
                 self.publish(|s| {
                     // Merged: a revocation held is never taken back.
-                    s.revocations.merge(list.revocations);
+                    Arc::make_mut(&mut s.revocations).merge(list.revocations);
+                    held = s.revocations.len();
                     s.revocation_generation += 1;
                     emptied = withdraw(&mut s.resolutions, &self.root, &s.revocations);
                 });
+                crate::ffi::log(
+                    2,
+                    &format!(
+                        "themis native: {held} revocations in force ({read} read, {proven} of them proven by the trust log's checkpoint)"
+                    ),
+                );
                 if emptied {
                     self.refresh();
                 }
@@ -280,6 +304,24 @@ impl Runtime {
         let rng = SystemRandom::new();
         loop {
             let at = self.keep_up(Lane::Revocations, &rng);
+            let (since, alarm) = {
+                let mut upkeep = self.upkeep();
+                (
+                    upkeep.revocations_fresh_since(),
+                    upkeep.revocations_alarm(now_ms()),
+                )
+            };
+            self.revocations_fresh_since
+                .store(since.unwrap_or(0), Ordering::Relaxed);
+            if let Some(alarm) = alarm {
+                // Warning while stale, error once closed, info when back.
+                let level = match alarm.feed {
+                    upkeep::Feed::Fresh => 2,
+                    upkeep::Feed::Stale => 3,
+                    upkeep::Feed::Closed => 4,
+                };
+                crate::ffi::log(level, &format!("themis native: {alarm}"));
+            }
             let wait = at.map_or(1_000, |at| at.saturating_sub(now_ms()));
             std::thread::sleep(Duration::from_millis(wait));
         }

@@ -22,6 +22,7 @@ use themis_sidecar::conn::caller::{Caller, Start};
 use themis_sidecar::conn::deadline::Deadline;
 use themis_sidecar::conn::{Close, Event, Step};
 use themis_sidecar::reason::Reason;
+use themis_sidecar::upkeep::revocations_stale;
 use themis_trust::Verifier;
 
 use crate::metrics;
@@ -569,6 +570,11 @@ impl Connection {
                     now_ms: now,
                     revoked: &snapshot.revocations,
                 },
+                revocations_stale: revocations_stale(
+                    runtime.revocations_fresh_since(),
+                    now,
+                    config.revocations_max_age,
+                ),
                 lists: &lists,
             };
             callee.from_peer(data, &mut lent)

@@ -22,6 +22,7 @@ use themis_sidecar::config::{Config, Policy, Role, Transport};
 use themis_sidecar::conn::Close;
 use themis_sidecar::reason::Reason;
 use themis_sidecar::tls::{admit, Proven, ProvenCache};
+use themis_sidecar::upkeep::revocations_stale;
 use themis_trust::Verifier;
 
 use crate::metrics;
@@ -76,6 +77,7 @@ enum Side {
 pub struct Validator {
     side: Side,
     policy: Option<Policy>,
+    revocations_max_age: std::time::Duration,
     runtime: Arc<Runtime>,
 }
 
@@ -103,6 +105,7 @@ impl Validator {
         Ok(Validator {
             side,
             policy: config.policy,
+            revocations_max_age: config.revocations_max_age,
             runtime,
         })
     }
@@ -148,6 +151,12 @@ impl Validator {
     }
 
     fn decide(&self, chain: &[&[u8]], host_name: &[u8], is_server: bool) -> Result<Proven, Close> {
+        if self.side == Side::Inbound {
+            let since = self.runtime.revocations_fresh_since();
+            if let Some(age) = revocations_stale(since, now_ms(), self.revocations_max_age) {
+                return Err(Close::revocations_stale(age));
+            }
+        }
         if is_server != (self.side == Side::Inbound) {
             return Err(Close::new(
                 Reason::Certificate,

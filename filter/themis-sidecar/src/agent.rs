@@ -199,6 +199,107 @@ impl NextPoll {
     }
 }
 
+/// Where a filter stands in its agent's revocation list, which it follows page by page
+/// ([`themis_contracts::paths::revocations_since`]): the list, the position of the
+/// next revocation to read, and how many the agent listed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cursor {
+    /// The agent's list (drawn when it started).
+    pub list: u64,
+    /// The position of the next revocation to read.
+    pub next: usize,
+    /// How many the agent's list held when it answered.
+    pub total: usize,
+}
+
+impl Cursor {
+    /// Where a paged answer leaves its reader; `None` for an older agent's answer,
+    /// which lists everything.
+    fn of(raw: &api::Revocations) -> Option<Cursor> {
+        let (list, from, total) = (raw.list?, raw.from?, raw.total?);
+        let next = from.saturating_add(raw.revocations.len());
+        Some(Cursor {
+            list,
+            next,
+            total: total.max(next),
+        })
+    }
+
+    /// Whether pages remain to be read (asked at once, not held).
+    pub fn behind(&self) -> bool {
+        self.next < self.total
+    }
+
+    /// The next page's path: held by the agent until it learns a revocation when
+    /// none remain.
+    pub fn path(&self) -> String {
+        let wait_ms = if self.behind() {
+            0
+        } else {
+            REVOCATIONS_WAIT_MS
+        };
+        themis_contracts::paths::revocations_since(self.list, self.next, wait_ms)
+    }
+
+    /// The next page's path, answered at once even when none remain.
+    pub fn unheld_path(&self) -> String {
+        themis_contracts::paths::revocations_since(self.list, self.next, 0)
+    }
+
+    /// The first page's path, before any answer: an agent answers a position in a
+    /// list not its own from its first.
+    pub fn first_path() -> String {
+        themis_contracts::paths::revocations_since(0, 0, 0)
+    }
+}
+
+/// A page of the agent's revocations, verified.
+#[derive(Debug)]
+pub struct RevocationPage {
+    /// The page's revocations.
+    pub list: RevocationList,
+    /// Where the list goes on; `None`: an older agent listed everything at once.
+    pub cursor: Option<Cursor>,
+}
+
+/// Reads a `GET /v1/revocations` answer by page ([`Cursor`]): the page's revocations,
+/// each verified, and where the list goes on. A filter merges each page into what
+/// it holds: the whole set is never sent, nor verified, twice.
+pub fn parse_revocation_page(body: &[u8], root: &MeshRoot) -> Result<RevocationPage, AgentError> {
+    let raw: api::Revocations =
+        serde_json::from_slice(body).map_err(|e| AgentError::Json(e.to_string()))?;
+    let cursor = Cursor::of(&raw);
+    Ok(RevocationPage {
+        list: verify_revocations(raw, root)?,
+        cursor,
+    })
+}
+
+/// The most pages [`read_revocations`] reads (a million revocations): an agent that
+/// keeps saying there is more cannot keep its reader forever.
+const MAX_PAGES: usize = 4_096;
+
+/// Every revocation an agent lists, read page by page with `get` (a path in, the
+/// answer's body out), each verified; an older agent's whole list in one answer.
+pub fn read_revocations(
+    root: &MeshRoot,
+    mut get: impl FnMut(&str) -> Result<Vec<u8>, String>,
+) -> Result<Revocations, String> {
+    let mut held = Revocations::new();
+    let mut path = Cursor::first_path();
+    for _ in 0..MAX_PAGES {
+        let page = parse_revocation_page(&get(&path)?, root).map_err(|e| e.to_string())?;
+        held.merge(page.list.revocations);
+        match page.cursor {
+            Some(cursor) if cursor.behind() => path = cursor.path(),
+            _ => return Ok(held),
+        }
+    }
+    Err(format!(
+        "the agent listed more than {MAX_PAGES} pages of revocations"
+    ))
+}
+
 /// A revocation list read from the agent.
 #[derive(Debug, Default)]
 pub struct RevocationList {
@@ -683,6 +784,9 @@ mod tests {
                     })
                     .collect(),
                 long_poll: false,
+                list: None,
+                from: None,
+                total: None,
             })
             .unwrap()
         };

@@ -171,6 +171,8 @@ struct Raw {
     down_secs: u64,
     #[serde(default = "defaults::revocation_poll_secs")]
     revocation_poll_secs: u64,
+    #[serde(default = "defaults::revocations_max_age_secs")]
+    revocations_max_age_secs: u64,
     policy: Option<RawPolicy>,
     #[serde(default)]
     canary: Vec<RawCanary>,
@@ -257,6 +259,11 @@ mod defaults {
     pub fn revocation_poll_secs() -> u64 {
         5
     }
+    /// Five minutes: far past an agent's restart (seconds) or a held poll (20 s),
+    /// short beside a stolen key's use.
+    pub fn revocations_max_age_secs() -> u64 {
+        300
+    }
     /// Far above what a sidecar's pooled connections need (a handful of handshakes
     /// per peer per minute), far below what a flood sends.
     pub fn hellos_per_source() -> super::RawRate {
@@ -305,6 +312,10 @@ pub struct Config {
     pub mesh_root: MeshRoot,
     /// How often the filter fetches the agent's revocations (each verified here).
     pub revocation_poll: Duration,
+    /// Inbound: past this long without reading the agent's revocations, new callers
+    /// are refused (`refused.revocations_stale`): a revoked key is not let in by a
+    /// feed that froze.
+    pub revocations_max_age: Duration,
     /// The local workload (its key comes from the agent).
     pub workload: String,
     /// The local workload's service, claimed on every connection it opens.
@@ -471,6 +482,12 @@ impl Config {
         }
         if raw.revocation_poll_secs == 0 {
             return Err(invalid("revocation_poll_secs", "must be at least 1"));
+        }
+        if !(60..=86_400).contains(&raw.revocations_max_age_secs) {
+            return Err(invalid(
+                "revocations_max_age_secs",
+                "must be from 60 (past an agent's restart) to 86400",
+            ));
         }
         check_name("workload", &raw.workload)?;
         if let Some(service) = &raw.service {
@@ -639,6 +656,7 @@ impl Config {
             mesh,
             mesh_root,
             revocation_poll: Duration::from_secs(raw.revocation_poll_secs),
+            revocations_max_age: Duration::from_secs(raw.revocations_max_age_secs),
             agent_socket: raw.agent_socket,
             peer_service: raw.peer_service,
             carries,

@@ -65,6 +65,9 @@ named! {
         RateLimited = "rate_limited",
         /// The peer's id is revoked.
         Revoked = "revoked",
+        /// The revocations were not read from the agent for longer than
+        /// `revocations_max_age_secs`: no new caller is let in.
+        RevocationsStale = "revocations_stale",
         /// The sidecar holds no identity (or no delegated key) yet.
         NoIdentity = "no_identity",
         /// Envoy gave the socket no peer address (native).

@@ -23,7 +23,7 @@ use themis_core::identity::PublicIdentity;
 use themis_core::MeshName;
 use themis_trust::MeshRoot;
 
-use crate::agent::{self, NextPoll, RevocationList, REVOCATIONS_WAIT_MS};
+use crate::agent::{self, Cursor, NextPoll, RevocationList, REVOCATIONS_WAIT_MS};
 use crate::config::Config;
 
 /// One of the things kept from the agent.
@@ -169,8 +169,71 @@ pub struct Upkeep {
 
     revocations: Pace,
     revocations_asked: u64,
+    /// Where the agent's list is read from next, page by page; kept through a
+    /// failure (a restarted agent answers a stale position from its first).
+    cursor: Option<Cursor>,
+    /// `false` once the agent showed it is older than paging: then the whole list,
+    /// by `next_poll`.
+    paged: bool,
     next_poll: Option<NextPoll>,
     revocations_held: usize,
+    /// When the revocations were last read (Unix ms), else first asked for: how
+    /// fresh what the filter holds is ([`Upkeep::revocations_fresh_since`]).
+    revocations_read_at: Option<u64>,
+    revocations_first_asked: Option<u64>,
+    /// How long the feed had been silent when it was last read (ms).
+    silence_ms: u64,
+    /// Whether the last revocations call failed.
+    revocations_failed: bool,
+    /// What the feed's alarm last said ([`Upkeep::revocations_alarm`]).
+    feed: Feed,
+    revocations_max_age: Duration,
+}
+
+/// A revocations feed silent this long (three held polls missed) raises the alarm.
+pub const REVOCATIONS_ALARM_MS: u64 = 60_000;
+
+/// The state of the revocations feed, as the alarm tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feed {
+    /// Read within [`REVOCATIONS_ALARM_MS`].
+    Fresh,
+    /// Not read for longer: a revocation may be missing.
+    Stale,
+    /// Not read for longer than `revocations_max_age`: new callers are refused.
+    Closed,
+}
+
+/// A change of the feed's state, to be logged once: the state and the feed's age
+/// (ms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FeedAlarm {
+    pub feed: Feed,
+    pub age_ms: u64,
+}
+
+impl std::fmt::Display for FeedAlarm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secs = self.age_ms / 1_000;
+        match self.feed {
+            Feed::Fresh => write!(f, "the revocations are read again (after {secs} s)"),
+            Feed::Stale => write!(
+                f,
+                "the revocations have not been read for {secs} s: a revocation may be missing"
+            ),
+            Feed::Closed => write!(
+                f,
+                "the revocations have not been read for {secs} s, past revocations_max_age_secs: new callers are refused until the agent answers (inbound)"
+            ),
+        }
+    }
+}
+
+/// Whether a feed fresh since `fresh_since` is past `max_age` at `now`: `Some(age in
+/// ms)` if so (then new callers are refused). Never asked yet: not past.
+pub fn revocations_stale(fresh_since: Option<u64>, now: u64, max_age: Duration) -> Option<u64> {
+    let age = now.saturating_sub(fresh_since?);
+    (age > max_age.as_millis() as u64).then_some(age)
 }
 
 impl Upkeep {
@@ -191,8 +254,16 @@ impl Upkeep {
             carries_endorsement: None,
             revocations: Pace::new(lanes.contains(&Lane::Revocations)),
             revocations_asked: 0,
+            cursor: None,
+            paged: true,
             next_poll: None,
             revocations_held: 0,
+            revocations_read_at: None,
+            revocations_first_asked: None,
+            silence_ms: 0,
+            revocations_failed: false,
+            feed: Feed::Fresh,
+            revocations_max_age: config.revocations_max_age,
         }
     }
 
@@ -262,11 +333,12 @@ impl Upkeep {
             }
             Lane::Revocations => {
                 self.revocations_asked = now;
-                let long_poll = self.next_poll.is_some_and(|n| n.long_poll);
+                self.revocations_first_asked.get_or_insert(now);
+                let (path, held) = self.revocations_path();
                 Request {
-                    path: NextPoll::path(self.next_poll),
+                    path,
                     json: None,
-                    timeout: match long_poll {
+                    timeout: match held {
                         true => self.timeout + Duration::from_millis(REVOCATIONS_WAIT_MS),
                         false => self.timeout,
                     },
@@ -382,14 +454,83 @@ impl Upkeep {
         }
     }
 
+    /// The revocations' next path, and whether the agent may hold it (never right
+    /// after a failed call: an agent back from a silence is seen at once).
+    fn revocations_path(&self) -> (String, bool) {
+        match (self.paged, self.cursor) {
+            (true, Some(cursor)) if self.revocations_failed => (cursor.unheld_path(), false),
+            (true, Some(cursor)) => (cursor.path(), !cursor.behind()),
+            (true, None) => (Cursor::first_path(), false),
+            (false, _) => (
+                NextPoll::path(self.next_poll),
+                self.next_poll.is_some_and(|n| n.long_poll),
+            ),
+        }
+    }
+
+    /// The age past which the feed's alarm says new callers are refused: the inbound
+    /// role's `revocations_max_age` (a native runtime serves every role of its
+    /// workload, and only the inbound role refuses).
+    pub fn set_revocations_max_age(&mut self, max_age: Duration) {
+        self.revocations_max_age = max_age;
+    }
+
+    /// Since when the revocations held are known fresh (Unix ms): their last read,
+    /// or before any, the first ask; `None` before that. A runtime refuses new
+    /// callers by it ([`revocations_stale`]).
+    pub fn revocations_fresh_since(&self) -> Option<u64> {
+        self.revocations_read_at.or(self.revocations_first_asked)
+    }
+
+    /// How long ago the revocations were last read from the agent (ms); `None`:
+    /// never.
+    pub fn revocations_age(&self, now: u64) -> Option<u64> {
+        self.revocations_read_at.map(|at| now.saturating_sub(at))
+    }
+
+    /// The feed's alarm, when its state changed since last asked (to be logged
+    /// once): stale past [`REVOCATIONS_ALARM_MS`], closed past
+    /// `revocations_max_age`, fresh again once read.
+    pub fn revocations_alarm(&mut self, now: u64) -> Option<FeedAlarm> {
+        let since = self.revocations_fresh_since()?;
+        let age_ms = now.saturating_sub(since);
+        let feed = if revocations_stale(Some(since), now, self.revocations_max_age).is_some() {
+            Feed::Closed
+        } else if age_ms > REVOCATIONS_ALARM_MS {
+            Feed::Stale
+        } else {
+            Feed::Fresh
+        };
+        if feed == self.feed {
+            return None;
+        }
+        self.feed = feed;
+        // Fresh again: how long the silence lasted, not the new age.
+        let age_ms = if feed == Feed::Fresh {
+            self.silence_ms
+        } else {
+            age_ms
+        };
+        Some(FeedAlarm { feed, age_ms })
+    }
+
     fn take_revocations(&mut self, status: Option<u16>, body: &[u8], now: u64) -> Learned {
-        let parsed = match status {
-            Some(200) => agent::parse_new_revocations(body, &self.root, self.revocations_held)
-                .map_err(|e| e.to_string()),
+        let read = match status {
+            Some(200) if self.paged => self.take_revocation_page(body),
+            Some(200) => self.take_revocation_list(body),
+            Some(400) if self.paged => {
+                // An agent from before paging refuses its query: the whole list.
+                self.paged = false;
+                Err(format!(
+                    "revocations: {}; asking for the whole list",
+                    answered(status, body)
+                ))
+            }
             _ => Err(format!("revocations: {}", answered(status, body))),
         };
-        let list = match parsed {
-            Ok(list) => list,
+        self.revocations_failed = read.is_err();
+        let (list, held_by_agent) = match read {
+            Ok(read) => read,
             Err(why) => {
                 // Asked plainly, a second later.
                 self.next_poll = None;
@@ -397,9 +538,13 @@ impl Upkeep {
                 return Learned::Failed(why);
             }
         };
-        self.next_poll = NextPoll::of(body);
+        self.silence_ms = now.saturating_sub(self.revocations_fresh_since().unwrap_or(now));
+        self.revocations_read_at = Some(now);
         let changed = list.is_some();
-        self.revocations.next_at = match self.next_poll.is_some_and(|n| n.long_poll) {
+        self.revocations.next_at = match held_by_agent {
+            // Pages left to read: at once (a page that brought nothing is not
+            // followed at once: an agent claiming more than it gives cannot spin us).
+            _ if changed && self.paged && self.cursor.is_some_and(|c| c.behind()) => now,
             // Held by the agent, or bringing news: asked again at once. Answered at
             // once with nothing new: a second later, never a loop.
             true if changed || now.saturating_sub(self.revocations_asked) >= 1_000 => now,
@@ -408,12 +553,40 @@ impl Upkeep {
             false => now + self.revocation_poll.as_millis() as u64,
         };
         match list {
-            Some(list) => {
-                self.revocations_held = list.revocations.len();
-                Learned::Revocations(list)
-            }
+            Some(list) => Learned::Revocations(list),
             None => Learned::Nothing,
         }
+    }
+
+    /// A page of the agent's list: its revocations (`None` if none) and whether the
+    /// agent holds polls (a paging one always does).
+    fn take_revocation_page(
+        &mut self,
+        body: &[u8],
+    ) -> Result<(Option<RevocationList>, bool), String> {
+        let page = agent::parse_revocation_page(body, &self.root).map_err(|e| e.to_string())?;
+        let Some(cursor) = page.cursor else {
+            // An older agent that took the query and listed everything.
+            self.paged = false;
+            return self.take_revocation_list(body);
+        };
+        self.cursor = Some(cursor);
+        let list = (!page.list.revocations.is_empty()).then_some(page.list);
+        Ok((list, true))
+    }
+
+    /// An older agent's whole list: verified unless it lists as many as it did last.
+    fn take_revocation_list(
+        &mut self,
+        body: &[u8],
+    ) -> Result<(Option<RevocationList>, bool), String> {
+        let list = agent::parse_new_revocations(body, &self.root, self.revocations_held)
+            .map_err(|e| e.to_string())?;
+        self.next_poll = NextPoll::of(body);
+        if let Some(list) = &list {
+            self.revocations_held = list.revocations.len();
+        }
+        Ok((list, self.next_poll.is_some_and(|n| n.long_poll)))
     }
 }
 
@@ -444,6 +617,7 @@ mod tests {
     use super::*;
     use crate::testing::{delegated, public_identity, HOUR, NOW};
     use ring::rand::SystemRandom;
+    use std::ops::Range;
     use themis_core::Identity;
     use themis_trust::{Revocation, Signed, REVOCATION_LABEL};
 
@@ -452,6 +626,8 @@ mod tests {
         root: Identity,
         workload: Identity,
         config: Config,
+        /// The configuration's JSON.
+        json: String,
     }
 
     impl Agent {
@@ -466,6 +642,7 @@ mod tests {
             );
             Agent {
                 config: Config::parse(json.as_bytes()).unwrap(),
+                json,
                 workload: Identity::generate(mesh, &rng).unwrap(),
                 root,
                 rng,
@@ -482,33 +659,52 @@ mod tests {
             serde_json::to_vec(&delegated(&self.workload, key, endorsement)).unwrap()
         }
 
-        /// A revocations answer listing `n` root-signed revocations.
+        /// A root-signed revocation of id `n` as the agent lists it.
+        fn revocation(&self, n: u16) -> api::Revocation {
+            let mut id = [0; 32];
+            id[..2].copy_from_slice(&n.to_le_bytes());
+            let signed = Signed::sign(
+                &self.root,
+                REVOCATION_LABEL,
+                &Revocation {
+                    mesh: "demo".into(),
+                    id,
+                    issued_at: 1,
+                    reason: String::new(),
+                },
+            );
+            api::Revocation {
+                id: String::new(),
+                issued_at: 1,
+                reason: String::new(),
+                revocation: hex::encode(signed.encode()),
+                logged: None,
+            }
+        }
+
+        /// An older agent's answer listing `n` root-signed revocations.
         fn revocations(&self, n: u8, long_poll: bool) -> Vec<u8> {
-            let revocations = (0..n)
-                .map(|i| {
-                    let signed = Signed::sign(
-                        &self.root,
-                        REVOCATION_LABEL,
-                        &Revocation {
-                            mesh: "demo".into(),
-                            id: [i; 32],
-                            issued_at: 1,
-                            reason: String::new(),
-                        },
-                    );
-                    api::Revocation {
-                        id: String::new(),
-                        issued_at: 1,
-                        reason: String::new(),
-                        revocation: hex::encode(signed.encode()),
-                        logged: None,
-                    }
-                })
-                .collect();
             serde_json::to_vec(&api::Revocations {
                 checkpoint: None,
-                revocations,
+                revocations: (0..u16::from(n)).map(|i| self.revocation(i)).collect(),
                 long_poll,
+                list: None,
+                from: None,
+                total: None,
+            })
+            .unwrap()
+        }
+
+        /// A paging agent's answer: the revocations `ids` of its list `list` from
+        /// position `from`, of `total`.
+        fn page(&self, list: u64, from: usize, total: usize, ids: Range<u16>) -> Vec<u8> {
+            serde_json::to_vec(&api::Revocations {
+                checkpoint: None,
+                revocations: ids.map(|i| self.revocation(i)).collect(),
+                long_poll: true,
+                list: Some(list),
+                from: Some(from),
+                total: Some(total),
             })
             .unwrap()
         }
@@ -661,9 +857,10 @@ mod tests {
         let mut upkeep = upkeep(&agent, &[Lane::Revocations]);
         let lane = Lane::Revocations;
         let ask = |upkeep: &mut Upkeep, now| upkeep.poll_request(lane, now, &agent.rng).unwrap();
-        // First a plain poll, at once.
+        // First a page from the first, at once; an agent from before paging answers
+        // with its whole list, and is then asked for the whole list.
         let first = ask(&mut upkeep, NOW);
-        assert_eq!(first.path, paths::REVOCATIONS);
+        assert_eq!(first.path, Cursor::first_path());
         assert_eq!(first.timeout, agent.config.timeout);
         let listed = agent.revocations(1, true);
         assert!(matches!(
@@ -728,5 +925,142 @@ mod tests {
             Learned::Revocations(list) if list.revocations.len() == 1
         ));
         assert_eq!(upkeep.revocations_held, 1);
+    }
+
+    #[test]
+    fn revocations_are_read_by_page_from_where_the_filter_stands_and_kept_through_a_failure() {
+        let agent = Agent::new();
+        let mut upkeep = upkeep(&agent, &[Lane::Revocations]);
+        let lane = Lane::Revocations;
+        let ask = |upkeep: &mut Upkeep, now| upkeep.poll_request(lane, now, &agent.rng).unwrap();
+        let page = paths::MAX_REVOCATIONS_PAGE;
+        let held = agent.config.timeout + Duration::from_millis(REVOCATIONS_WAIT_MS);
+        assert_eq!(upkeep.revocations_age(NOW), None, "never read");
+        // 600 revocations: three pages, each asked at once and not held.
+        let first = ask(&mut upkeep, NOW);
+        assert_eq!(first.path, paths::revocations_since(0, 0, 0));
+        assert_eq!(first.timeout, agent.config.timeout);
+        let mut at = 0;
+        while at < 600 {
+            let n = page.min(600 - at);
+            let answer = agent.page(7, at, 600, at as u16..(at + n) as u16);
+            assert!(matches!(
+                upkeep.handle_answer(lane, Some(200), &answer, NOW),
+                Learned::Revocations(list) if list.revocations.len() == n
+            ));
+            at += n;
+            assert_eq!(upkeep.poll_timeout(lane), Some(NOW), "asked again at once");
+            let next = ask(&mut upkeep, NOW);
+            let wait = if at < 600 { 0 } else { REVOCATIONS_WAIT_MS };
+            assert_eq!(next.path, paths::revocations_since(7, at, wait));
+        }
+        // An agent that says there is more but gives nothing is not asked in a loop.
+        let mut liar = self::upkeep(&agent, &[Lane::Revocations]);
+        ask(&mut liar, NOW);
+        let empty = agent.page(7, 0, 1_000_000, 0..0);
+        assert!(matches!(
+            liar.handle_answer(lane, Some(200), &empty, NOW),
+            Learned::Nothing
+        ));
+        assert_eq!(liar.poll_timeout(lane), Some(NOW + 1_000));
+        // All read: held by the agent, and a held answer with nothing new asks again.
+        assert_eq!(upkeep.revocations_age(NOW + 5_000), Some(5_000));
+        let quiet = agent.page(7, 600, 600, 0..0);
+        assert!(matches!(
+            upkeep.handle_answer(lane, Some(200), &quiet, NOW + 20_000),
+            Learned::Nothing
+        ));
+        assert_eq!(upkeep.revocations_age(NOW + 20_000), Some(0));
+        let held_poll = ask(&mut upkeep, NOW + 20_000);
+        assert_eq!(
+            held_poll.path,
+            paths::revocations_since(7, 600, REVOCATIONS_WAIT_MS)
+        );
+        assert_eq!(held_poll.timeout, held);
+        // A failure: a second later, from the same position (nothing read twice),
+        // and the age grows.
+        assert!(matches!(
+            upkeep.handle_answer(lane, None, b"timed out", NOW + 45_000),
+            Learned::Failed(_)
+        ));
+        assert_eq!(upkeep.revocations_age(NOW + 45_000), Some(25_000));
+        assert_eq!(upkeep.poll_timeout(lane), Some(NOW + 46_000));
+        let again = ask(&mut upkeep, NOW + 46_000);
+        assert_eq!(again.path, paths::revocations_since(7, 600, 0), "not held");
+        assert_eq!(again.timeout, agent.config.timeout);
+        // A page the root did not sign: refused, the position stands.
+        let forged = Agent::new().page(7, 600, 601, 600..601);
+        assert!(matches!(
+            upkeep.handle_answer(lane, Some(200), &forged, NOW + 46_000),
+            Learned::Failed(_)
+        ));
+        assert_eq!(
+            ask(&mut upkeep, NOW + 47_000).path,
+            paths::revocations_since(7, 600, 0)
+        );
+        // The agent restarted (another list, answered from its first): read anew.
+        let restarted = agent.page(9, 0, 2, 600..602);
+        assert!(matches!(
+            upkeep.handle_answer(lane, Some(200), &restarted, NOW + 47_000),
+            Learned::Revocations(list) if list.revocations.len() == 2
+        ));
+        assert_eq!(
+            ask(&mut upkeep, NOW + 47_000).path,
+            paths::revocations_since(9, 2, REVOCATIONS_WAIT_MS)
+        );
+        // An agent from before paging refuses the query: the whole list from then on.
+        let mut older = self::upkeep(&agent, &[Lane::Revocations]);
+        ask(&mut older, NOW);
+        assert!(matches!(
+            older.handle_answer(lane, Some(400), b"unknown field `list`", NOW),
+            Learned::Failed(why) if why.contains("whole list")
+        ));
+        assert_eq!(ask(&mut older, NOW + 1_000).path, paths::REVOCATIONS);
+    }
+
+    #[test]
+    fn a_silent_feed_raises_the_alarm_then_closes_to_new_callers_and_says_when_it_is_back() {
+        let agent = Agent::new();
+        let mut upkeep = upkeep(&agent, &[Lane::Revocations]);
+        let lane = Lane::Revocations;
+        let max_age = agent.config.revocations_max_age;
+        assert_eq!(max_age, Duration::from_secs(300), "the default");
+        let stale = |u: &Upkeep, now| revocations_stale(u.revocations_fresh_since(), now, max_age);
+        // Never asked: nothing to say, nothing refused.
+        assert_eq!(upkeep.revocations_alarm(NOW), None);
+        assert_eq!(stale(&upkeep, NOW), None);
+        // Asked at start and never answered: the age runs from the first ask.
+        upkeep.poll_request(lane, NOW, &agent.rng).unwrap();
+        upkeep.handle_answer(lane, None, b"connection refused", NOW);
+        assert_eq!(upkeep.revocations_alarm(NOW + 30_000), None);
+        let alarm = upkeep.revocations_alarm(NOW + 61_000).unwrap();
+        assert_eq!(alarm.feed, Feed::Stale);
+        assert!(alarm.to_string().contains("61 s"), "{alarm}");
+        assert_eq!(upkeep.revocations_alarm(NOW + 62_000), None, "said once");
+        assert_eq!(stale(&upkeep, NOW + 300_000), None);
+        assert_eq!(stale(&upkeep, NOW + 300_001), Some(300_001));
+        let alarm = upkeep.revocations_alarm(NOW + 300_001).unwrap();
+        assert_eq!(alarm.feed, Feed::Closed);
+        // Read at last: fresh, said with how long the silence lasted.
+        upkeep
+            .poll_request(lane, NOW + 310_000, &agent.rng)
+            .unwrap();
+        let page = agent.page(7, 0, 0, 0..0);
+        upkeep.handle_answer(lane, Some(200), &page, NOW + 310_000);
+        assert_eq!(stale(&upkeep, NOW + 310_000), None);
+        let alarm = upkeep.revocations_alarm(NOW + 310_000).unwrap();
+        assert_eq!((alarm.feed, alarm.age_ms), (Feed::Fresh, 310_000));
+        // A held poll's 20 s is far from either.
+        assert_eq!(upkeep.revocations_alarm(NOW + 330_000), None);
+        // The age bound is checked: under a minute would refuse callers at an
+        // agent's restart.
+        for age in ["59", "86401"] {
+            let json = agent.json.replace(
+                r#""revocation_poll_secs":30"#,
+                &format!(r#""revocation_poll_secs":30,"revocations_max_age_secs":{age}"#),
+            );
+            let refused = Config::parse(json.as_bytes()).unwrap_err().to_string();
+            assert!(refused.contains("revocations_max_age_secs"), "{refused}");
+        }
     }
 }

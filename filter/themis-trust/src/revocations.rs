@@ -6,10 +6,14 @@ use themis_core::PeerId;
 
 use crate::{MeshRoot, Revocation, Signed, TrustError, MAX_REASON_LEN, REVOCATION_LABEL};
 
-/// Verified revocations by revoked id, with the signed bytes to pass on.
+/// Verified revocations by revoked id, with the signed bytes to pass on, and the
+/// order they arrived in: a set that only grows, so a position in that order names
+/// the same revocations for as long as the set lives ([`Revocations::page`]: an
+/// agent serves its filters what is new since a position, not the whole set).
 #[derive(Debug, Clone, Default)]
 pub struct Revocations {
     by_id: BTreeMap<PeerId, (Revocation, Vec<u8>)>,
+    arrived: Vec<PeerId>,
 }
 
 impl Revocations {
@@ -69,6 +73,7 @@ impl Revocations {
             return false;
         }
         self.by_id.insert(id, (revocation, bytes.to_vec()));
+        self.arrived.push(id);
         true
     }
 
@@ -76,8 +81,14 @@ impl Revocations {
     /// the number that were new.
     pub fn merge(&mut self, other: Revocations) -> usize {
         let before = self.by_id.len();
-        for (id, held) in other.by_id {
-            self.by_id.entry(id).or_insert(held);
+        let mut other = other;
+        for id in other.arrived {
+            if let Some(held) = other.by_id.remove(&id) {
+                if let std::collections::btree_map::Entry::Vacant(slot) = self.by_id.entry(id) {
+                    slot.insert(held);
+                    self.arrived.push(id);
+                }
+            }
         }
         self.by_id.len() - before
     }
@@ -100,6 +111,21 @@ impl Revocations {
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.by_id.is_empty()
+    }
+
+    /// At most `limit` revocations from position `from` of the order they arrived in,
+    /// with their signed bytes (none past the end).
+    pub fn page(
+        &self,
+        from: usize,
+        limit: usize,
+    ) -> impl Iterator<Item = (&PeerId, &Revocation, &[u8])> {
+        self.arrived
+            .iter()
+            .skip(from)
+            .take(limit)
+            .filter_map(|id| self.by_id.get_key_value(id))
+            .map(|(id, (r, b))| (id, r, b.as_slice()))
     }
 
     /// Each revocation with its signed bytes.

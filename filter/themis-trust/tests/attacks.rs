@@ -482,6 +482,13 @@ fn merged_revocations_are_never_taken_back() {
         assert!(held.contains(&PeerId(id)), "{id:?}");
     }
     assert_eq!(held.len(), 3);
+    // Pages follow the order they arrived in, so a position names the same ones for
+    // as long as the set lives (what an agent serves its filters by).
+    let page =
+        |from, limit| -> Vec<PeerId> { held.page(from, limit).map(|(id, _, _)| *id).collect() };
+    assert_eq!(page(0, 2), [PeerId([1; 32]), PeerId([2; 32])]);
+    assert_eq!(page(2, 256), [PeerId([3; 32])]);
+    assert!(page(3, 256).is_empty() && page(usize::MAX, 1).is_empty());
 }
 
 #[test]

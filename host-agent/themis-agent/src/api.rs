@@ -31,7 +31,7 @@
 //! own proxy, everything else by the node's operator.
 //!
 //! With `--resolve-listen`, the agent also serves `GET /v1/status`,
-//! `GET /v1/services/{service}` and `GET /v1/revocations` (nothing else) over TCP, for clients that cannot use a
+//! `GET /v1/services/{service}` and `GET /v1/revocations` (by page only: a plain call is the first page; nothing else) over TCP, for clients that cannot use a
 //! Unix socket, such as the component under `wasmtime run`.
 
 use std::collections::BTreeMap;
@@ -50,6 +50,7 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use themis_core::PeerId;
 use themis_dht::Key;
 
 use crate::caller::{BindError, Need, Peer};
@@ -299,7 +300,7 @@ pub fn resolve_router(registry: Arc<Registry>) -> Router {
     let read_only = Router::new()
         .route("/v1/status", get(status))
         .route("/v1/services/{service}", get(resolve))
-        .route("/v1/revocations", get(revocations));
+        .route("/v1/revocations", get(revocation_pages));
     finish(read_only, registry)
 }
 
@@ -360,7 +361,7 @@ async fn status(State(r): Shared) -> ApiResult {
         mesh: overlay.mesh().as_str().to_owned(),
         mesh_root: r.trust().root().to_string(),
         granted: r.trust().granted_services(),
-        revocations: r.trust().revocations().len() as u64,
+        revocations: r.trust().revocation_count() as u64,
         listen: overlay.me().addr,
         joined: *overlay.joined().borrow(),
         objects: snapshot.objects as u64,
@@ -412,11 +413,14 @@ async fn explain(State(r): Shared, Path(service): Path<String>) -> ApiResult {
     ok(r.explain(&service).await?)
 }
 
-/// `?known=N&wait_ms=M`: a long poll (`paths::revocations_after`).
+/// `?known=N&wait_ms=M`: a long poll of the whole list (`paths::revocations_after`);
+/// `?list=L&from=N&wait_ms=M`: a page of it (`paths::revocations_since`).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RevocationsQuery {
     known: Option<usize>,
+    list: Option<u64>,
+    from: Option<usize>,
     wait_ms: Option<u64>,
 }
 
@@ -425,21 +429,69 @@ async fn revocations(
     query: Result<Query<RevocationsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    if let (Some(held), Some(wait_ms)) = (query.known, query.wait_ms) {
+    let wait = query
+        .wait_ms
+        .map(|ms| Duration::from_millis(ms.min(themis_contracts::paths::MAX_REVOCATIONS_WAIT_MS)));
+    if let Some(from) = query.from {
+        return revocations_page(&r, query.list, from, wait).await;
+    }
+    if let (Some(held), Some(wait)) = (query.known, wait) {
         // Held until the count differs from the caller's (a revocation is learnt, or
         // it was already behind), or the wait is over.
         let mut count = r.trust().watch_revocations();
-        let wait =
-            Duration::from_millis(wait_ms.min(themis_contracts::paths::MAX_REVOCATIONS_WAIT_MS));
         // The watched count only: no other lock is taken under the watch's.
         let _ = tokio::time::timeout(wait, count.wait_for(|known| *known != held)).await;
     }
     let known = r.trust().revocations();
+    ok(revocations_answer(&r, known.iter(), None))
+}
+
+/// The resolve listener's `GET /v1/revocations`: by page only (a plain call is the
+/// first page), so a small request never brings thousands of revocations back.
+async fn revocation_pages(
+    State(r): Shared,
+    query: Result<Query<RevocationsQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let wait = query
+        .wait_ms
+        .map(|ms| Duration::from_millis(ms.min(themis_contracts::paths::MAX_REVOCATIONS_WAIT_MS)));
+    revocations_page(&r, query.list, query.from.unwrap_or(0), wait).await
+}
+
+/// A page of this agent's revocations from `from` of `list`; when there are none past
+/// it, held until one is learnt or `wait` is over.
+async fn revocations_page(
+    r: &Registry,
+    list: Option<u64>,
+    from: usize,
+    wait: Option<Duration>,
+) -> ApiResult {
+    if let (Some(wait), true) = (wait, list == Some(r.trust().revocation_list())) {
+        let mut count = r.trust().watch_revocations();
+        let _ = tokio::time::timeout(wait, count.wait_for(|known| *known > from)).await;
+    }
+    let page = r
+        .trust()
+        .revocation_page(list, from, themis_contracts::paths::MAX_REVOCATIONS_PAGE);
+    let listed = page
+        .revocations
+        .iter()
+        .map(|(id, revocation, bytes)| (id, revocation, bytes.as_slice()));
+    ok(revocations_answer(r, listed, Some(&page)))
+}
+
+/// The answer listing `listed`, each with its trust log proof where the log holds it;
+/// of `page` if it is one.
+fn revocations_answer<'a>(
+    r: &Registry,
+    listed: impl Iterator<Item = (&'a PeerId, &'a themis_trust::Revocation, &'a [u8])>,
+    page: Option<&crate::trust::RevocationPage>,
+) -> contract::Revocations {
     let proven = r.trust().log().revocation_proofs();
     let (checkpoint, proofs) = &*proven;
     let mesh = r.overlay().mesh();
-    let revocations = known
-        .iter()
+    let revocations = listed
         .map(|(id, revocation, bytes)| contract::Revocation {
             id: id.printable(mesh),
             issued_at: revocation.issued_at,
@@ -451,11 +503,14 @@ async fn revocations(
             }),
         })
         .collect();
-    ok(contract::Revocations {
+    contract::Revocations {
         checkpoint: checkpoint.as_ref().map(hex::encode),
         revocations,
+        list: page.map(|p| p.list),
+        from: page.map(|p| p.from),
+        total: page.map(|p| p.total),
         long_poll: true,
-    })
+    }
 }
 
 async fn publish_revocation(

@@ -348,7 +348,7 @@ impl Delegating {
         let identity = registry
             .workload_identity(&workload)
             .map_err(SignError::from)?;
-        if registry.trust().revocations().contains(&identity.id()) {
+        if registry.trust().is_revoked(&identity.id()) {
             return Err(DelegateError::Revoked(identity.printable_id()));
         }
         registry

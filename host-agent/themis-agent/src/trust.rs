@@ -144,6 +144,10 @@ pub struct MeshTrust {
     /// Where known revocations are saved (`None`: kept in memory only).
     revocations_file: Option<PathBuf>,
     revoked: RwLock<Revocations>,
+    /// Which list `revoked` is, for filters that follow it by position
+    /// ([`MeshTrust::revocation_page`]): drawn at start, so a position a filter holds
+    /// from before a restart is never read in another order.
+    revocation_list: u64,
     /// Admissions verified, by peer: the hash of the credential bytes seen, the
     /// admission's `not_after`, and the revocation generation it was verified under
     /// (a revocation that arrives during a verification must not be missed).
@@ -294,6 +298,7 @@ impl MeshTrust {
             grants: Default::default(),
             revocations_file: None,
             revoked: RwLock::new(revoked),
+            revocation_list: new_list_id(node.public_key()),
             admitted: Default::default(),
             generation: AtomicU64::new(0),
             revoked_count: tokio::sync::watch::Sender::new(0),
@@ -567,15 +572,70 @@ impl MeshTrust {
         self.revoked.read().expect("never poisoned").clone()
     }
 
+    /// How many revocations are known.
+    pub fn revocation_count(&self) -> usize {
+        self.revoked.read().expect("never poisoned").len()
+    }
+
+    /// At most `limit` revocations from position `from` of this agent's list, in the
+    /// order it learnt them (with their signed bytes), and how many the list holds; a
+    /// `list` other than this agent's reads from its first ([`Self::revocation_list`]).
+    pub fn revocation_page(&self, list: Option<u64>, from: usize, limit: usize) -> RevocationPage {
+        let from = if list == Some(self.revocation_list) {
+            from
+        } else {
+            0
+        };
+        let revoked = self.revoked.read().expect("never poisoned");
+        RevocationPage {
+            list: self.revocation_list,
+            from,
+            total: revoked.len(),
+            revocations: revoked
+                .page(from, limit)
+                .map(|(id, r, bytes)| (*id, r.clone(), bytes.to_vec()))
+                .collect(),
+        }
+    }
+
+    /// This agent's revocation list (drawn at start).
+    pub fn revocation_list(&self) -> u64 {
+        self.revocation_list
+    }
+
     /// Changes at every new revocation.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Relaxed)
     }
 }
 
+/// A page of an agent's revocations ([`MeshTrust::revocation_page`]).
+pub struct RevocationPage {
+    /// The agent's list.
+    pub list: u64,
+    /// The position of the first.
+    pub from: usize,
+    /// How many the list holds.
+    pub total: usize,
+    /// The page's revocations, each with its signed bytes.
+    pub revocations: Vec<(PeerId, themis_trust::Revocation, Vec<u8>)>,
+}
+
 /// A verified admission, remembered: (hash of its bytes, its `not_after`, the
 /// revocation generation it was verified under).
 type Admitted = (u64, Option<u64>, u64);
+
+/// A revocation list's id: this node's key, this moment and this process, hashed
+/// (an agent restarted in the same nanosecond is the one case it would repeat).
+fn new_list_id(node_key: &[u8; 32]) -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut seed = node_key.to_vec();
+    seed.extend(nanos.to_le_bytes());
+    seed.extend(std::process::id().to_le_bytes());
+    fingerprint(&seed)
+}
 
 fn fingerprint(bytes: &[u8]) -> u64 {
     let digest = ring::digest::digest(&ring::digest::SHA256, bytes);

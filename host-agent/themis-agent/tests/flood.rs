@@ -199,6 +199,17 @@ fn a_name_in_use_stays_cached_through_a_flood_of_names_and_fresh_lookups_are_bud
         let (status, _, _) = resolve_listener_get(resolve, path);
         assert_eq!(status, 404, "{path} on the TCP resolve listener");
     }
+    // Revocations by page only: even a plain call is the first page, never the whole
+    // list (thousands of revocations with their proofs).
+    for path in ["/v1/revocations", "/v1/revocations?known=0&wait_ms=0"] {
+        let (status, _, page) = resolve_listener_get(resolve, path);
+        assert_eq!(status, 200, "{path}: {page}");
+        assert_eq!(page["from"], 0, "{path}: not a page: {page}");
+        assert!(
+            page["total"].is_u64() && page["list"].is_u64(),
+            "{path}: {page}"
+        );
+    }
 
     // `check` is in use: resolved now and again every 100 other names.
     let (status, _, first) = resolve_listener_get(resolve, "/v1/services/check");

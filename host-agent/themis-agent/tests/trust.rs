@@ -1321,3 +1321,75 @@ fn g_a_restarted_agent_still_knows_its_revocations() {
         },
     );
 }
+
+/// h. A filter follows the agent's revocations by page, from where it stands: every
+/// revocation is listed once across the pages, each page is bounded however many the
+/// mesh holds (a whole list of thousands once outgrew the native filter's answer
+/// limit, and every refresh then failed), a held poll is answered by the next one
+/// learnt, and a restarted agent's list is another, read from its first.
+#[test]
+fn h_revocations_are_served_by_bounded_pages_from_a_position() {
+    let dir = common::workdir();
+    let root = dir.path();
+    let mesh = common::mesh_dir(root);
+    let mut agent = Agent::spawn(root, "agent-0", Spawn::default());
+    agent.wait_joined();
+    let page_limit = themis_contracts::paths::MAX_REVOCATIONS_PAGE;
+    let count = 2 * page_limit + 88;
+    let ids: Vec<String> = (0..count).map(|_| identity(MESH).printable_id()).collect();
+    agent.revoke_many(&ids, &mesh);
+    let page_of = |agent: &Agent, list: u64, from: usize, wait_ms: u64| {
+        let path = themis_contracts::paths::revocations_since(list, from, wait_ms);
+        let (code, page) = agent.get(&path).unwrap();
+        assert_eq!(code, 200, "{page}");
+        let listed: Vec<String> = page["revocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_str().unwrap().to_owned())
+            .collect();
+        assert!(listed.len() <= page_limit, "{} in one page", listed.len());
+        assert!(page["checkpoint"].is_string(), "the log proves them");
+        (
+            page["list"].as_u64().unwrap(),
+            page["from"].as_u64().unwrap() as usize,
+            page["total"].as_u64().unwrap() as usize,
+            listed,
+        )
+    };
+    // Another list's position (0 is no agent's): answered from the first.
+    let (list, from, total, mut read) = page_of(&agent, 0, 123, 0);
+    assert_eq!((from, total, read.len()), (0, count, page_limit));
+    while read.len() < total {
+        let (same, from, _, page) = page_of(&agent, list, read.len(), 0);
+        assert_eq!((same, from), (list, read.len()));
+        read.extend(page);
+    }
+    let mut sorted = read.clone();
+    sorted.sort();
+    sorted.dedup();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(sorted, expected, "each revocation listed once");
+    // Past the end and not held: an empty page.
+    let (_, _, _, none) = page_of(&agent, list, count, 0);
+    assert!(none.is_empty());
+    // Held past the end: answered with the next revocation learnt.
+    let late = identity(MESH).printable_id();
+    let asked = std::thread::scope(|s| {
+        let held = s.spawn(|| page_of(&agent, list, count, 20_000));
+        std::thread::sleep(Duration::from_millis(300));
+        agent.revoke(&late, &mesh);
+        held.join().unwrap()
+    });
+    assert_eq!(
+        (asked.1, asked.2, asked.3),
+        (count, count + 1, vec![late.clone()])
+    );
+    // Restarted: another list, and the old position is read from the first.
+    agent.kill();
+    let agent = Agent::spawn(root, "agent-0", Spawn::default());
+    let (again, from, total, page) = page_of(&agent, list, count, 0);
+    assert_ne!(again, list, "a restarted agent's list is another");
+    assert_eq!((from, total, page.len()), (0, count + 1, page_limit));
+}

@@ -92,6 +92,11 @@ impl Inbound {
                 now_ms: now,
                 revoked: &w.revoked,
             },
+            revocations_stale: themis_sidecar::upkeep::revocations_stale(
+                w.upkeep.revocations_fresh_since(),
+                now,
+                w.config.revocations_max_age,
+            ),
             lists: &lists,
         };
         f(callee, &mut lent)

@@ -325,16 +325,15 @@ fn take_in(w: &mut Worker, lane: Lane, learned: Learned) {
             warn!("themis: {why}; it signs each handshake");
         }
         Learned::Revocations(list) => {
-            info!(
-                "themis: {} revocation(s) in force ({} proven by the trust log's checkpoint)",
-                list.revocations.len(),
-                list.proven
-            );
+            let (read, proven) = (list.revocations.len(), list.proven);
             // A new revocation withdraws the instances it revokes from the cached
             // resolutions and drops the caller checks: the revoked key is not used
-            // from a cache either.
-            // Merged: a revocation held is never taken back.
+            // from a cache either. Merged: a revocation held is never taken back.
             w.revoked.merge(list.revocations);
+            info!(
+                "themis: {} revocation(s) in force ({read} read, {proven} of them proven by the trust log's checkpoint)",
+                w.revoked.len()
+            );
             let root = &w.config.mesh_root;
             let revoked = &w.revoked;
             w.routes.withdraw(|i| i.is_revoked(root, revoked));
@@ -454,6 +453,13 @@ impl RootContext for Root {
             let mut w = worker.borrow_mut();
             let now = now_ms();
             w.tick_ms = now;
+            if let Some(alarm) = w.upkeep.revocations_alarm(now) {
+                match alarm.feed {
+                    upkeep::Feed::Fresh => info!("themis: {alarm}"),
+                    upkeep::Feed::Stale => warn!("themis: {alarm}"),
+                    upkeep::Feed::Closed => error!("themis: {alarm}"),
+                }
+            }
             w.metrics.flush();
             w.routes.expire(now);
             w.callers.expire(now);

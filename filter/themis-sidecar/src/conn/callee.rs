@@ -59,6 +59,10 @@ pub struct Worker<'a> {
     pub policy: Option<&'a Policy>,
     /// The mesh root and the revocations in force, at `now_ms`.
     pub trust: Verifier<'a>,
+    /// `Some(age in ms)` when the revocations were last read longer ago than
+    /// `revocations_max_age_secs` ([`crate::upkeep::revocations_stale`]): a new
+    /// caller is refused, since a revocation may be missing.
+    pub revocations_stale: Option<u64>,
     /// Whether a verified resolution of a service lists a peer: `None` when the
     /// worker does not know (the callee then asks for a resolution).
     pub lists: &'a dyn Fn(&str, &PeerId) -> Option<bool>,
@@ -277,6 +281,9 @@ impl Callee {
                         return self.refuse(step, Close::new(Reason::RateLimited, detail));
                     }
                 }
+                if let Some(age_ms) = w.revocations_stale {
+                    return self.refuse(step, Close::revocations_stale(age_ms));
+                }
                 self.phase = Phase::Handshaking;
             }
             _ => {}
@@ -471,6 +478,7 @@ mod tests {
         listed: Option<bool>,
         keyless: bool,
         delegated: bool,
+        revocations_stale: Option<u64>,
         now_ms: u64,
         handshake: HandshakeConfig,
     }
@@ -498,6 +506,7 @@ mod tests {
                 listed: Some(false),
                 keyless: false,
                 delegated: true,
+                revocations_stale: None,
                 now_ms: 1_900_000_000_000,
                 handshake: HandshakeConfig::default(),
                 rng,
@@ -527,6 +536,7 @@ mod tests {
                     now_ms: self.now_ms,
                     revoked: &self.trust.revoked,
                 },
+                revocations_stale: self.revocations_stale,
                 lists: &lists,
             };
             f(&mut w)
@@ -599,6 +609,32 @@ mod tests {
         assert_eq!(callee.peer(), Some(caller));
         // The app's answer is sealed for the caller.
         assert!(!callee.from_app(b"response").to_peer.is_empty());
+    }
+
+    /// A feed of revocations that froze (an agent gone, or one withholding answers)
+    /// lets no new caller in, and the ones allowed before keep their connection; a
+    /// fresh feed lets them in again.
+    #[test]
+    fn no_new_caller_is_let_in_while_the_revocations_are_stale() {
+        let mut world = World::calling_by_id();
+        let mut allowed = Callee::new(HTTP2_PREFACE, source());
+        handshake(&mut world, &mut allowed, None);
+        world.revocations_stale = Some(301_000);
+        world.now_ms += 1_000; // the source's bucket refills
+        let mut late = Callee::new(HTTP2_PREFACE, source());
+        let (_, hello) = world.caller(None);
+        let step = world.with(|w| late.from_peer(&hello, w));
+        assert_eq!(refused(&step), "revocations_stale");
+        assert!(step.to_app.is_empty() && late.is_closed());
+        assert!(
+            !allowed.from_app(b"still served").to_peer.is_empty(),
+            "an allowed caller's connection stays"
+        );
+        world.revocations_stale = None;
+        world.now_ms += 1_000;
+        let mut again = Callee::new(HTTP2_PREFACE, source());
+        let step = handshake(&mut world, &mut again, None);
+        assert_eq!(step.to_app, REQUEST);
     }
 
     #[test]

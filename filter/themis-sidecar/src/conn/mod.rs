@@ -88,6 +88,16 @@ impl Close {
         }
     }
 
+    /// A new caller refused because the revocations were last read `age_ms` ago,
+    /// past `revocations_max_age_secs` ([`crate::upkeep::revocations_stale`]).
+    pub fn revocations_stale(age_ms: u64) -> Self {
+        let detail = format!(
+            "the revocations were last read from the agent {} s ago, past revocations_max_age_secs: no new caller until it answers",
+            age_ms / 1_000
+        );
+        Close::new(Reason::RevocationsStale, detail)
+    }
+
     /// A flood's refusals: counted, not worth a log line each.
     pub fn is_flood(&self) -> bool {
         self.reason.is_flood()
