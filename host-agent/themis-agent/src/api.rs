@@ -424,14 +424,20 @@ struct RevocationsQuery {
     wait_ms: Option<u64>,
 }
 
+impl RevocationsQuery {
+    /// How long the caller may be held (capped).
+    fn wait(&self) -> Option<Duration> {
+        let cap = themis_contracts::paths::MAX_REVOCATIONS_WAIT_MS;
+        self.wait_ms.map(|ms| Duration::from_millis(ms.min(cap)))
+    }
+}
+
 async fn revocations(
     State(r): Shared,
     query: Result<Query<RevocationsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let wait = query
-        .wait_ms
-        .map(|ms| Duration::from_millis(ms.min(themis_contracts::paths::MAX_REVOCATIONS_WAIT_MS)));
+    let wait = query.wait();
     if let Some(from) = query.from {
         return revocations_page(&r, query.list, from, wait).await;
     }
@@ -453,9 +459,7 @@ async fn revocation_pages(
     query: Result<Query<RevocationsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let wait = query
-        .wait_ms
-        .map(|ms| Duration::from_millis(ms.min(themis_contracts::paths::MAX_REVOCATIONS_WAIT_MS)));
+    let wait = query.wait();
     revocations_page(&r, query.list, query.from.unwrap_or(0), wait).await
 }
 
