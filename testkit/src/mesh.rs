@@ -170,9 +170,15 @@ impl Mesh {
             runtime_b: b_runtime,
             dir,
         };
-        // Node B verifies callers' services through the DHT.
+        // Node B verifies callers' services through the DHT; a native module, from
+        // its own resolution of the services its policy names, which it keeps on a
+        // thread of its own (a call before it has one is refused by the policy).
         let handler_at = mesh.envoy_a.inbound.to_string();
         mesh.wait_resolves(&mesh.b, "handler", &[&handler_at]);
+        if b_runtime.is_native() && policy.is_some_and(|p| p.contains("handler")) {
+            mesh.envoy_b
+                .wait_native_resolves("handler", mesh.envoy_a.inbound);
+        }
         mesh
     }
 
