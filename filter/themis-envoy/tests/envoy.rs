@@ -1239,22 +1239,29 @@ fn a_frozen_revocations_feed_lets_no_new_caller_in(runtime: Runtime) {
     // Every inbound filter closed: on Wasm each thread's reads its feed on its own
     // (the main thread and both workers must say so), the native module's one thread
     // reads for all.
-    let closed = |envoy: &Envoy| {
-        envoy
+    let threads_saying = |said: &str| {
+        strict
             .log_tail(usize::MAX)
             .lines()
-            .filter(|l| l.contains("past revocations_max_age_secs: new callers are refused"))
+            .filter(|l| l.contains(said))
             .filter(|l| runtime.is_native() || l.contains("themis-inbound:"))
             .filter_map(|l| l.split("][").nth(1).map(str::to_owned))
             .collect::<std::collections::BTreeSet<_>>()
             .len()
     };
     let threads = if runtime.is_native() { 1 } else { 3 };
-    wait_until_or(
+    let all_say = |what: &str, said: &str, limit: u64| {
+        wait_until_or(
+            what,
+            Duration::from_secs(limit),
+            || (threads_saying(said) >= threads).then_some(()),
+            || strict.log_tail(30),
+        )
+    };
+    all_say(
         "the strict sidecar to close to new callers",
-        Duration::from_secs(150),
-        || (closed(&strict) >= threads).then_some(()),
-        || strict.log_tail(30),
+        "past revocations_max_age_secs: new callers are refused",
+        150,
     );
     eprintln!(
         "{runtime:?}: closed to new callers {:?} after the agent froze",
@@ -1268,7 +1275,11 @@ fn a_frozen_revocations_feed_lets_no_new_caller_in(runtime: Runtime) {
     wait_refused_at(&strict, "revocations_stale", 1, "the new caller");
 
     drop(frozen);
-    strict.wait_log("the revocations are read again");
+    all_say(
+        "the strict sidecar to read its agent again",
+        "the revocations are read again",
+        60,
+    );
     assert!(
         fresh_hello_answered(&mesh, "127.0.0.38", strict.inbound),
         "a new caller was not answered once the agent answered: {}",
