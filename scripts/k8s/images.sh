@@ -23,8 +23,8 @@ cd "$(dirname "$0")/../.."
 source scripts/k8s/oci-image.sh
 
 out=${1:?usage: scripts/k8s/images.sh OUT_DIR}
-release=target/release
-wasm=target/wasm32-wasip1/release/themis_envoy.wasm
+release=${CARGO_TARGET_DIR:-target}/release
+wasm=${CARGO_TARGET_DIR:-target}/wasm32-wasip1/release/themis_envoy.wasm
 envoy=.venv/lib/python3.11/site-packages/envoy/_bin/envoy
 for need in "$release/themis" "$release/themis-node-controller" "$release/libthemis_native.so" "$wasm" "$envoy"; do
     [[ -x $need || -f $need ]] || { echo "images: $need is missing (see the header of $0 for the builds)" >&2; exit 1; }

@@ -19,7 +19,7 @@ keep=false
 [[ ${1:-} == --keep ]] && keep=true
 cluster=scripts/k8s/cluster.sh
 kctl() { "$cluster" kubectl "$@"; }
-themis=target/release/themis
+themis=${CARGO_TARGET_DIR:-target}/release/themis
 work=$(mktemp -d /tmp/themis-k8s-suite.XXXXXX)
 passed=0 failed=0
 check() { # NAME CMD...: runs CMD; counts and says the result (its status is CMD's)
@@ -113,6 +113,7 @@ check "the DaemonSet's pod is ready (agent + controller)" \
     kctl -n themis-system rollout status daemonset/themis-agent --timeout=120s || stop_here
 agent_pod() { kctl -n themis-system get pods -l app=themis-agent -o jsonpath='{.items[0].metadata.name}'; }
 on_agent() { kctl -n themis-system exec "$(agent_pod)" -c agent -- themis --socket /var/run/themis/agent.sock "$@"; }
+on_controller() { kctl -n themis-system exec "$(agent_pod)" -c controller -- themis --socket /var/run/themis/agent.sock "$@"; }
 routes_one_hop_with_its_range() { # read whole first (see the negative checks below)
     local ring logs
     ring=$(on_agent ring) && logs=$(kctl -n themis-system logs "$(agent_pod)" -c agent)
@@ -120,6 +121,21 @@ routes_one_hop_with_its_range() { # read whole first (see the negative checks be
 }
 check "the agent routes one hop (the default) and holds the root's grant of the node's pod range" \
     until_ok 30 routes_one_hop_with_its_range || true
+controller_least() { # the controller (a process run in its container, as the kubelet runs it): uid 65532, no capability; lists workloads, reads no capture state (the operator's)
+    local status out
+    status=$(kctl -n themis-system exec "$(agent_pod)" -c controller -- cat /proc/self/status) ||
+        { echo "the controller's status could not be read"; return 1; }
+    grep -q "^Uid:[[:space:]]*65532[[:space:]]" <<< "$status" || { echo "not uid 65532: $(grep ^Uid <<< "$status")"; return 1; }
+    grep -q "^CapEff:[[:space:]]*0000000000000000$" <<< "$status" || { echo "capabilities: $(grep ^CapEff <<< "$status")"; return 1; }
+    on_controller workloads > /dev/null || { echo "control: the controller cannot list workloads"; return 1; }
+    on_agent capture > /dev/null || { echo "control: the operator cannot read the capture's state"; return 1; }
+    if out=$(on_controller capture 2>&1); then
+        echo "the controller read the capture's state: $out"
+        return 1
+    fi
+    grep -qi "operator" <<< "$out" || { echo "refused, but not as a non-operator: $out"; return 1; }
+}
+check "the node controller runs as uid 65532 with no capability, and is not the agent's operator" controller_least || true
 
 step "deploy/kubernetes/demo.yaml: handler and check with their sidecars, in namespace shop (themis.io/mesh=enabled)"
 kctl apply -f deploy/kubernetes/demo.yaml > /dev/null

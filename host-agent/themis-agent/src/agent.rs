@@ -37,6 +37,10 @@ pub enum AgentError {
     /// `--operator-own-pod` where the agent's cgroup has no pod above it.
     #[error("--operator-own-pod: {0}")]
     OperatorPod(String),
+    /// A controller uid that is also the operator's: the controller would be the
+    /// operator.
+    #[error("--controller-uid {0} is also an operator uid (the operator's, or the agent's own): the controller would have the operator's every right")]
+    ControllerIsOperator(u32),
     /// eBPF capture could not start; the message says what is missing.
     #[error("{0}")]
     Capture(#[from] themis_capture::CaptureError),
@@ -409,6 +413,16 @@ fn operators(settings: &Settings) -> Result<crate::caller::Operators, AgentError
             "the agent's own cgroup is unknown: only the listed operator cgroups are the operator's"
         ),
     }
+    if let Some(&uid) = settings
+        .controller_uids
+        .iter()
+        .find(|uid| uids.contains(uid))
+    {
+        return Err(AgentError::ControllerIsOperator(uid));
+    }
+    if !settings.controller_uids.is_empty() {
+        info!(uids = ?settings.controller_uids, "the node controller: these uids, from where the operator calls, mesh pods and do nothing else");
+    }
     let mut cgroups = settings.operator_cgroups.clone();
     if settings.operator_own_pod {
         cgroups.push(own_pod(
@@ -420,6 +434,7 @@ fn operators(settings: &Settings) -> Result<crate::caller::Operators, AgentError
         uids,
         cgroups,
         own_cgroup,
+        controller_uids: settings.controller_uids.clone(),
     })
 }
 
@@ -553,8 +568,24 @@ fn init_logs(format: crate::config::LogFormat) {
 
 #[cfg(test)]
 mod tests {
-    use super::own_pod;
+    use super::{operators, own_pod, AgentError};
     use std::path::Path;
+
+    /// A controller uid that is an operator's would make the controller the operator.
+    #[test]
+    fn a_controller_uid_is_never_an_operators() {
+        let mut settings = crate::config::Settings {
+            controller_uids: vec![65532, 0],
+            ..Default::default()
+        };
+        assert!(matches!(
+            operators(&settings),
+            Err(AgentError::ControllerIsOperator(0))
+        ));
+        settings.controller_uids = vec![65532];
+        let operators = operators(&settings).unwrap();
+        assert_eq!(operators.controller_uids, [65532]);
+    }
 
     #[test]
     fn the_operators_pod_is_only_a_kubernetes_pods_cgroup() {

@@ -53,7 +53,7 @@ use serde_json::json;
 use themis_core::PeerId;
 use themis_dht::Key;
 
-use crate::caller::{BindError, Need, Peer};
+use crate::caller::{BindError, Need, Peer, Role};
 use crate::names::{NameError, ServiceName, WorkloadName};
 use crate::overlay::OverlayError;
 use crate::registry::{Registry, RegistryError};
@@ -247,9 +247,18 @@ pub fn router(registry: Arc<Registry>) -> Router {
     finish(full, registry)
 }
 
-/// Marks a request made by the node's operator (its fresh lookups are not budgeted).
-#[derive(Clone, Copy)]
-struct Operator;
+/// Who made the request ([`Role`]), as [`authorize`] found; none on the TCP listener.
+type CallerRole = Option<axum::Extension<Role>>;
+
+fn role_of(role: CallerRole) -> Role {
+    role.map_or(Role::Other, |axum::Extension(role)| role)
+}
+
+impl From<crate::caller::Refusal> for ApiError {
+    fn from(refusal: crate::caller::Refusal) -> Self {
+        ApiError::new(StatusCode::FORBIDDEN, refusal.reason(), refusal)
+    }
+}
 
 /// Authorises a request by its caller ([`crate::caller`]); refusals are 403s,
 /// counted by reason.
@@ -269,12 +278,10 @@ async fn authorize(
         .and_then(|workload| r.owners().get(&workload));
     match r.access().decide(caller.as_ref(), need, owner.as_ref()) {
         Ok(()) => {
-            if caller
+            let role = caller
                 .as_ref()
-                .is_some_and(|c| r.access().operators.admit(c))
-            {
-                request.extensions_mut().insert(Operator);
-            }
+                .map_or(Role::Other, |c| r.access().operators.role(c));
+            request.extensions_mut().insert(role);
             next.run(request).await
         }
         Err(refusal) => {
@@ -286,7 +293,7 @@ async fn authorize(
                 reason = refusal.reason(),
                 "refused a local API call"
             );
-            ApiError::new(StatusCode::FORBIDDEN, refusal.reason(), refusal).into_response()
+            ApiError::from(refusal).into_response()
         }
     }
 }
@@ -385,11 +392,13 @@ async fn resolve(
     State(r): Shared,
     Path(service): Path<String>,
     query: Result<Query<ResolveQuery>, axum::extract::rejection::QueryRejection>,
-    operator: Option<axum::Extension<Operator>>,
+    role: CallerRole,
 ) -> ApiResult {
     let service = ServiceName::new(&service)?;
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    match r.resolve(&service, query.fresh, operator.is_some()).await {
+    // The operator's fresh lookups are not budgeted.
+    let operator = role_of(role) == Role::Operator;
+    match r.resolve(&service, query.fresh, operator).await {
         // Over a budget of lookups, with nothing cached to answer: 429 with when to
         // try again (whole seconds, at least one).
         Err(
@@ -595,8 +604,10 @@ async fn publish_log(State(r): Shared, body: axum::body::Bytes) -> ApiResult {
 async fn register(
     State(r): Shared,
     Path((service, workload)): Path<(String, String)>,
+    role: CallerRole,
     body: Result<Json<contract::Register<CaptureSpec>>, JsonRejection>,
 ) -> ApiResult {
+    let controller = role_of(role) == Role::Controller;
     let (service, workload) = (ServiceName::new(&service)?, WorkloadName::new(&workload)?);
     let Json(body) = body?;
     if body.endpoint.ip().is_unspecified() || body.endpoint.port() == 0 {
@@ -617,6 +628,17 @@ async fn register(
                 r.require_capture()?;
             }
             let unbound = r.owners().check_capture(&workload, spec)?;
+            if controller {
+                match &unbound {
+                    None => r
+                        .access()
+                        .controller_owns(r.owners().get(&workload).as_ref())?,
+                    Some(owner) => {
+                        let exists = r.workload_identity(&workload).is_ok();
+                        r.access().controller_may_bind(None, exists, Some(owner))?;
+                    }
+                }
+            }
             let attached = r.attach_capture(&workload, spec)?;
             // The capture checked the cgroup; the pod now owns the workload.
             if let Some(owner) = unbound {
@@ -624,6 +646,8 @@ async fn register(
             }
             Some(attached)
         }
+        // The controller registers pods, and a pod's registration is captured.
+        None if controller => return Err(crate::caller::Refusal::NotAPod.into()),
         None => None,
     };
     let (registration, stored) = r
@@ -640,8 +664,15 @@ async fn register(
 async fn deregister(
     State(r): Shared,
     Path((service, workload)): Path<(String, String)>,
+    role: CallerRole,
 ) -> ApiResult {
     let (service, workload) = (ServiceName::new(&service)?, WorkloadName::new(&workload)?);
+    // A workload that does not exist is answered as for anyone (404): a controller's
+    // retry after a lost answer is not refused.
+    if role_of(role) == Role::Controller && r.workload_identity(&workload).is_ok() {
+        r.access()
+            .controller_owns(r.owners().get(&workload).as_ref())?;
+    }
     let deregistered = r.deregister(service, workload.clone()).await?;
     let capture_detached = r.detach_capture(&workload)?;
     ok(contract::Deregistered {
@@ -664,6 +695,7 @@ async fn workloads(State(r): Shared) -> ApiResult {
 async fn create_workload(
     State(r): Shared,
     Path(workload): Path<String>,
+    role: CallerRole,
     body: axum::body::Bytes,
 ) -> ApiResult {
     let workload = WorkloadName::new(&workload)?;
@@ -676,6 +708,14 @@ async fn create_workload(
                 .owner
         }
     };
+    if role_of(role) == Role::Controller {
+        let exists = r.workload_identity(&workload).is_ok();
+        r.access().controller_may_bind(
+            r.owners().get(&workload).as_ref(),
+            exists,
+            owner.as_ref(),
+        )?;
+    }
     let (identity, created) = r.workload(&workload)?;
     if let Some(owner) = &owner {
         r.owners().bind(&workload, owner.clone())?;
@@ -695,8 +735,18 @@ async fn create_workload(
     Ok((status, Json(body)).into_response())
 }
 
-async fn delete_workload(State(r): Shared, Path(workload): Path<String>) -> ApiResult {
+async fn delete_workload(
+    State(r): Shared,
+    Path(workload): Path<String>,
+    role: CallerRole,
+) -> ApiResult {
     let workload = WorkloadName::new(&workload)?;
+    // A workload that does not exist is answered as for anyone (404): a controller's
+    // retry after a lost answer is not refused.
+    if role_of(role) == Role::Controller && r.workload_identity(&workload).is_ok() {
+        r.access()
+            .controller_owns(r.owners().get(&workload).as_ref())?;
+    }
     let identity = r.delete_workload(&workload).await?;
     ok(contract::DeletedWorkload {
         workload,

@@ -10,6 +10,12 @@
 //! * **a workload's own proxy** (a caller inside the cgroup the workload is bound to,
 //!   with its uid when one is bound): that workload's public identity and its
 //!   handshake signatures (the private key never leaves the agent);
+//! * **the node controller** (a controller uid in an operator cgroup, on Kubernetes
+//!   the controller's container beside the agent): pods' workloads only — list,
+//!   create bound to a pod, register with the pod's capture, withdraw, delete — never
+//!   a key, a revocation, the log or debug, nor a workload bound outside pods or to
+//!   another pod ([`Access::controller_may_bind`]): what a compromised controller can
+//!   do is mesh pods wrongly, not take an identity that exists;
 //! * **the operator** (an operator uid in an operator cgroup): everything else —
 //!   workloads, keys, registration, deregistration, capture, revocations (publish),
 //!   debug.
@@ -124,6 +130,9 @@ pub enum Need {
     Anyone,
     /// The proxy of the workload named in the path, or the operator.
     Owner,
+    /// The node controller (within [`Access::controller_may_bind`]'s rules) or the
+    /// operator.
+    Controller,
     /// The node's operator.
     Operator,
 }
@@ -147,6 +156,13 @@ impl Need {
                 Need::Anyone
             }
             "/v1/workloads/{workload}/identity" if read => Need::Owner,
+            // What the node controller does to mesh a pod, and to forget it.
+            "/v1/workloads" if read => Need::Controller,
+            "/v1/workloads/{workload}" | "/v1/services/{service}/instances/{workload}"
+                if method == Method::PUT || method == Method::DELETE =>
+            {
+                Need::Controller
+            }
             "/v1/workloads/{workload}/sign"
             | "/v1/workloads/{workload}/delegate"
             | "/v1/workloads/{workload}/certificate"
@@ -172,6 +188,13 @@ pub enum Refusal {
     /// A workload's identity asked for before the operator bound it to a pod.
     #[error("the workload is bound to no pod yet (the operator sets its owner cgroup, or registers it with a capture)")]
     Unbound,
+    /// The node controller acting on a workload that is not a pod's: unbound, bound
+    /// to (or around) the operator's cgroups, or registered without its pod's capture.
+    #[error("the node controller may act only on pods' workloads: bound to a cgroup that neither holds nor lies in the operator's, registered with the pod's capture")]
+    NotAPod,
+    /// The node controller binding an existing workload to another owner.
+    #[error("the node controller may not move an existing workload to another owner: it deletes it (its key goes with it) and a new one is made")]
+    BoundElsewhere,
 }
 
 impl Refusal {
@@ -181,6 +204,8 @@ impl Refusal {
             Refusal::NotOperator => "not_operator",
             Refusal::NotOwner => "not_owner",
             Refusal::Unbound => "unbound_workload",
+            Refusal::NotAPod => "not_a_pod",
+            Refusal::BoundElsewhere => "bound_elsewhere",
         }
     }
 }
@@ -198,16 +223,54 @@ pub struct Operators {
     /// subtree: the agent may run in the root cgroup, whose subtree is every pod.
     /// `None` (unreadable): only the listed cgroups.
     pub own_cgroup: Option<PathBuf>,
+    /// The node controller's uids: from an operator cgroup, the controller, not the
+    /// operator. Never an operator uid (the agent refuses to start so).
+    pub controller_uids: Vec<u32>,
+}
+
+/// Who a caller is on the local API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The node's operator.
+    Operator,
+    /// The node controller.
+    Controller,
+    /// Anyone else (a proxy is told apart by the workload it asks for).
+    Other,
 }
 
 impl Operators {
-    /// Is `caller` the operator? An operator uid, calling from a listed cgroup's
-    /// subtree or from exactly the agent's own cgroup. Root in a pod is not the
-    /// operator unless the operator listed that pod's cgroup.
+    /// Who `caller` is: an operator or a controller uid calling from a listed cgroup's
+    /// subtree or from exactly the agent's own cgroup is the operator or the
+    /// controller; anyone else is nobody special. Root in a pod is not the operator
+    /// unless the operator listed that pod's cgroup.
+    pub fn role(&self, caller: &Caller) -> Role {
+        let from_operator_cgroup = self.cgroups.iter().any(|c| caller.is_within(c))
+            || (caller.cgroup.is_some() && caller.cgroup == self.own_cgroup);
+        match from_operator_cgroup {
+            true if self.uids.contains(&caller.uid) => Role::Operator,
+            true if self.controller_uids.contains(&caller.uid) => Role::Controller,
+            _ => Role::Other,
+        }
+    }
+
+    /// Is `caller` the operator?
     pub fn admit(&self, caller: &Caller) -> bool {
-        self.uids.contains(&caller.uid)
-            && (self.cgroups.iter().any(|c| caller.is_within(c))
-                || (caller.cgroup.is_some() && caller.cgroup == self.own_cgroup))
+        self.role(caller) == Role::Operator
+    }
+
+    /// Does an owner cgroup hold, or lie in, a cgroup the operator calls from? The
+    /// operator's own processes (and the controller's) would be its proxy then. The
+    /// agent's own cgroup counts only itself (below it is no operator's: the agent
+    /// may run in the root).
+    fn touches_operator(&self, cgroup: &Path) -> bool {
+        self.cgroups
+            .iter()
+            .any(|c| c.starts_with(cgroup) || cgroup.starts_with(c))
+            || self
+                .own_cgroup
+                .as_ref()
+                .is_some_and(|own| own.starts_with(cgroup))
     }
 }
 
@@ -226,11 +289,12 @@ impl Access {
         need: Need,
         owner: Option<&Owner>,
     ) -> Result<(), Refusal> {
-        let is_operator = caller.is_some_and(|c| self.operators.admit(c));
+        let role = caller.map_or(Role::Other, |c| self.operators.role(c));
         match need {
             Need::Anyone => Ok(()),
-            _ if is_operator => Ok(()),
-            Need::Operator => Err(Refusal::NotOperator),
+            _ if role == Role::Operator => Ok(()),
+            Need::Controller if role == Role::Controller => Ok(()),
+            Need::Operator | Need::Controller => Err(Refusal::NotOperator),
             Need::Owner => {
                 let owner = owner.ok_or(Refusal::Unbound)?;
                 let caller = caller.ok_or(Refusal::NotOwner)?;
@@ -244,6 +308,36 @@ impl Access {
                     Err(Refusal::NotOwner)
                 }
             }
+        }
+    }
+}
+
+impl Access {
+    /// May the node controller act on a workload bound to `current` (withdraw,
+    /// register, delete it)? Only if it is a pod's: bound, and not to the operator's
+    /// cgroups.
+    pub fn controller_owns(&self, current: Option<&Owner>) -> Result<(), Refusal> {
+        match current {
+            Some(owner) if !self.operators.touches_operator(Path::new(&owner.cgroup)) => Ok(()),
+            _ => Err(Refusal::NotAPod),
+        }
+    }
+
+    /// May the node controller bind a workload (bound to `current`, its key existing
+    /// or not) to `new`? A pod's owner only, and a workload that exists only to the
+    /// owner it has: a controller never hands an identity that exists (the operator's,
+    /// another pod's) to a pod it names.
+    pub fn controller_may_bind(
+        &self,
+        current: Option<&Owner>,
+        exists: bool,
+        new: Option<&Owner>,
+    ) -> Result<(), Refusal> {
+        self.controller_owns(new)?;
+        match current {
+            Some(current) if Some(current) == new => Ok(()),
+            None if !exists => Ok(()),
+            _ => Err(Refusal::BoundElsewhere),
         }
     }
 }
@@ -482,6 +576,7 @@ mod tests {
                 uids: vec![0],
                 cgroups: cgroups.iter().map(PathBuf::from).collect(),
                 own_cgroup: Some("/sys/fs/cgroup/system.slice/themis.service".into()),
+                controller_uids: vec![65532],
             },
         }
     }
@@ -530,22 +625,31 @@ mod tests {
             Need::of(&Method::GET, "/v1/workloads/{workload}/certificate"),
             Need::Operator
         );
-        // Deleting a workload (its key) is the operator's, never its own proxy's.
+        // Deleting a workload (its key) is the operator's (or, for a pod's, the
+        // controller's), never its own proxy's.
         assert_eq!(
             Need::of(&Method::DELETE, "/v1/workloads/{workload}"),
-            Need::Operator
+            Need::Controller
         );
         assert_eq!(
             Need::of(&Method::PUT, "/v1/workloads/{workload}"),
-            Need::Operator
+            Need::Controller
         );
-        assert_eq!(Need::of(&Method::GET, "/v1/workloads"), Need::Operator);
+        assert_eq!(Need::of(&Method::GET, "/v1/workloads"), Need::Controller);
+        assert_eq!(
+            Need::of(
+                &Method::DELETE,
+                "/v1/services/{service}/instances/{workload}"
+            ),
+            Need::Controller
+        );
         assert_eq!(Need::of(&Method::GET, "/v1/capture"), Need::Operator);
         assert_eq!(Need::of(&Method::POST, "/v1/debug/store"), Need::Operator);
         assert_eq!(
             Need::of(&Method::PUT, "/v1/services/{service}/instances/{workload}"),
-            Need::Operator
+            Need::Controller
         );
+        assert_eq!(Need::of(&Method::POST, "/v1/log"), Need::Operator);
         // Anything not listed (a route added later) is the operator's.
         assert_eq!(Need::of(&Method::GET, "/v1/new-thing"), Need::Operator);
         assert_eq!(
@@ -661,6 +765,101 @@ mod tests {
             confined.decide(Some(&root_on_host), Need::Owner, None),
             Ok(())
         );
+    }
+
+    /// The node controller meshes pods and does nothing else: no key, no revocation,
+    /// no debug; no workload that is not a pod's, none moved from the owner it has.
+    /// Its uid outside the operator's cgroups is nobody.
+    #[test]
+    fn the_controller_meshes_pods_and_takes_no_identity() {
+        let access = access(&["/sys/fs/cgroup/kubepods/pod-agent"]);
+        let controller = caller(65532, "/sys/fs/cgroup/kubepods/pod-agent/controller");
+        assert_eq!(access.operators.role(&controller), Role::Controller);
+        for need in [Need::Controller, Need::Anyone] {
+            assert_eq!(access.decide(Some(&controller), need, None), Ok(()));
+        }
+        assert_eq!(
+            access.decide(Some(&controller), Need::Operator, None),
+            Err(Refusal::NotOperator),
+            "a key, a revocation, the log, debug"
+        );
+        let owner = pod_owner();
+        assert_eq!(
+            access.decide(Some(&controller), Need::Owner, Some(&owner)),
+            Err(Refusal::NotOwner),
+            "it signs as no pod"
+        );
+        // Its uid in a pod is nobody's; root beside it is still the operator.
+        let in_a_pod = caller(65532, "/sys/fs/cgroup/kubepods/pod-a/app");
+        assert_eq!(access.operators.role(&in_a_pod), Role::Other);
+        assert_eq!(
+            access.decide(Some(&in_a_pod), Need::Controller, None),
+            Err(Refusal::NotOperator)
+        );
+        let root = caller(0, "/sys/fs/cgroup/kubepods/pod-agent/agent");
+        assert_eq!(access.operators.role(&root), Role::Operator);
+
+        // A new workload bound to a pod, or bound again to the same pod: yes.
+        assert_eq!(
+            access.controller_may_bind(None, false, Some(&owner)),
+            Ok(())
+        );
+        assert_eq!(
+            access.controller_may_bind(Some(&owner), true, Some(&owner)),
+            Ok(())
+        );
+        // Another pod's workload moved to a pod it names, or an unbound one (the
+        // operator's) handed to a pod: no.
+        let other = Owner {
+            cgroup: "/sys/fs/cgroup/kubepods/pod-b".into(),
+            ..pod_owner()
+        };
+        assert_eq!(
+            access.controller_may_bind(Some(&other), true, Some(&owner)),
+            Err(Refusal::BoundElsewhere)
+        );
+        assert_eq!(
+            access.controller_may_bind(None, true, Some(&owner)),
+            Err(Refusal::BoundElsewhere)
+        );
+        // Bound to its own pod, to the agent's cgroup, or around them (kubepods, the
+        // root): the controller would be the proxy. Unbound: no pod's.
+        for cgroup in [
+            "/sys/fs/cgroup/kubepods/pod-agent",
+            "/sys/fs/cgroup/kubepods/pod-agent/controller",
+            "/sys/fs/cgroup/kubepods",
+            "/sys/fs/cgroup",
+            "/sys/fs/cgroup/system.slice/themis.service",
+            "/sys/fs/cgroup/system.slice",
+        ] {
+            let near = Owner {
+                cgroup: cgroup.into(),
+                ..pod_owner()
+            };
+            assert_eq!(
+                access.controller_may_bind(None, false, Some(&near)),
+                Err(Refusal::NotAPod),
+                "{cgroup}"
+            );
+            assert_eq!(access.controller_owns(Some(&near)), Err(Refusal::NotAPod));
+        }
+        assert_eq!(
+            access.controller_may_bind(None, false, None),
+            Err(Refusal::NotAPod)
+        );
+        assert_eq!(access.controller_owns(None), Err(Refusal::NotAPod));
+        // A prefix of a name is not a parent: pod-agent-2 is another pod.
+        let neighbour = Owner {
+            cgroup: "/sys/fs/cgroup/kubepods/pod-agent-2".into(),
+            ..pod_owner()
+        };
+        assert_eq!(access.controller_owns(Some(&neighbour)), Ok(()));
+        // Below the agent's own cgroup is no operator's (only exactly it is).
+        let below_agent = Owner {
+            cgroup: "/sys/fs/cgroup/system.slice/themis.service/pod".into(),
+            ..pod_owner()
+        };
+        assert_eq!(access.controller_owns(Some(&below_agent)), Ok(()));
     }
 
     /// The attack on `SO_PEERCRED` alone: a caller in a pod connects and exits, and its

@@ -114,6 +114,10 @@ pub struct Settings {
     /// The operator may also call from the agent's pod: the parent of the agent's own
     /// cgroup, i.e. the containers beside it (the node controller). Off by default.
     pub operator_own_pod: bool,
+    /// The node controller's uids: from the operator's cgroups, they may mesh pods
+    /// (bind, register, withdraw and delete pods' workloads) and nothing else — no
+    /// key, revocation, log or debug call. Empty by default; never an operator uid.
+    pub controller_uids: Vec<u32>,
     /// Endorse a workload only as a subject (its Kubernetes namespace and
     /// ServiceAccount, given by the operator) that a root-signed binding in the trust
     /// log allows for the service: a node's grant alone is not enough. On for a
@@ -193,6 +197,7 @@ impl Default for Settings {
             operator_uids: vec![0],
             operator_cgroups: Vec::new(),
             operator_own_pod: false,
+            controller_uids: Vec::new(),
             require_binding: false,
             resolve_lookups_per_sec: 50,
             resolve_lookups_burst: 200,
@@ -368,6 +373,13 @@ pub struct AgentArgs {
     /// controller beside it). Refused where that parent is the cgroup root.
     #[arg(long)]
     pub operator_own_pod: bool,
+    /// A uid that is the node controller on the local API (repeat), calling from where
+    /// the operator may: it meshes pods (binds, registers, withdraws and deletes
+    /// pods' workloads) and may do nothing else — no private key, no revocation, no
+    /// log, no debug, no workload bound outside pods or already bound to another.
+    /// Never an operator uid. See docs/AGENT.md.
+    #[arg(long = "controller-uid", value_name = "UID")]
+    pub controller_uids: Vec<u32>,
     /// Endorse a workload only as a subject (Kubernetes namespace and ServiceAccount,
     /// the registration's `themis.subject` label, set by the node controller from the
     /// API server) that a root-signed binding in the trust log allows for its service
@@ -502,6 +514,9 @@ impl Settings {
             s.operator_cgroups = args.operator_cgroups.clone();
         }
         s.operator_own_pod |= args.operator_own_pod;
+        if !args.controller_uids.is_empty() {
+            s.controller_uids = args.controller_uids.clone();
+        }
         s.require_binding |= args.require_binding;
         s.adopt_root_mesh(args.mesh.is_some())?;
         s.check()?;

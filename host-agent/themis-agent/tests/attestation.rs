@@ -394,6 +394,159 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
     assert_eq!(refused("not_operator"), 28, "{text}");
 }
 
+/// The node controller's uid, from where the operator calls (on Kubernetes, its
+/// container beside the agent's), meshes pods and takes no identity: it binds new
+/// workloads to pods and deletes pods' workloads, but reads no key, publishes nothing,
+/// moves no workload from the owner it has (another pod's, the operator's), binds
+/// none to its own cgroups, and signs as no one. Before, the controller was the
+/// operator: it could read every workload's private key.
+#[test]
+fn the_node_controller_meshes_pods_and_takes_no_identity() {
+    if !attested("creates cgroups and calls as another uid") {
+        return;
+    }
+    const CONTROLLER_UID: u32 = 65532;
+    let work = workdir();
+    // The controller calls from "host", where the operator may; pods are elsewhere.
+    let pods = Tree::new("attest-controller", &["host", "pod-a/proxy", "pod-b/proxy"]);
+    let operator_cgroup = pods.cgroup("host");
+    let node = Metered::spawn(
+        work.path(),
+        "node",
+        None,
+        &[
+            "--operator-cgroup",
+            operator_cgroup.to_str().unwrap(),
+            "--controller-uid",
+            &CONTROLLER_UID.to_string(),
+        ],
+    );
+    let agent = &node.agent;
+    let socket = agent.dir.join("agent.sock");
+    open_path_to(&socket);
+    agent.grant("check");
+    // An identity of the operator's, bound to no pod.
+    let (code, _) = agent
+        .call(themis_agent_client::Method::PUT, "/v1/workloads/ops", None)
+        .unwrap();
+    assert_eq!(code, 201);
+    let controller = |method: &str, path: &str, body: Option<&Value>| {
+        call_as(
+            &socket,
+            &operator_cgroup,
+            Some(CONTROLLER_UID),
+            method,
+            path,
+            body,
+        )
+    };
+    let refused = |method: &str, path: &str, body: Option<&Value>, reason: &str| {
+        let (code, answer) = controller(method, path, body);
+        assert_eq!(
+            (code, answer["reason"].as_str()),
+            (403, Some(reason)),
+            "{method} {path} by the controller: {answer}"
+        );
+        assert!(answer.get("private_key_pem").is_none());
+    };
+
+    // What it is for: a pod's workload made and bound, listed, bound again the same.
+    let owner_of = |pod: &str| json!({"owner": {"cgroup": pods.cgroup(pod), "uid": PROXY_UID}});
+    let (code, answer) = controller("PUT", "/v1/workloads/a", Some(&owner_of("pod-a")));
+    assert_eq!(code, 201, "{answer}");
+    let (code, answer) = controller("PUT", "/v1/workloads/a", Some(&owner_of("pod-a")));
+    assert_eq!(code, 200, "{answer}");
+    let (code, answer) = controller("GET", "/v1/workloads", None);
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(answer["owners"]["a"]["uid"], PROXY_UID, "{answer}");
+
+    // No identity that exists changes hands: pod-a's moved to pod-b, the operator's
+    // handed to a pod.
+    refused(
+        "PUT",
+        "/v1/workloads/a",
+        Some(&owner_of("pod-b")),
+        "bound_elsewhere",
+    );
+    refused(
+        "PUT",
+        "/v1/workloads/ops",
+        Some(&owner_of("pod-a")),
+        "bound_elsewhere",
+    );
+    // None bound where the controller (or the operator) runs, or around it, or to no pod.
+    let ours = json!({"owner": {"cgroup": operator_cgroup, "uid": CONTROLLER_UID}});
+    let around = json!({"owner": {"cgroup": pods.cgroup(""), "uid": CONTROLLER_UID}});
+    for body in [Some(&ours), Some(&around), None] {
+        refused("PUT", "/v1/workloads/c", body, "not_a_pod");
+    }
+    let (code, _) = agent.get("/v1/workloads/c/key").unwrap();
+    assert_eq!(code, 404, "a refused binding made no key");
+    // A pod's registration carries the pod's capture.
+    let register = json!({"endpoint": "127.0.0.1:15006"});
+    refused(
+        "PUT",
+        "/v1/services/check/instances/a",
+        Some(&register),
+        "not_a_pod",
+    );
+    // It deletes pods' workloads, not the operator's.
+    refused("DELETE", "/v1/workloads/ops", None, "not_a_pod");
+
+    // Nothing else of the operator's: no key (not even of a pod it bound), no
+    // revocation, no log copy, no debug, not the capture's state.
+    let store = json!({"name": "check", "value": "forged"});
+    for (method, path, body) in [
+        ("GET", "/v1/workloads/a/key", None),
+        ("GET", "/v1/workloads/ops/key", None),
+        ("POST", "/v1/revocations", Some(&json!({"revocation": "x"}))),
+        ("POST", "/v1/log", Some(&json!({"copy": "x"}))),
+        ("POST", "/v1/debug/store", Some(&store)),
+        ("GET", "/v1/debug/values/check", None),
+        ("GET", "/v1/capture", None),
+    ] {
+        refused(method, path, body, "not_operator");
+    }
+    // And it is not a pod's proxy: no identity, no signature.
+    refused("GET", "/v1/workloads/a/identity", None, "not_owner");
+    let (status, secrets) = sds_as(
+        &socket,
+        &operator_cgroup,
+        Some(CONTROLLER_UID),
+        "a",
+        work.path(),
+    );
+    assert_eq!(
+        (status, secrets.len()),
+        (Some(7), 0),
+        "a's certificate to the controller"
+    );
+
+    // Its uid in a pod is nobody.
+    let (code, answer) = call_as(
+        &socket,
+        &pods.cgroup("pod-b/proxy"),
+        Some(CONTROLLER_UID),
+        "GET",
+        "/v1/workloads",
+        None,
+    );
+    assert_eq!(
+        (code, answer["reason"].as_str()),
+        (403, Some("not_operator"))
+    );
+
+    // A pod gone: its workload deleted, key and all; asked again, not found.
+    let (code, answer) = controller("DELETE", "/v1/workloads/a", None);
+    assert_eq!(code, 200, "{answer}");
+    let (code, answer) = controller("DELETE", "/v1/workloads/a", None);
+    assert_eq!(code, 404, "{answer}");
+    for workload in ["a", "ops"] {
+        let (code, _) = agent.get(&format!("/v1/workloads/{workload}/key")).unwrap();
+        assert_eq!(code, if workload == "a" { 404 } else { 200 }, "{workload}");
+    }
+}
+
 #[test]
 fn a_workload_bound_to_no_pod_is_only_the_operators() {
     if !attested("creates cgroups and calls as another uid") {

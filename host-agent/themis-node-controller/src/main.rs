@@ -37,8 +37,9 @@ use crate::plan::{Conventions, Decision, POD_UID_LABEL};
 /// Pods in namespaces labelled themis.io/mesh=enabled, with a themis-proxy sidecar
 /// container, are bound to a workload identity (<pod>.<namespace>), captured and
 /// registered as the service their themis.io/service annotation (or app label) names.
-/// Runs beside the agent (the DaemonSet's second container), as the agent's operator
-/// (the agent's --operator-own-pod).
+/// Runs beside the agent (the DaemonSet's second container), as the agent's node
+/// controller (the agent's --controller-uid, from its pod): it may mesh pods and
+/// nothing else — no key, no revocation, no identity that exists.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -175,6 +176,14 @@ fn event_reason(e: AgentError) -> (&'static str, String) {
         AgentError::Refused { reason, .. } if reason == "not_bound" => ("NotBound", e.to_string()),
         AgentError::Refused { reason, .. } if reason == "no_subject" => {
             ("NoSubject", e.to_string())
+        }
+        // The agent's limits on the node controller: an identity that exists (the
+        // operator's, another pod's) is never handed to a pod.
+        AgentError::Refused { reason, .. } if reason == "bound_elsewhere" => {
+            ("IdentityInUse", e.to_string())
+        }
+        AgentError::Refused { reason, .. } if reason == "not_a_pod" => {
+            ("NotAPodsCgroup", e.to_string())
         }
         AgentError::Refused { reason, .. } if reason.contains("capture") => {
             ("CaptureFailed", e.to_string())

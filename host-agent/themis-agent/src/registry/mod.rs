@@ -314,6 +314,7 @@ impl Registry {
                     uids: vec![0],
                     cgroups: Vec::new(),
                     own_cgroup: None,
+                    controller_uids: Vec::new(),
                 },
             },
             trust,
