@@ -14,11 +14,13 @@ usage: demo-app.py [--role check|handler] [--upstream URL] ADDRESS PORT
 import argparse
 import http.server
 import json
+import socket
 import urllib.error
 import urllib.parse
 import urllib.request
 
 PEER_ID, PEER_SERVICE = "x-themis-peer-id", "x-themis-peer-service"
+XFCC = "x-forwarded-client-cert"
 
 
 def is_prime(n):
@@ -42,7 +44,12 @@ class App(http.server.BaseHTTPRequestHandler):
             # caller sent itself).
             "peer_id": self.headers.get(PEER_ID),
             "peer_service": self.headers.get(PEER_SERVICE),
+            # Which instance answered (a pod's name on Kubernetes).
+            "host": socket.gethostname(),
         }
+        # Under Istio's TLS the sidecar names the caller's certificate here instead.
+        if XFCC in self.headers:
+            reply["forwarded_client_cert"] = self.headers[XFCC]
         status = 200
         if self.role == "check":
             n = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("n", [None])[0]

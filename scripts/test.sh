@@ -10,8 +10,8 @@
 # and run in the background beside the demo and the cluster). The allocation check is a test
 # (benchmarks/tests/allocations.rs). The
 # set-up and the demo run with Go hidden (scripts/without-go.sh): neither may need it;
-# the cluster's binaries (scripts/k8s/build.sh, cached) are the one part built with Go,
-# in the background while the Rust suites run. As root.
+# the cluster's and Istio's binaries (scripts/k8s/build.sh, build-istio.sh, cached) are
+# the one part built with Go, in the background while the Rust suites run. As root.
 #
 #   scripts/test.sh                  everything
 #   FUZZ_SECONDS=60 scripts/test.sh  fuzz each target longer (default 15 s)
@@ -38,10 +38,11 @@ export PATH="$HOME/.cargo/bin:$PATH"
 export THEMIS_EBPF=required   # the eBPF programs are built, never left out (host-agent/themis-capture/build.rs)
 FUZZ_SECONDS=${FUZZ_SECONDS:-15}
 
-# Kubernetes from the Go module proxy (about 17 minutes cold on one core, instant when
-# cached), beside the Rust builds; its own process group, stopped if this run ends early.
+# Kubernetes, then Istio, from the Go module proxy (about 17 and 9 minutes cold on one
+# core, instant when cached), beside the Rust builds; their own process group, stopped
+# if this run ends early.
 k8s_build_log=$(mktemp /tmp/themis-k8s-build.XXXXXX)
-setsid scripts/k8s/build.sh > "$k8s_build_log" 2>&1 &
+setsid bash -c 'scripts/k8s/build.sh && scripts/k8s/build-istio.sh' > "$k8s_build_log" 2>&1 &
 k8s_build=$!
 cluster_up=false
 fuzz_run=
@@ -54,7 +55,7 @@ finish() {
     rm -f "$k8s_build_log"
 }
 trap finish EXIT
-echo "    the Kubernetes build runs in the background (scripts/k8s/build.sh, log $k8s_build_log)"
+echo "    the Kubernetes and Istio builds run in the background (scripts/k8s/build.sh, build-istio.sh; log $k8s_build_log)"
 
 section "formatting and lints"
 cargo fmt --all --check
@@ -98,9 +99,9 @@ echo "    the fuzz targets build and run in the background (scripts/fuzz-smoke.s
 section "the demo, with no Go at all: three nodes in network namespaces, agents in a ring, Envoy sidecars with the filter, eBPF capture, handler and check by plain URLs, the sealed wire"
 scripts/without-go.sh scripts/demo.sh
 
-section "Kubernetes: a real one-node cluster (scripts/k8s/cluster.sh), Themis Mesh applied from deploy/, meshed Deployments (scripts/k8s/suite.sh)"
-wait "$k8s_build" || { tail -n 20 "$k8s_build_log"; fail "scripts/k8s/build.sh failed (its log above)"; }
-tail -n 2 "$k8s_build_log"
+section "Kubernetes: a real one-node cluster (scripts/k8s/cluster.sh), Themis Mesh applied from deploy/, meshed Deployments, then Istio built here with its own injection (scripts/k8s/suite.sh)"
+wait "$k8s_build" || { tail -n 20 "$k8s_build_log"; fail "scripts/k8s/build.sh or build-istio.sh failed (the log above)"; }
+grep -E '^ +ok +(Kubernetes|Istio) ' "$k8s_build_log" || true
 cluster_up=true
 scripts/k8s/cluster.sh up
 scripts/k8s/suite.sh

@@ -24,7 +24,8 @@ usage() {
     cat << USAGE
 usage: scripts/k8s/build-istio.sh [--print-bin]
 
-Builds Istio $ISTIO_VERSION (${ISTIO_BINARIES[*]}) with Go from the Go module proxy
+Builds Istio $ISTIO_VERSION (${ISTIO_BINARIES[*]}, and takes pilot-agent's Envoy
+bootstrap template from its source) with Go from the Go module proxy
 (Go >= $GO_MIN: the one here, or fetched), into
   $ISTIO_BIN
 Nothing is built when all of them are there: a second run takes a second. Cold: about
@@ -39,6 +40,7 @@ USAGE
 have_all() {
     local b
     for b in "${ISTIO_BINARIES[@]}"; do [[ -x $ISTIO_BIN/$b ]] || return 1; done
+    [[ -s $ISTIO_BIN/envoy_bootstrap.json ]]
 }
 
 case ${1:-} in
@@ -73,6 +75,16 @@ for i in "${!ISTIO_BINARIES[@]}"; do
     mv "$work/$(basename "$p")" "$ISTIO_BIN/$b"
     ok "$b in $((SECONDS - start)) s"
 done
+# pilot-agent renders Envoy's bootstrap from this template (the proxy image's
+# /var/lib/istio/envoy/envoy_bootstrap_tmpl.json, as Istio's Dockerfile.proxyv2 puts it).
+if [[ ! -s $ISTIO_BIN/envoy_bootstrap.json ]]; then
+    source_dir=$(quiet "$go" mod download -json "istio.io/istio@$ISTIO_VERSION" |
+        sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    [[ -s $source_dir/tools/packaging/common/envoy_bootstrap.json ]] ||
+        fail "istio.io/istio@$ISTIO_VERSION has no tools/packaging/common/envoy_bootstrap.json"
+    cp "$source_dir/tools/packaging/common/envoy_bootstrap.json" "$ISTIO_BIN/envoy_bootstrap.json"
+    ok "Envoy's bootstrap template ($ISTIO_BIN/envoy_bootstrap.json)"
+fi
 have_all || fail "Istio's binaries are not all in $ISTIO_BIN"
 [[ ${THEMIS_K8S_KEEP_GOCACHE:-} == 1 ]] || rm -rf "$GOCACHE"
 ok "Istio $ISTIO_VERSION ($ISTIO_BIN)"

@@ -61,8 +61,7 @@ have_all() {
     # write per line) dies of SIGPIPE writing the next.
     [[ $'\n'$("$K8S_BIN/kubelet" --version 2> /dev/null)$'\n' == *$'\n'"Kubernetes $K8S_VERSION"$'\n'* ]] &&
         [[ $'\n'$("$K8S_BIN/etcd" --version 2> /dev/null)$'\n' == *$'\n'"etcd Version: ${ETCD_VERSION#v}"$'\n'* ]] &&
-        [[ $'\n'$("$K8S_BIN/coredns" -version 2> /dev/null)$'\n' == *$'\n'"CoreDNS-${COREDNS_VERSION#v}"$'\n'* ]] &&
-        [[ -s $ISTIO_CRDS ]]
+        [[ $'\n'$("$K8S_BIN/coredns" -version 2> /dev/null)$'\n' == *$'\n'"CoreDNS-${COREDNS_VERSION#v}"$'\n'* ]]
 }
 
 # missing: whether some of the wrapper module's binaries are not built yet.
@@ -78,16 +77,6 @@ if have_all; then
 fi
 
 go_build_setup "$K8S_BIN" 7 "Kubernetes" build # sets go, the caches, quiet
-
-if [[ ! -s $ISTIO_CRDS ]]; then
-    step "Istio's CRDs (istio.io/api@$ISTIO_API_VERSION, from the Go module proxy)"
-    istio_api=$(quiet "$go" mod download -json "istio.io/api@$ISTIO_API_VERSION" |
-        sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-    [[ -s $istio_api/kubernetes/customresourcedefinitions.gen.yaml ]] ||
-        fail "istio.io/api@$ISTIO_API_VERSION has no kubernetes/customresourcedefinitions.gen.yaml"
-    cp "$istio_api/kubernetes/customresourcedefinitions.gen.yaml" "$ISTIO_CRDS.tmp" && mv "$ISTIO_CRDS.tmp" "$ISTIO_CRDS"
-    ok "$(grep -c '^kind: CustomResourceDefinition' "$ISTIO_CRDS") CRDs ($ISTIO_CRDS)"
-fi
 
 # The build cache is 4 GB after a cold build and the binaries are all that is needed
 # (the disk of these machines is sometimes nearly full): removed once they are built.

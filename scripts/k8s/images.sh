@@ -13,6 +13,14 @@
 #                                   pod's environment and starts Envoy as uid 1337
 #   localhost/themis/demo-app:dev   scripts/demo-app.py with Python
 #
+#   scripts/k8s/images.sh OUT_DIR istio
+#
+#   localhost/istio/pilot:TAG       istiod (pilot-discovery), as Istio's Dockerfile.pilot
+#   localhost/istio/proxyv2:TAG     pilot-agent, the same stock Envoy, Istio's bootstrap
+#                                   template, iptables (legacy and nft, for istio-init)
+#                                   and Themis's modules, as Istio's Dockerfile.proxyv2
+#   (TAG: ISTIO_TAG of scripts/k8s/versions.sh; the binaries of scripts/k8s/build-istio.sh)
+#
 # Needs the release builds (cargo build --release -p themis-agent -p themis-cli
 # -p themis-node-controller --bins; -p themis-native; -p themis-envoy --target
 # wasm32-wasip1, as scripts/k8s/suite.sh runs them) and the Envoy that
@@ -22,7 +30,9 @@ cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/k8s/oci-image.sh
 source scripts/k8s/oci-image.sh
 
-out=${1:?usage: scripts/k8s/images.sh OUT_DIR}
+out=${1:?usage: scripts/k8s/images.sh OUT_DIR [istio]}
+which=${2:-themis}
+[[ $which == themis || $which == istio ]] || { echo "usage: scripts/k8s/images.sh OUT_DIR [istio]" >&2; exit 2; }
 release=${CARGO_TARGET_DIR:-target}/release
 wasm=${CARGO_TARGET_DIR:-target}/wasm32-wasip1/release/themis_envoy.wasm
 envoy=.venv/lib/python3.11/site-packages/envoy/_bin/envoy
@@ -70,6 +80,48 @@ python() {
         with_libs "$root" "$so" "${so#"$root"}"
     done
 }
+
+# istio OUT: Istio's two images, from build-istio.sh's binaries and its module's
+# bootstrap template, on the same base.
+istio() {
+    # shellcheck source=scripts/k8s/versions.sh
+    source scripts/k8s/versions.sh
+    local bin template root lib
+    bin=$(scripts/k8s/build-istio.sh --print-bin) || { echo "images: Istio's binaries are not built (scripts/k8s/build-istio.sh)" >&2; exit 1; }
+    template=$bin/envoy_bootstrap.json
+
+    echo "==> localhost/istio/pilot:$ISTIO_TAG"
+    root=$work/pilot
+    base "$root"
+    install -D -m 0755 "$bin/pilot-discovery" "$root/usr/local/bin/pilot-discovery"
+    OCI_USER=1337:1337 oci_archive "localhost/istio/pilot:$ISTIO_TAG" "$root" "$out/istio-pilot.tar" /usr/local/bin/pilot-discovery
+
+    echo "==> localhost/istio/proxyv2:$ISTIO_TAG"
+    root=$work/proxyv2
+    base "$root"
+    install -D -m 0755 "$bin/pilot-agent" "$root/usr/local/bin/pilot-agent"
+    with_libs "$root" "$envoy" /usr/local/bin/envoy
+    install -D -m 0644 "$template" "$root/var/lib/istio/envoy/envoy_bootstrap_tmpl.json"
+    # istio-init (pilot-agent istio-iptables) runs iptables-{save,restore} in the
+    # backend the node uses: both, with their extensions.
+    for lib in xtables-legacy-multi xtables-nft-multi; do with_libs "$root" "/usr/sbin/$lib"; done
+    for lib in iptables ip6tables; do
+        for suffix in "" -save -restore; do
+            ln -sf xtables-legacy-multi "$root/usr/sbin/$lib-legacy$suffix"
+            ln -sf xtables-nft-multi "$root/usr/sbin/$lib-nft$suffix"
+            ln -sf xtables-nft-multi "$root/usr/sbin/$lib$suffix"
+        done
+    done
+    for lib in /usr/lib/x86_64-linux-gnu/xtables/*.so; do with_libs "$root" "$lib"; done
+    with_libs "$root" "$release/libthemis_native.so" /usr/local/lib/themis/libthemis_native.so
+    cp "$wasm" "$root/usr/local/lib/themis/"
+    oci_archive "localhost/istio/proxyv2:$ISTIO_TAG" "$root" "$out/istio-proxyv2.tar" /usr/local/bin/pilot-agent
+    du -sh "$out"/istio-{pilot,proxyv2}.tar | sed 's/^/    /'
+}
+if [[ $which == istio ]]; then
+    istio
+    exit 0
+fi
 
 echo "==> localhost/themis/agent:dev"
 root=$work/agent

@@ -4,9 +4,10 @@
 
 # oci_archive NAME ROOTFS OUT CMD...: writes OUT, an OCI image layout in a tar, of one
 # uncompressed layer holding ROOTFS (owned by root, timestamps zeroed: the same files
-# give the same image id), named NAME (e.g. localhost/themis/pause:3.10), running CMD.
+# give the same image id), named NAME (e.g. localhost/themis/pause:3.10), running CMD
+# (as OCI_USER, e.g. 1337:1337, if set; root otherwise).
 oci_archive() { # NAME ROOTFS OUT CMD...
-    local name=$1 rootfs=$2 out=$3 layout layer config manifest diff_id cmd_json
+    local name=$1 rootfs=$2 out=$3 layout layer config manifest diff_id cmd_json user_json=
     shift 3
     layout=$(mktemp -d)
     mkdir -p "$layout/blobs/sha256"
@@ -14,8 +15,9 @@ oci_archive() { # NAME ROOTFS OUT CMD...
     diff_id=$(sha256sum < "$layout/layer.tar" | cut -d' ' -f1)
     mv "$layout/layer.tar" "$layout/blobs/sha256/$diff_id"
     cmd_json=$(printf '"%s",' "$@") && cmd_json="[${cmd_json%,}]"
-    config=$(oci_blob "$layout" "$(printf '{"architecture":"%s","os":"linux","config":{"Entrypoint":%s,"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],"WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
-        "$(dpkg --print-architecture)" "$cmd_json" "$diff_id")")
+    [[ -z ${OCI_USER:-} ]] || user_json="\"User\":\"$OCI_USER\","
+    config=$(oci_blob "$layout" "$(printf '{"architecture":"%s","os":"linux","config":{%s"Entrypoint":%s,"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],"WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
+        "$(dpkg --print-architecture)" "$user_json" "$cmd_json" "$diff_id")")
     layer="{\"mediaType\":\"application/vnd.oci.image.layer.v1.tar\",\"digest\":\"sha256:$diff_id\",\"size\":$(stat -c %s "$layout/blobs/sha256/$diff_id")}"
     manifest=$(oci_blob "$layout" "{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"config\":{\"mediaType\":\"application/vnd.oci.image.config.v1+json\",$config},\"layers\":[$layer]}")
     printf '%s' '{"imageLayoutVersion":"1.0.0"}' > "$layout/oci-layout"

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/lib/ui.sh
 source scripts/lib/ui.sh
 # shellcheck source=scripts/k8s/versions.sh
-source scripts/k8s/versions.sh # ISTIO_CRDS
+source scripts/k8s/versions.sh # ISTIO_TAG
 
 keep=false
 [[ ${1:-} == --keep ]] && keep=true
@@ -78,9 +78,11 @@ cargo build -q --release -p themis-agent -p themis-cli -p themis-node-controller
 cargo build -q --release -p themis-native
 cargo build -q --release -p themis-envoy --target wasm32-wasip1
 
-step "images (scripts/k8s/images.sh): agent + controller, sidecar, demo app; imported, nothing pulled"
+step "images (scripts/k8s/images.sh): agent + controller, sidecar, demo app, istiod and Istio's proxy; imported, nothing pulled"
+istio_bin=$(scripts/k8s/build-istio.sh --print-bin) || fail "Istio is not built: scripts/k8s/build-istio.sh"
 scripts/k8s/images.sh "$work/images"
-"$cluster" import "$work/images"/{agent,sidecar,demo-app}.tar
+scripts/k8s/images.sh "$work/images" istio
+"$cluster" import "$work/images"/{agent,sidecar,demo-app,istio-pilot,istio-proxyv2}.tar
 
 step "the operator, offline: mesh 'k8s', the node's admission into its /var/lib/themis, its pod range, grants and bindings of handler, check and keyed"
 "$themis" mesh create k8s --out "$work/mesh" > /dev/null
@@ -468,12 +470,66 @@ new_pod_meshed() { # the running check pod's uid is the one registered
 kctl -n shop delete pod -l app=check --wait=false > /dev/null
 check "after the restart, the restarted controller meshes check's next pod" until_ok 90 new_pod_meshed || true
 
-step "Istio: deploy/istio/ validated by the API server against Istio's own CRDs (istio.io/api $ISTIO_API_VERSION)"
-istio_crds() { kctl apply --server-side -f "$ISTIO_CRDS" > /dev/null && kctl wait --for=condition=Established crd --all --timeout=60s > /dev/null; }
-istio_valid() { kctl apply --dry-run=server -f deploy/istio/; }
-check "Istio's CRDs installed ($(grep -c '^kind: CustomResourceDefinition' "$ISTIO_CRDS" 2> /dev/null || echo 0) from $ISTIO_CRDS)" istio_crds &&
-    check "EnvoyFilter, PeerAuthentication and WasmPlugin of deploy/istio/ pass server-side validation" istio_valid || true
-kctl delete -f "$ISTIO_CRDS" --ignore-not-found --wait=false > /dev/null 2>&1 || true
+step "Istio from source: istiod, pilot-agent and istioctl built here (scripts/k8s/build-istio.sh), installed as a user does (istioctl install -f deploy/istio/install.yaml)"
+istio_installed() {
+    eval "$("$cluster" env)" # KUBECONFIG, in this check's subshell
+    "$istio_bin/istioctl" install -y \
+        -f deploy/istio/install.yaml --set tag="$ISTIO_TAG" --readiness-timeout 180s > "$work/istioctl.log" 2>&1 ||
+        { tail -n 5 "$work/istioctl.log"; return 1; }
+    kctl -n istio-system get pods -l app=istiod -o jsonpath='{.items[0].spec.containers[0].image}' | grep -qx "localhost/istio/pilot:$ISTIO_TAG"
+}
+check "istioctl install: istiod ($ISTIO_TAG, the image built here) ready, its webhooks registered" istio_installed || stop_here
+istio_valid() { kctl apply --dry-run=server -f deploy/istio/envoyfilter.yaml -f deploy/istio/envoyfilter-native.yaml -f deploy/istio/wasmplugin.yaml; }
+check "EnvoyFilter, PeerAuthentication and WasmPlugin of deploy/istio/ pass the API server's and istiod's validation" istio_valid || true
+
+kctl apply -f deploy/istio/demo.yaml > /dev/null
+check "deploy/istio/demo.yaml (namespace mall, istio-injection=enabled): check v1 and v2 and handler become available" \
+    kctl -n mall rollout status deployment/check-v1 deployment/check-v2 deployment/handler --timeout=120s || stop_here
+injected() { # every pod of mall has Istio's istio-init and istio-proxy, which the manifest does not write
+    local pods
+    pods=$(kctl -n mall get pods -o jsonpath='{range .items[*]}{.metadata.name}:{.spec.initContainers[*].name} {.spec.containers[*].name}{"\n"}{end}')
+    [[ $(grep -c . <<< "$pods") -eq 3 ]] || { echo "not 3 pods: $pods"; return 1; }
+    ! grep -v "istio-init.*istio-proxy" <<< "$pods" || { echo "not injected (above)"; return 1; }
+    ! grep -q "istio-proxy\|istio-init" deploy/istio/demo.yaml || { echo "deploy/istio/demo.yaml writes a sidecar itself"; return 1; }
+}
+check "Istio's own webhook injected istio-init and istio-proxy (pilot-agent + the stock Envoy) into each pod" injected || true
+in_mall() { # DEPLOYMENT PYTHON: runs PYTHON in the app container of one of DEPLOYMENT's pods
+    kctl -n mall exec "deploy/$1" -c app -- python3 -c "$2"
+}
+istio_mtls() { # handler's call reaches check over Istio's mTLS: check's sidecar names handler's principal
+    local answer
+    answer=$(in_mall handler "import urllib.request; print(urllib.request.urlopen('http://check/', timeout=5).read().decode())") || return 1
+    grep -q 'URI=spiffe://cluster.local/ns/mall/sa/handler"' <<< "$answer" ||
+        { echo "check saw no client certificate of handler's: $answer"; return 1; }
+}
+check "handler calls check by plain URL over Istio's mTLS: check's app sees handler's principal (spiffe://cluster.local/ns/mall/sa/handler)" \
+    until_ok 30 istio_mtls || true
+split() { # 1,000 calls from handler: the VirtualService's 80/20 within 5 points
+    local counts
+    counts=$(in_mall handler "
+import collections, json, urllib.request
+seen = collections.Counter()
+for _ in range(1000):
+    answer = json.loads(urllib.request.urlopen('http://check/', timeout=5).read())
+    seen[answer['host'].rsplit('-', 2)[0]] += 1
+print(seen['check-v1'], seen['check-v2'])") || return 1
+    read -r v1 v2 <<< "$counts"
+    echo "v1 $v1, v2 $v2 of 1000"
+    ((v1 + v2 == 1000 && v2 >= 150 && v2 <= 250))
+}
+check "a VirtualService splits check 80/20 between its versions: over 1,000 calls within 5 points" split || true
+by_principal() { # the AuthorizationPolicy admits handler's principal and refuses check's own
+    local refused
+    istio_mtls || return 1
+    refused=$(in_mall check-v2 "
+import urllib.request, urllib.error
+try:
+    print(urllib.request.urlopen('http://check/', timeout=5).status)
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode())") || return 1
+    [[ $refused == "403 RBAC: access denied" ]] || { echo "check-v2 (principal sa/check) was not refused: $refused"; return 1; }
+}
+check "an AuthorizationPolicy by principal admits handler and refuses another principal (403, Envoy's RBAC)" by_principal || true
 
 echo
 echo "$passed passed, $failed failed"

@@ -10,13 +10,8 @@ ETCD_VERSION=v3.5.21
 # The cluster's DNS; its go.mod has no replace directives, so `go install` builds it.
 COREDNS_VERSION=v1.12.4
 
-# Istio's CRDs, to validate deploy/istio/ server-side: the istio.io/api Go module ships
-# them (kubernetes/customresourcedefinitions.gen.yaml).
-ISTIO_API_VERSION=v1.28.0
-
 K8S_CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/themis-mesh/k8s/$K8S_VERSION
 K8S_BIN=$K8S_CACHE/bin
-ISTIO_CRDS=$K8S_CACHE/istio-$ISTIO_API_VERSION-crds.yaml
 
 K8S_BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
 K8S_PACKAGES=(
