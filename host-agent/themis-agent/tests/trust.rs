@@ -1327,6 +1327,50 @@ fn g_a_restarted_agent_still_knows_its_revocations() {
 /// mesh holds (a whole list of thousands once outgrew the native filter's answer
 /// limit, and every refresh then failed), a held poll is answered by the next one
 /// learnt, and a restarted agent's list is another, read from its first.
+/// `themis revocations` reads the agent's list by page: 4,000 revocations with their
+/// log proofs are more than one answer may carry (the client's 4 MiB limit), and the
+/// tool still lists each once. Before, it asked for the whole list and failed past
+/// ~3,000.
+#[test]
+fn h_the_operators_tool_lists_more_revocations_than_one_answer_holds() {
+    let dir = common::workdir();
+    let root = dir.path();
+    let mesh = common::mesh_dir(root);
+    let agent = Agent::spawn(root, "agent-0", Spawn::default());
+    agent.wait_joined();
+    let count = 4_000;
+    let mut ids: Vec<String> = (0..count).map(|_| identity(MESH).printable_id()).collect();
+    agent.revoke_many(&ids, &mesh);
+    // The whole list in one answer is past the client's limit (what the tool asked
+    // for before), while the agent answers a page.
+    assert!(
+        agent.get(themis_contracts::paths::REVOCATIONS).is_none(),
+        "the whole list fits one answer: the test proves nothing"
+    );
+    let (code, _) = agent
+        .get(&themis_contracts::paths::revocations_since(0, 0, 0))
+        .unwrap();
+    assert_eq!(code, 200);
+    let (code, out, err) = agent.cli(&["--json", "revocations"]);
+    assert_eq!(code, 0, "{err}");
+    let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let mut by_tool: Vec<&str> = listed["revocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    by_tool.sort();
+    ids.sort();
+    assert_eq!(by_tool, ids, "each revocation listed once");
+    let (code, out, _) = agent.cli(&["revocations"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with(&format!("{count} revocation(s)\n")),
+        "{out:.200}"
+    );
+}
+
 #[test]
 fn h_revocations_are_served_by_bounded_pages_from_a_position() {
     let dir = common::workdir();

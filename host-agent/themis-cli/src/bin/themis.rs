@@ -655,12 +655,10 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
                 render_published,
             )
         }
-        Command::Revocations => (
-            Method::GET,
-            paths::REVOCATIONS.into(),
-            None,
-            render_revocations,
-        ),
+        Command::Revocations => {
+            let (status, answer) = all_revocations(api).await?;
+            return Ok((status, answer, render_revocations));
+        }
         Command::Explain { service } => (
             Method::GET,
             paths::explain(seg(&service)?),
@@ -712,6 +710,65 @@ async fn call(api: &ApiClient, command: Command) -> Result<(StatusCode, Value, R
         .await
         .map_err(|e| e.to_string())?;
     Ok((status, answer, render))
+}
+
+/// The most pages `themis revocations` reads (a million revocations): an agent that
+/// keeps saying there is more cannot keep the tool forever.
+const MAX_REVOCATION_PAGES: usize = 4_096;
+
+/// `themis revocations`: the agent's list read page by page, so that no answer grows
+/// with the mesh (a whole list with its proofs outgrows the client's 4 MiB limit past
+/// ~3,000), joined as one answer; an agent from before pages (400), or one that lists
+/// everything at once, is taken whole. Pages proven under different checkpoints (the
+/// log grew meanwhile) keep none.
+async fn all_revocations(api: &ApiClient) -> Result<(StatusCode, Value), String> {
+    let get = |path: String| async move {
+        api.call(Method::GET, &path, None)
+            .await
+            .map_err(|e| e.to_string())
+    };
+    let mut joined: Option<contract::Revocations> = None;
+    let mut path = paths::revocations_since(0, 0, 0);
+    for _ in 0..MAX_REVOCATION_PAGES {
+        let (status, answer) = get(path.clone()).await?;
+        if status == StatusCode::BAD_REQUEST && joined.is_none() {
+            return get(paths::REVOCATIONS.into()).await;
+        }
+        if !status.is_success() {
+            return Ok((status, answer));
+        }
+        let page: contract::Revocations = serde_json::from_value(answer)
+            .map_err(|e| format!("the agent's revocations are unreadable: {e}"))?;
+        let (Some(list), Some(from), Some(total)) = (page.list, page.from, page.total) else {
+            return Ok((status, serde_json::to_value(page).expect("JSON")));
+        };
+        let next = from + page.revocations.len();
+        joined = Some(match joined.take() {
+            // The next page of the same list.
+            Some(mut all) if all.list == Some(list) && all.total == Some(from) => {
+                if all.checkpoint != page.checkpoint {
+                    all.checkpoint = None;
+                }
+                all.revocations.extend(page.revocations);
+                all
+            }
+            // The first page (a restarted agent's list starts again from its first).
+            _ => contract::Revocations {
+                from: Some(0),
+                ..page
+            },
+        });
+        let all = joined.as_mut().expect("set above");
+        all.total = Some(next);
+        if next >= total || next == from {
+            all.total = Some(all.revocations.len());
+            return Ok((status, serde_json::to_value(all).expect("JSON")));
+        }
+        path = paths::revocations_since(list, next, 0);
+    }
+    Err(format!(
+        "the agent listed more than {MAX_REVOCATION_PAGES} pages of revocations"
+    ))
 }
 
 /// `themis delegate`: a fresh key, its delegation from the agent, both
