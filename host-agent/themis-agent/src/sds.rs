@@ -9,6 +9,10 @@
 //! cgroup and uid it is bound to) or the operator; anyone else's stream ends with
 //! `PERMISSION_DENIED`, counted (`themis_api_refused_total{reason="not_owner"}`, …).
 //!
+//! Istio's name [`OWN_SECRET`] (`default`, what an Istio sidecar's Envoy asks for when
+//! pilot-agent points it at this socket) stands for the caller's own workload: the one
+//! workload bound to the caller's pod and uid; its secret is sent under that name.
+//!
 //! [`Subscription`] is the protocol (state of the world, one stream): what Envoy asked
 //! for, its ACKs and NACKs; [`Sds`] drives it: it answers a new set of names at once,
 //! and pushes a new certificate at the time the agent said to renew (half the
@@ -26,7 +30,7 @@ use tonic::{Status, Streaming};
 
 pub use xds::{Any, DataSource, DiscoveryRequest, DiscoveryResponse, Secret, TlsCertificate};
 
-use crate::caller::{Caller, Need, Peer};
+use crate::caller::{Caller, Need, Peer, Refusal};
 use crate::names::WorkloadName;
 use crate::registry::Registry;
 use crate::trust::unix_millis;
@@ -39,6 +43,9 @@ pub const STREAM_SECRETS_PATH: &str =
     "/envoy.service.secret.v3.SecretDiscoveryService/StreamSecrets";
 /// Secrets one stream may ask for (Envoy asks for one).
 pub const MAX_NAMES: usize = 16;
+/// Istio's name for a proxy's own certificate: the caller's own workload, whatever
+/// its name (never a workload named so).
+pub const OWN_SECRET: &str = "default";
 
 /// What a request of the stream asks of the server.
 #[derive(Debug, PartialEq, Eq)]
@@ -123,13 +130,14 @@ impl Subscription {
     }
 }
 
-/// The secret Envoy loads for `workload`: its certificate and key, PEM.
-pub fn tls_secret(workload: &WorkloadName, certificate_der: &[u8], key_pkcs8: &[u8]) -> Secret {
+/// The secret Envoy loads under `name` (the workload's, or [`OWN_SECRET`]): a
+/// certificate and key, PEM.
+pub fn tls_secret(name: &WorkloadName, certificate_der: &[u8], key_pkcs8: &[u8]) -> Secret {
     let inline = |pem: String| DataSource {
         inline_bytes: Some(pem.into_bytes()),
     };
     Secret {
-        name: workload.to_string(),
+        name: name.to_string(),
         tls_certificate: Some(TlsCertificate {
             certificate_chain: Some(inline(themis_x509::pem("CERTIFICATE", certificate_der))),
             private_key: Some(inline(themis_x509::pem("PRIVATE KEY", key_pkcs8))),
@@ -188,6 +196,8 @@ async fn serve(
     out: mpsc::Sender<Result<DiscoveryResponse, Status>>,
 ) {
     let mut subscription = Subscription::default();
+    // Each name asked for, with the workload it stands for.
+    let mut targets: Vec<(WorkloadName, WorkloadName)> = Vec::new();
     let mut next: Option<tokio::time::Instant> = None;
     let mut retry = RETRY_FIRST;
     // A client that half-closes (a one-shot `curl`) still gets the answer it asked
@@ -213,9 +223,14 @@ async fn serve(
                     }
                     Err(_) => return,
                 };
-                let asked = subscription
-                    .on_request(&request)
-                    .and_then(|asked| authorize(&registry, caller.as_ref(), asked));
+                let asked = match subscription.on_request(&request) {
+                    Ok(Asked::Names(names)) => authorize(&registry, caller.as_ref(), &names)
+                        .map(|resolved| {
+                            targets = resolved;
+                            Asked::Names(names)
+                        }),
+                    other => other,
+                };
                 match asked {
                     Ok(Asked::Names(_)) => {
                         next = Some(tokio::time::Instant::now());
@@ -233,7 +248,7 @@ async fn serve(
                 }
             }
             () = due => {
-                match secrets(&registry, subscription.names()).await {
+                match secrets(&registry, &targets).await {
                     Ok((secrets, renew_at_ms)) => {
                         let response = subscription.response(&secrets);
                         if out.send(Ok(response)).await.is_err() {
@@ -258,47 +273,77 @@ async fn serve(
     }
 }
 
-/// `asked`, if the caller may have every name it asks for; a refusal is counted and
-/// logged, and ends the stream.
-fn authorize(registry: &Registry, caller: Option<&Caller>, asked: Asked) -> Result<Asked, Status> {
-    let Asked::Names(names) = &asked else {
-        return Ok(asked);
-    };
+/// Each name with the workload it stands for, if the caller may have every one; a
+/// refusal is counted and logged, and ends the stream.
+fn authorize(
+    registry: &Registry,
+    caller: Option<&Caller>,
+    names: &[WorkloadName],
+) -> Result<Vec<(WorkloadName, WorkloadName)>, Status> {
+    let mut targets = Vec::with_capacity(names.len());
     for name in names {
-        let owner = registry.owners().get(name);
-        if let Err(refusal) = registry
-            .access()
-            .decide(caller, Need::Owner, owner.as_ref())
-        {
-            registry.metrics().api_refused(refusal.reason());
-            tracing::warn!(?caller, workload = %name, reason = refusal.reason(),
-                "refused a proxy's certificate stream (SDS)");
-            return Err(Status::permission_denied(format!("{name}: {refusal}")));
+        let served = match name.as_str() == OWN_SECRET {
+            true => own_workload(registry, caller),
+            false => registry
+                .access()
+                .decide(caller, Need::Owner, registry.owners().get(name).as_ref())
+                .map(|()| name.clone()),
+        };
+        match served {
+            Ok(workload) => targets.push((name.clone(), workload)),
+            Err(refusal) => {
+                registry.metrics().api_refused(refusal.reason());
+                tracing::warn!(?caller, workload = %name, reason = refusal.reason(),
+                    "refused a proxy's certificate stream (SDS)");
+                return Err(Status::permission_denied(format!("{name}: {refusal}")));
+            }
         }
     }
-    Ok(asked)
+    Ok(targets)
 }
 
-/// A fresh certificate for each name, and when to renew the first to need it.
+/// The one workload bound to the caller's pod and uid: whose proxy the caller is.
+/// The operator, who may use any, has none of its own; a caller that is the proxy of
+/// two workloads (two bound to one pod) gets neither.
+fn own_workload(registry: &Registry, caller: Option<&Caller>) -> Result<WorkloadName, Refusal> {
+    let caller = caller.ok_or(Refusal::NotOwner)?;
+    if registry.access().operators.role(caller) != crate::caller::Role::Other {
+        return Err(Refusal::NotOwner);
+    }
+    let mut own = registry.owners().all().into_iter().filter(|(_, owner)| {
+        registry
+            .access()
+            .decide(Some(caller), Need::Owner, Some(owner))
+            .is_ok()
+    });
+    match (own.next(), own.next()) {
+        (Some((workload, _)), None) => Ok(workload),
+        (None, _) => Err(Refusal::Unbound),
+        (Some(_), Some(_)) => Err(Refusal::NotOwner),
+    }
+}
+
+/// A fresh certificate for each name (of the workload it stands for), and when to
+/// renew the first to need it.
 async fn secrets(
     registry: &Registry,
-    names: &[WorkloadName],
+    targets: &[(WorkloadName, WorkloadName)],
 ) -> Result<(Vec<Secret>, u64), crate::signing::DelegateError> {
     let request = themis_contracts::api::CertificateRequest {
         lifetime_secs: None,
     };
-    let mut secrets = Vec::with_capacity(names.len());
+    let mut secrets = Vec::with_capacity(targets.len());
     let mut renew_at_ms = u64::MAX;
-    for name in names {
+    for (name, workload) in targets {
         let issued =
-            crate::signing::certificate_for(registry, name.as_str(), &request, unix_millis())
+            crate::signing::certificate_for(registry, workload.as_str(), &request, unix_millis())
                 .await?;
         // The agent wrote both as hex a moment ago.
         let der = hex::decode(&issued.certificate).unwrap_or_default();
         let key = zeroize::Zeroizing::new(hex::decode(&issued.private_key).unwrap_or_default());
         secrets.push(tls_secret(name, &der, &key));
         registry.metrics().signed("certificate");
-        tracing::info!(workload = %name, principal = %issued.principal,
+        tracing::info!(%workload, secret = %name, principal = %issued.principal,
             not_after_ms = issued.not_after_ms, "served a TLS certificate to the proxy (SDS)");
         renew_at_ms = renew_at_ms.min(issued.renew_at_ms);
     }

@@ -149,6 +149,22 @@ fn sds_as(
     (status, secrets)
 }
 
+/// The DER of a PEM certificate.
+fn der_of(pem: &str) -> Vec<u8> {
+    use base64::Engine;
+    let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .unwrap()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
 /// The socket's directories must be passable for a non-root caller (the agent's
 /// state dir is only the test's temporary directory here).
 fn open_path_to(socket: &Path) {
@@ -297,6 +313,18 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
             "{other} to {mine}'s sidecar"
         );
     }
+    // Istio's name for a proxy's own certificate (what an Istio sidecar's Envoy asks
+    // for, pilot-agent pointing it at this socket): each sidecar gets its own
+    // workload's, under that name.
+    let mesh = themis_core::MeshName::new(MESH).unwrap();
+    for (who, mine) in [(&sidecar_a, "a"), (&sidecar_b, "b")] {
+        let (status, secrets) = sds_as(&socket, &who.0, who.1, "default", work.path());
+        assert_eq!((status, secrets.len()), (Some(0), 1), "{mine}: {secrets:?}");
+        assert_eq!(secrets[0].0, "default");
+        let peer = themis_x509::verify(&der_of(&secrets[0].1), &mesh, now_ms()).unwrap();
+        let (_, identity) = call(who, "GET", &format!("/v1/workloads/{mine}/identity"), None);
+        assert_eq!(peer.identity.printable_id(), identity["id"], "{mine}'s own");
+    }
     // The app beside the sidecar (another uid, same pod) is not the sidecar.
     let app_a = (pods.cgroup("pod-a/app"), Some(1000));
     let (code, _) = call(&app_a, "POST", "/v1/workloads/a/sign", Some(&hellos["a"]));
@@ -314,6 +342,15 @@ fn a_sidecar_gets_only_its_own_workload_and_nothing_of_the_operators() {
         (Some(7), 0),
         "the app asked for a's certificate"
     );
+    // Nor its "own" certificate: no workload is bound to its uid; nor root's in the pod.
+    for who in [&app_a, &(pods.cgroup("pod-a/app"), None)] {
+        let (status, secrets) = sds_as(&socket, &who.0, who.1, "default", work.path());
+        assert_eq!(
+            (status, secrets.len()),
+            (Some(7), 0),
+            "{who:?} asked for its own"
+        );
+    }
 
     // Everything of the operator's is refused to a sidecar — and to root in a pod.
     let root_in_pod = (pods.cgroup("pod-a/app"), None);
