@@ -470,27 +470,27 @@ new_pod_meshed() { # the running check pod's uid is the one registered
 kctl -n shop delete pod -l app=check --wait=false > /dev/null
 check "after the restart, the restarted controller meshes check's next pod" until_ok 90 new_pod_meshed || true
 
-step "Istio from source: istiod, pilot-agent and istioctl built here (scripts/k8s/build-istio.sh), installed as a user does (istioctl install -f deploy/istio/install.yaml)"
+step "Istio from source: istiod, pilot-agent and istioctl built here (scripts/k8s/build-istio.sh), installed as a user does (istioctl install -f deploy/istio/install/istio.yaml)"
 istio_installed() {
     eval "$("$cluster" env)" # KUBECONFIG, in this check's subshell
     "$istio_bin/istioctl" install -y \
-        -f deploy/istio/install.yaml --set tag="$ISTIO_TAG" --readiness-timeout 180s > "$work/istioctl.log" 2>&1 ||
+        -f deploy/istio/install/istio.yaml --set tag="$ISTIO_TAG" --readiness-timeout 180s > "$work/istioctl.log" 2>&1 ||
         { tail -n 5 "$work/istioctl.log"; return 1; }
     kctl -n istio-system get pods -l app=istiod -o jsonpath='{.items[0].spec.containers[0].image}' | grep -qx "localhost/istio/pilot:$ISTIO_TAG"
 }
 check "istioctl install: istiod ($ISTIO_TAG, the image built here) ready, its webhooks registered" istio_installed || stop_here
-istio_valid() { kctl apply --dry-run=server -f deploy/istio/envoyfilter.yaml -f deploy/istio/envoyfilter-native.yaml -f deploy/istio/wasmplugin.yaml; }
+istio_valid() { kctl apply --dry-run=server -f deploy/istio/; } # the patches; install/ is istioctl's and the demo
 check "EnvoyFilter, PeerAuthentication and WasmPlugin of deploy/istio/ pass the API server's and istiod's validation" istio_valid || true
 
-kctl apply -f deploy/istio/demo.yaml > /dev/null
-check "deploy/istio/demo.yaml (namespace mall, istio-injection=enabled): check v1 and v2 and handler become available" \
+kctl apply -f deploy/istio/install/demo.yaml > /dev/null
+check "deploy/istio/install/demo.yaml (namespace mall, istio-injection=enabled): check v1 and v2 and handler become available" \
     kctl -n mall rollout status deployment/check-v1 deployment/check-v2 deployment/handler --timeout=120s || stop_here
 injected() { # every pod of mall has Istio's istio-init and istio-proxy, which the manifest does not write
     local pods
     pods=$(kctl -n mall get pods -o jsonpath='{range .items[*]}{.metadata.name}:{.spec.initContainers[*].name} {.spec.containers[*].name}{"\n"}{end}')
     [[ $(grep -c . <<< "$pods") -eq 3 ]] || { echo "not 3 pods: $pods"; return 1; }
     ! grep -v "istio-init.*istio-proxy" <<< "$pods" || { echo "not injected (above)"; return 1; }
-    ! grep -q "istio-proxy\|istio-init" deploy/istio/demo.yaml || { echo "deploy/istio/demo.yaml writes a sidecar itself"; return 1; }
+    ! grep -q "istio-proxy\|istio-init" deploy/istio/install/demo.yaml || { echo "deploy/istio/install/demo.yaml writes a sidecar itself"; return 1; }
 }
 check "Istio's own webhook injected istio-init and istio-proxy (pilot-agent + the stock Envoy) into each pod" injected || true
 in_mall() { # DEPLOYMENT PYTHON: runs PYTHON in the app container of one of DEPLOYMENT's pods
