@@ -241,6 +241,39 @@ unregistered_outsider() { # by pod uid; the control: check's pod is in the same 
     fi
 }
 check "a pod of an unlabelled namespace runs, unregistered" unregistered_outsider || true
+host_path_pod() { # PATH [READONLY]: server-side dry run of a pod of namespace plain mounting host PATH
+    kctl apply --dry-run=server -f - << POD 2>&1
+apiVersion: v1
+kind: Pod
+metadata: {name: host-path-probe, namespace: plain}
+spec:
+  containers:
+  - {name: app, image: localhost/themis/demo-app:dev, imagePullPolicy: Never, command: [sleep, "1"],
+     volumeMounts: [{name: host, mountPath: /host, readOnly: ${2:-false}}]}
+  volumes: [{name: host, hostPath: {path: "$1"}}]
+POD
+}
+host_paths_pinned() { # the cluster-wide rule refuses Themis's directories outside themis-system; the controls pass
+    local path out
+    for path in /var/lib/themis /var/lib/themis/workloads /var/lib /var/ / /sys/fs/bpf/themis /sys /var/lib/./themis /var//lib/themis /run /var/run; do
+        if out=$(host_path_pod "$path" true); then
+            echo "a pod mounting $path was admitted: $out"
+            return 1
+        fi
+        grep -q "themis-host-paths" <<< "$out" || { echo "$path refused, but not by the rule: $out"; return 1; }
+    done
+    for path in /var/run/themis /run/themis; do
+        if out=$(host_path_pod "$path" false); then
+            echo "a pod mounting $path writable was admitted: $out"
+            return 1
+        fi
+        grep -q "themis-host-paths" <<< "$out" || { echo "$path writable refused, but not by the rule: $out"; return 1; }
+    done
+    out=$(host_path_pod /var/run/themis true) || { echo "control: the socket's directory read-only was refused: $out"; return 1; }
+    out=$(host_path_pod /tmp false) || { echo "control: a hostPath elsewhere (/tmp) was refused: $out"; return 1; }
+}
+check "a pod of an unmeshed namespace may not mount /var/lib/themis, /sys/fs/bpf/themis or a directory around them, nor the agent's socket directory writable (ValidatingAdmissionPolicy themis-host-paths); read-only it may" \
+    host_paths_pinned || true
 inbound_refused_malformed() { # check's sidecar's count of connections refused as not Themis
     kctl -n shop exec "$check_pod" -c themis-proxy -- python3 -c \
         "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:15000/stats?filter=themis\\.inbound\\.refused\\.malformed').read().decode())" |
